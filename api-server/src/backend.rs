@@ -1,0 +1,55 @@
+//! The host-API abstraction: one implementation per remoted API.
+
+use hira_protocol::{DecodeError, Span, Writer};
+use thiserror::Error;
+
+use crate::window::WindowMap;
+
+/// Why a call produced no ordinary reply.
+#[derive(Debug, Error)]
+pub enum Fail {
+    /// The call fails with this API status; the reply carries only the status.
+    #[error("call failed with status {0}")]
+    Status(i32),
+    /// The payload does not decode.
+    #[error("malformed arguments")]
+    Decode(#[from] DecodeError),
+    /// The opcode names no function of this API.
+    #[error("unknown opcode {0}")]
+    UnknownOpcode(u16),
+    /// The guest broke a protocol rule (reused an id, named a missing span...).
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+/// The bytes of one request beyond its header.
+#[derive(Debug)]
+pub struct FrameData<'a> {
+    pub spans: &'a [Span],
+    pub window: Option<&'a WindowMap>,
+}
+
+/// What was released when a session ended.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TeardownReport {
+    pub released: usize,
+    pub failed: usize,
+}
+
+/// A host API that executes remoted calls. Shared by all of a session's workers.
+pub trait Backend: Send + Sync {
+    /// Executes the call `opcode` with `payload`, writing its reply payload into `w`.
+    fn execute(
+        &self,
+        opcode: u16,
+        payload: &[u8],
+        frame: &FrameData<'_>,
+        w: &mut Writer,
+    ) -> Result<(), Fail>;
+
+    /// The function named by `opcode`, for logs.
+    fn name(&self, opcode: u16) -> &'static str;
+
+    /// Releases every object the guest still holds.
+    fn teardown(&self) -> TeardownReport;
+}

@@ -1,0 +1,34 @@
+//! Hira's API server: one process per guest application.
+//!
+//! - [`server`]: the session loop. It takes the guest's `Hello` (and data-window fd)
+//!   from `hira-vhost`, then executes requests, inline while the guest uses one thread
+//!   and on one worker per guest thread once it uses more, so a call blocked on the
+//!   device never holds up another thread's calls.
+//! - [`backend`]: the [`backend::Backend`] trait, one implementation per host API.
+//! - [`opencl`]: the OpenCL backend: the handle table, the generated dispatch, and
+//!   the few host calls that need hand-written code.
+//! - [`window`]: the guest's data window mapped into this process.
+//!
+//! When the session ends, however it ends, every host object the guest still held is
+//! released before the process exits.
+
+pub mod backend;
+pub mod opencl;
+pub mod server;
+pub mod window;
+
+use std::os::fd::OwnedFd;
+
+pub use backend::TeardownReport;
+pub use server::{ServerError, run};
+
+/// Validated configuration of one API server.
+#[derive(Debug)]
+pub struct Config {
+    /// The session socket to hira-vhost.
+    pub socket: OwnedFd,
+    /// Substring of the host platform name to use.
+    pub platform: Option<String>,
+    /// Session number, for logs.
+    pub session: u64,
+}

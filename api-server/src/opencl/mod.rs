@@ -1,0 +1,159 @@
+//! The OpenCL backend.
+//!
+//! - [`session`]: the handle table and the decoding helpers the generated dispatch
+//!   calls for each argument kind.
+//! - `generated`: one function per remoted call, generated from
+//!   `protocol/api/opencl.api`.
+//! - [`custom`]: host calls that need more than a direct call (platform selection).
+//! - [`sizes`]: byte counts of image arguments, recomputed from decoded arguments so
+//!   that the host never reads past what the guest sent.
+
+pub mod custom;
+pub mod session;
+pub(crate) mod sizes;
+
+use std::ffi::{CStr, c_void};
+use std::sync::{Arc, Mutex};
+
+use cl3::OpenCl;
+use hira_protocol::opencl::op_info;
+use hira_protocol::{Reader, Writer};
+use log::{info, warn};
+use opencl_sys::{cl_platform_id, cl_uint};
+
+use crate::backend::{Backend, Fail, FrameData, TeardownReport};
+use crate::server::FrameWriter;
+pub use session::{Handles, Session};
+
+/// Generated dispatch.
+mod generated {
+    use std::ffi::{c_char, c_uchar, c_void};
+    use std::mem::size_of;
+
+    use hira_protocol::opencl::{Kind, op};
+    use hira_protocol::{Reader, Writer};
+    use libc::size_t;
+    use opencl_sys::*;
+
+    use super::sizes;
+    use crate::backend::{Fail, FrameData};
+    use crate::opencl::Session;
+
+    const CL_INVALID_EVENT_WAIT_LIST: i32 = -57;
+    const ZERO_ORIGIN: [usize; 3] = [0; 3];
+
+    include!(concat!(env!("OUT_DIR"), "/opencl_server.rs"));
+}
+
+/// Executes OpenCL calls for one guest application.
+pub struct OpenClBackend {
+    pub(crate) rt: &'static OpenCl,
+    /// The host platform this server exposes.
+    pub(crate) platform: cl_platform_id,
+    pub(crate) handles: Arc<Mutex<Handles>>,
+    pub(crate) writer: Arc<FrameWriter>,
+}
+
+impl std::fmt::Debug for OpenClBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenClBackend")
+            .field("platform", &self.platform)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: `platform` is an opaque host handle valid for the process's life; OpenCL
+// objects may be used from any thread.
+unsafe impl Send for OpenClBackend {}
+// SAFETY: as above; mutable state is behind mutexes.
+unsafe impl Sync for OpenClBackend {}
+
+fn platform_name(rt: &OpenCl, p: cl_platform_id) -> String {
+    let mut buf = vec![0u8; 1024];
+    let mut n = 0usize;
+    // SAFETY: `buf` has 1024 writable bytes; `n` receives the size.
+    let status = rt.clGetPlatformInfo(p, 0x0902, buf.len(), buf.as_mut_ptr().cast(), &mut n);
+    if status != Some(0) {
+        return String::new();
+    }
+    CStr::from_bytes_until_nul(&buf)
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+impl OpenClBackend {
+    /// Loads the host OpenCL library and picks the platform to expose: the first
+    /// whose name contains `wanted`, or the first that is not Hira itself.
+    pub fn new(wanted: Option<&str>, writer: Arc<FrameWriter>) -> Result<Self, String> {
+        let rt = cl3::load_library()
+            .as_ref()
+            .map_err(|e| format!("cannot load libOpenCL: {e}"))?;
+        let mut n: cl_uint = 0;
+        let status = rt.clGetPlatformIDs(0, std::ptr::null_mut(), &mut n);
+        if status != Some(0) || n == 0 {
+            return Err(format!(
+                "the host has no OpenCL platform (status {status:?})"
+            ));
+        }
+        let mut ids = vec![std::ptr::null_mut(); n as usize];
+        rt.clGetPlatformIDs(n, ids.as_mut_ptr(), std::ptr::null_mut());
+        let chosen = ids.iter().copied().find(|&p| {
+            let name = platform_name(rt, p);
+            match wanted {
+                Some(w) => name.contains(w),
+                None => !name.starts_with("Hira"),
+            }
+        });
+        let platform = chosen.ok_or_else(|| match wanted {
+            Some(w) => format!("no host platform name contains {w:?}"),
+            None => "the only host platform is Hira itself".to_string(),
+        })?;
+        info!("serving host platform {:?}", platform_name(rt, platform));
+        Ok(OpenClBackend {
+            rt,
+            platform,
+            handles: Arc::new(Mutex::new(Handles::default())),
+            writer,
+        })
+    }
+}
+
+impl Backend for OpenClBackend {
+    fn execute(
+        &self,
+        opcode: u16,
+        payload: &[u8],
+        frame: &FrameData<'_>,
+        w: &mut Writer,
+    ) -> Result<(), Fail> {
+        let mut r = Reader::new(payload);
+        let mut s = Session::new(self);
+        generated::dispatch(&mut s, opcode, &mut r, frame, w)
+    }
+
+    fn name(&self, opcode: u16) -> &'static str {
+        op_info(opcode).map_or("unknown call", |o| o.name)
+    }
+
+    fn teardown(&self) -> TeardownReport {
+        let leftovers = self
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain_owned();
+        let mut report = TeardownReport::default();
+        for (kind, host, refs) in leftovers {
+            for _ in 0..refs {
+                let ptr = host as *mut c_void;
+                let status = session::release(self.rt, kind, ptr);
+                if status == Some(0) {
+                    report.released += 1;
+                } else {
+                    warn!("releasing a leftover {kind:?} failed: {status:?}");
+                    report.failed += 1;
+                }
+            }
+        }
+        report
+    }
+}

@@ -1,0 +1,1043 @@
+//! The handle table and the per-argument-kind helpers used by the generated dispatch.
+//!
+//! Every helper turns guest bytes into host values only after checking them: ids
+//! must name live objects of the right kind, counts must match the counts the call
+//! will use, and every buffer must hold exactly the bytes the call will touch.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cl3::OpenCl;
+use hira_protocol::codec::{MAX_ARRAY, MAX_STRING};
+use hira_protocol::frame::MAX_FRAME_BODY;
+use hira_protocol::opencl::{
+    self, CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, CL_PROGRAM_BINARY_SIZES, HOST_ID_BIT,
+    InfoHandles, Kind, notify, tag,
+};
+use hira_protocol::{FrameKind, Reader, Writer};
+use log::warn;
+use opencl_sys::{cl_event, cl_image_desc, cl_int, cl_mem, cl_platform_id, cl_program};
+
+use super::OpenClBackend;
+use crate::backend::{Fail, FrameData};
+use crate::server::FrameWriter;
+
+const CL_SUCCESS: cl_int = 0;
+const CL_OUT_OF_RESOURCES: cl_int = -5;
+const CL_INVALID_VALUE: cl_int = -30;
+const CL_INVALID_ARG_SIZE: cl_int = -51;
+const CL_INVALID_ARG_VALUE: cl_int = -50;
+const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
+const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
+/// Largest info value the server will fetch.
+const MAX_INFO: usize = 64 * 1024 * 1024;
+/// Largest zero-terminated property list accepted.
+const MAX_PROPERTIES: usize = 128;
+
+/// One host object the guest can name.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    kind: Kind,
+    host: usize,
+    /// References the guest application holds (0 for objects it only found, such as
+    /// devices).
+    guest_refs: u32,
+}
+
+/// The session's handle table: guest ids to host objects and back.
+#[derive(Debug, Default)]
+pub struct Handles {
+    by_id: HashMap<u64, Entry>,
+    by_host: HashMap<usize, u64>,
+    next_host_id: u64,
+}
+
+impl Handles {
+    fn get(&self, id: u64, kind: Kind) -> Option<usize> {
+        self.by_id
+            .get(&id)
+            .filter(|e| e.kind == kind)
+            .map(|e| e.host)
+    }
+
+    fn insert(&mut self, id: u64, kind: Kind, host: usize, guest_refs: u32) {
+        self.by_id.insert(
+            id,
+            Entry {
+                kind,
+                host,
+                guest_refs,
+            },
+        );
+        self.by_host.insert(host, id);
+    }
+
+    /// The id of a host object, registering it as found if the guest never saw it.
+    fn id_for_host(&mut self, kind: Kind, host: usize) -> u64 {
+        if host == 0 {
+            return 0;
+        }
+        if let Some(&id) = self.by_host.get(&host) {
+            return id;
+        }
+        let id = self.fresh_host_id();
+        self.insert(id, kind, host, 0);
+        id
+    }
+
+    fn fresh_host_id(&mut self) -> u64 {
+        self.next_host_id += 1;
+        HOST_ID_BIT | self.next_host_id
+    }
+
+    /// Number of ids in the table.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Empties the table, returning every object the guest still holds references
+    /// to, dependents first.
+    pub(crate) fn drain_owned(&mut self) -> Vec<(Kind, usize, u32)> {
+        let mut v: Vec<(Kind, usize, u32)> = self
+            .by_id
+            .drain()
+            .filter(|(_, e)| e.guest_refs > 0 && e.kind.refcounted())
+            .map(|(_, e)| (e.kind, e.host, e.guest_refs))
+            .collect();
+        self.by_host.clear();
+        v.sort_by_key(|(k, _, _)| k.teardown_rank());
+        v
+    }
+}
+
+/// Releases one reference to a host object.
+pub(crate) fn release(rt: &OpenCl, kind: Kind, p: *mut c_void) -> Option<cl_int> {
+    match kind {
+        Kind::Event => rt.clReleaseEvent(p.cast()),
+        Kind::Kernel => rt.clReleaseKernel(p.cast()),
+        Kind::Program => rt.clReleaseProgram(p.cast()),
+        Kind::Sampler => rt.clReleaseSampler(p.cast()),
+        Kind::Mem => rt.clReleaseMemObject(p.cast()),
+        Kind::Queue => {
+            rt.clFinish(p.cast());
+            rt.clReleaseCommandQueue(p.cast())
+        }
+        Kind::Context => rt.clReleaseContext(p.cast()),
+        Kind::Device => rt.clReleaseDevice(p.cast()),
+        Kind::Platform => Some(CL_SUCCESS),
+    }
+}
+
+/// Input bytes of one argument.
+#[derive(Debug)]
+pub enum BytesIn<'a> {
+    Null,
+    Slice(&'a [u8]),
+    /// Small inline data copied into aligned storage (the host may read structs).
+    Aligned(Vec<u64>, usize),
+    Window(*mut u8, usize),
+}
+
+impl BytesIn<'_> {
+    pub fn ptr(&self) -> *mut c_void {
+        match self {
+            BytesIn::Null => std::ptr::null_mut(),
+            BytesIn::Slice(s) => s.as_ptr() as *mut c_void,
+            BytesIn::Aligned(v, _) => v.as_ptr() as *mut c_void,
+            BytesIn::Window(p, _) => p.cast(),
+        }
+    }
+
+    /// Checks the guest sent exactly `n` bytes (nothing to check for NULL).
+    pub fn expect_len(&self, n: usize) -> Result<(), Fail> {
+        let len = match self {
+            BytesIn::Null => return Ok(()),
+            BytesIn::Slice(s) => s.len(),
+            BytesIn::Aligned(_, l) | BytesIn::Window(_, l) => *l,
+        };
+        if len == n {
+            Ok(())
+        } else {
+            warn!("argument carries {len} bytes, the call uses {n}");
+            Err(Fail::Status(CL_INVALID_VALUE))
+        }
+    }
+}
+
+/// Where the guest wants an output.
+#[derive(Debug, Clone, Copy)]
+pub enum OutRequest {
+    Null,
+    Inline,
+    Window(*mut u8, usize),
+}
+
+/// Storage for an output while the host call runs.
+#[derive(Debug)]
+pub enum OutBuffer {
+    Null,
+    Inline(Vec<u8>),
+    Window(*mut u8),
+}
+
+impl OutBuffer {
+    pub fn ptr(&mut self) -> *mut c_void {
+        match self {
+            OutBuffer::Null => std::ptr::null_mut(),
+            OutBuffer::Inline(v) => v.as_mut_ptr().cast(),
+            OutBuffer::Window(p) => p.cast(),
+        }
+    }
+
+    /// Appends the output to the reply (window outputs are already in place).
+    pub fn reply(&self, w: &mut Writer) {
+        if let OutBuffer::Inline(v) = self {
+            w.bytes(v);
+        }
+    }
+}
+
+/// Length-prefixed blobs (program sources or binaries) with pointer and length arrays.
+#[derive(Debug)]
+pub struct Blobs {
+    data: Vec<Vec<u8>>,
+    ptrs: Vec<*const u8>,
+    lens: Vec<usize>,
+}
+
+impl Blobs {
+    pub fn ptrs(&self) -> *const *const u8 {
+        if self.data.is_empty() {
+            std::ptr::null()
+        } else {
+            self.ptrs.as_ptr()
+        }
+    }
+
+    pub fn lens(&self) -> *const usize {
+        if self.data.is_empty() {
+            std::ptr::null()
+        } else {
+            self.lens.as_ptr()
+        }
+    }
+
+    pub fn check_count(&self, n: usize) -> Result<(), Fail> {
+        if self.data.is_empty() || self.data.len() == n {
+            Ok(())
+        } else {
+            Err(Fail::Status(CL_INVALID_VALUE))
+        }
+    }
+}
+
+/// NUL-terminated strings with a pointer array.
+#[derive(Debug)]
+pub struct CStrings {
+    strings: Vec<CString>,
+    ptrs: Vec<*const libc::c_char>,
+    present: bool,
+}
+
+impl CStrings {
+    pub fn ptrs(&self) -> *const *const libc::c_char {
+        if self.present {
+            self.ptrs.as_ptr()
+        } else {
+            std::ptr::null()
+        }
+    }
+
+    pub fn check_count(&self, n: usize) -> Result<(), Fail> {
+        if !self.present || self.strings.len() == n {
+            Ok(())
+        } else {
+            Err(Fail::Status(CL_INVALID_VALUE))
+        }
+    }
+}
+
+/// A decoded kernel argument.
+#[derive(Debug)]
+pub enum KernelArg {
+    Null,
+    Bytes(Vec<u64>, usize),
+    Handle(Box<usize>),
+}
+
+impl KernelArg {
+    /// The `(arg_size, arg_value)` to pass to the host.
+    pub fn host_arg(&self, arg_size: usize) -> Result<(usize, *const c_void), Fail> {
+        match self {
+            KernelArg::Null => Ok((arg_size, std::ptr::null())),
+            KernelArg::Bytes(v, len) => {
+                if *len != arg_size {
+                    return Err(Fail::Status(CL_INVALID_ARG_SIZE));
+                }
+                Ok((arg_size, v.as_ptr().cast()))
+            }
+            KernelArg::Handle(h) => Ok((size_of::<usize>(), (&**h as *const usize).cast())),
+        }
+    }
+}
+
+fn aligned_copy(b: &[u8]) -> Vec<u64> {
+    let mut v = vec![0u64; b.len().div_ceil(8).max(1)];
+    // SAFETY: `v` has at least b.len() bytes.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), v.as_mut_ptr().cast::<u8>(), b.len()) };
+    v
+}
+
+/// Context for a host callback: which guest callback it stands for.
+struct CallbackContext {
+    id: u64,
+    handles: Arc<Mutex<Handles>>,
+    writer: Arc<FrameWriter>,
+}
+
+impl CallbackContext {
+    fn notify(&self, kind: u16, body: impl FnOnce(&mut Writer, &mut Handles)) {
+        let mut w = Writer::new();
+        w.u64(self.id);
+        {
+            let mut h = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+            body(&mut w, &mut h);
+        }
+        self.writer
+            .send(FrameKind::Notify, kind, 0, 0, w.as_slice());
+    }
+}
+
+extern "C" fn context_trampoline(
+    errinfo: *const libc::c_char,
+    private: *const c_void,
+    cb: usize,
+    user_data: *mut c_void,
+) {
+    // SAFETY: `user_data` is the CallbackContext leaked for this context's life.
+    let ctx = unsafe { &*(user_data as *const CallbackContext) };
+    let info = if errinfo.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the host passes a NUL-terminated message.
+        unsafe { std::ffi::CStr::from_ptr(errinfo) }
+            .to_bytes()
+            .to_vec()
+    };
+    let private = if private.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the host passes `cb` readable bytes.
+        unsafe { std::slice::from_raw_parts(private.cast::<u8>(), cb.min(64 * 1024)) }.to_vec()
+    };
+    ctx.notify(notify::CONTEXT, |w, _| {
+        w.bytes(&info[..info.len().min(64 * 1024)]).bytes(&private);
+    });
+}
+
+extern "C" fn program_trampoline(program: cl_program, user_data: *mut c_void) {
+    // SAFETY: one-shot: `user_data` is the box leaked for this callback, taken back here.
+    let ctx = unsafe { Box::from_raw(user_data as *mut CallbackContext) };
+    ctx.notify(notify::PROGRAM, |w, h| {
+        w.u64(h.id_for_host(Kind::Program, program as usize));
+    });
+}
+
+extern "C" fn event_trampoline(event: cl_event, status: cl_int, user_data: *mut c_void) {
+    // SAFETY: as in `program_trampoline`.
+    let ctx = unsafe { Box::from_raw(user_data as *mut CallbackContext) };
+    ctx.notify(notify::EVENT, |w, h| {
+        w.u64(h.id_for_host(Kind::Event, event as usize))
+            .i32(status);
+    });
+}
+
+extern "C" fn mem_trampoline(mem: cl_mem, user_data: *mut c_void) {
+    // SAFETY: as in `program_trampoline`.
+    let ctx = unsafe { Box::from_raw(user_data as *mut CallbackContext) };
+    ctx.notify(notify::MEM, |w, h| {
+        w.u64(h.by_host.get(&(mem as usize)).copied().unwrap_or(0));
+    });
+}
+
+type ContextFn = unsafe extern "C" fn(*const libc::c_char, *const c_void, usize, *mut c_void);
+type ProgramFn = unsafe extern "C" fn(cl_program, *mut c_void);
+type EventFn = unsafe extern "C" fn(cl_event, cl_int, *mut c_void);
+type MemFn = unsafe extern "C" fn(cl_mem, *mut c_void);
+
+/// The per-call view of the backend that the generated code works on.
+#[derive(Debug)]
+pub struct Session<'a> {
+    b: &'a OpenClBackend,
+}
+
+impl<'a> Session<'a> {
+    pub fn new(b: &'a OpenClBackend) -> Self {
+        Session { b }
+    }
+
+    pub fn rt(&self) -> &'static OpenCl {
+        self.b.rt
+    }
+
+    pub fn platform(&self) -> cl_platform_id {
+        self.b.platform
+    }
+
+    fn handles(&self) -> MutexGuard<'_, Handles> {
+        self.b.handles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The host object for `id`, which must be of `kind` (0 is NULL if allowed).
+    pub fn lookup(&self, id: u64, kind: Kind, nullable: bool) -> Result<*mut c_void, Fail> {
+        if id == 0 {
+            return if nullable {
+                Ok(std::ptr::null_mut())
+            } else {
+                Err(Fail::Status(kind.invalid_code()))
+            };
+        }
+        if kind == Kind::Platform {
+            // The one exposed platform is always known to the guest by its host id.
+            let mut h = self.handles();
+            let pid = h.id_for_host(Kind::Platform, self.b.platform as usize);
+            return if id == pid {
+                Ok(self.b.platform.cast())
+            } else {
+                Err(Fail::Status(kind.invalid_code()))
+            };
+        }
+        self.handles()
+            .get(id, kind)
+            .map(|p| p as *mut c_void)
+            .ok_or(Fail::Status(kind.invalid_code()))
+    }
+
+    /// An optional array of handles of `kind`; any bad one fails with `code`.
+    pub fn lookup_many(
+        &self,
+        r: &mut Reader<'_>,
+        kind: Kind,
+        code: cl_int,
+    ) -> Result<Option<Vec<*mut c_void>>, Fail> {
+        if !r.flag()? {
+            return Ok(None);
+        }
+        let n = r.count(MAX_ARRAY)?;
+        let mut ids = Vec::with_capacity(n);
+        for _ in 0..n {
+            ids.push(r.u64()?);
+        }
+        let h = self.handles();
+        ids.into_iter()
+            .map(|id| {
+                h.get(id, kind)
+                    .map(|p| p as *mut c_void)
+                    .ok_or(Fail::Status(code))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// Checks that a guest-assigned id is fresh (0 allowed only if `allow_zero`).
+    pub fn check_fresh(&self, id: u64, allow_zero: bool) -> Result<(), Fail> {
+        if id == 0 {
+            return if allow_zero {
+                Ok(())
+            } else {
+                Err(Fail::Protocol("object id 0 for a new object".into()))
+            };
+        }
+        if id & HOST_ID_BIT != 0 || self.handles().by_id.contains_key(&id) {
+            return Err(Fail::Protocol(format!("object id {id:#x} is not fresh")));
+        }
+        Ok(())
+    }
+
+    /// Records a new host object under the guest's id, holding one guest reference.
+    pub fn bind(&self, id: u64, kind: Kind, host: *mut c_void) {
+        self.handles().insert(id, kind, host as usize, 1);
+    }
+
+    pub fn retained(&self, id: u64) {
+        if let Some(e) = self.handles().by_id.get_mut(&id) {
+            if e.kind.refcounted() {
+                e.guest_refs += 1;
+            }
+        }
+    }
+
+    pub fn released(&self, id: u64) {
+        let mut h = self.handles();
+        let Some(e) = h.by_id.get_mut(&id) else {
+            return;
+        };
+        if !e.kind.refcounted() {
+            return;
+        }
+        e.guest_refs = e.guest_refs.saturating_sub(1);
+        if e.guest_refs == 0 {
+            let host = e.host;
+            h.by_id.remove(&id);
+            if h.by_host.get(&host) == Some(&id) {
+                h.by_host.remove(&host);
+            }
+        }
+    }
+
+    /// Writes host objects returned by a call as ids: created ones (`owned`) get a
+    /// guest reference, found ones (devices) none.
+    pub fn reply_handles(&self, w: &mut Writer, kind: Kind, hosts: &[*mut c_void], owned: bool) {
+        let mut h = self.handles();
+        let live: Vec<u64> = hosts
+            .iter()
+            .take_while(|p| !p.is_null())
+            .map(|&p| {
+                if owned {
+                    let id = h.fresh_host_id();
+                    h.insert(id, kind, p as usize, 1);
+                    id
+                } else {
+                    h.id_for_host(kind, p as usize)
+                }
+            })
+            .collect();
+        w.u32(live.len() as u32);
+        for id in live {
+            w.u64(id);
+        }
+    }
+
+    /// The host never sees `CL_MEM_USE_HOST_PTR`: the guest's memory is not the host's,
+    /// so the host gets a copy and the guest keeps its pointer coherent at map time.
+    pub fn host_mem_flags(flags: u64) -> u64 {
+        if flags & CL_MEM_USE_HOST_PTR != 0 {
+            (flags & !CL_MEM_USE_HOST_PTR) | CL_MEM_COPY_HOST_PTR
+        } else {
+            flags
+        }
+    }
+
+    pub fn array_ptr<T>(v: &Option<Vec<T>>) -> *const T {
+        v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr())
+    }
+
+    /// A present array must have exactly the count the call names.
+    pub fn check_count<T>(v: &Option<Vec<T>>, n: usize) -> Result<(), Fail> {
+        match v {
+            Some(v) if v.len() != n => Err(Fail::Status(CL_INVALID_VALUE)),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn capped_count(n: usize) -> Result<usize, Fail> {
+        if n > MAX_ARRAY {
+            Err(Fail::Status(CL_INVALID_VALUE))
+        } else {
+            Ok(n)
+        }
+    }
+
+    pub fn cstring(r: &mut Reader<'_>) -> Result<Option<CString>, Fail> {
+        if !r.flag()? {
+            return Ok(None);
+        }
+        let s = r.string()?;
+        Ok(Some(
+            CString::new(s).map_err(|_| hira_protocol::DecodeError::InteriorNul)?,
+        ))
+    }
+
+    pub fn cstring_ptr(s: &Option<CString>) -> *const libc::c_char {
+        s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
+    }
+
+    pub fn cstrings(r: &mut Reader<'_>) -> Result<CStrings, Fail> {
+        let present = r.flag()?;
+        let mut strings = Vec::new();
+        if present {
+            let n = r.count(MAX_ARRAY)?;
+            for _ in 0..n {
+                strings.push(
+                    CString::new(r.string()?)
+                        .map_err(|_| hira_protocol::DecodeError::InteriorNul)?,
+                );
+            }
+        }
+        let ptrs = strings.iter().map(|s| s.as_ptr()).collect();
+        Ok(CStrings {
+            strings,
+            ptrs,
+            present,
+        })
+    }
+
+    pub fn blobs(r: &mut Reader<'_>) -> Result<Blobs, Fail> {
+        let mut data = Vec::new();
+        if r.flag()? {
+            let n = r.count(MAX_ARRAY)?;
+            let mut total = 0usize;
+            for _ in 0..n {
+                let b = r.bytes(MAX_STRING)?;
+                total += b.len();
+                if total > MAX_FRAME_BODY {
+                    return Err(Fail::Status(CL_INVALID_VALUE));
+                }
+                data.push(b.to_vec());
+            }
+        }
+        let ptrs = data.iter().map(|d| d.as_ptr()).collect();
+        let lens = data.iter().map(Vec::len).collect();
+        Ok(Blobs { data, ptrs, lens })
+    }
+
+    /// An optional array of at most three `size_t`.
+    pub fn sizes(r: &mut Reader<'_>) -> Result<Option<Vec<usize>>, Fail> {
+        if !r.flag()? {
+            return Ok(None);
+        }
+        let n = r.count(3)?;
+        (0..n)
+            .map(|_| r.usize().map_err(Fail::from))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// An optional zero-terminated list of 64-bit properties.
+    pub fn zlist(r: &mut Reader<'_>) -> Result<Option<Vec<u64>>, Fail> {
+        if !r.flag()? {
+            return Ok(None);
+        }
+        let n = r.count(MAX_PROPERTIES)?;
+        let mut v = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+        if v.contains(&0) {
+            return Err(Fail::Status(CL_INVALID_VALUE));
+        }
+        v.push(0);
+        Ok(Some(v))
+    }
+
+    /// Context properties with the platform id turned back into the host platform.
+    pub fn context_properties(&self, r: &mut Reader<'_>) -> Result<Option<Vec<isize>>, Fail> {
+        let Some(words) = Self::zlist(r)? else {
+            return Ok(None);
+        };
+        let body = &words[..words.len() - 1];
+        if body.len() % 2 != 0 {
+            return Err(Fail::Status(CL_INVALID_VALUE));
+        }
+        let mut out = Vec::with_capacity(words.len());
+        for pair in body.chunks(2) {
+            let value = if pair[0] == CL_CONTEXT_PLATFORM {
+                self.lookup(pair[1], Kind::Platform, false)? as usize as u64
+            } else {
+                pair[1]
+            };
+            out.push(pair[0] as isize);
+            out.push(value as isize);
+        }
+        out.push(0);
+        Ok(Some(out))
+    }
+
+    pub fn bytes_in<'f>(
+        &self,
+        r: &mut Reader<'f>,
+        frame: &FrameData<'_>,
+    ) -> Result<BytesIn<'f>, Fail> {
+        match r.u8()? {
+            tag::NULL => Ok(BytesIn::Null),
+            tag::INLINE => {
+                let b = r.bytes(MAX_FRAME_BODY)?;
+                if b.len() <= 4096 {
+                    Ok(BytesIn::Aligned(aligned_copy(b), b.len()))
+                } else {
+                    Ok(BytesIn::Slice(b))
+                }
+            }
+            tag::WINDOW => {
+                let (p, len) = Self::span(r, frame)?;
+                Ok(BytesIn::Window(p, len))
+            }
+            t => Err(Fail::Protocol(format!("bad byte-argument tag {t}"))),
+        }
+    }
+
+    fn span(r: &mut Reader<'_>, frame: &FrameData<'_>) -> Result<(*mut u8, usize), Fail> {
+        let i = r.u16()? as usize;
+        let s = frame
+            .spans
+            .get(i)
+            .ok_or_else(|| Fail::Protocol(format!("span {i} not in the frame")))?;
+        let w = frame
+            .window
+            .ok_or_else(|| Fail::Protocol("span without a data window".into()))?;
+        let p = w
+            .at(s.offset, s.len)
+            .ok_or_else(|| Fail::Protocol("span outside the window".into()))?;
+        Ok((p, s.len as usize))
+    }
+
+    pub fn out_request(
+        &self,
+        r: &mut Reader<'_>,
+        frame: &FrameData<'_>,
+    ) -> Result<OutRequest, Fail> {
+        match r.u8()? {
+            tag::NULL => Ok(OutRequest::Null),
+            tag::INLINE => Ok(OutRequest::Inline),
+            tag::WINDOW => {
+                let (p, len) = Self::span(r, frame)?;
+                Ok(OutRequest::Window(p, len))
+            }
+            t => Err(Fail::Protocol(format!("bad output tag {t}"))),
+        }
+    }
+
+    /// Storage for an output of exactly `len` bytes.
+    pub fn out_buffer(&self, req: OutRequest, len: usize) -> Result<OutBuffer, Fail> {
+        match req {
+            OutRequest::Null => Ok(OutBuffer::Null),
+            OutRequest::Inline => {
+                if len > MAX_FRAME_BODY - 4096 {
+                    return Err(Fail::Status(CL_OUT_OF_RESOURCES));
+                }
+                Ok(OutBuffer::Inline(vec![0u8; len]))
+            }
+            OutRequest::Window(p, span_len) => {
+                if span_len != len {
+                    warn!("output span of {span_len} bytes for a {len}-byte result");
+                    return Err(Fail::Status(CL_INVALID_VALUE));
+                }
+                Ok(OutBuffer::Window(p))
+            }
+        }
+    }
+
+    pub fn kernel_arg(
+        &self,
+        r: &mut Reader<'_>,
+        _frame: &FrameData<'_>,
+    ) -> Result<KernelArg, Fail> {
+        match r.u8()? {
+            tag::NULL => Ok(KernelArg::Null),
+            tag::INLINE => {
+                let b = r.bytes(64 * 1024)?;
+                Ok(KernelArg::Bytes(aligned_copy(b), b.len()))
+            }
+            tag::HANDLE => {
+                let kind = Kind::try_from(r.u8()?)
+                    .map_err(|k| Fail::Protocol(format!("bad object kind {k}")))?;
+                if !matches!(kind, Kind::Mem | Kind::Sampler | Kind::Queue) {
+                    return Err(Fail::Status(CL_INVALID_ARG_VALUE));
+                }
+                let host = self
+                    .lookup(r.u64()?, kind, false)
+                    .map_err(|_| Fail::Status(CL_INVALID_ARG_VALUE))?;
+                Ok(KernelArg::Handle(Box::new(host as usize)))
+            }
+            t => Err(Fail::Protocol(format!("bad kernel-argument tag {t}"))),
+        }
+    }
+
+    pub fn image_desc(&self, r: &mut Reader<'_>) -> Result<Option<Box<cl_image_desc>>, Fail> {
+        if !r.flag()? {
+            return Ok(None);
+        }
+        let image_type = r.u32()?;
+        let image_width = r.usize()?;
+        let image_height = r.usize()?;
+        let image_depth = r.usize()?;
+        let image_array_size = r.usize()?;
+        let image_row_pitch = r.usize()?;
+        let image_slice_pitch = r.usize()?;
+        let num_mip_levels = r.u32()?;
+        let num_samples = r.u32()?;
+        let buffer = self
+            .lookup(r.u64()?, Kind::Mem, true)
+            .map_err(|_| Fail::Status(-65))?;
+        Ok(Some(Box::new(cl_image_desc {
+            image_type,
+            image_width,
+            image_height,
+            image_depth,
+            image_array_size,
+            image_row_pitch,
+            image_slice_pitch,
+            num_mip_levels,
+            num_samples,
+            buffer: buffer.cast(),
+        })))
+    }
+
+    pub fn desc_ptr(d: &Option<Box<cl_image_desc>>) -> *const cl_image_desc {
+        d.as_ref().map_or(std::ptr::null(), |d| &**d)
+    }
+
+    /// Bytes of a packed region of `[w, h, d]` bytes/rows/slices.
+    pub fn region_bytes(region: *const usize) -> Result<usize, Fail> {
+        if region.is_null() {
+            return Err(Fail::Status(CL_INVALID_VALUE));
+        }
+        // SAFETY: non-null region pointers point to a decoded local array of three.
+        let r = unsafe { std::slice::from_raw_parts(region, 3) };
+        r[0].checked_mul(r[1])
+            .and_then(|x| x.checked_mul(r[2]))
+            .filter(|&n| n <= MAX_FRAME_BODY)
+            .ok_or(Fail::Status(CL_INVALID_VALUE))
+    }
+
+    /// Bytes of a packed image region, using the host's element size for `image`.
+    pub fn image_region_bytes(
+        &self,
+        image: opencl_sys::cl_mem,
+        region: *const usize,
+    ) -> Result<usize, Fail> {
+        let mut elem = 0usize;
+        let status = self.rt().clGetImageInfo(
+            image,
+            0x1111,
+            size_of::<usize>(),
+            (&mut elem as *mut usize).cast(),
+            std::ptr::null_mut(),
+        );
+        if status != Some(CL_SUCCESS) {
+            return Err(Fail::Status(status.unwrap_or(CL_OUT_OF_RESOURCES)));
+        }
+        let px = Self::region_bytes(region)?;
+        px.checked_mul(elem)
+            .filter(|&n| n <= MAX_FRAME_BODY)
+            .ok_or(Fail::Status(CL_INVALID_VALUE))
+    }
+
+    fn callback_context(&self, id: u64) -> *mut c_void {
+        Box::into_raw(Box::new(CallbackContext {
+            id,
+            handles: self.b.handles.clone(),
+            writer: self.b.writer.clone(),
+        }))
+        .cast()
+    }
+
+    pub fn callback_context_fn(&self, id: u64) -> (Option<ContextFn>, *mut c_void) {
+        if id == 0 {
+            return (None, std::ptr::null_mut());
+        }
+        (Some(context_trampoline), self.callback_context(id))
+    }
+
+    pub fn callback_program(&self, id: u64) -> (Option<ProgramFn>, *mut c_void) {
+        if id == 0 {
+            return (None, std::ptr::null_mut());
+        }
+        (Some(program_trampoline), self.callback_context(id))
+    }
+
+    pub fn callback_event(&self, id: u64) -> (Option<EventFn>, *mut c_void) {
+        if id == 0 {
+            return (None, std::ptr::null_mut());
+        }
+        (Some(event_trampoline), self.callback_context(id))
+    }
+
+    pub fn callback_mem(&self, id: u64) -> (Option<MemFn>, *mut c_void) {
+        if id == 0 {
+            return (None, std::ptr::null_mut());
+        }
+        (Some(mem_trampoline), self.callback_context(id))
+    }
+
+    /// Runs an info query and replies with its whole value, host objects rewritten as
+    /// ids. `query(param, size, value, size_ret)` calls the host function.
+    pub fn info_query(
+        &self,
+        function: &str,
+        param: u32,
+        w: &mut Writer,
+        mut query: impl FnMut(u32, usize, *mut c_void, *mut usize) -> Option<cl_int>,
+    ) -> Result<(), Fail> {
+        if function == "clGetProgramInfo" && param == CL_PROGRAM_BINARIES {
+            return self.program_binaries(w, query);
+        }
+        let mut size = 0usize;
+        let status = query(param, 0, std::ptr::null_mut(), &mut size).ok_or(Fail::Status(-59))?;
+        if status != CL_SUCCESS {
+            w.i32(status);
+            return Ok(());
+        }
+        if size > MAX_INFO {
+            w.i32(CL_OUT_OF_RESOURCES);
+            return Ok(());
+        }
+        let mut buf = vec![0u8; size];
+        let status = query(param, size, buf.as_mut_ptr().cast(), std::ptr::null_mut())
+            .ok_or(Fail::Status(-59))?;
+        if status != CL_SUCCESS {
+            w.i32(status);
+            return Ok(());
+        }
+        if let Some(how) = opencl::info_handles(function, param) {
+            self.host_to_ids(how, &mut buf);
+        }
+        w.i32(CL_SUCCESS).bytes(&buf);
+        Ok(())
+    }
+
+    fn host_to_ids(&self, how: InfoHandles, buf: &mut [u8]) {
+        let mut h = self.handles();
+        let words = buf.len() / 8;
+        for i in 0..words {
+            let at = i * 8;
+            let v = u64::from_le_bytes(buf[at..at + 8].try_into().expect("8-byte chunk"));
+            let id = match how {
+                InfoHandles::One(kind) | InfoHandles::Array(kind) => {
+                    h.id_for_host(kind, v as usize)
+                }
+                InfoHandles::ContextProperties => {
+                    let is_value = i % 2 == 1;
+                    let key = if is_value {
+                        u64::from_le_bytes(buf[at - 8..at].try_into().expect("8-byte chunk"))
+                    } else {
+                        0
+                    };
+                    if is_value && key == CL_CONTEXT_PLATFORM {
+                        h.id_for_host(Kind::Platform, v as usize)
+                    } else {
+                        v
+                    }
+                }
+            };
+            buf[at..at + 8].copy_from_slice(&id.to_le_bytes());
+        }
+    }
+
+    fn program_binaries(
+        &self,
+        w: &mut Writer,
+        mut query: impl FnMut(u32, usize, *mut c_void, *mut usize) -> Option<cl_int>,
+    ) -> Result<(), Fail> {
+        let mut size = 0usize;
+        let status = query(CL_PROGRAM_BINARY_SIZES, 0, std::ptr::null_mut(), &mut size)
+            .ok_or(Fail::Status(-59))?;
+        if status != CL_SUCCESS || size % size_of::<usize>() != 0 || size > MAX_ARRAY * 8 {
+            w.i32(if status == CL_SUCCESS {
+                CL_INVALID_VALUE
+            } else {
+                status
+            });
+            return Ok(());
+        }
+        let mut sizes = vec![0usize; size / size_of::<usize>()];
+        let status = query(
+            CL_PROGRAM_BINARY_SIZES,
+            size,
+            sizes.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+        .ok_or(Fail::Status(-59))?;
+        if status != CL_SUCCESS || sizes.iter().sum::<usize>() > MAX_INFO {
+            w.i32(if status == CL_SUCCESS {
+                CL_OUT_OF_RESOURCES
+            } else {
+                status
+            });
+            return Ok(());
+        }
+        let mut bins: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+        let mut ptrs: Vec<*mut u8> = bins
+            .iter_mut()
+            .map(|b| {
+                if b.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    b.as_mut_ptr()
+                }
+            })
+            .collect();
+        let status = query(
+            CL_PROGRAM_BINARIES,
+            size,
+            ptrs.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+        .ok_or(Fail::Status(-59))?;
+        if status != CL_SUCCESS {
+            w.i32(status);
+            return Ok(());
+        }
+        let mut inner = Writer::new();
+        for b in &bins {
+            inner.bytes(b);
+        }
+        w.i32(CL_SUCCESS).bytes(inner.as_slice());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn found_objects_keep_one_id() {
+        let mut h = Handles::default();
+        let a = h.id_for_host(Kind::Device, 0x1000);
+        assert_eq!(h.id_for_host(Kind::Device, 0x1000), a);
+        assert_ne!(a & HOST_ID_BIT, 0);
+    }
+
+    #[test]
+    fn lookup_of_wrong_kind_fails() {
+        let mut h = Handles::default();
+        h.insert(5, Kind::Mem, 0x2000, 1);
+        assert_eq!(h.get(5, Kind::Mem), Some(0x2000));
+        assert_eq!(h.get(5, Kind::Kernel), None);
+    }
+
+    #[test]
+    fn teardown_releases_dependents_first_and_skips_found_objects() {
+        let mut h = Handles::default();
+        h.insert(1, Kind::Context, 0x10, 1);
+        h.insert(2, Kind::Kernel, 0x20, 2);
+        h.id_for_host(Kind::Device, 0x30);
+        let v = h.drain_owned();
+        assert_eq!(v, vec![(Kind::Kernel, 0x20, 2), (Kind::Context, 0x10, 1)]);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn use_host_ptr_becomes_copy_for_the_host() {
+        assert_eq!(
+            Session::host_mem_flags(CL_MEM_USE_HOST_PTR | 1),
+            CL_MEM_COPY_HOST_PTR | 1
+        );
+        assert_eq!(Session::host_mem_flags(1), 1);
+    }
+
+    #[test]
+    fn present_array_with_wrong_count_is_rejected() {
+        assert!(Session::check_count(&Some(vec![1, 2]), 3).is_err());
+        assert!(Session::check_count::<u8>(&None, 3).is_ok());
+    }
+
+    #[test]
+    fn zlist_with_embedded_zero_is_rejected() {
+        let mut w = Writer::new();
+        w.u8(1).u32(2).u64(5).u64(0);
+        assert!(Session::zlist(&mut Reader::new(w.as_slice())).is_err());
+    }
+
+    #[test]
+    fn kernel_bytes_of_wrong_size_are_rejected() {
+        let k = KernelArg::Bytes(vec![0], 4);
+        assert!(matches!(
+            k.host_arg(8),
+            Err(Fail::Status(CL_INVALID_ARG_SIZE))
+        ));
+    }
+}

@@ -1,0 +1,310 @@
+//! The API server's session loop.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
+use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, Welcome, error_code};
+use hira_protocol::{FrameHeader, FrameKind, Writer, unix};
+use log::{debug, info, warn};
+use thiserror::Error;
+
+use crate::Config;
+use crate::backend::{Backend, Fail, FrameData, TeardownReport};
+use crate::opencl::OpenClBackend;
+use crate::window::WindowMap;
+
+/// Most guest threads one session may call from at once.
+pub const MAX_CHANNELS: usize = 64;
+
+/// Errors that end a session.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("session socket failed")]
+    Io(#[from] std::io::Error),
+    #[error("bad hello from hira-vhost: {0}")]
+    Hello(String),
+    #[error("cannot map the data window")]
+    Window(#[from] crate::window::WindowError),
+    #[error("no usable host OpenCL: {0}")]
+    Backend(String),
+}
+
+/// A frame as read from the socket.
+#[derive(Debug)]
+struct Frame {
+    header: FrameHeader,
+    body: Vec<u8>,
+}
+
+fn read_frame(s: &mut UnixStream) -> std::io::Result<Option<Frame>> {
+    let mut hb = [0u8; HEADER_LEN];
+    match s.read_exact(&mut hb) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let header = FrameHeader::decode(&hb)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut body = vec![0u8; header.len as usize];
+    s.read_exact(&mut body)?;
+    Ok(Some(Frame { header, body }))
+}
+
+/// Writes whole frames to the socket; shared by workers and callback threads.
+#[derive(Debug)]
+pub struct FrameWriter(Mutex<UnixStream>);
+
+impl FrameWriter {
+    /// Sends one frame with `payload`.
+    pub fn send(&self, kind: FrameKind, opcode: u16, channel: u32, call_id: u64, payload: &[u8]) {
+        let header = FrameHeader {
+            len: payload.len() as u32,
+            kind,
+            flags: 0,
+            opcode,
+            channel,
+            span_count: 0,
+            call_id,
+        };
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let res = s
+            .write_all(&header.encode())
+            .and_then(|_| s.write_all(payload));
+        if let Err(e) = res {
+            debug!("cannot send to hira-vhost: {e}");
+        }
+    }
+}
+
+/// Receives the `Hello` hira-vhost forwards, with the window fd if the guest sent one.
+fn receive_hello(s: &mut UnixStream) -> Result<(Hello, Option<OwnedFd>), ServerError> {
+    let (header, payload, fd) =
+        unix::recv_frame_with_fd(s).map_err(|e| ServerError::Hello(e.to_string()))?;
+    if header.kind != FrameKind::Hello {
+        return Err(ServerError::Hello(format!(
+            "first frame is {:?}",
+            header.kind
+        )));
+    }
+    let hello = Hello::decode(&payload).map_err(|e| ServerError::Hello(e.to_string()))?;
+    Ok((hello, fd))
+}
+
+/// Runs one session to its end and releases what the guest left behind.
+pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
+    let mut reader = UnixStream::from(config.socket);
+    let (hello, window_fd) = receive_hello(&mut reader)?;
+    let writer = Arc::new(FrameWriter(Mutex::new(reader.try_clone()?)));
+    let window = match window_fd {
+        Some(fd) => Some(WindowMap::map(&fd, hello.window_len)?),
+        None => None,
+    };
+    let backend: Arc<dyn Backend> = match hello.api {
+        ApiKind::OpenCl => match OpenClBackend::new(config.platform.as_deref(), writer.clone()) {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                refuse(&writer, &e);
+                return Err(ServerError::Backend(e));
+            }
+        },
+        ApiKind::Cuda => {
+            let e = "this API server has no CUDA backend".to_string();
+            refuse(&writer, &e);
+            return Err(ServerError::Backend(e));
+        }
+    };
+    info!(
+        "session {}: {} (pid {}), window {} bytes",
+        config.session,
+        hello.process_name,
+        hello.pid,
+        window.as_ref().map_or(0, WindowMap::len)
+    );
+    let welcome = Welcome {
+        version: hira_protocol::handshake::VERSION,
+        session: config.session,
+        vm_name: String::new(),
+        window_len: window.as_ref().map_or(0, |w| w.len() as u64),
+    };
+    writer.send(FrameKind::Welcome, 0, 0, 0, &welcome.encode());
+    let window = Arc::new(window);
+    serve(&mut reader, backend.clone(), writer, window)?;
+    Ok(backend.teardown())
+}
+
+fn refuse(writer: &FrameWriter, message: &str) {
+    let e = ErrorPayload {
+        code: error_code::HANDSHAKE,
+        message: message.to_string(),
+    };
+    writer.send(FrameKind::Error, 0, 0, 0, &e.encode());
+}
+
+struct Worker {
+    jobs: Sender<Frame>,
+    thread: JoinHandle<()>,
+}
+
+/// Executes requests until hira-vhost closes the socket.
+fn serve(
+    reader: &mut UnixStream,
+    backend: Arc<dyn Backend>,
+    writer: Arc<FrameWriter>,
+    window: Arc<Option<WindowMap>>,
+) -> Result<(), ServerError> {
+    let mut inline_channel: Option<u32> = None;
+    let mut workers: HashMap<u32, Worker> = HashMap::new();
+    let mut reply = Writer::with_capacity(4096);
+    let spawn = |id: u32| -> std::io::Result<Worker> {
+        let (tx, rx) = channel::<Frame>();
+        let (backend, writer, window) = (backend.clone(), writer.clone(), window.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("channel-{id}"))
+            .spawn(move || {
+                let mut reply = Writer::with_capacity(4096);
+                for f in rx {
+                    execute(&*backend, &writer, (*window).as_ref(), &f, &mut reply);
+                }
+            })?;
+        Ok(Worker { jobs: tx, thread })
+    };
+    loop {
+        let f = match read_frame(reader) {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                warn!("session socket failed: {e}");
+                break;
+            }
+        };
+        if f.header.kind != FrameKind::Request {
+            warn!("ignoring {:?} frame from the guest", f.header.kind);
+            continue;
+        }
+        let channel = f.header.channel;
+        if workers.is_empty() {
+            if inline_channel.is_none_or(|c| c == channel) {
+                inline_channel = Some(channel);
+                execute(&*backend, &writer, (*window).as_ref(), &f, &mut reply);
+                continue;
+            }
+            // A second guest thread: from now on each channel has a worker.
+            let first = inline_channel.expect("set while there are no workers");
+            workers.insert(first, spawn(first)?);
+        }
+        if !workers.contains_key(&channel) {
+            if workers.len() >= MAX_CHANNELS {
+                error_reply(
+                    &writer,
+                    &f.header,
+                    error_code::POLICY,
+                    "too many guest threads",
+                );
+                continue;
+            }
+            workers.insert(channel, spawn(channel)?);
+        }
+        if let Some(w) = workers.get(&channel) {
+            let _ = w.jobs.send(f);
+        }
+    }
+    for (_, w) in workers.drain() {
+        drop(w.jobs);
+        let _ = w.thread.join();
+    }
+    Ok(())
+}
+
+fn error_reply(writer: &FrameWriter, h: &FrameHeader, code: u32, message: &str) {
+    if h.no_reply() {
+        return;
+    }
+    let e = ErrorPayload {
+        code,
+        message: message.to_string(),
+    };
+    writer.send(
+        FrameKind::Error,
+        h.opcode,
+        h.channel,
+        h.call_id,
+        &e.encode(),
+    );
+}
+
+/// Executes one request and sends its reply.
+fn execute(
+    backend: &dyn Backend,
+    writer: &FrameWriter,
+    window: Option<&WindowMap>,
+    f: &Frame,
+    reply: &mut Writer,
+) {
+    let h = &f.header;
+    let window_len = window.map_or(0, |w| w.len() as u64);
+    let span_bytes = h.span_count as usize * SPAN_LEN;
+    let spans = match frame::decode_spans(&f.body[..span_bytes], h.span_count as usize, window_len)
+    {
+        Ok(s) => s,
+        Err(e) => {
+            warn!("{}: {e}", backend.name(h.opcode));
+            return error_reply(writer, h, error_code::BAD_SPAN, &e.to_string());
+        }
+    };
+    let data = FrameData {
+        spans: &spans,
+        window,
+    };
+    reply.clear();
+    let res = backend.execute(h.opcode, &f.body[span_bytes..], &data, reply);
+    if h.no_reply() {
+        let status = match &res {
+            Ok(()) => reply
+                .as_slice()
+                .get(..4)
+                .map_or(0, |b| i32::from_le_bytes(b.try_into().unwrap_or_default())),
+            Err(Fail::Status(s)) => *s,
+            Err(e) => {
+                warn!("asynchronous {} rejected: {e}", backend.name(h.opcode));
+                return;
+            }
+        };
+        if status != 0 {
+            warn!(
+                "asynchronous {} failed with status {status}",
+                backend.name(h.opcode)
+            );
+        }
+        return;
+    }
+    match res {
+        Ok(()) => writer.send(
+            FrameKind::Reply,
+            h.opcode,
+            h.channel,
+            h.call_id,
+            reply.as_slice(),
+        ),
+        Err(Fail::Status(s)) => writer.send(
+            FrameKind::Reply,
+            h.opcode,
+            h.channel,
+            h.call_id,
+            &s.to_le_bytes(),
+        ),
+        Err(e) => {
+            warn!("{}: {e}", backend.name(h.opcode));
+            let code = match e {
+                Fail::UnknownOpcode(_) => error_code::UNKNOWN_OPCODE,
+                _ => error_code::MALFORMED,
+            };
+            error_reply(writer, h, code, &e.to_string());
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The guest's shared data window, mapped into the API server.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use thiserror::Error;
+
+/// Errors mapping the window.
+#[derive(Debug, Error)]
+pub enum WindowError {
+    #[error("cannot stat the window descriptor")]
+    Stat(#[source] std::io::Error),
+    #[error("window is {actual} bytes, the guest announced {announced}")]
+    SizeMismatch { actual: u64, announced: u64 },
+    #[error("cannot map the window")]
+    Map(#[source] std::io::Error),
+}
+
+/// A mapping of the guest's window.
+#[derive(Debug)]
+pub struct WindowMap {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping lives as long as the value; concurrent access to its bytes is by
+// raw pointer only, as shared memory with an untrusted peer must be.
+unsafe impl Send for WindowMap {}
+// SAFETY: as above.
+unsafe impl Sync for WindowMap {}
+
+impl WindowMap {
+    /// Maps `fd`, which must be exactly `announced` bytes long.
+    pub fn map(fd: &OwnedFd, announced: u64) -> Result<Self, WindowError> {
+        // SAFETY: fstat fills a zeroed stat struct for a valid descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open; `st` is a valid out-pointer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(WindowError::Stat(std::io::Error::last_os_error()));
+        }
+        let actual = st.st_size as u64;
+        if actual != announced || actual == 0 {
+            return Err(WindowError::SizeMismatch { actual, announced });
+        }
+        // SAFETY: mapping `actual` bytes of a valid descriptor, shared, anywhere.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                actual as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(WindowError::Map(std::io::Error::last_os_error()));
+        }
+        Ok(WindowMap {
+            base: base.cast(),
+            len: actual as usize,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Pointer to `offset` if `offset + len` lies inside the window.
+    pub fn at(&self, offset: u64, len: u64) -> Option<*mut u8> {
+        let end = offset.checked_add(len)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: offset < len of the mapping, checked above.
+        Some(unsafe { self.base.add(offset as usize) })
+    }
+}
+
+impl Drop for WindowMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}

@@ -1,0 +1,461 @@
+//! Parser for the API description format (see `protocol/api/opencl.api`).
+
+use std::fmt;
+
+/// A description that does not parse, with the line it starts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// How one argument crosses the wire. See `docs/apigen.md`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Val,
+    MemFlags,
+    Blocking,
+    Handle {
+        kind: String,
+        nullable: bool,
+    },
+    Retain(String),
+    Release(String),
+    Handles {
+        kind: String,
+        count: String,
+    },
+    WaitList(String),
+    NewHandle(String),
+    OutHandles {
+        kind: String,
+        count: String,
+        owned: bool,
+    },
+    Err,
+    In(String),
+    HostPtr {
+        flags: String,
+        size: String,
+    },
+    Out(String),
+    OutVal,
+    Str,
+    Strs(String),
+    Sources {
+        count: String,
+        lengths: String,
+    },
+    Binaries {
+        count: String,
+        lengths: String,
+    },
+    Lens,
+    Arr(String),
+    ZList,
+    CtxProps,
+    Callback {
+        kind: String,
+        data: String,
+    },
+    CbData,
+    KernelArg(String),
+    ImageDesc,
+    RectIn {
+        origin: String,
+        region: String,
+        row_pitch: String,
+        slice_pitch: String,
+    },
+    RectOut {
+        origin: String,
+        region: String,
+        row_pitch: String,
+        slice_pitch: String,
+    },
+    ImageIn {
+        image: String,
+        region: String,
+        row_pitch: String,
+        slice_pitch: String,
+    },
+    ImageOut {
+        image: String,
+        region: String,
+        row_pitch: String,
+        slice_pitch: String,
+    },
+    InfoSize,
+    InfoVal,
+    InfoRet,
+}
+
+/// One argument of a described function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arg {
+    pub name: String,
+    pub ctype: String,
+    pub kind: Kind,
+}
+
+/// One described function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Func {
+    pub opcode: u16,
+    pub name: String,
+    pub args: Vec<Arg>,
+    pub ret: String,
+    /// The object kind of a returned handle.
+    pub rets: Option<String>,
+    pub is_async: bool,
+    pub cache: bool,
+    pub custom: bool,
+    pub local: bool,
+}
+
+/// Splits at commas outside brackets.
+fn split_top(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut cur = String::new();
+    let mut prev = ' ';
+    for ch in s.chars() {
+        match ch {
+            '(' | '[' => depth += 1,
+            '<' => depth += 1,
+            ')' | ']' => depth -= 1,
+            '>' if prev != '-' => depth -= 1,
+            _ => {}
+        }
+        if ch == ',' && depth == 0 {
+            out.push(cur.trim().to_string());
+            cur.clear();
+        } else {
+            cur.push(ch);
+        }
+        prev = ch;
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+/// Index of the `)` matching the `(` at `open`.
+fn matching_paren(s: &str, open: usize) -> Option<usize> {
+    let mut depth = 0;
+    for (i, ch) in s.char_indices().skip_while(|(i, _)| *i < open) {
+        match ch {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn parse_kind(text: &str) -> Result<Kind, String> {
+    let text = text.trim();
+    let (head, params) = match text.find('(') {
+        Some(i) => {
+            let close = matching_paren(text, i).ok_or("unbalanced parentheses in kind")?;
+            (&text[..i], split_top(&text[i + 1..close]))
+        }
+        None => (text, Vec::new()),
+    };
+    let p = |i: usize| -> Result<String, String> {
+        params
+            .get(i)
+            .cloned()
+            .ok_or_else(|| format!("kind `{head}` needs parameter {}", i + 1))
+    };
+    let want = |n: usize| -> Result<(), String> {
+        if params.len() == n {
+            Ok(())
+        } else {
+            Err(format!(
+                "kind `{head}` takes {n} parameters, got {}",
+                params.len()
+            ))
+        }
+    };
+    let kind = match head {
+        "val" => Kind::Val,
+        "memflags" => Kind::MemFlags,
+        "blocking" => Kind::Blocking,
+        "h" | "h?" => {
+            want(1)?;
+            Kind::Handle {
+                kind: p(0)?,
+                nullable: head == "h?",
+            }
+        }
+        "hret" => Kind::Retain(p(0)?),
+        "hrel" => Kind::Release(p(0)?),
+        "hs" => {
+            want(2)?;
+            Kind::Handles {
+                kind: p(0)?,
+                count: p(1)?,
+            }
+        }
+        "wait" => Kind::WaitList(p(0)?),
+        "newh" => Kind::NewHandle(p(0)?),
+        "ouths" => {
+            want(3)?;
+            let owned = match p(2)?.as_str() {
+                "owned" => true,
+                "found" => false,
+                other => {
+                    return Err(format!(
+                        "ouths ownership must be `owned` or `found`, not `{other}`"
+                    ));
+                }
+            };
+            Kind::OutHandles {
+                kind: p(0)?,
+                count: p(1)?,
+                owned,
+            }
+        }
+        "err" => Kind::Err,
+        "in" => Kind::In(p(0)?),
+        "hostptr" => {
+            want(2)?;
+            Kind::HostPtr {
+                flags: p(0)?,
+                size: p(1)?,
+            }
+        }
+        "out" => Kind::Out(p(0)?),
+        "outv" => Kind::OutVal,
+        "str" => Kind::Str,
+        "strs" => Kind::Strs(p(0)?),
+        "srcs" => Kind::Sources {
+            count: p(0)?,
+            lengths: p(1)?,
+        },
+        "bins" => Kind::Binaries {
+            count: p(0)?,
+            lengths: p(1)?,
+        },
+        "lens" => Kind::Lens,
+        "arr" => Kind::Arr(p(0)?),
+        "zlist" => Kind::ZList,
+        "ctxprops" => Kind::CtxProps,
+        "cb" => Kind::Callback {
+            kind: p(0)?,
+            data: p(1)?,
+        },
+        "cbdata" => Kind::CbData,
+        "kargs" => Kind::KernelArg(p(0)?),
+        "imgdesc" => Kind::ImageDesc,
+        "rectin" | "rectout" | "imgin" | "imgout" => {
+            want(4)?;
+            let (a, region, row_pitch, slice_pitch) = (p(0)?, p(1)?, p(2)?, p(3)?);
+            match head {
+                "rectin" => Kind::RectIn {
+                    origin: a,
+                    region,
+                    row_pitch,
+                    slice_pitch,
+                },
+                "rectout" => Kind::RectOut {
+                    origin: a,
+                    region,
+                    row_pitch,
+                    slice_pitch,
+                },
+                "imgin" => Kind::ImageIn {
+                    image: a,
+                    region,
+                    row_pitch,
+                    slice_pitch,
+                },
+                _ => Kind::ImageOut {
+                    image: a,
+                    region,
+                    row_pitch,
+                    slice_pitch,
+                },
+            }
+        }
+        "info_size" => Kind::InfoSize,
+        "info_val" => Kind::InfoVal,
+        "info_ret" => Kind::InfoRet,
+        other => return Err(format!("unknown argument kind `{other}`")),
+    };
+    Ok(kind)
+}
+
+fn parse_entry(text: &str) -> Result<Func, String> {
+    let (opcode, rest) = text.split_once(' ').ok_or("missing opcode")?;
+    let opcode: u16 = opcode
+        .parse()
+        .map_err(|_| format!("bad opcode `{opcode}`"))?;
+    let open = rest.find('(').ok_or("missing argument list")?;
+    let name = rest[..open].trim().to_string();
+    let close = matching_paren(rest, open).ok_or("unbalanced argument list")?;
+    let mut args = Vec::new();
+    for a in split_top(&rest[open + 1..close]) {
+        let (name_type, kind) = a
+            .rsplit_once(" = ")
+            .ok_or_else(|| format!("argument `{a}` has no `= kind`"))?;
+        let (aname, ctype) = name_type
+            .split_once(':')
+            .ok_or_else(|| format!("argument `{a}` has no type"))?;
+        args.push(Arg {
+            name: aname.trim().to_string(),
+            ctype: ctype.trim().to_string(),
+            kind: parse_kind(kind)?,
+        });
+    }
+    let tail = rest[close + 1..].trim();
+    let (sig, flags) = match tail.split_once(';') {
+        Some((s, f)) => (s.trim(), f.trim()),
+        None => (tail, ""),
+    };
+    let sig = sig
+        .strip_prefix("->")
+        .ok_or("missing `-> return type`")?
+        .trim();
+    let (ret, rets) = match sig.split_once('=') {
+        Some((r, k)) => {
+            let k = k.trim();
+            let inner = k
+                .strip_prefix("rets(")
+                .and_then(|k| k.strip_suffix(')'))
+                .ok_or_else(|| format!("return kind `{k}` must be rets(Kind)"))?;
+            (r.trim().to_string(), Some(inner.trim().to_string()))
+        }
+        None => (sig.to_string(), None),
+    };
+    let mut f = Func {
+        opcode,
+        name,
+        args,
+        ret,
+        rets,
+        is_async: false,
+        cache: false,
+        custom: false,
+        local: false,
+    };
+    for flag in flags.split_whitespace() {
+        match flag {
+            "async" => f.is_async = true,
+            "cache" => f.cache = true,
+            "custom" => f.custom = true,
+            "local" => f.local = true,
+            other => return Err(format!("unknown flag `{other}`")),
+        }
+    }
+    if f.local != (f.opcode == 0) {
+        return Err("local functions, and only they, have opcode 0".into());
+    }
+    Ok(f)
+}
+
+/// Parses a whole description.
+pub fn parse(text: &str) -> Result<Vec<Func>, ParseError> {
+    let mut entries: Vec<(usize, String)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let stripped = line.trim();
+        if stripped.is_empty() || stripped.starts_with('#') {
+            continue;
+        }
+        if line.starts_with(char::is_whitespace) {
+            let last = entries.last_mut().ok_or(ParseError {
+                line: i + 1,
+                message: "continuation line before any entry".into(),
+            })?;
+            last.1.push(' ');
+            last.1.push_str(stripped);
+        } else {
+            entries.push((i + 1, stripped.to_string()));
+        }
+    }
+    let mut funcs: Vec<Func> = Vec::new();
+    for (line, text) in entries {
+        let f = parse_entry(&text).map_err(|message| ParseError { line, message })?;
+        if f.opcode != 0 && funcs.iter().any(|g| g.opcode == f.opcode) {
+            return Err(ParseError {
+                line,
+                message: format!("opcode {} used twice", f.opcode),
+            });
+        }
+        if funcs.iter().any(|g| g.name == f.name) {
+            return Err(ParseError {
+                line,
+                message: format!("{} described twice", f.name),
+            });
+        }
+        funcs.push(f);
+    }
+    Ok(funcs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continuation_lines_join_the_entry() {
+        let f =
+            parse("3 clX(a: cl_uint = val,\n    b: cl_mem = h?(Mem)) -> cl_int ; async cache\n")
+                .unwrap();
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            f[0].args[1].kind,
+            Kind::Handle {
+                kind: "Mem".into(),
+                nullable: true
+            }
+        );
+        assert!(f[0].is_async && f[0].cache);
+    }
+
+    #[test]
+    fn callback_types_with_nested_parentheses_parse() {
+        let f = parse("4 clY(p: Option<unsafe extern \"C\" fn(a: cl_int, b: *mut c_void)> = cb(Event, d), d: *mut c_void = cbdata) -> cl_int\n").unwrap();
+        assert_eq!(f[0].args.len(), 2);
+        assert_eq!(
+            f[0].args[0].kind,
+            Kind::Callback {
+                kind: "Event".into(),
+                data: "d".into()
+            }
+        );
+    }
+
+    #[test]
+    fn duplicate_opcode_is_rejected() {
+        let e = parse("1 a() -> cl_int\n1 b() -> cl_int\n").unwrap_err();
+        assert_eq!(e.line, 2);
+    }
+
+    #[test]
+    fn unknown_kind_names_itself() {
+        let e = parse("1 a(x: cl_uint = bogus) -> cl_int\n").unwrap_err();
+        assert!(e.message.contains("bogus"));
+    }
+
+    #[test]
+    fn returned_handle_kind_is_recorded() {
+        let f = parse("2 clCreateUserEvent(context: cl_context = h(Context), errcode_ret: *mut cl_int = err) -> cl_event = rets(Event)\n").unwrap();
+        assert_eq!(f[0].rets.as_deref(), Some("Event"));
+    }
+}

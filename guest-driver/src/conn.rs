@@ -1,0 +1,360 @@
+//! One connection to the host, shared by every thread of the guest process.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
+use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, Welcome};
+use hira_protocol::{FrameHeader, FrameKind, Span, unix};
+use log::{debug, warn};
+use thiserror::Error;
+
+use crate::window::Window;
+
+/// Errors of the transport. Once a connection has failed every later call fails too.
+#[derive(Debug, Error, Clone)]
+pub enum TransportError {
+    #[error("cannot connect to the Hira host at {path}: {reason}")]
+    Connect { path: String, reason: String },
+    #[error("the host refused the session: {0}")]
+    Refused(String),
+    #[error("connection to the host closed: {0}")]
+    Closed(String),
+    #[error("the host sent a malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// A frame received from the host.
+#[derive(Debug)]
+pub struct Frame {
+    pub header: FrameHeader,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Demux {
+    /// A thread is blocked reading the socket on everyone's behalf.
+    reading: bool,
+    replies: HashMap<(u32, u64), Frame>,
+    notifications: VecDeque<Frame>,
+    dead: Option<TransportError>,
+}
+
+/// The process's connection to the host.
+pub struct Connection {
+    writer: Mutex<UnixStream>,
+    reader: Mutex<UnixStream>,
+    demux: Mutex<Demux>,
+    cv: Condvar,
+    next_call: AtomicU64,
+    next_channel: AtomicU32,
+    window: Option<Window>,
+    pub welcome: Welcome,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("welcome", &self.welcome)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_frame(s: &mut UnixStream) -> Result<Frame, TransportError> {
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb)
+        .map_err(|e| TransportError::Closed(e.to_string()))?;
+    let header = FrameHeader::decode(&hb).map_err(|e| TransportError::Malformed(e.to_string()))?;
+    let mut payload = vec![0u8; header.len as usize];
+    s.read_exact(&mut payload)
+        .map_err(|e| TransportError::Closed(e.to_string()))?;
+    Ok(Frame { header, payload })
+}
+
+fn process_name() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+thread_local! {
+    static CHANNEL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl Connection {
+    /// Connects to the host at `path` and opens a session for `api`, offering a data
+    /// window of `window_len` bytes (0 for none).
+    pub fn connect(path: &Path, api: ApiKind, window_len: u64) -> Result<Self, TransportError> {
+        let connect_err = |reason: String| TransportError::Connect {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut stream = UnixStream::connect(path).map_err(|e| connect_err(e.to_string()))?;
+        let window = if window_len > 0 {
+            match Window::create(window_len) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    warn!("no data window, sending everything inline: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let hello = Hello::new(
+            api,
+            std::process::id(),
+            &process_name(),
+            window.as_ref().map_or(0, |w| w.len() as u64),
+        )
+        .encode();
+        let header = FrameHeader {
+            len: hello.len() as u32,
+            kind: FrameKind::Hello,
+            flags: 0,
+            opcode: 0,
+            channel: 0,
+            span_count: 0,
+            call_id: 0,
+        };
+        unix::send_frame_with_fd(
+            &mut stream,
+            &header,
+            &hello,
+            window.as_ref().map(Window::fd),
+        )
+        .map_err(|e| connect_err(e.to_string()))?;
+        let reply = read_frame(&mut stream)?;
+        let welcome = match reply.header.kind {
+            FrameKind::Welcome => Welcome::decode(&reply.payload)
+                .map_err(|e| TransportError::Malformed(e.to_string()))?,
+            FrameKind::Error => {
+                let e = ErrorPayload::decode(&reply.payload)
+                    .map(|e| e.message)
+                    .unwrap_or_else(|e| e.to_string());
+                return Err(TransportError::Refused(e));
+            }
+            other => {
+                return Err(TransportError::Malformed(format!(
+                    "expected Welcome, got {other:?}"
+                )));
+            }
+        };
+        let window = if welcome.window_len == 0 {
+            None
+        } else {
+            window
+        };
+        debug!(
+            "session {} in vm {} (window {} bytes)",
+            welcome.session, welcome.vm_name, welcome.window_len
+        );
+        let reader = stream.try_clone().map_err(|e| connect_err(e.to_string()))?;
+        Ok(Connection {
+            writer: Mutex::new(stream),
+            reader: Mutex::new(reader),
+            demux: Mutex::new(Demux::default()),
+            cv: Condvar::new(),
+            next_call: AtomicU64::new(1),
+            next_channel: AtomicU32::new(1),
+            window,
+            welcome,
+        })
+    }
+
+    /// The shared data window, if the host accepted one.
+    pub fn window(&self) -> Option<&Window> {
+        self.window.as_ref()
+    }
+
+    /// The calling thread's channel.
+    pub fn channel(&self) -> u32 {
+        CHANNEL.with(|c| {
+            if c.get() == 0 {
+                c.set(self.next_channel.fetch_add(1, Ordering::Relaxed));
+            }
+            c.get()
+        })
+    }
+
+    fn dead(&self) -> Option<TransportError> {
+        self.demux
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dead
+            .clone()
+    }
+
+    fn kill(&self, e: TransportError) {
+        let mut d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+        if d.dead.is_none() {
+            warn!("Hira transport failed: {e}");
+            d.dead = Some(e);
+        }
+        drop(d);
+        self.cv.notify_all();
+        if let Ok(w) = self.writer.lock() {
+            let _ = w.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Sends a request. With `no_reply` the call is forwarded asynchronously and
+    /// `Ok(None)` returns at once; otherwise this waits for the reply frame.
+    pub fn call(
+        &self,
+        opcode: u16,
+        spans: &[Span],
+        payload: &[u8],
+        no_reply: bool,
+    ) -> Result<Option<Frame>, TransportError> {
+        if let Some(e) = self.dead() {
+            return Err(e);
+        }
+        let channel = self.channel();
+        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let len = spans.len() * frame::SPAN_LEN + payload.len();
+        if len > frame::MAX_FRAME_BODY {
+            return Err(TransportError::Malformed(format!(
+                "request of {len} bytes exceeds the frame limit"
+            )));
+        }
+        let header = FrameHeader {
+            len: len as u32,
+            kind: FrameKind::Request,
+            flags: if no_reply { FLAG_NO_REPLY } else { 0 },
+            opcode,
+            channel,
+            span_count: spans.len() as u16,
+            call_id,
+        };
+        let mut head = Vec::with_capacity(HEADER_LEN + spans.len() * frame::SPAN_LEN);
+        head.extend_from_slice(&header.encode());
+        for s in spans {
+            head.extend_from_slice(&s.encode());
+        }
+        {
+            let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            let res = if payload.len() < 4096 {
+                head.extend_from_slice(payload);
+                w.write_all(&head)
+            } else {
+                w.write_all(&head).and_then(|_| w.write_all(payload))
+            };
+            if let Err(e) = res {
+                drop(w);
+                let e = TransportError::Closed(e.to_string());
+                self.kill(e.clone());
+                return Err(e);
+            }
+        }
+        if no_reply {
+            return Ok(None);
+        }
+        self.wait_for(Some((channel, call_id)), &|| true).map(Some)
+    }
+
+    /// Waits for the frame with `key`, or for any notification when `key` is `None`.
+    /// Whoever is not waiting on a reader becomes the reader, if `may_read` allows.
+    fn wait_for(
+        &self,
+        key: Option<(u32, u64)>,
+        may_read: &dyn Fn() -> bool,
+    ) -> Result<Frame, TransportError> {
+        let mut d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match key {
+                Some(k) => {
+                    if let Some(f) = d.replies.remove(&k) {
+                        return Ok(f);
+                    }
+                }
+                None => {
+                    if let Some(f) = d.notifications.pop_front() {
+                        return Ok(f);
+                    }
+                }
+            }
+            if let Some(e) = &d.dead {
+                return Err(e.clone());
+            }
+            if d.reading || !may_read() {
+                d = self.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            d.reading = true;
+            drop(d);
+            let res = {
+                let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+                read_frame(&mut r)
+            };
+            d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+            d.reading = false;
+            match res {
+                Ok(f) => {
+                    let fk = (f.header.channel, f.header.call_id);
+                    match f.header.kind {
+                        FrameKind::Notify => {
+                            if key.is_none() {
+                                self.cv.notify_all();
+                                return Ok(f);
+                            }
+                            d.notifications.push_back(f);
+                        }
+                        FrameKind::Reply | FrameKind::Error if f.header.call_id != 0 => {
+                            if Some(fk) == key {
+                                self.cv.notify_all();
+                                return Ok(f);
+                            }
+                            d.replies.insert(fk, f);
+                        }
+                        FrameKind::Error => {
+                            let msg = ErrorPayload::decode(&f.payload)
+                                .map(|e| e.message)
+                                .unwrap_or_default();
+                            drop(d);
+                            self.kill(TransportError::Closed(format!(
+                                "host ended the session: {msg}"
+                            )));
+                            d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                        }
+                        other => {
+                            drop(d);
+                            self.kill(TransportError::Malformed(format!(
+                                "unexpected {other:?} frame"
+                            )));
+                            d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                        }
+                    }
+                    self.cv.notify_all();
+                }
+                Err(e) => {
+                    drop(d);
+                    self.kill(e);
+                    d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+    }
+
+    /// Blocks until the host sends a notification (a callback to deliver). The caller
+    /// reads the socket itself only while `may_read` says so; otherwise it waits for a
+    /// caller of [`Connection::call`] to pass notifications on.
+    pub fn next_notification(&self, may_read: &dyn Fn() -> bool) -> Result<Frame, TransportError> {
+        self.wait_for(None, may_read)
+    }
+
+    /// Wakes waiters so they re-check their conditions.
+    pub fn wake(&self) {
+        let _guard = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+        self.cv.notify_all();
+    }
+
+    /// Whether the connection has failed.
+    pub fn is_dead(&self) -> bool {
+        self.dead().is_some()
+    }
+}

@@ -1,0 +1,18 @@
+//! The guest end of Hira's transport.
+//!
+//! - [`conn`]: one connection per guest process to the host daemon, shared by all the
+//!   process's threads. Each thread calls on its own channel; calls from different
+//!   threads may be in flight together. Replies are demultiplexed leader/follower
+//!   style: whichever waiting thread holds the read side reads the next frame and
+//!   hands it to its owner, so a single-threaded caller reads its own reply with no
+//!   extra thread hop.
+//! - [`window`]: the shared data window, a memfd the host maps, with a first-fit
+//!   allocator for bulk transfers.
+//! - [`endpoint`]: where the host is (`HIRA_SOCKET`, default [`endpoint::DEFAULT_SOCKET`]).
+
+pub mod conn;
+pub mod endpoint;
+pub mod window;
+
+pub use conn::{Connection, Frame, TransportError};
+pub use window::{Window, WindowRegion};

@@ -1,0 +1,10 @@
+// Generates the guest side of every remoted OpenCL function from the API description.
+fn main() {
+    let spec = "../protocol/api/opencl.api";
+    println!("cargo::rerun-if-changed={spec}");
+    let api = hira_apigen::Api::load(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    let mut code = api.guest_code().unwrap_or_else(|e| panic!("{spec}: {e}"));
+    code.push_str(&api.dispatch_fill());
+    let out = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("opencl_guest.rs");
+    std::fs::write(out, code).unwrap();
+}

@@ -1,0 +1,187 @@
+//! The ICD dispatch table and the symbols the ICD loader looks up.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use log::warn;
+use opencl_sys::cl_icd::_cl_icd_dispatch;
+use opencl_sys::{cl_int, cl_platform_id, cl_uint};
+
+use crate::icd_slots::{SLOT_COUNT, SLOTS};
+
+const CL_INVALID_OPERATION: cl_int = -59;
+const CL_INVALID_VALUE: cl_int = -30;
+const CL_PLATFORM_NOT_FOUND_KHR: cl_int = -1001;
+
+/// The dispatch table every object's first field points to.
+pub(crate) struct Dispatch(pub _cl_icd_dispatch);
+
+// SAFETY: the table is built once and never written again; it holds only function
+// pointers, which are safe to share.
+unsafe impl Sync for Dispatch {}
+// SAFETY: as above.
+unsafe impl Send for Dispatch {}
+
+const _: () =
+    assert!(std::mem::size_of::<_cl_icd_dispatch>() == SLOT_COUNT * std::mem::size_of::<usize>());
+
+/// Whether each unsupported slot has already been logged.
+static LOGGED: [AtomicBool; SLOT_COUNT] = [const { AtomicBool::new(false) }; SLOT_COUNT];
+
+/// What an unsupported slot does: logs the function's name once, reports
+/// `CL_INVALID_OPERATION` through `errcode_ret` when it has one, and returns NULL or
+/// `CL_INVALID_OPERATION`. The arguments are read as eight machine words; reading words
+/// the caller did not pass is harmless on the System V x86-64 and AArch64 ABIs, whose
+/// argument registers and caller stack are always readable.
+fn unsupported(slot: usize, args: [usize; 8]) -> usize {
+    let s = &SLOTS[slot];
+    if !LOGGED[slot].swap(true, Ordering::Relaxed) {
+        warn!(
+            "{} is not supported by Hira; returning CL_INVALID_OPERATION",
+            s.name
+        );
+    }
+    if let Some(i) = s.errcode_arg {
+        let p = args[i] as *mut cl_int;
+        if !p.is_null() {
+            // SAFETY: the API defines this argument as `cl_int *errcode_ret`, which the
+            // application passes null or valid.
+            unsafe { p.write_unaligned(CL_INVALID_OPERATION) };
+        }
+    }
+    if s.returns_pointer {
+        0
+    } else {
+        CL_INVALID_OPERATION as u32 as usize
+    }
+}
+
+type RawFn = unsafe extern "C" fn(usize, usize, usize, usize, usize, usize, usize, usize) -> usize;
+
+macro_rules! stubs {
+    ($($i:literal)*) => {
+        const STUBS: [RawFn; SLOT_COUNT] = [$({
+            unsafe extern "C" fn stub(a: usize, b: usize, c: usize, d: usize, e: usize, f: usize, g: usize, h: usize) -> usize {
+                crate::rt::guard_raw(|| unsupported($i, [a, b, c, d, e, f, g, h]))
+            }
+            stub as RawFn
+        },)*];
+    };
+}
+
+stubs!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29
+    30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59
+    60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89
+    90 91 92 93 94 95 96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114
+    115 116 117 118 119 120 121 122 123 124 125 126 127 128 129 130 131 132 133 134 135 136
+    137 138 139 140 141 142 143 144 145 146 147 148 149);
+
+/// The process's dispatch table: generated functions where described, stubs elsewhere.
+pub(crate) static DISPATCH: LazyLock<Box<Dispatch>> = LazyLock::new(|| {
+    let mut words = [0usize; SLOT_COUNT];
+    for (w, stub) in words.iter_mut().zip(STUBS.iter()) {
+        *w = *stub as usize;
+    }
+    // SAFETY: `_cl_icd_dispatch` is a `repr(C)` struct of SLOT_COUNT nullable function
+    // pointers (checked by the assertion above), so an array of non-null addresses of
+    // `extern "C"` functions is a valid value of it. Each stub ignores the arguments
+    // it is not given, see `unsupported`.
+    let mut d: _cl_icd_dispatch = unsafe { std::mem::transmute(words) };
+    crate::generated::fill(&mut d);
+    Box::new(Dispatch(d))
+});
+
+/// Looked up by the ICD loader: lists this ICD's platforms.
+///
+/// # Safety
+/// `platforms` must be null or valid for `num_entries` writes, `num_platforms` null or
+/// valid for one write, as the `cl_khr_icd` extension specifies.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(
+    num_entries: cl_uint,
+    platforms: *mut cl_platform_id,
+    num_platforms: *mut cl_uint,
+) -> cl_int {
+    crate::rt::status_call("clIcdGetPlatformIDsKHR", || {
+        if (num_entries == 0 && !platforms.is_null())
+            || (platforms.is_null() && num_platforms.is_null())
+        {
+            return Err(CL_INVALID_VALUE);
+        }
+        if crate::rt::conn().is_err() {
+            if !num_platforms.is_null() {
+                // SAFETY: checked non-null; the caller passes a valid pointer.
+                unsafe { *num_platforms = 0 };
+            }
+            return Err(CL_PLATFORM_NOT_FOUND_KHR);
+        }
+        // SAFETY: the pointers are passed on with the same contract.
+        let status =
+            unsafe { crate::generated::clGetPlatformIDs(num_entries, platforms, num_platforms) };
+        if status == -1001 || status == 0 {
+            Ok(status)
+        } else {
+            Err(status)
+        }
+    })
+}
+
+/// Exported because ICD loaders look this symbol up in every vendor library before
+/// they use it; calls arrive through the dispatch table like every other.
+///
+/// # Safety
+/// As `clGetPlatformInfo`: `param_value` null or valid for `param_value_size` bytes,
+/// `param_value_size_ret` null or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetPlatformInfo(
+    platform: cl_platform_id,
+    param_name: opencl_sys::cl_platform_info,
+    param_value_size: usize,
+    param_value: *mut c_void,
+    param_value_size_ret: *mut usize,
+) -> cl_int {
+    // SAFETY: forwarded with the same contract.
+    unsafe {
+        crate::generated::clGetPlatformInfo(
+            platform,
+            param_name,
+            param_value_size,
+            param_value,
+            param_value_size_ret,
+        )
+    }
+}
+
+fn extension_function(name: *const c_char) -> *mut c_void {
+    if name.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the loader or application passes a NUL-terminated function name.
+    let name = unsafe { CStr::from_ptr(name) };
+    match name.to_bytes() {
+        b"clIcdGetPlatformIDsKHR" => clIcdGetPlatformIDsKHR as *mut c_void,
+        _ => std::ptr::null_mut(),
+    }
+}
+
+/// Returns the address of an extension function this ICD implements, or NULL.
+///
+/// # Safety
+/// `func_name` must be null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetExtensionFunctionAddress(func_name: *const c_char) -> *mut c_void {
+    crate::rt::guard_raw(|| extension_function(func_name) as usize) as *mut c_void
+}
+
+/// Per-platform form of [`clGetExtensionFunctionAddress`].
+///
+/// # Safety
+/// `func_name` must be null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
+    _platform: cl_platform_id,
+    func_name: *const c_char,
+) -> *mut c_void {
+    crate::rt::guard_raw(|| extension_function(func_name) as usize) as *mut c_void
+}

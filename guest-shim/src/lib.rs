@@ -1,0 +1,47 @@
+//! `libhira_opencl.so`: Hira's guest shim, a real OpenCL ICD.
+//!
+//! The system's OpenCL ICD loader finds this library through
+//! `/etc/OpenCL/vendors/hira.icd` (or `OCL_ICD_VENDORS`), calls
+//! [`clIcdGetPlatformIDsKHR`], and from then on reaches every function through the
+//! dispatch table at the start of each object this library hands out.
+//!
+//! - [`icd`]: the dispatch table and the entry points the loader looks up by name;
+//!   slots with no implementation fail cleanly with `CL_INVALID_OPERATION`.
+//! - `generated`: one `extern "C"` function per remoted call, generated from
+//!   `protocol/api/opencl.api` by `hira-apigen`.
+//! - [`marshal`]: the request builder and reply reader the generated code uses, and
+//!   info queries (with the cache of immutable ones).
+//! - [`rt`]: the process-wide runtime: the connection, the guest objects that stand
+//!   for host objects, reference counts, callbacks, panic containment.
+//! - [`local`]: calls the guest implements itself on top of remoted ones (map/unmap,
+//!   extension lookups).
+//! - [`sizes`]: byte counts of arguments, as the API defines them.
+
+pub mod icd;
+mod icd_slots;
+pub mod local;
+pub mod marshal;
+pub mod rt;
+pub mod sizes;
+
+/// The remoted functions, generated from the API description.
+#[allow(clippy::missing_safety_doc)]
+pub mod generated {
+    use std::ffi::{c_char, c_uchar, c_void};
+    use std::mem::size_of;
+
+    use hira_protocol::opencl::{Kind, op};
+    use libc::size_t;
+    use opencl_sys::*;
+
+    use crate::marshal::Call;
+    use crate::sizes;
+
+    const CL_INVALID_EVENT_WAIT_LIST: i32 = -57;
+
+    include!(concat!(env!("OUT_DIR"), "/opencl_guest.rs"));
+}
+
+pub use icd::{
+    clGetExtensionFunctionAddress, clGetExtensionFunctionAddressForPlatform, clIcdGetPlatformIDsKHR,
+};

@@ -1,0 +1,286 @@
+#![allow(non_snake_case)]
+//! Calls the guest implements on top of remoted ones.
+//!
+//! Mapping gives the application guest memory: for `CL_MEM_USE_HOST_PTR` buffers the
+//! application's own `host_ptr` (at the mapped offset, as the API requires), otherwise
+//! a shadow allocation. Mapping for reading or writing fills it from the device;
+//! unmapping after a write sends it back. These are the API's synchronisation points,
+//! so the shadow is coherent whenever the application may look at it.
+
+use std::ffi::c_void;
+use std::sync::{LazyLock, Mutex};
+
+use hira_protocol::opencl::Kind;
+use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_map_flags, cl_mem, cl_uint};
+
+use crate::generated as g;
+pub use crate::icd::{clGetExtensionFunctionAddress, clGetExtensionFunctionAddressForPlatform};
+use crate::rt::{self, CL_INVALID_VALUE};
+
+const CL_MAP_READ: u64 = 1;
+const CL_MAP_WRITE: u64 = 1 << 1;
+const CL_MAP_WRITE_INVALIDATE_REGION: u64 = 1 << 2;
+const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
+const CL_INVALID_MEM_OBJECT: cl_int = -38;
+
+enum Region {
+    Buffer {
+        offset: usize,
+        size: usize,
+    },
+    Image {
+        origin: [usize; 3],
+        region: [usize; 3],
+        row_pitch: usize,
+        slice_pitch: usize,
+    },
+}
+
+struct Mapping {
+    mem: usize,
+    ptr: usize,
+    flags: u64,
+    region: Region,
+    /// The shadow allocation, when the pointer is not the application's own memory.
+    shadow: Option<Box<[u8]>>,
+}
+
+static MAPPINGS: LazyLock<Mutex<Vec<Mapping>>> = LazyLock::new(|| Mutex::new(Vec::new()));
+
+fn mem_id(mem: cl_mem) -> Result<u64, cl_int> {
+    match rt::lookup(mem as *mut c_void) {
+        Some((id, Kind::Mem)) => Ok(id),
+        _ => Err(CL_INVALID_MEM_OBJECT),
+    }
+}
+
+/// Maps a buffer region into guest memory.
+///
+/// # Safety
+/// Arguments follow the `clEnqueueMapBuffer` contract.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn clEnqueueMapBuffer(
+    command_queue: cl_command_queue,
+    buffer: cl_mem,
+    _blocking_map: cl_bool,
+    map_flags: cl_map_flags,
+    offset: usize,
+    size: usize,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+    errcode_ret: *mut cl_int,
+) -> *mut c_void {
+    rt::handle_call("clEnqueueMapBuffer", errcode_ret, || {
+        let id = mem_id(buffer)?;
+        let extra = rt::mem_extra(id).unwrap_or_default();
+        let (ptr, shadow) = if extra.flags & CL_MEM_USE_HOST_PTR != 0 && extra.host_ptr != 0 {
+            ((extra.host_ptr + offset) as *mut u8, None)
+        } else {
+            let mut b = vec![0u8; size.max(1)].into_boxed_slice();
+            (b.as_mut_ptr(), Some(b))
+        };
+        // SAFETY: `ptr` covers `size` bytes (the shadow, or the application's host
+        // memory which the API requires to cover the buffer); the rest is forwarded.
+        let status = unsafe {
+            if map_flags & (CL_MAP_READ | CL_MAP_WRITE) != 0 {
+                g::clEnqueueReadBuffer(
+                    command_queue,
+                    buffer,
+                    1,
+                    offset,
+                    size,
+                    ptr.cast(),
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                )
+            } else {
+                g::clEnqueueMarkerWithWaitList(
+                    command_queue,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                )
+            }
+        };
+        if status != 0 {
+            return Err(status);
+        }
+        MAPPINGS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Mapping {
+                mem: buffer as usize,
+                ptr: ptr as usize,
+                flags: map_flags,
+                region: Region::Buffer { offset, size },
+                shadow,
+            });
+        Ok(ptr.cast())
+    })
+}
+
+/// Maps an image region into a tightly packed guest shadow.
+///
+/// # Safety
+/// Arguments follow the `clEnqueueMapImage` contract.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn clEnqueueMapImage(
+    command_queue: cl_command_queue,
+    image: cl_mem,
+    _blocking_map: cl_bool,
+    map_flags: cl_map_flags,
+    origin: *const usize,
+    region: *const usize,
+    image_row_pitch: *mut usize,
+    image_slice_pitch: *mut usize,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+    errcode_ret: *mut cl_int,
+) -> *mut c_void {
+    rt::handle_call("clEnqueueMapImage", errcode_ret, || {
+        mem_id(image)?;
+        if origin.is_null() || region.is_null() || image_row_pitch.is_null() {
+            return Err(CL_INVALID_VALUE);
+        }
+        // SAFETY: both point to three size_t per the API.
+        let (o, r) = unsafe {
+            (
+                *(origin as *const [usize; 3]),
+                *(region as *const [usize; 3]),
+            )
+        };
+        let elem = rt::image_elem_size(image)?;
+        let row = r[0].checked_mul(elem).ok_or(CL_INVALID_VALUE)?;
+        let slice = row.checked_mul(r[1]).ok_or(CL_INVALID_VALUE)?;
+        let total = slice.checked_mul(r[2]).ok_or(CL_INVALID_VALUE)?;
+        let mut shadow = vec![0u8; total.max(1)].into_boxed_slice();
+        let ptr = shadow.as_mut_ptr();
+        // SAFETY: the shadow holds `total` bytes laid out with the pitches we pass.
+        let status = unsafe {
+            if map_flags & (CL_MAP_READ | CL_MAP_WRITE) != 0 {
+                g::clEnqueueReadImage(
+                    command_queue,
+                    image,
+                    1,
+                    origin,
+                    region,
+                    row,
+                    slice,
+                    ptr.cast(),
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                )
+            } else {
+                g::clEnqueueMarkerWithWaitList(
+                    command_queue,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                )
+            }
+        };
+        if status != 0 {
+            return Err(status);
+        }
+        // SAFETY: checked non-null above / optional per the API.
+        unsafe {
+            *image_row_pitch = row;
+            if !image_slice_pitch.is_null() {
+                *image_slice_pitch = if r[2] > 1 { slice } else { 0 };
+            }
+        }
+        MAPPINGS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Mapping {
+                mem: image as usize,
+                ptr: ptr as usize,
+                flags: map_flags,
+                region: Region::Image {
+                    origin: o,
+                    region: r,
+                    row_pitch: row,
+                    slice_pitch: slice,
+                },
+                shadow: Some(shadow),
+            });
+        Ok(ptr.cast())
+    })
+}
+
+/// Unmaps a region mapped by one of the functions above, sending written data back.
+///
+/// # Safety
+/// Arguments follow the `clEnqueueUnmapMemObject` contract.
+pub unsafe extern "C" fn clEnqueueUnmapMemObject(
+    command_queue: cl_command_queue,
+    memobj: cl_mem,
+    mapped_ptr: *mut c_void,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+) -> cl_int {
+    rt::status_call("clEnqueueUnmapMemObject", || {
+        mem_id(memobj)?;
+        let m = {
+            let mut maps = MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
+            let i = maps
+                .iter()
+                .position(|m| m.mem == memobj as usize && m.ptr == mapped_ptr as usize)
+                .ok_or(CL_INVALID_VALUE)?;
+            maps.swap_remove(i)
+        };
+        let wrote = m.flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
+        let ptr = m.ptr as *const c_void;
+        // SAFETY: `ptr` is the mapping's memory, still allocated (the shadow is held
+        // in `m` until after the call), covering the mapped region.
+        let status = unsafe {
+            match (&m.region, wrote) {
+                (Region::Buffer { offset, size }, true) => g::clEnqueueWriteBuffer(
+                    command_queue,
+                    memobj,
+                    1,
+                    *offset,
+                    *size,
+                    ptr,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                ),
+                (
+                    Region::Image {
+                        origin,
+                        region,
+                        row_pitch,
+                        slice_pitch,
+                    },
+                    true,
+                ) => g::clEnqueueWriteImage(
+                    command_queue,
+                    memobj,
+                    1,
+                    origin.as_ptr(),
+                    region.as_ptr(),
+                    *row_pitch,
+                    *slice_pitch,
+                    ptr,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                ),
+                (_, false) => g::clEnqueueMarkerWithWaitList(
+                    command_queue,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                ),
+            }
+        };
+        drop(m.shadow);
+        Ok(status)
+    })
+}

@@ -1,0 +1,847 @@
+//! Request building and reply reading for the generated entry points.
+//!
+//! Each argument kind of the API description maps to one method of [`Call`] (encode)
+//! and, for outputs, one of [`Reply`] (decode). The encoding of each kind is described
+//! in `docs/protocol.md`; the API server's decoder is its mirror image.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::{LazyLock, Mutex};
+
+use hira_guest_driver::{WindowRegion, endpoint};
+use hira_protocol::Span;
+use hira_protocol::codec::{MAX_ARRAY, Reader, Writer};
+use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
+use hira_protocol::handshake::{ErrorPayload, error_code};
+use hira_protocol::opencl::{
+    self, CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, InfoHandles, Kind, tag,
+};
+use hira_protocol::sizes::RectLayout;
+use log::warn;
+use opencl_sys::{cl_image_desc, cl_int};
+
+use crate::rt::{self, CL_INVALID_VALUE, CL_OUT_OF_RESOURCES};
+
+const CL_INVALID_OPERATION: cl_int = -59;
+const CL_INVALID_WORK_DIMENSION: cl_int = -53;
+const CL_INVALID_IMAGE_DESCRIPTOR: cl_int = -65;
+/// Largest zero-terminated property list the guest will send.
+const MAX_PROPERTIES: usize = 128;
+
+static INLINE_MAX: LazyLock<usize> = LazyLock::new(endpoint::inline_max);
+
+/// Where an output will arrive.
+#[derive(Debug)]
+pub enum OutSlot {
+    Null,
+    Inline(usize),
+    /// Index into the call's window regions, and length.
+    Window(usize, usize),
+}
+
+/// A request under construction.
+pub struct Call {
+    op: u16,
+    pub w: Writer,
+    spans: Vec<Span>,
+    regions: Vec<WindowRegion<'static>>,
+}
+
+impl Call {
+    pub fn new(op: u16) -> Self {
+        Call {
+            op,
+            w: Writer::with_capacity(128),
+            spans: Vec::new(),
+            regions: Vec::new(),
+        }
+    }
+
+    /// A handle argument.
+    pub fn handle(&mut self, kind: Kind, ptr: *mut c_void, nullable: bool) -> Result<(), cl_int> {
+        if ptr.is_null() {
+            if nullable {
+                self.w.u64(0);
+                return Ok(());
+            }
+            return Err(kind.invalid_code());
+        }
+        match rt::lookup(ptr) {
+            Some((id, k)) if k == kind => {
+                self.w.u64(id);
+                Ok(())
+            }
+            _ => Err(kind.invalid_code()),
+        }
+    }
+
+    /// An array of `n` handles, or null.
+    ///
+    /// # Safety
+    /// `ptr` must be null or valid for `n` reads.
+    pub unsafe fn handles(
+        &mut self,
+        kind: Kind,
+        ptr: *const *mut c_void,
+        n: usize,
+        code: cl_int,
+    ) -> Result<(), cl_int> {
+        if ptr.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        if n > MAX_ARRAY {
+            return Err(CL_INVALID_VALUE);
+        }
+        self.w.u8(1).u32(n as u32);
+        for i in 0..n {
+            // SAFETY: valid for n reads per the contract.
+            let h = unsafe { *ptr.add(i) };
+            match rt::lookup(h) {
+                Some((id, k)) if k == kind => {
+                    self.w.u64(id);
+                }
+                _ => return Err(code),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reserves a guest-assigned id for an object the call creates (0 if none).
+    pub fn new_handle(&mut self, present: bool) -> u64 {
+        let id = if present { rt::new_id() } else { 0 };
+        self.w.u64(id);
+        id
+    }
+
+    fn window_region(&mut self, len: usize) -> Option<usize> {
+        if len < *INLINE_MAX {
+            return None;
+        }
+        let window = rt::conn().ok()?.window()?;
+        let region = window.alloc(len)?;
+        self.spans.push(Span {
+            offset: region.offset as u64,
+            len: len as u64,
+        });
+        self.regions.push(region);
+        Some(self.regions.len() - 1)
+    }
+
+    /// Input bytes: inline, through the window, or null.
+    ///
+    /// # Safety
+    /// `ptr` must be null or valid for `len` reads.
+    pub unsafe fn bytes_in(&mut self, ptr: *const u8, len: usize) -> Result<(), cl_int> {
+        if ptr.is_null() {
+            self.w.u8(tag::NULL);
+            return Ok(());
+        }
+        // SAFETY: valid for len reads per the contract.
+        let src = unsafe { std::slice::from_raw_parts(ptr, len) };
+        self.slice_in(src)
+    }
+
+    fn slice_in(&mut self, src: &[u8]) -> Result<(), cl_int> {
+        if let Some(i) = self.window_region(src.len()) {
+            // SAFETY: the region is at least src.len() bytes of the mapped window and
+            // belongs to this call alone.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), self.regions[i].ptr(), src.len())
+            };
+            self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
+            return Ok(());
+        }
+        if src.len() > MAX_FRAME_BODY - 64 * 1024 {
+            return Err(CL_OUT_OF_RESOURCES);
+        }
+        self.w.u8(tag::INLINE).bytes(src);
+        Ok(())
+    }
+
+    /// Requests an output of `len` bytes for `ptr`.
+    pub fn bytes_out(&mut self, ptr: *mut u8, len: usize) -> Result<OutSlot, cl_int> {
+        if ptr.is_null() {
+            self.w.u8(tag::NULL);
+            return Ok(OutSlot::Null);
+        }
+        self.out_slot(len)
+    }
+
+    fn out_slot(&mut self, len: usize) -> Result<OutSlot, cl_int> {
+        if let Some(i) = self.window_region(len) {
+            self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
+            return Ok(OutSlot::Window(i, len));
+        }
+        if len > MAX_FRAME_BODY - 64 * 1024 {
+            return Err(CL_OUT_OF_RESOURCES);
+        }
+        self.w.u8(tag::INLINE);
+        Ok(OutSlot::Inline(len))
+    }
+
+    /// Input from a rectangle of application memory, sent packed.
+    ///
+    /// # Safety
+    /// `ptr` must be null or valid for `layout.extent()` reads.
+    pub unsafe fn packed_in(&mut self, ptr: *const u8, layout: &RectLayout) -> Result<(), cl_int> {
+        if ptr.is_null() {
+            self.w.u8(tag::NULL);
+            return Ok(());
+        }
+        let extent = layout.extent().ok_or(CL_INVALID_VALUE)?;
+        // SAFETY: valid for `extent` reads per the contract.
+        let src = unsafe { std::slice::from_raw_parts(ptr, extent) };
+        let packed = layout.pack(src);
+        self.slice_in(&packed)
+    }
+
+    /// Requests a packed rectangle output.
+    pub fn packed_out(&mut self, layout: &RectLayout) -> Result<OutSlot, cl_int> {
+        self.out_slot(layout.packed_len().ok_or(CL_INVALID_VALUE)?)
+    }
+
+    /// A NUL-terminated string, or null.
+    ///
+    /// # Safety
+    /// `s` must be null or NUL-terminated.
+    pub unsafe fn cstr(&mut self, s: *const c_char) -> Result<(), cl_int> {
+        if s.is_null() {
+            self.w.u8(0);
+        } else {
+            // SAFETY: NUL-terminated per the contract.
+            let b = unsafe { CStr::from_ptr(s) }.to_bytes();
+            self.w.u8(1).bytes(b);
+        }
+        Ok(())
+    }
+
+    /// An array of `n` NUL-terminated strings, or null.
+    ///
+    /// # Safety
+    /// `p` must be null or valid for `n` reads of NUL-terminated strings.
+    pub unsafe fn cstrs(&mut self, p: *const *const c_char, n: usize) -> Result<(), cl_int> {
+        if p.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        if n > MAX_ARRAY {
+            return Err(CL_INVALID_VALUE);
+        }
+        self.w.u8(1).u32(n as u32);
+        for i in 0..n {
+            // SAFETY: valid for n reads per the contract.
+            let s = unsafe { *p.add(i) };
+            if s.is_null() {
+                return Err(CL_INVALID_VALUE);
+            }
+            // SAFETY: NUL-terminated per the contract.
+            self.w.bytes(unsafe { CStr::from_ptr(s) }.to_bytes());
+        }
+        Ok(())
+    }
+
+    /// Program sources: `n` strings with optional lengths (0 or null: NUL-terminated).
+    ///
+    /// # Safety
+    /// `strings` must be null or valid for `n` reads; `lengths` null or valid for `n`.
+    pub unsafe fn sources(
+        &mut self,
+        strings: *const *const c_char,
+        lengths: *const usize,
+        n: usize,
+    ) -> Result<(), cl_int> {
+        if strings.is_null() || n == 0 {
+            self.w.u8(0);
+            return Ok(());
+        }
+        if n > MAX_ARRAY {
+            return Err(CL_INVALID_VALUE);
+        }
+        self.w.u8(1).u32(n as u32);
+        for i in 0..n {
+            // SAFETY: valid for n reads per the contract.
+            let s = unsafe { *strings.add(i) };
+            if s.is_null() {
+                return Err(CL_INVALID_VALUE);
+            }
+            // SAFETY: as above.
+            let len = if lengths.is_null() {
+                0
+            } else {
+                unsafe { *lengths.add(i) }
+            };
+            let bytes = if len == 0 {
+                // SAFETY: without a length the string is NUL-terminated.
+                unsafe { CStr::from_ptr(s) }.to_bytes()
+            } else {
+                // SAFETY: the application names `len` readable bytes.
+                unsafe { std::slice::from_raw_parts(s.cast::<u8>(), len) }
+            };
+            self.w.bytes(bytes);
+        }
+        Ok(())
+    }
+
+    /// Program binaries with their lengths.
+    ///
+    /// # Safety
+    /// `bins` and `lengths` must be null or valid for `n` reads, each binary for its length.
+    pub unsafe fn binaries(
+        &mut self,
+        bins: *const *const u8,
+        lengths: *const usize,
+        n: usize,
+    ) -> Result<(), cl_int> {
+        if bins.is_null() || lengths.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        if n > MAX_ARRAY {
+            return Err(CL_INVALID_VALUE);
+        }
+        self.w.u8(1).u32(n as u32);
+        for i in 0..n {
+            // SAFETY: valid for n reads per the contract.
+            let (b, len) = unsafe { (*bins.add(i), *lengths.add(i)) };
+            if b.is_null() || len == 0 {
+                return Err(CL_INVALID_VALUE);
+            }
+            // SAFETY: the application names `len` readable bytes.
+            self.w.bytes(unsafe { std::slice::from_raw_parts(b, len) });
+        }
+        Ok(())
+    }
+
+    /// An array of `n` (at most 3) `size_t`, or null.
+    ///
+    /// # Safety
+    /// `p` must be null or valid for `n` reads.
+    pub unsafe fn sizes(&mut self, p: *const usize, n: usize) -> Result<(), cl_int> {
+        if p.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        if n > 3 {
+            return Err(CL_INVALID_WORK_DIMENSION);
+        }
+        self.w.u8(1).u32(n as u32);
+        for i in 0..n {
+            // SAFETY: valid for n reads per the contract.
+            self.w.u64(unsafe { *p.add(i) } as u64);
+        }
+        Ok(())
+    }
+
+    /// A zero-terminated list of 64-bit properties, or null.
+    ///
+    /// # Safety
+    /// `p` must be null or a zero-terminated list.
+    pub unsafe fn zlist(&mut self, p: *const u64) -> Result<(), cl_int> {
+        if p.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        let mut v = Vec::new();
+        loop {
+            // SAFETY: reading up to and including the terminator.
+            let x = unsafe { *p.add(v.len()) };
+            if x == 0 {
+                break;
+            }
+            if v.len() >= MAX_PROPERTIES {
+                return Err(CL_INVALID_VALUE);
+            }
+            v.push(x);
+        }
+        self.w.u8(1).u32(v.len() as u32);
+        for x in v {
+            self.w.u64(x);
+        }
+        Ok(())
+    }
+
+    /// Context properties, translating the platform handle.
+    ///
+    /// # Safety
+    /// `p` must be null or a zero-terminated list of key/value pairs.
+    pub unsafe fn context_properties(&mut self, p: *const isize) -> Result<(), cl_int> {
+        if p.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        let mut pairs = Vec::new();
+        loop {
+            // SAFETY: reading key/value pairs up to the zero key.
+            let key = unsafe { *p.add(pairs.len() * 2) } as u64;
+            if key == 0 {
+                break;
+            }
+            if pairs.len() >= MAX_PROPERTIES / 2 {
+                return Err(CL_INVALID_VALUE);
+            }
+            // SAFETY: a non-zero key is followed by its value.
+            let mut value = unsafe { *p.add(pairs.len() * 2 + 1) } as u64;
+            if key == CL_CONTEXT_PLATFORM {
+                value = match rt::lookup(value as *mut c_void) {
+                    Some((id, Kind::Platform)) => id,
+                    _ => return Err(Kind::Platform.invalid_code()),
+                };
+            }
+            pairs.push((key, value));
+        }
+        self.w.u8(1).u32(pairs.len() as u32 * 2);
+        for (k, v) in pairs {
+            self.w.u64(k).u64(v);
+        }
+        Ok(())
+    }
+
+    /// A kernel argument: an object handle when the value is one of ours, else bytes.
+    ///
+    /// # Safety
+    /// `value` must be null or valid for `size` reads.
+    pub unsafe fn kernel_arg(&mut self, value: *const c_void, size: usize) -> Result<(), cl_int> {
+        if value.is_null() {
+            self.w.u8(tag::NULL);
+            return Ok(());
+        }
+        if size == size_of::<*mut c_void>() {
+            // SAFETY: `size` bytes are readable; read unaligned as the API allows any.
+            let h = unsafe { (value as *const *mut c_void).read_unaligned() };
+            if let Some((id, kind @ (Kind::Mem | Kind::Sampler | Kind::Queue))) = rt::lookup(h) {
+                self.w.u8(tag::HANDLE).u8(kind as u8).u64(id);
+                return Ok(());
+            }
+        }
+        if size > 64 * 1024 {
+            return Err(CL_INVALID_VALUE);
+        }
+        // SAFETY: valid for size reads per the contract.
+        self.w
+            .u8(tag::INLINE)
+            .bytes(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) });
+        Ok(())
+    }
+
+    /// An image descriptor, translating its buffer handle.
+    ///
+    /// # Safety
+    /// `d` must be null or point to a `cl_image_desc`.
+    pub unsafe fn image_desc(&mut self, d: *const cl_image_desc) -> Result<(), cl_int> {
+        if d.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        // SAFETY: points to a cl_image_desc per the contract.
+        let d = unsafe { &*d };
+        let buffer = if d.buffer.is_null() {
+            0
+        } else {
+            match rt::lookup(d.buffer as *mut c_void) {
+                Some((id, Kind::Mem)) => id,
+                _ => return Err(CL_INVALID_IMAGE_DESCRIPTOR),
+            }
+        };
+        self.w
+            .u8(1)
+            .u32(d.image_type)
+            .u64(d.image_width as u64)
+            .u64(d.image_height as u64)
+            .u64(d.image_depth as u64)
+            .u64(d.image_array_size as u64)
+            .u64(d.image_row_pitch as u64)
+            .u64(d.image_slice_pitch as u64)
+            .u32(d.num_mip_levels)
+            .u32(d.num_samples)
+            .u64(buffer);
+        Ok(())
+    }
+
+    /// Sends the call. With `may_async` and no data in the window, it is forwarded
+    /// without waiting and reported successful (errors are logged by the host).
+    pub fn send(self, may_async: bool) -> Result<Reply, cl_int> {
+        let conn = rt::conn()?;
+        let no_reply = may_async && self.spans.is_empty() && !rt::force_sync();
+        match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
+            Ok(None) => Ok(Reply {
+                status: 0,
+                r: ReplyReader {
+                    buf: Vec::new(),
+                    pos: 0,
+                },
+                regions: self.regions,
+            }),
+            Ok(Some(frame)) => match frame.header.kind {
+                FrameKind::Reply => {
+                    let mut r = ReplyReader {
+                        buf: frame.payload,
+                        pos: 0,
+                    };
+                    let status = r.i32()?;
+                    Ok(Reply {
+                        status,
+                        r,
+                        regions: self.regions,
+                    })
+                }
+                _ => {
+                    let e =
+                        ErrorPayload::decode(&frame.payload).map_err(|_| CL_OUT_OF_RESOURCES)?;
+                    warn!("host rejected opcode {}: {}", self.op, e.message);
+                    Err(match e.code {
+                        error_code::UNKNOWN_OPCODE => CL_INVALID_OPERATION,
+                        error_code::SERVER_GONE => CL_OUT_OF_RESOURCES,
+                        _ => CL_INVALID_VALUE,
+                    })
+                }
+            },
+            Err(_) => Err(CL_OUT_OF_RESOURCES),
+        }
+    }
+}
+
+/// Reads a reply payload; any inconsistency is `CL_INVALID_VALUE`.
+pub struct ReplyReader {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl ReplyReader {
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&mut Reader<'_>) -> Result<T, hira_protocol::DecodeError>,
+    ) -> Result<T, cl_int> {
+        let mut r = Reader::new(&self.buf[self.pos..]);
+        let v = f(&mut r).map_err(|e| {
+            warn!("malformed reply: {e}");
+            CL_INVALID_VALUE
+        })?;
+        self.pos = self.buf.len() - r.remaining();
+        Ok(v)
+    }
+
+    pub fn u32(&mut self) -> Result<u32, cl_int> {
+        self.with(|r| r.u32())
+    }
+
+    pub fn i32(&mut self) -> Result<i32, cl_int> {
+        self.with(|r| r.i32())
+    }
+
+    pub fn u64(&mut self) -> Result<u64, cl_int> {
+        self.with(|r| r.u64())
+    }
+
+    pub fn bytes(&mut self) -> Result<Vec<u8>, cl_int> {
+        self.with(|r| r.bytes(MAX_FRAME_BODY).map(<[u8]>::to_vec))
+    }
+}
+
+/// A decoded reply: the call's status, then its outputs.
+pub struct Reply {
+    pub status: cl_int,
+    pub r: ReplyReader,
+    regions: Vec<WindowRegion<'static>>,
+}
+
+impl Reply {
+    fn take_out(&mut self, slot: &OutSlot) -> Result<Option<Vec<u8>>, cl_int> {
+        match *slot {
+            OutSlot::Null => Ok(None),
+            OutSlot::Inline(len) => {
+                let b = self.r.bytes()?;
+                if b.len() != len {
+                    warn!("reply carries {} bytes, expected {len}", b.len());
+                    return Err(CL_INVALID_VALUE);
+                }
+                Ok(Some(b))
+            }
+            OutSlot::Window(i, len) => {
+                let mut v = vec![0u8; len];
+                // SAFETY: the region holds `len` bytes the host wrote before replying.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.regions[i].ptr(), v.as_mut_ptr(), len)
+                };
+                Ok(Some(v))
+            }
+        }
+    }
+
+    /// Copies an output into application memory.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for the slot's length in writes.
+    pub unsafe fn bytes_out(&mut self, slot: &OutSlot, ptr: *mut u8) -> Result<(), cl_int> {
+        if let OutSlot::Window(i, len) = *slot {
+            // SAFETY: the region holds `len` bytes; `ptr` is valid for `len` writes.
+            unsafe { std::ptr::copy_nonoverlapping(self.regions[i].ptr(), ptr, len) };
+            return Ok(());
+        }
+        if let Some(b) = self.take_out(slot)? {
+            // SAFETY: `ptr` is valid for the slot's length, which `b` has.
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), ptr, b.len()) };
+        }
+        Ok(())
+    }
+
+    /// Scatters a packed rectangle output into application memory.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `layout.extent()` writes.
+    pub unsafe fn unpack_out(
+        &mut self,
+        slot: &OutSlot,
+        ptr: *mut u8,
+        layout: &RectLayout,
+    ) -> Result<(), cl_int> {
+        if let Some(b) = self.take_out(slot)? {
+            let extent = layout.extent().ok_or(CL_INVALID_VALUE)?;
+            // SAFETY: valid for `extent` writes per the contract.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr, extent) };
+            layout.unpack(&b, dst);
+        }
+        Ok(())
+    }
+
+    /// Objects returned by the host, written into the application's array of `n`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `n` writes.
+    pub unsafe fn handles_out(
+        &mut self,
+        kind: Kind,
+        ptr: *mut *mut c_void,
+        n: usize,
+    ) -> Result<(), cl_int> {
+        let count = self.r.u32()? as usize;
+        if count > n {
+            return Err(CL_INVALID_VALUE);
+        }
+        for i in 0..count {
+            let id = self.r.u64()?;
+            // SAFETY: i < count <= n.
+            unsafe { *ptr.add(i) = rt::adopt(kind, id) };
+        }
+        Ok(())
+    }
+
+    /// Checks the whole reply was consumed.
+    pub fn finish(&self) -> Result<(), cl_int> {
+        if self.r.pos != self.r.buf.len() {
+            warn!("reply has {} unread bytes", self.r.buf.len() - self.r.pos);
+            return Err(CL_INVALID_VALUE);
+        }
+        Ok(())
+    }
+}
+
+/// Info parameters that change over an object's life and so are never cached.
+const UNCACHEABLE: &[u32] = &[0x1047];
+
+type InfoCache = Mutex<HashMap<(u16, Vec<u8>), Vec<u8>>>;
+static INFO_CACHE: LazyLock<InfoCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Runs an info query: the host returns the whole value; the guest translates
+/// handles, applies its own view (platform identity, memory flags) and the API's
+/// size rules.
+///
+/// # Safety
+/// `value` must be null or valid for `size` writes, `size_ret` null or valid.
+pub unsafe fn info_call(
+    c: Call,
+    function: &str,
+    cache: bool,
+    param: u32,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> Result<cl_int, cl_int> {
+    let first_id =
+        c.w.as_slice()
+            .get(..8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+    let key = (cache && !UNCACHEABLE.contains(&param)).then(|| (c.op, c.w.as_slice().to_vec()));
+    let cached = key.as_ref().and_then(|k| {
+        INFO_CACHE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(k)
+            .cloned()
+    });
+    let bytes = match cached {
+        Some(b) => b,
+        None => {
+            let mut rep = c.send(false)?;
+            if rep.status != 0 {
+                rep.finish()?;
+                return Ok(rep.status);
+            }
+            let mut b = rep.r.bytes()?;
+            rep.finish()?;
+            translate_handles(function, param, &mut b)?;
+            rewrite(function, param, first_id, &mut b);
+            if let Some(k) = key {
+                INFO_CACHE
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(k, b.clone());
+            }
+            b
+        }
+    };
+    if function == "clGetProgramInfo" && param == CL_PROGRAM_BINARIES {
+        // SAFETY: forwarded contract.
+        return unsafe { program_binaries(&bytes, size, value, size_ret) };
+    }
+    if !value.is_null() {
+        if size < bytes.len() {
+            return Ok(CL_INVALID_VALUE);
+        }
+        // SAFETY: `value` is valid for `size` >= bytes.len() writes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), value.cast::<u8>(), bytes.len()) };
+    }
+    if !size_ret.is_null() {
+        // SAFETY: valid for one write per the contract.
+        unsafe { *size_ret = bytes.len() };
+    }
+    Ok(0)
+}
+
+/// `CL_PROGRAM_BINARIES`: the host sends each binary length-prefixed; the value the
+/// application sees is its own array of pointers, which we fill.
+unsafe fn program_binaries(
+    bytes: &[u8],
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> Result<cl_int, cl_int> {
+    let mut r = Reader::new(bytes);
+    let mut bins = Vec::new();
+    while r.remaining() > 0 {
+        bins.push(r.bytes(MAX_FRAME_BODY).map_err(|_| CL_INVALID_VALUE)?);
+    }
+    let need = bins.len() * size_of::<*mut u8>();
+    if !value.is_null() {
+        if size < need {
+            return Ok(CL_INVALID_VALUE);
+        }
+        for (i, b) in bins.iter().enumerate() {
+            // SAFETY: `value` holds `size >= need` bytes of pointers.
+            let dst = unsafe { *(value as *const *mut u8).add(i) };
+            if !dst.is_null() {
+                // SAFETY: the application sized each buffer from CL_PROGRAM_BINARY_SIZES.
+                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, b.len()) };
+            }
+        }
+    }
+    if !size_ret.is_null() {
+        // SAFETY: valid for one write.
+        unsafe { *size_ret = need };
+    }
+    Ok(0)
+}
+
+fn translate_handles(function: &str, param: u32, b: &mut [u8]) -> Result<(), cl_int> {
+    let Some(how) = opencl::info_handles(function, param) else {
+        return Ok(());
+    };
+    if b.len() % 8 != 0 {
+        return Err(CL_INVALID_VALUE);
+    }
+    let mut words: Vec<u64> = b
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    match how {
+        InfoHandles::One(kind) | InfoHandles::Array(kind) => {
+            for w in words.iter_mut().filter(|w| **w != 0) {
+                *w = rt::adopt(kind, *w) as u64;
+            }
+        }
+        InfoHandles::ContextProperties => {
+            for pair in words.chunks_mut(2) {
+                if pair.len() == 2 && pair[0] == CL_CONTEXT_PLATFORM && pair[1] != 0 {
+                    pair[1] = rt::adopt(Kind::Platform, pair[1]) as u64;
+                }
+            }
+        }
+    }
+    for (c, w) in b.chunks_mut(8).zip(words) {
+        c.copy_from_slice(&w.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// The platform's identity strings as the guest sees them.
+fn platform_string(param: u32, host: &str) -> Option<String> {
+    match param {
+        0x0902 => Some(format!("Hira remote OpenCL ({host})")),
+        0x0903 => Some("Hira".to_string()),
+        0x0901 => Some(format!("{host} Hira/{}", env!("CARGO_PKG_VERSION"))),
+        0x0920 => Some("HIRA".to_string()),
+        _ => None,
+    }
+}
+
+fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {
+    match function {
+        "clGetPlatformInfo" => {
+            let host = String::from_utf8_lossy(b.strip_suffix(&[0]).unwrap_or(b)).into_owned();
+            if let Some(s) = platform_string(param, &host) {
+                *b = s.into_bytes();
+                b.push(0);
+            }
+        }
+        "clGetMemObjectInfo" => {
+            let Some(extra) = rt::mem_extra(obj_id) else {
+                return;
+            };
+            match param {
+                0x1101 => *b = extra.flags.to_le_bytes().to_vec(),
+                0x1103 => *b = (extra.host_ptr as u64).to_le_bytes().to_vec(),
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn platform_name_names_hira_and_the_host() {
+        assert_eq!(
+            platform_string(0x0902, "PoCL").unwrap(),
+            "Hira remote OpenCL (PoCL)"
+        );
+        assert_eq!(platform_string(0x0904, "PoCL"), None);
+    }
+
+    #[test]
+    fn null_handle_in_info_value_stays_null() {
+        let mut b = 0u64.to_le_bytes().to_vec();
+        translate_handles("clGetDeviceInfo", 0x1042, &mut b).unwrap();
+        assert_eq!(b, 0u64.to_le_bytes());
+    }
+
+    #[test]
+    fn ragged_handle_value_is_rejected() {
+        let mut b = vec![0u8; 5];
+        assert_eq!(
+            translate_handles("clGetContextInfo", 0x1081, &mut b),
+            Err(CL_INVALID_VALUE)
+        );
+    }
+
+    #[test]
+    fn unknown_object_is_not_a_kernel_handle() {
+        let mut c = Call::new(1);
+        let v: usize = 0x1234;
+        // SAFETY: `v` is 8 readable bytes.
+        unsafe { c.kernel_arg((&v as *const usize).cast(), 8).unwrap() };
+        assert_eq!(c.w.as_slice()[0], tag::INLINE);
+    }
+}

@@ -1,0 +1,480 @@
+//! The process-wide runtime of the guest shim.
+//!
+//! Every OpenCL object the application sees is an [`Obj`] allocated here: its first
+//! field is the dispatch table pointer the ICD loader requires, its second the
+//! session-scoped id that names the host object on the wire. The application never
+//! sees a host pointer.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use hira_guest_driver::{Connection, TransportError, endpoint};
+use hira_protocol::codec::Reader;
+use hira_protocol::handshake::ApiKind;
+use hira_protocol::opencl::{Kind, notify};
+use hira_protocol::sizes::RectLayout;
+use log::{error, warn};
+use opencl_sys::{cl_event, cl_int, cl_mem, cl_program};
+
+use crate::icd::DISPATCH;
+
+pub(crate) const CL_OUT_OF_RESOURCES: cl_int = -5;
+pub(crate) const CL_OUT_OF_HOST_MEMORY: cl_int = -6;
+pub(crate) const CL_INVALID_VALUE: cl_int = -30;
+const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
+const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
+
+/// A guest object standing for one host object.
+#[repr(C)]
+pub struct Obj {
+    /// Must be first: the ICD loader dispatches through it.
+    dispatch: *const opencl_sys::cl_icd::_cl_icd_dispatch,
+    pub id: u64,
+    pub kind: Kind,
+    /// The application's references, mirrored so the object can be freed when the
+    /// last one is released.
+    refs: AtomicU32,
+}
+
+/// What the guest remembers about a memory object.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemExtra {
+    /// Flags as the application passed them (the host sees USE_HOST_PTR as COPY).
+    pub flags: u64,
+    /// The application's `host_ptr` for `CL_MEM_USE_HOST_PTR` objects.
+    pub host_ptr: usize,
+    /// Bytes per pixel, once known (images only).
+    pub elem_size: usize,
+}
+
+#[derive(Default)]
+struct Objects {
+    by_id: HashMap<u64, usize>,
+    by_ptr: HashMap<usize, (u64, Kind)>,
+    mem: HashMap<u64, MemExtra>,
+}
+
+struct Runtime {
+    conn: Result<Connection, TransportError>,
+    objects: Mutex<Objects>,
+    next_id: AtomicU64,
+    callbacks: Mutex<HashMap<u64, (Callback, usize)>>,
+    /// One-shot callbacks registered and not yet delivered.
+    outstanding: AtomicUsize,
+    callback_thread: OnceLock<()>,
+    force_sync: bool,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+fn runtime() -> &'static Runtime {
+    RUNTIME.get_or_init(|| {
+        let _ = env_logger_init();
+        let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
+            Err(TransportError::Refused("HIRA_DISABLE is set".into()))
+        } else {
+            Connection::connect(
+                &endpoint::socket_path(),
+                ApiKind::OpenCl,
+                endpoint::window_len(),
+            )
+        };
+        if let Err(e) = &conn {
+            warn!("Hira OpenCL is unavailable: {e}");
+        }
+        Runtime {
+            conn,
+            objects: Mutex::new(Objects::default()),
+            next_id: AtomicU64::new(1),
+            callbacks: Mutex::new(HashMap::new()),
+            outstanding: AtomicUsize::new(0),
+            callback_thread: OnceLock::new(),
+            force_sync: std::env::var_os("HIRA_SYNC").is_some(),
+        }
+    })
+}
+
+/// Minimal stderr logger controlled by `HIRA_LOG` (error, warn, info, debug); warnings
+/// by default. A shim must not install a logger the application might also install,
+/// so this is a private one.
+fn env_logger_init() -> Result<(), log::SetLoggerError> {
+    struct Stderr;
+    impl log::Log for Stderr {
+        fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+            m.level() <= log::max_level()
+        }
+        fn log(&self, r: &log::Record<'_>) {
+            if self.enabled(r.metadata()) {
+                eprintln!("hira[{}] {}: {}", std::process::id(), r.level(), r.args());
+            }
+        }
+        fn flush(&self) {}
+    }
+    static LOGGER: Stderr = Stderr;
+    let level = match std::env::var("HIRA_LOG").as_deref() {
+        Ok("error") => log::LevelFilter::Error,
+        Ok("info") => log::LevelFilter::Info,
+        Ok("debug") => log::LevelFilter::Debug,
+        Ok("off") => log::LevelFilter::Off,
+        _ => log::LevelFilter::Warn,
+    };
+    log::set_logger(&LOGGER)?;
+    log::set_max_level(level);
+    Ok(())
+}
+
+/// The connection to the host, or the error code every call returns without one.
+pub(crate) fn conn() -> Result<&'static Connection, cl_int> {
+    runtime().conn.as_ref().map_err(|_| CL_OUT_OF_RESOURCES)
+}
+
+/// Whether asynchronous forwarding is disabled (`HIRA_SYNC`).
+pub(crate) fn force_sync() -> bool {
+    runtime().force_sync
+}
+
+fn objects() -> MutexGuard<'static, Objects> {
+    runtime().objects.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh guest-assigned id.
+pub(crate) fn new_id() -> u64 {
+    runtime().next_id.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The id and kind of a live object, if `ptr` is one.
+pub fn lookup(ptr: *mut c_void) -> Option<(u64, Kind)> {
+    if ptr.is_null() {
+        return None;
+    }
+    objects().by_ptr.get(&(ptr as usize)).copied()
+}
+
+/// The object for `id`, created if this is the first time the guest sees it. A new
+/// object holds one application reference.
+pub fn adopt(kind: Kind, id: u64) -> *mut c_void {
+    let mut o = objects();
+    if let Some(&p) = o.by_id.get(&id) {
+        return p as *mut c_void;
+    }
+    let obj = Box::new(Obj {
+        dispatch: &DISPATCH.0,
+        id,
+        kind,
+        refs: AtomicU32::new(1),
+    });
+    let p = Box::into_raw(obj) as usize;
+    o.by_id.insert(id, p);
+    o.by_ptr.insert(p, (id, kind));
+    p as *mut c_void
+}
+
+/// Records an application retain of `ptr`.
+pub(crate) fn retained(ptr: *mut c_void) {
+    if let Some((_, kind)) = lookup(ptr) {
+        if kind.refcounted() {
+            // SAFETY: `lookup` found `ptr` among the live objects made by `adopt`.
+            unsafe { (*(ptr as *const Obj)).refs.fetch_add(1, Ordering::Relaxed) };
+        }
+    }
+}
+
+/// Records an application release of `ptr`; frees the object at zero.
+pub(crate) fn released(ptr: *mut c_void) {
+    let mut o = objects();
+    let Some(&(id, kind)) = o.by_ptr.get(&(ptr as usize)) else {
+        return;
+    };
+    if !kind.refcounted() {
+        return;
+    }
+    // SAFETY: `ptr` is a live object made by `adopt`; the objects lock is held, so no
+    // other thread frees it meanwhile.
+    let left = unsafe { (*(ptr as *const Obj)).refs.fetch_sub(1, Ordering::AcqRel) } - 1;
+    if left == 0 {
+        o.by_ptr.remove(&(ptr as usize));
+        o.by_id.remove(&id);
+        o.mem.remove(&id);
+        // SAFETY: made by `Box::into_raw` in `adopt` and now unreachable from the tables.
+        drop(unsafe { Box::from_raw(ptr as *mut Obj) });
+    }
+}
+
+/// Whether `flags` make the host read `host_ptr` at creation.
+pub(crate) fn sends_host_ptr(flags: u64) -> bool {
+    flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR) != 0
+}
+
+/// Remembers what the application passed when it created memory object `id`.
+pub(crate) fn note_mem(id: u64, flags: u64, host_ptr: *mut c_void) {
+    let host_ptr = if flags & CL_MEM_USE_HOST_PTR != 0 {
+        host_ptr as usize
+    } else {
+        0
+    };
+    objects().mem.insert(
+        id,
+        MemExtra {
+            flags,
+            host_ptr,
+            elem_size: 0,
+        },
+    );
+}
+
+/// What the guest remembers about memory object `id`.
+pub fn mem_extra(id: u64) -> Option<MemExtra> {
+    objects().mem.get(&id).copied()
+}
+
+fn set_elem_size(id: u64, elem: usize) {
+    objects().mem.entry(id).or_default().elem_size = elem;
+}
+
+/// Runs an API entry point, turning `Err` and panics into OpenCL status codes.
+pub(crate) fn status_call(name: &str, f: impl FnOnce() -> Result<cl_int, cl_int>) -> cl_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(s)) | Ok(Err(s)) => s,
+        Err(_) => {
+            error!("panic inside {name}; returning CL_OUT_OF_HOST_MEMORY");
+            CL_OUT_OF_HOST_MEMORY
+        }
+    }
+}
+
+/// Runs an entry point that returns an object and reports through `errcode_ret`.
+pub(crate) fn handle_call(
+    name: &str,
+    errcode_ret: *mut cl_int,
+    f: impl FnOnce() -> Result<*mut c_void, cl_int>,
+) -> *mut c_void {
+    let (ptr, code) = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(p)) => (p, 0),
+        Ok(Err(s)) => (std::ptr::null_mut(), s),
+        Err(_) => {
+            error!("panic inside {name}; returning CL_OUT_OF_HOST_MEMORY");
+            (std::ptr::null_mut(), CL_OUT_OF_HOST_MEMORY)
+        }
+    };
+    if !errcode_ret.is_null() {
+        // SAFETY: the application passes `errcode_ret` null or valid for one write.
+        unsafe { *errcode_ret = code };
+    }
+    ptr
+}
+
+/// Runs raw code with no OpenCL status to report; a panic yields 0.
+pub(crate) fn guard_raw(f: impl FnOnce() -> usize) -> usize {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        error!("panic inside a Hira entry point");
+        0
+    })
+}
+
+/// An application callback, by the kind of object it reports on.
+#[derive(Clone, Copy)]
+pub enum Callback {
+    Context(
+        Option<unsafe extern "C" fn(*const libc::c_char, *const c_void, libc::size_t, *mut c_void)>,
+    ),
+    Program(Option<unsafe extern "C" fn(cl_program, *mut c_void)>),
+    Event(Option<unsafe extern "C" fn(cl_event, cl_int, *mut c_void)>),
+    Mem(Option<unsafe extern "C" fn(cl_mem, *mut c_void)>),
+}
+
+impl Callback {
+    fn is_set(&self) -> bool {
+        match self {
+            Callback::Context(f) => f.is_some(),
+            Callback::Program(f) => f.is_some(),
+            Callback::Event(f) => f.is_some(),
+            Callback::Mem(f) => f.is_some(),
+        }
+    }
+
+    fn one_shot(&self) -> bool {
+        !matches!(self, Callback::Context(_))
+    }
+}
+
+/// Registers a callback; returns the id the host will name it by (0 for none).
+pub(crate) fn register_callback(cb: Callback, user_data: *mut c_void) -> u64 {
+    if !cb.is_set() {
+        return 0;
+    }
+    let rt = runtime();
+    let id = new_id();
+    rt.callbacks
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, (cb, user_data as usize));
+    if cb.one_shot() {
+        rt.outstanding.fetch_add(1, Ordering::AcqRel);
+    }
+    rt.callback_thread.get_or_init(|| {
+        let spawned = std::thread::Builder::new()
+            .name("hira-callbacks".into())
+            .spawn(callback_loop);
+        if let Err(e) = spawned {
+            error!("cannot start the callback thread: {e}");
+        }
+    });
+    if let Ok(c) = conn() {
+        c.wake();
+    }
+    id
+}
+
+/// Delivers host notifications to application callbacks, on a thread of its own as
+/// the OpenCL specification expects. While one-shot callbacks are outstanding it also
+/// reads the connection when no caller is, so callbacks arrive while the application
+/// waits in its own code.
+fn callback_loop() {
+    let rt = runtime();
+    let Ok(c) = conn() else { return };
+    loop {
+        let may_read = || rt.outstanding.load(Ordering::Acquire) > 0;
+        let Ok(frame) = c.next_notification(&may_read) else {
+            return;
+        };
+        deliver(frame.header.opcode, &frame.payload);
+    }
+}
+
+fn deliver(kind: u16, payload: &[u8]) {
+    let rt = runtime();
+    let mut r = Reader::new(payload);
+    let Ok(id) = r.u64() else {
+        warn!("malformed notification");
+        return;
+    };
+    let entry = {
+        let mut cbs = rt.callbacks.lock().unwrap_or_else(|e| e.into_inner());
+        match cbs.get(&id).copied() {
+            Some(e) if e.0.one_shot() => {
+                cbs.remove(&id);
+                rt.outstanding.fetch_sub(1, Ordering::AcqRel);
+                Some(e)
+            }
+            other => other,
+        }
+    };
+    let Some((cb, data)) = entry else {
+        warn!("notification for unknown callback {id}");
+        return;
+    };
+    let data = data as *mut c_void;
+    let res = catch_unwind(AssertUnwindSafe(|| -> Option<()> {
+        match (kind, cb) {
+            (notify::CONTEXT, Callback::Context(Some(f))) => {
+                let mut info = r.bytes(64 * 1024).ok()?.to_vec();
+                info.push(0);
+                let private = r.bytes(64 * 1024).ok()?;
+                // SAFETY: calling the application's callback with the arguments the
+                // API defines; `info` is NUL-terminated and outlives the call.
+                unsafe {
+                    f(
+                        info.as_ptr().cast(),
+                        private.as_ptr().cast(),
+                        private.len(),
+                        data,
+                    )
+                };
+            }
+            (notify::PROGRAM, Callback::Program(Some(f))) => {
+                let p = adopt(Kind::Program, r.u64().ok()?);
+                // SAFETY: as above.
+                unsafe { f(p as cl_program, data) };
+            }
+            (notify::EVENT, Callback::Event(Some(f))) => {
+                let e = adopt(Kind::Event, r.u64().ok()?);
+                let status = r.i32().ok()?;
+                // SAFETY: as above.
+                unsafe { f(e as cl_event, status, data) };
+            }
+            (notify::MEM, Callback::Mem(Some(f))) => {
+                let m = r.u64().ok()?;
+                let p = objects().by_id.get(&m).copied().unwrap_or(0);
+                // SAFETY: as above; the object may already be released, as natively.
+                unsafe { f(p as cl_mem, data) };
+            }
+            _ => return None,
+        }
+        Some(())
+    }));
+    if !matches!(res, Ok(Some(()))) {
+        warn!("could not deliver notification {kind} for callback {id}");
+    }
+}
+
+/// Layout of the host side of a buffer-rect transfer.
+///
+/// # Safety
+/// `origin` and `region` must be null or point to three `size_t`s.
+pub(crate) unsafe fn buffer_rect(
+    origin: *const usize,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+) -> Result<RectLayout, cl_int> {
+    if origin.is_null() || region.is_null() {
+        return Err(CL_INVALID_VALUE);
+    }
+    // SAFETY: both point to three size_t, per the contract above.
+    let (o, r) = unsafe {
+        (
+            *(origin as *const [usize; 3]),
+            *(region as *const [usize; 3]),
+        )
+    };
+    RectLayout::buffer(o, r, row_pitch, slice_pitch).ok_or(CL_INVALID_VALUE)
+}
+
+/// Layout of the host side of an image transfer.
+///
+/// # Safety
+/// `region` must be null or point to three `size_t`s.
+pub(crate) unsafe fn image_rect(
+    image: cl_mem,
+    region: *const usize,
+    row_pitch: usize,
+    slice_pitch: usize,
+) -> Result<RectLayout, cl_int> {
+    if region.is_null() {
+        return Err(CL_INVALID_VALUE);
+    }
+    let elem = image_elem_size(image)?;
+    // SAFETY: points to three size_t, per the contract above.
+    let r = unsafe { *(region as *const [usize; 3]) };
+    RectLayout::image(elem, r, row_pitch, slice_pitch).ok_or(CL_INVALID_VALUE)
+}
+
+/// Bytes per pixel of `image`, asked of the host once and remembered.
+pub(crate) fn image_elem_size(image: cl_mem) -> Result<usize, cl_int> {
+    let (id, kind) = lookup(image as *mut c_void).ok_or(-38)?;
+    if kind != Kind::Mem {
+        return Err(-38);
+    }
+    if let Some(e) = mem_extra(id).filter(|e| e.elem_size != 0) {
+        return Ok(e.elem_size);
+    }
+    let mut elem: usize = 0;
+    // SAFETY: asking for CL_IMAGE_ELEMENT_SIZE, a size_t, into a local size_t.
+    let status = unsafe {
+        crate::generated::clGetImageInfo(
+            image,
+            0x1111,
+            std::mem::size_of::<usize>(),
+            (&mut elem as *mut usize).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if status != 0 {
+        return Err(status);
+    }
+    set_elem_size(id, elem);
+    Ok(elem)
+}

@@ -1,0 +1,240 @@
+//! Session opening: the guest's `Hello` and the host's `Welcome`.
+//!
+//! A guest's first frame must be a `Hello` (kind 1, channel 0, call id 0). The host
+//! answers with a `Welcome` or an `Error` frame and closes. Which VM a session belongs
+//! to is decided by the host from the listener the connection arrived on, never from
+//! anything in the `Hello`.
+
+use crate::codec::{DecodeError, Reader, Writer};
+
+/// "HIRA" in little-endian byte order.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"HIRA");
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// Longest process name a guest may report.
+pub const MAX_PROCESS_NAME: usize = 256;
+
+/// Which vendor API a session remotes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ApiKind {
+    OpenCl = 1,
+    Cuda = 2,
+}
+
+impl TryFrom<u8> for ApiKind {
+    type Error = DecodeError;
+
+    fn try_from(v: u8) -> Result<Self, DecodeError> {
+        match v {
+            1 => Ok(ApiKind::OpenCl),
+            2 => Ok(ApiKind::Cuda),
+            _ => Err(DecodeError::BadValue {
+                what: "API kind",
+                value: v.into(),
+            }),
+        }
+    }
+}
+
+/// The first frame of a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub magic: u32,
+    pub version: u16,
+    pub api: ApiKind,
+    /// The guest process id, for logs only.
+    pub pid: u32,
+    /// The guest process name, for logs only.
+    pub process_name: String,
+    /// Size of the shared data window the guest passes along (0 for none). On a Unix
+    /// socket the window's memfd travels with this frame as `SCM_RIGHTS`.
+    pub window_len: u64,
+}
+
+/// Why a `Hello` was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HelloError {
+    #[error("bad magic {0:#x}")]
+    BadMagic(u32),
+    #[error("protocol version {0} is not supported (this host speaks {VERSION})")]
+    UnsupportedVersion(u16),
+    #[error("malformed hello")]
+    Decode(#[from] DecodeError),
+}
+
+impl Hello {
+    pub fn new(api: ApiKind, pid: u32, process_name: &str, window_len: u64) -> Self {
+        let mut name = process_name.to_owned();
+        name.truncate(MAX_PROCESS_NAME);
+        Hello {
+            magic: MAGIC,
+            version: VERSION,
+            api,
+            pid,
+            process_name: name,
+            window_len,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(self.magic)
+            .u16(self.version)
+            .u8(self.api as u8)
+            .u32(self.pid)
+            .bytes(self.process_name.as_bytes())
+            .u64(self.window_len);
+        w.into_vec()
+    }
+
+    /// Decodes a hello; the magic and version are checked first so that a peer from
+    /// another protocol generation gets a precise error.
+    pub fn decode(payload: &[u8]) -> Result<Self, HelloError> {
+        let mut r = Reader::new(payload);
+        let magic = r.u32()?;
+        if magic != MAGIC {
+            return Err(HelloError::BadMagic(magic));
+        }
+        let version = r.u16()?;
+        if version != VERSION {
+            return Err(HelloError::UnsupportedVersion(version));
+        }
+        let api = ApiKind::try_from(r.u8()?)?;
+        let pid = r.u32()?;
+        let name = r.bytes(MAX_PROCESS_NAME)?;
+        let window_len = r.u64()?;
+        r.finish()?;
+        Ok(Hello {
+            magic,
+            version,
+            api,
+            pid,
+            process_name: String::from_utf8_lossy(name).into_owned(),
+            window_len,
+        })
+    }
+}
+
+/// The host's acceptance of a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Welcome {
+    pub version: u16,
+    /// Host-assigned session number, for logs on both sides.
+    pub session: u64,
+    /// The VM the host placed this session in.
+    pub vm_name: String,
+    /// Size of the data window the host accepted (0: the guest must send inline).
+    pub window_len: u64,
+}
+
+impl Welcome {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u16(self.version)
+            .u64(self.session)
+            .bytes(self.vm_name.as_bytes())
+            .u64(self.window_len);
+        w.into_vec()
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let version = r.u16()?;
+        let session = r.u64()?;
+        let vm_name = String::from_utf8_lossy(r.bytes(MAX_PROCESS_NAME)?).into_owned();
+        let window_len = r.u64()?;
+        r.finish()?;
+        Ok(Welcome {
+            version,
+            session,
+            vm_name,
+            window_len,
+        })
+    }
+}
+
+/// Payload of an `Error` frame: a code and a message for logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorPayload {
+    pub code: u32,
+    pub message: String,
+}
+
+/// Codes carried in `Error` frames.
+pub mod error_code {
+    /// The frame or its payload could not be decoded.
+    pub const MALFORMED: u32 = 1;
+    /// The opcode names no function of the session's API.
+    pub const UNKNOWN_OPCODE: u32 = 2;
+    /// The handshake was refused.
+    pub const HANDSHAKE: u32 = 3;
+    /// The session's API server is gone.
+    pub const SERVER_GONE: u32 = 4;
+    /// A span names bytes outside the session's data window.
+    pub const BAD_SPAN: u32 = 5;
+    /// Policy refused the call (quota).
+    pub const POLICY: u32 = 6;
+}
+
+impl ErrorPayload {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(self.code).bytes(self.message.as_bytes());
+        w.into_vec()
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let code = r.u32()?;
+        let message = String::from_utf8_lossy(r.bytes(4096)?).into_owned();
+        r.finish()?;
+        Ok(ErrorPayload { code, message })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips() {
+        let h = Hello::new(ApiKind::OpenCl, 42, "vecadd", 1 << 20);
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn wrong_version_is_named() {
+        let mut h = Hello::new(ApiKind::OpenCl, 1, "x", 0);
+        h.version = 9;
+        assert_eq!(
+            Hello::decode(&h.encode()),
+            Err(HelloError::UnsupportedVersion(9))
+        );
+    }
+
+    #[test]
+    fn wrong_magic_is_rejected() {
+        let mut h = Hello::new(ApiKind::OpenCl, 1, "x", 0);
+        h.magic = 7;
+        assert_eq!(Hello::decode(&h.encode()), Err(HelloError::BadMagic(7)));
+    }
+
+    #[test]
+    fn unknown_api_kind_is_rejected() {
+        let mut b = Hello::new(ApiKind::OpenCl, 1, "x", 0).encode();
+        b[6] = 9;
+        assert!(matches!(Hello::decode(&b), Err(HelloError::Decode(_))));
+    }
+
+    #[test]
+    fn welcome_round_trips() {
+        let w = Welcome {
+            version: VERSION,
+            session: 5,
+            vm_name: "vm1".into(),
+            window_len: 0,
+        };
+        assert_eq!(Welcome::decode(&w.encode()), Ok(w));
+    }
+}

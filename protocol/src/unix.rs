@@ -1,0 +1,86 @@
+//! Frames with an attached file descriptor over Unix sockets.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use sendfd::{RecvWithFd, SendWithFd};
+
+use crate::frame::{FrameHeader, HEADER_LEN};
+
+/// Largest frame these helpers exchange (handshakes only).
+const MAX_SMALL_FRAME: usize = 4096;
+
+/// Errors exchanging a frame with a descriptor.
+#[derive(Debug, thiserror::Error)]
+pub enum UnixFrameError {
+    #[error("socket error")]
+    Io(#[from] std::io::Error),
+    #[error("connection closed before a whole frame arrived")]
+    Closed,
+    #[error("bad frame header")]
+    Header(#[from] crate::FrameError),
+    #[error("frame of {0} bytes is too long for a handshake")]
+    TooLong(usize),
+}
+
+/// Receives one small frame and any descriptor sent with it.
+pub fn recv_frame_with_fd(
+    s: &mut UnixStream,
+) -> Result<(FrameHeader, Vec<u8>, Option<OwnedFd>), UnixFrameError> {
+    let mut buf = vec![0u8; MAX_SMALL_FRAME];
+    let mut fds = [-1i32; 4];
+    let (n, nfds) = s.recv_with_fd(&mut buf, &mut fds)?;
+    let mut owned: Vec<OwnedFd> = fds[..nfds]
+        .iter()
+        .map(|&fd| {
+            // SAFETY: the kernel just installed these descriptors for this process.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        })
+        .collect();
+    if n == 0 {
+        return Err(UnixFrameError::Closed);
+    }
+    let mut have = n;
+    if have < HEADER_LEN {
+        s.read_exact(&mut buf[have..HEADER_LEN])
+            .map_err(|_| UnixFrameError::Closed)?;
+        have = HEADER_LEN;
+    }
+    let hb: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header-sized slice");
+    let header = FrameHeader::decode(&hb)?;
+    let total = HEADER_LEN + header.len as usize;
+    if total > MAX_SMALL_FRAME {
+        return Err(UnixFrameError::TooLong(total));
+    }
+    if have < total {
+        s.read_exact(&mut buf[have..total])
+            .map_err(|_| UnixFrameError::Closed)?;
+    }
+    buf.truncate(total);
+    let payload = buf.split_off(HEADER_LEN);
+    // Only the first descriptor means anything; extra ones are closed on drop.
+    let fd = if owned.is_empty() {
+        None
+    } else {
+        Some(owned.swap_remove(0))
+    };
+    Ok((header, payload, fd))
+}
+
+/// Sends one frame, with `fd` attached if given.
+pub fn send_frame_with_fd(
+    s: &mut UnixStream,
+    header: &FrameHeader,
+    payload: &[u8],
+    fd: Option<&OwnedFd>,
+) -> std::io::Result<()> {
+    let mut bytes = header.encode().to_vec();
+    bytes.extend_from_slice(payload);
+    let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    let sent = s.send_with_fd(&bytes, &fds)?;
+    if sent < bytes.len() {
+        s.write_all(&bytes[sent..])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! Hira's host daemon.
+//!
+//! - [`config`]: the validated daemon configuration and listener specs.
+//! - [`listener`]: accepts guest connections; the listener a connection arrives on
+//!   decides its VM, never anything the guest says.
+//! - [`session`]: one guest application's session: the handshake, its API-server
+//!   process, and the relay that sees every command in both directions.
+//! - [`router`]: the per-VM dispatch queues every command passes through (first in,
+//!   first out for now) and per-VM counters.
+//! - [`spawn`]: starting and reaping API-server processes.
+
+pub mod config;
+pub mod listener;
+pub mod router;
+pub mod session;
+pub mod spawn;
+
+use std::sync::Arc;
+
+pub use config::Config;
+
+/// Runs the daemon until every listener fails.
+pub fn run(config: Config) -> Result<(), listener::ListenError> {
+    let config = Arc::new(config);
+    let router = Arc::new(router::Router::default());
+    let mut threads = Vec::new();
+    for l in &config.listeners {
+        let listener = listener::bind(&l.path)?;
+        log::info!("VM {:?}: listening on {}", l.vm, l.path.display());
+        let (config, router, vm) = (config.clone(), router.clone(), l.vm.clone());
+        threads.push(std::thread::spawn(move || {
+            listener::accept_loop(listener, vm, config, router)
+        }));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}

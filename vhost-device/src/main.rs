@@ -1,0 +1,70 @@
+//! `hira-vhost`: the Hira host daemon.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use hira_vhost::config::{Config, LocalListener};
+
+/// Serves Hira guests: accepts their connections, routes every call through the
+/// per-VM policy and runs one API-server process per guest application.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Host-local guest listener, `[VM_NAME=]PATH` (repeatable). Connections on it
+    /// belong to VM VM_NAME (default "local").
+    #[arg(long = "local-socket", value_name = "[VM=]PATH")]
+    local_sockets: Vec<String>,
+    /// The API-server executable (default: hira-api-server next to this binary).
+    #[arg(long)]
+    api_server: Option<PathBuf>,
+    /// Host OpenCL platform to serve: the first whose name contains this text.
+    #[arg(long)]
+    platform: Option<String>,
+    /// Largest data window a guest may share, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    max_window_mb: u64,
+}
+
+impl TryFrom<Args> for Config {
+    type Error = anyhow::Error;
+
+    fn try_from(a: Args) -> anyhow::Result<Config> {
+        let mut listeners = a
+            .local_sockets
+            .iter()
+            .map(|s| s.parse::<LocalListener>())
+            .collect::<Result<Vec<_>, _>>()?;
+        if listeners.is_empty() {
+            listeners.push(LocalListener::default());
+        }
+        let api_server = match a.api_server {
+            Some(p) => p,
+            None => std::env::current_exe()
+                .context("cannot locate this executable")?
+                .with_file_name("hira-api-server"),
+        };
+        anyhow::ensure!(
+            api_server.is_file(),
+            "API server {} does not exist",
+            api_server.display()
+        );
+        anyhow::ensure!(
+            a.max_window_mb <= 64 * 1024,
+            "--max-window-mb {} is over 64 GiB",
+            a.max_window_mb
+        );
+        Ok(Config {
+            listeners,
+            api_server,
+            platform: a.platform,
+            max_window: a.max_window_mb * 1024 * 1024,
+        })
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let config = Config::try_from(Args::parse()).context("invalid configuration")?;
+    hira_vhost::run(config).context("hira-vhost failed")
+}

@@ -1,0 +1,318 @@
+//! One guest application's session.
+//!
+//! The session thread reads the guest's commands, checks each frame (kind, opcode,
+//! data-window spans) and passes it through the VM's dispatch queue to the API
+//! server; a relay thread carries replies and notifications back. Whichever side
+//! goes away, the other is shut down, the API server is reaped, and the guest sees an
+//! error frame rather than a hang.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
+use hira_protocol::handshake::{ErrorPayload, Hello, Welcome, error_code};
+use hira_protocol::opencl::op_info;
+use hira_protocol::{FrameHeader, FrameKind, unix};
+use log::{debug, info, warn};
+
+use crate::config::Config;
+use crate::router::VmQueue;
+use crate::spawn;
+
+/// How long an API server gets to release its objects and exit.
+const TEARDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Chunk size for relaying frame bodies.
+const RELAY_CHUNK: usize = 256 * 1024;
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("handshake failed: {0}")]
+    Handshake(String),
+    #[error("cannot start the API server")]
+    Spawn(#[source] std::io::Error),
+    #[error("socket error")]
+    Io(#[from] std::io::Error),
+}
+
+/// Sends an `Error` frame.
+fn send_error(w: &Mutex<UnixStream>, h: Option<&FrameHeader>, code: u32, message: &str) {
+    let payload = ErrorPayload {
+        code,
+        message: message.to_string(),
+    }
+    .encode();
+    let header = FrameHeader {
+        len: payload.len() as u32,
+        kind: FrameKind::Error,
+        flags: 0,
+        opcode: h.map_or(0, |h| h.opcode),
+        channel: h.map_or(0, |h| h.channel),
+        span_count: 0,
+        call_id: h.map_or(0, |h| h.call_id),
+    };
+    let mut s = w.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = s
+        .write_all(&header.encode())
+        .and_then(|_| s.write_all(&payload));
+}
+
+/// Size of the window memfd, which must match what the guest announced.
+fn window_size(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: a zeroed stat struct is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open; `st` is valid for writes.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_size as u64)
+}
+
+/// Runs a session to its end. Never panics on guest input; logs why it ended.
+pub fn run(guest: UnixStream, id: u64, vm: &str, config: &Config, queue: &VmQueue) {
+    if let Err(e) = serve(guest, id, vm, config, queue) {
+        warn!("VM {vm:?} session {id}: {e}");
+    }
+}
+
+fn serve(
+    mut guest: UnixStream,
+    id: u64,
+    vm: &str,
+    config: &Config,
+    queue: &VmQueue,
+) -> Result<(), SessionError> {
+    let guest_w = Arc::new(Mutex::new(guest.try_clone()?));
+    let (header, payload, fd) = match unix::recv_frame_with_fd(&mut guest) {
+        Ok(x) => x,
+        Err(e) => {
+            send_error(&guest_w, None, error_code::HANDSHAKE, &e.to_string());
+            return Err(SessionError::Handshake(e.to_string()));
+        }
+    };
+    if header.kind != FrameKind::Hello {
+        let m = format!("first frame must be Hello, got {:?}", header.kind);
+        send_error(&guest_w, None, error_code::HANDSHAKE, &m);
+        return Err(SessionError::Handshake(m));
+    }
+    let mut hello = match Hello::decode(&payload) {
+        Ok(h) => h,
+        Err(e) => {
+            send_error(&guest_w, None, error_code::HANDSHAKE, &e.to_string());
+            return Err(SessionError::Handshake(e.to_string()));
+        }
+    };
+    // Accept the window only if it is a descriptor of exactly the announced size,
+    // within the configured limit; otherwise the session runs without one.
+    let window = fd.filter(|fd| {
+        let ok = hello.window_len > 0
+            && hello.window_len <= config.max_window
+            && window_size(fd) == Some(hello.window_len);
+        if !ok {
+            warn!(
+                "VM {vm:?} session {id}: data window refused (announced {} bytes)",
+                hello.window_len
+            );
+        }
+        ok
+    });
+    if window.is_none() {
+        hello.window_len = 0;
+    }
+    let (mut child, mut server) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
+    info!(
+        "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
+        hello.process_name,
+        hello.pid,
+        child.id()
+    );
+    queue
+        .sessions
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let result = (|| -> Result<(), SessionError> {
+        let hello_bytes = hello.encode();
+        let h = FrameHeader {
+            len: hello_bytes.len() as u32,
+            ..header
+        };
+        unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
+        drop(window);
+        let (rh, rp, _) = unix::recv_frame_with_fd(&mut server)
+            .map_err(|e| SessionError::Handshake(e.to_string()))?;
+        if rh.kind != FrameKind::Welcome {
+            let m = ErrorPayload::decode(&rp)
+                .map(|e| e.message)
+                .unwrap_or_default();
+            send_error(&guest_w, None, error_code::HANDSHAKE, &m);
+            return Err(SessionError::Handshake(format!("API server refused: {m}")));
+        }
+        let server_welcome =
+            Welcome::decode(&rp).map_err(|e| SessionError::Handshake(e.to_string()))?;
+        let welcome = Welcome {
+            version: hira_protocol::handshake::VERSION,
+            session: id,
+            vm_name: vm.to_string(),
+            window_len: server_welcome.window_len,
+        }
+        .encode();
+        let wh = FrameHeader {
+            len: welcome.len() as u32,
+            kind: FrameKind::Welcome,
+            flags: 0,
+            opcode: 0,
+            channel: 0,
+            span_count: 0,
+            call_id: 0,
+        };
+        {
+            let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
+            g.write_all(&wh.encode())?;
+            g.write_all(&welcome)?;
+        }
+        let server_r = server.try_clone()?;
+        let relay_guest = guest_w.clone();
+        let relay = std::thread::Builder::new()
+            .name(format!("relay-{id}"))
+            .spawn(move || relay_to_guest(server_r, &relay_guest))?;
+        let res = relay_to_server(
+            &mut guest,
+            &mut server,
+            &guest_w,
+            server_welcome.window_len,
+            queue,
+        );
+        // Either side ended: close both so the other direction ends too.
+        let _ = server.shutdown(std::net::Shutdown::Write);
+        let _ = relay.join();
+        let _ = guest.shutdown(std::net::Shutdown::Both);
+        res
+    })();
+    spawn::reap(&mut child, TEARDOWN_GRACE);
+    info!(
+        "VM {vm:?} session {id}: ended, API server {} reaped",
+        child.id()
+    );
+    result
+}
+
+/// Copies replies and notifications to the guest until the API server closes; then
+/// tells the guest its session is over.
+fn relay_to_guest(mut server: UnixStream, guest: &Mutex<UnixStream>) {
+    let mut buf = vec![0u8; RELAY_CHUNK];
+    loop {
+        let mut hb = [0u8; HEADER_LEN];
+        if server.read_exact(&mut hb).is_err() {
+            break;
+        }
+        let Ok(h) = FrameHeader::decode(&hb) else {
+            warn!("API server sent a malformed frame; ending the session");
+            break;
+        };
+        let mut g = guest.lock().unwrap_or_else(|e| e.into_inner());
+        if g.write_all(&hb).is_err()
+            || copy_exact(&mut server, &mut g, h.len as usize, &mut buf).is_err()
+        {
+            break;
+        }
+    }
+    send_error(
+        guest,
+        None,
+        error_code::SERVER_GONE,
+        "the API server has exited",
+    );
+    if let Ok(g) = guest.lock() {
+        let _ = g.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Copies exactly `n` bytes.
+fn copy_exact(
+    from: &mut UnixStream,
+    to: &mut UnixStream,
+    mut n: usize,
+    buf: &mut [u8],
+) -> std::io::Result<()> {
+    while n > 0 {
+        let chunk = n.min(buf.len());
+        from.read_exact(&mut buf[..chunk])?;
+        to.write_all(&buf[..chunk])?;
+        n -= chunk;
+    }
+    Ok(())
+}
+
+/// Discards exactly `n` bytes.
+fn skip(from: &mut UnixStream, mut n: usize, buf: &mut [u8]) -> std::io::Result<()> {
+    while n > 0 {
+        let chunk = n.min(buf.len());
+        from.read_exact(&mut buf[..chunk])?;
+        n -= chunk;
+    }
+    Ok(())
+}
+
+/// Checks and forwards the guest's commands until it disconnects or breaks framing.
+fn relay_to_server(
+    guest: &mut UnixStream,
+    server: &mut UnixStream,
+    guest_w: &Mutex<UnixStream>,
+    window_len: u64,
+    queue: &VmQueue,
+) -> Result<(), SessionError> {
+    let mut buf = vec![0u8; RELAY_CHUNK];
+    loop {
+        let mut hb = [0u8; HEADER_LEN];
+        match guest.read_exact(&mut hb) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let h = match FrameHeader::decode(&hb) {
+            Ok(h) => h,
+            Err(e) => {
+                // Framing is lost; nothing after this can be trusted.
+                send_error(guest_w, None, error_code::MALFORMED, &e.to_string());
+                return Err(SessionError::Handshake(format!(
+                    "malformed frame header: {e}"
+                )));
+            }
+        };
+        let span_bytes = h.span_count as usize * SPAN_LEN;
+        let mut spans = vec![0u8; span_bytes];
+        guest.read_exact(&mut spans)?;
+        let rest = h.len as usize - span_bytes;
+        let verdict = if h.kind != FrameKind::Request {
+            Err((
+                error_code::MALFORMED,
+                format!("guests may only send requests, not {:?}", h.kind),
+            ))
+        } else {
+            match op_info(h.opcode) {
+                None => Err((
+                    error_code::UNKNOWN_OPCODE,
+                    format!("opcode {} names no function", h.opcode),
+                )),
+                Some(op) if h.no_reply() && !op.may_async => Err((
+                    error_code::MALFORMED,
+                    format!("{} may not be forwarded asynchronously", op.name),
+                )),
+                Some(_) => frame::decode_spans(&spans, h.span_count as usize, window_len)
+                    .map(|_| ())
+                    .map_err(|e| (error_code::BAD_SPAN, e.to_string())),
+            }
+        };
+        if let Err((code, message)) = verdict {
+            debug!("rejected frame: {message}");
+            skip(guest, rest, &mut buf)?;
+            if !h.no_reply() {
+                send_error(guest_w, Some(&h), code, &message);
+            }
+            continue;
+        }
+        let _turn = queue.admit(h.len as u64);
+        server.write_all(&hb)?;
+        server.write_all(&spans)?;
+        copy_exact(guest, server, rest, &mut buf)?;
+    }
+}
