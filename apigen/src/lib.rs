@@ -166,6 +166,12 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     param_name = Some(n.clone());
                 }
             }
+            Kind::ArgIndex(kernel) => {
+                let _ = writeln!(
+                    enc,
+                    "crate::rt::check_arg_index({kernel}, {n})?;\nc.w.u32({n});"
+                );
+            }
             Kind::Handle { kind, nullable } => {
                 let _ = writeln!(
                     enc,
@@ -432,7 +438,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         let n = &a.name;
         let ct = &a.ctype;
         match &a.kind {
-            Kind::Val => {
+            Kind::Val | Kind::ArgIndex(_) => {
                 let t = wire_scalar(ct)?;
                 let _ = writeln!(dec, "let {n} = r.{t}()? as {ct};");
             }

@@ -21,6 +21,8 @@ impl std::error::Error for ParseError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     Val,
+    /// A kernel argument index, checked by the guest against the kernel's count.
+    ArgIndex(String),
     MemFlags,
     Blocking,
     Handle {
@@ -195,6 +197,7 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
     let kind = match head {
         "val" => Kind::Val,
         "memflags" => Kind::MemFlags,
+        "argidx" => Kind::ArgIndex(p(0)?),
         "blocking" => Kind::Blocking,
         "h" | "h?" => {
             want(1)?;

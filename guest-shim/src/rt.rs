@@ -60,6 +60,8 @@ struct Objects {
 struct Runtime {
     conn: Result<Connection, TransportError>,
     objects: Mutex<Objects>,
+    /// Argument counts of kernels, fetched once each.
+    kernel_args: Mutex<HashMap<u64, u32>>,
     next_id: AtomicU64,
     callbacks: Mutex<HashMap<u64, (Callback, usize)>>,
     /// One-shot callbacks registered and not yet delivered.
@@ -88,6 +90,7 @@ fn runtime() -> &'static Runtime {
         Runtime {
             conn,
             objects: Mutex::new(Objects::default()),
+            kernel_args: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             callbacks: Mutex::new(HashMap::new()),
             outstanding: AtomicUsize::new(0),
@@ -200,6 +203,53 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.mem.remove(&id);
         // SAFETY: made by `Box::into_raw` in `adopt` and now unreachable from the tables.
         drop(unsafe { Box::from_raw(ptr as *mut Obj) });
+    }
+}
+
+/// Checks `index` against the kernel's argument count, so that `clSetKernelArg`,
+/// which is forwarded without waiting, still reports `CL_INVALID_ARG_INDEX`.
+pub(crate) fn check_arg_index(kernel: opencl_sys::cl_kernel, index: u32) -> Result<(), cl_int> {
+    const CL_INVALID_ARG_INDEX: cl_int = -49;
+    const CL_KERNEL_NUM_ARGS: u32 = 0x1191;
+    let (id, kind) = lookup(kernel as *mut c_void).ok_or(Kind::Kernel.invalid_code())?;
+    if kind != Kind::Kernel {
+        return Err(Kind::Kernel.invalid_code());
+    }
+    let known = runtime()
+        .kernel_args
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .copied();
+    let count = match known {
+        Some(n) => n,
+        None => {
+            let mut n: u32 = 0;
+            // SAFETY: asking for a cl_uint into a local cl_uint.
+            let status = unsafe {
+                crate::generated::clGetKernelInfo(
+                    kernel,
+                    CL_KERNEL_NUM_ARGS,
+                    size_of::<u32>(),
+                    (&mut n as *mut u32).cast(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if status != 0 {
+                return Err(status);
+            }
+            runtime()
+                .kernel_args
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, n);
+            n
+        }
+    };
+    if index >= count {
+        Err(CL_INVALID_ARG_INDEX)
+    } else {
+        Ok(())
     }
 }
 

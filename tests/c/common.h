@@ -27,7 +27,7 @@
     } while (0)
 
 /* First platform, first device, a context and an in-order queue. */
-static void setup(cl_platform_id *platform, cl_device_id *device, cl_context *ctx,
+static inline void setup(cl_platform_id *platform, cl_device_id *device, cl_context *ctx,
                   cl_command_queue *queue, cl_command_queue_properties props) {
     cl_uint n = 0;
     cl_int err;
@@ -43,7 +43,7 @@ static void setup(cl_platform_id *platform, cl_device_id *device, cl_context *ct
     CHECK_ERR(err, "clCreateCommandQueue");
 }
 
-static cl_program build(cl_context ctx, cl_device_id device, const char *src) {
+static inline cl_program build(cl_context ctx, cl_device_id device, const char *src) {
     cl_int err;
     cl_program p = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     CHECK_ERR(err, "clCreateProgramWithSource");
