@@ -430,10 +430,21 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
 }
 
 fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
+    // Four phases, so that nothing is looked up or allocated for a payload that does
+    // not decode: `dec` parses the payload into raw values, `res` resolves ids into
+    // host objects, `chk` checks counts and sizes against what the call will touch,
+    // `late` makes host callback contexts once nothing can fail any more.
     let mut dec = String::new();
+    let mut res = String::new();
     let mut chk = String::new();
+    let mut late = String::new();
     let mut post = String::new();
     let mut rep = String::new();
+    if let Some(kind) = &f.rets {
+        let _ = writeln!(dec, "let ret__id = r.u64()?;");
+        let _ = writeln!(res, "s.check_fresh(ret__id, false)?;");
+        let _ = kind;
+    }
     for a in &f.args {
         let n = &a.name;
         let ct = &a.ctype;
@@ -449,44 +460,50 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let _ = writeln!(dec, "let {n} = Session::host_mem_flags(r.u64()?) as {ct};");
             }
             Kind::Handle { kind, nullable } => {
+                let _ = writeln!(dec, "let {n}__id = r.u64()?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n} = s.lookup(r.u64()?, Kind::{kind}, {nullable})? as {ct};"
+                    res,
+                    "let {n} = s.lookup({n}__id, Kind::{kind}, {nullable})? as {ct};"
                 );
             }
             Kind::Retain(kind) => {
+                let _ = writeln!(dec, "let {n}__id = r.u64()?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__id = r.u64()?;\nlet {n} = s.lookup({n}__id, Kind::{kind}, false)? as {ct};"
+                    res,
+                    "let {n} = s.lookup({n}__id, Kind::{kind}, false)? as {ct};"
                 );
                 let _ = writeln!(post, "if status == 0 {{ s.retained({n}__id); }}");
             }
             Kind::Release(kind) => {
+                let _ = writeln!(dec, "let {n}__id = r.u64()?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__id = r.u64()?;\nlet {n} = s.lookup({n}__id, Kind::{kind}, false)? as {ct};"
+                    res,
+                    "let {n} = s.lookup({n}__id, Kind::{kind}, false)? as {ct};"
                 );
                 let _ = writeln!(post, "if status == 0 {{ s.released({n}__id); }}");
             }
             Kind::Handles { kind, count } => {
+                let _ = writeln!(dec, "let {n}__ids = Session::ids(r)?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__v = s.lookup_many(r, Kind::{kind}, Kind::{kind}.invalid_code())?;\nlet {n} = Session::array_ptr(&{n}__v) as {ct};"
+                    res,
+                    "let {n}__v = s.lookup_many({n}__ids, Kind::{kind}, Kind::{kind}.invalid_code())?;\nlet {n} = Session::array_ptr(&{n}__v) as {ct};"
                 );
                 let _ = writeln!(chk, "Session::check_count(&{n}__v, ({count}) as usize)?;");
             }
             Kind::WaitList(count) => {
+                let _ = writeln!(dec, "let {n}__ids = Session::ids(r)?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__v = s.lookup_many(r, Kind::Event, CL_INVALID_EVENT_WAIT_LIST)?;\nlet {n} = Session::array_ptr(&{n}__v) as {ct};"
+                    res,
+                    "let {n}__v = s.lookup_many({n}__ids, Kind::Event, CL_INVALID_EVENT_WAIT_LIST)?;\nlet {n} = Session::array_ptr(&{n}__v) as {ct};"
                 );
                 let _ = writeln!(chk, "Session::check_count(&{n}__v, ({count}) as usize)?;");
             }
             Kind::NewHandle(kind) => {
                 let p = pointee(ct);
+                let _ = writeln!(dec, "let {n}__id = r.u64()?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__id = r.u64()?;\ns.check_fresh({n}__id, true)?;\nlet mut {n}__slot: {p} = std::ptr::null_mut();\nlet {n}: {ct} = if {n}__id == 0 {{ std::ptr::null_mut() }} else {{ &mut {n}__slot }};"
+                    res,
+                    "s.check_fresh({n}__id, true)?;\nlet mut {n}__slot: {p} = std::ptr::null_mut();\nlet {n}: {ct} = if {n}__id == 0 {{ std::ptr::null_mut() }} else {{ &mut {n}__slot }};"
                 );
                 let _ = writeln!(
                     post,
@@ -570,32 +587,33 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 );
             }
             Kind::CtxProps => {
+                let _ = writeln!(dec, "let {n}__z = Session::zlist(r)?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__z = s.context_properties(r)?;\nlet {n} = Session::array_ptr(&{n}__z) as {ct};"
+                    res,
+                    "let {n}__p = s.context_properties({n}__z)?;\nlet {n} = Session::array_ptr(&{n}__p) as {ct};"
                 );
             }
             Kind::Callback { kind, data } => {
-                let _ = writeln!(
-                    dec,
-                    "let {n}__cb = r.u64()?;\nlet ({n}, {data}) = s.callback_{}({n}__cb);",
-                    if kind == "Context" {
-                        "context_fn".to_string()
-                    } else {
-                        kind.to_lowercase()
-                    }
-                );
+                let method = if kind == "Context" {
+                    "context_fn".to_string()
+                } else {
+                    kind.to_lowercase()
+                };
+                let _ = writeln!(dec, "let {n}__cb = r.u64()?;");
+                let _ = writeln!(late, "let ({n}, {data}) = s.callback_{method}({n}__cb);");
             }
             Kind::KernelArg(size) => {
+                let _ = writeln!(dec, "let {n}__k = Session::kernel_arg(r)?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__k = s.kernel_arg(r, frame)?;\nlet ({size}, {n}) = {n}__k.host_arg({size})?;"
+                    res,
+                    "let {n}__k = s.resolve_kernel_arg({n}__k)?;\nlet ({size}, {n}) = {n}__k.host_arg({size})?;"
                 );
             }
             Kind::ImageDesc => {
+                let _ = writeln!(dec, "let {n}__d = Session::image_desc(r)?;");
                 let _ = writeln!(
-                    dec,
-                    "let {n}__d = s.image_desc(r)?;\nlet {n} = Session::desc_ptr(&{n}__d);"
+                    res,
+                    "let {n}__d = s.resolve_image_desc({n}__d)?;\nlet {n} = Session::desc_ptr(&{n}__d);"
                 );
             }
             Kind::RectIn {
@@ -671,7 +689,37 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     );
     s.push_str(&indent(&dec));
     s.push_str("    r.finish()?;\n");
+    s.push_str(&indent(&res));
     s.push_str(&indent(&chk));
+    s.push_str(&indent(&late));
+    if is_info(f) {
+        let pn = f
+            .args
+            .iter()
+            .zip(f.args.iter().skip(1))
+            .find(|(_, b)| matches!(b.kind, Kind::InfoSize))
+            .map(|(a, _)| a.name.clone())
+            .ok_or("info query without a param_name argument")?;
+        let info_names: Vec<String> = f
+            .args
+            .iter()
+            .map(|a| match a.kind {
+                Kind::InfoSize => "size".to_string(),
+                Kind::InfoVal => "value".to_string(),
+                Kind::InfoRet => "size_ret".to_string(),
+                _ if a.name == pn => "param as _".to_string(),
+                _ => a.name.clone(),
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "    s.info_query(\"{}\", {pn} as u32, w, |param: u32, size: size_t, value: *mut c_void, size_ret: *mut size_t| {{\n        // SAFETY: `value` is null or points to `size` writable bytes, `size_ret` to a size_t.\n        unsafe {{ rt.{}({}) }}\n    }})\n}}\n",
+            f.name,
+            f.name,
+            info_names.join(", ")
+        );
+        return Ok(());
+    }
     let call_args = f
         .args
         .iter()
@@ -683,41 +731,6 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             }
         })
         .collect::<Vec<_>>();
-    if is_info(f) {
-        let pn_name = f
-            .args
-            .iter()
-            .zip(f.args.iter().skip(1))
-            .find(|(_, b)| matches!(b.kind, Kind::InfoSize))
-            .map(|(a, _)| a.name.clone())
-            .unwrap_or_default();
-        let info_names: Vec<&str> = f
-            .args
-            .iter()
-            .map(|a| match a.kind {
-                Kind::InfoSize => "size",
-                Kind::InfoVal => "value",
-                Kind::InfoRet => "size_ret",
-                _ if a.name == pn_name => "param as _",
-                _ => a.name.as_str(),
-            })
-            .collect();
-        let pn = f
-            .args
-            .iter()
-            .zip(f.args.iter().skip(1))
-            .find(|(_, b)| matches!(b.kind, Kind::InfoSize))
-            .map(|(a, _)| a.name.clone())
-            .ok_or("info query without a param_name argument")?;
-        let _ = writeln!(
-            s,
-            "    s.info_query(\"{}\", {pn} as u32, w, |param: u32, size: size_t, value: *mut c_void, size_ret: *mut size_t| {{\n        // SAFETY: `value` is null or points to `size` writable bytes, `size_ret` to a size_t.\n        unsafe {{ rt.{}({}) }}\n    }})\n}}\n",
-            f.name,
-            f.name,
-            info_names.join(", ")
-        );
-        return Ok(());
-    }
     let call = if f.custom {
         format!(
             "crate::opencl::custom::{}(s, {})",
@@ -736,7 +749,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         Some(kind) => {
             let _ = writeln!(
                 s,
-                "    let ret__id = r_ret_id;\n    let status = if errcode == CL_SUCCESS && ret.is_null() {{ CL_OUT_OF_RESOURCES }} else {{ errcode }};\n    if status == 0 {{ s.bind(ret__id, Kind::{kind}, ret as *mut c_void); }}"
+                "    let status = if errcode == CL_SUCCESS && ret.is_null() {{ CL_OUT_OF_RESOURCES }} else {{ errcode }};\n    if status == 0 {{ s.bind(ret__id, Kind::{kind}, ret as *mut c_void); }}"
             );
         }
     }
@@ -748,14 +761,6 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             .collect::<String>(),
     );
     s.push_str("    }\n    Ok(())\n}\n\n");
-    if f.rets.is_some() {
-        // The guest-assigned id of the returned object comes first in the payload.
-        let fixed = s.replace(
-            &format!("fn {}(s: &mut Session, r: &mut Reader<'_>, frame: &FrameData<'_>, w: &mut Writer) -> Result<(), Fail> {{\n    let rt = s.rt();\n", f.name),
-            &format!("fn {}(s: &mut Session, r: &mut Reader<'_>, frame: &FrameData<'_>, w: &mut Writer) -> Result<(), Fail> {{\n    let rt = s.rt();\n    let r_ret_id = r.u64()?;\n    s.check_fresh(r_ret_id, false)?;\n", f.name),
-        );
-        *s = fixed;
-    }
     Ok(())
 }
 
@@ -787,6 +792,11 @@ mod tests {
         .unwrap();
         let code = api.server_code().unwrap();
         assert!(code.contains("Session::check_count(&event_list__v, (num_events) as usize)?;"));
+        let finish = code.find("r.finish()?").unwrap();
+        assert!(
+            code.find("s.lookup_many(").unwrap() > finish,
+            "ids are resolved only after the payload decoded"
+        );
     }
 
     #[test]

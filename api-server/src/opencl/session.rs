@@ -267,6 +267,9 @@ impl CStrings {
 pub enum KernelArg {
     Null,
     Bytes(Vec<u64>, usize),
+    /// An object named by kind and id, not yet resolved.
+    Object(Kind, u64),
+    /// A resolved object: the host handle, boxed so its address is stable.
     Handle(Box<usize>),
 }
 
@@ -282,6 +285,9 @@ impl KernelArg {
                 Ok((arg_size, v.as_ptr().cast()))
             }
             KernelArg::Handle(h) => Ok((size_of::<usize>(), (&**h as *const usize).cast())),
+            KernelArg::Object(..) => {
+                Err(Fail::Protocol("kernel argument object not resolved".into()))
+            }
         }
     }
 }
@@ -418,21 +424,26 @@ impl<'a> Session<'a> {
             .ok_or(Fail::Status(kind.invalid_code()))
     }
 
-    /// An optional array of handles of `kind`; any bad one fails with `code`.
-    pub fn lookup_many(
-        &self,
-        r: &mut Reader<'_>,
-        kind: Kind,
-        code: cl_int,
-    ) -> Result<Option<Vec<*mut c_void>>, Fail> {
+    /// An optional array of ids.
+    pub fn ids(r: &mut Reader<'_>) -> Result<Option<Vec<u64>>, Fail> {
         if !r.flag()? {
             return Ok(None);
         }
         let n = r.count(MAX_ARRAY)?;
-        let mut ids = Vec::with_capacity(n);
-        for _ in 0..n {
-            ids.push(r.u64()?);
-        }
+        (0..n)
+            .map(|_| r.u64().map_err(Fail::from))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// Resolves an optional array of ids of `kind`; any bad one fails with `code`.
+    pub fn lookup_many(
+        &self,
+        ids: Option<Vec<u64>>,
+        kind: Kind,
+        code: cl_int,
+    ) -> Result<Option<Vec<*mut c_void>>, Fail> {
+        let Some(ids) = ids else { return Ok(None) };
         let h = self.handles();
         ids.into_iter()
             .map(|id| {
@@ -623,8 +634,8 @@ impl<'a> Session<'a> {
     }
 
     /// Context properties with the platform id turned back into the host platform.
-    pub fn context_properties(&self, r: &mut Reader<'_>) -> Result<Option<Vec<isize>>, Fail> {
-        let Some(words) = Self::zlist(r)? else {
+    pub fn context_properties(&self, words: Option<Vec<u64>>) -> Result<Option<Vec<isize>>, Fail> {
+        let Some(words) = words else {
             return Ok(None);
         };
         let body = &words[..words.len() - 1];
@@ -719,11 +730,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    pub fn kernel_arg(
-        &self,
-        r: &mut Reader<'_>,
-        _frame: &FrameData<'_>,
-    ) -> Result<KernelArg, Fail> {
+    /// Parses a kernel argument; object ids are resolved by [`Session::resolve_kernel_arg`].
+    pub fn kernel_arg(r: &mut Reader<'_>) -> Result<KernelArg, Fail> {
         match r.u8()? {
             tag::NULL => Ok(KernelArg::Null),
             tag::INLINE => {
@@ -733,19 +741,31 @@ impl<'a> Session<'a> {
             tag::HANDLE => {
                 let kind = Kind::try_from(r.u8()?)
                     .map_err(|k| Fail::Protocol(format!("bad object kind {k}")))?;
-                if !matches!(kind, Kind::Mem | Kind::Sampler | Kind::Queue) {
-                    return Err(Fail::Status(CL_INVALID_ARG_VALUE));
-                }
-                let host = self
-                    .lookup(r.u64()?, kind, false)
-                    .map_err(|_| Fail::Status(CL_INVALID_ARG_VALUE))?;
-                Ok(KernelArg::Handle(Box::new(host as usize)))
+                Ok(KernelArg::Object(kind, r.u64()?))
             }
             t => Err(Fail::Protocol(format!("bad kernel-argument tag {t}"))),
         }
     }
 
-    pub fn image_desc(&self, r: &mut Reader<'_>) -> Result<Option<Box<cl_image_desc>>, Fail> {
+    /// Turns an object argument into the host handle the kernel receives.
+    pub fn resolve_kernel_arg(&self, k: KernelArg) -> Result<KernelArg, Fail> {
+        match k {
+            KernelArg::Object(kind, id) => {
+                if !matches!(kind, Kind::Mem | Kind::Sampler | Kind::Queue) {
+                    return Err(Fail::Status(CL_INVALID_ARG_VALUE));
+                }
+                let host = self
+                    .lookup(id, kind, false)
+                    .map_err(|_| Fail::Status(CL_INVALID_ARG_VALUE))?;
+                Ok(KernelArg::Handle(Box::new(host as usize)))
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Parses an image descriptor; its buffer id is resolved by
+    /// [`Session::resolve_image_desc`].
+    pub fn image_desc(r: &mut Reader<'_>) -> Result<Option<(Box<cl_image_desc>, u64)>, Fail> {
         if !r.flag()? {
             return Ok(None);
         }
@@ -758,10 +778,8 @@ impl<'a> Session<'a> {
         let image_slice_pitch = r.usize()?;
         let num_mip_levels = r.u32()?;
         let num_samples = r.u32()?;
-        let buffer = self
-            .lookup(r.u64()?, Kind::Mem, true)
-            .map_err(|_| Fail::Status(-65))?;
-        Ok(Some(Box::new(cl_image_desc {
+        let buffer = r.u64()?;
+        let desc = cl_image_desc {
             image_type,
             image_width,
             image_height,
@@ -771,8 +789,24 @@ impl<'a> Session<'a> {
             image_slice_pitch,
             num_mip_levels,
             num_samples,
-            buffer: buffer.cast(),
-        })))
+            buffer: std::ptr::null_mut(),
+        };
+        Ok(Some((Box::new(desc), buffer)))
+    }
+
+    /// Resolves the buffer a 1-D buffer image is made from.
+    pub fn resolve_image_desc(
+        &self,
+        d: Option<(Box<cl_image_desc>, u64)>,
+    ) -> Result<Option<Box<cl_image_desc>>, Fail> {
+        let Some((mut desc, buffer)) = d else {
+            return Ok(None);
+        };
+        desc.buffer = self
+            .lookup(buffer, Kind::Mem, true)
+            .map_err(|_| Fail::Status(-65))?
+            .cast();
+        Ok(Some(desc))
     }
 
     pub fn desc_ptr(d: &Option<Box<cl_image_desc>>) -> *const cl_image_desc {

@@ -1,0 +1,7 @@
+//! End-to-end tests: real C OpenCL programs, clinfo, and hostile guests against the
+//! real daemon, API servers and host OpenCL (PoCL).
+
+mod isolation;
+mod malformed;
+mod programs;
+mod support;

@@ -1,0 +1,274 @@
+//! Hostile guests: malformed frames, forged ids and bad spans get an error reply or a
+//! closed connection, and the daemon keeps serving everyone else.
+
+use std::io::Write;
+use std::time::Duration;
+
+use hira_protocol::frame::{FLAG_NO_REPLY, MAX_FRAME_BODY};
+use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, error_code};
+use hira_protocol::opencl::op;
+use hira_protocol::{FrameHeader, FrameKind, Span, Writer};
+
+use crate::support::{Daemon, RawGuest, Vendors, c_program, run_with_timeout, status};
+
+const CL_INVALID_CONTEXT: i32 = -34;
+const CL_INVALID_COMMAND_QUEUE: i32 = -36;
+
+/// A well-behaved guest still gets correct results from the same daemon.
+fn still_serves(daemon: &mut Daemon) {
+    assert!(daemon.alive(), "the daemon survived");
+    let out = run_with_timeout(
+        &mut daemon.guest(&Vendors::hira(), "vm1", &c_program("vecadd")),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "a good guest is still served: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mismatches=0"));
+}
+
+fn error_code_of(p: &[u8]) -> u32 {
+    ErrorPayload::decode(p).expect("error payload decodes").code
+}
+
+/// The platform and device ids of a raw session.
+fn platform_and_device(g: &mut RawGuest) -> (u64, u64) {
+    let mut w = Writer::new();
+    w.u32(1).u8(1).u8(1);
+    let (h, p) = g.call(op::clGetPlatformIDs, w.as_slice());
+    assert_eq!(h.kind, FrameKind::Reply);
+    assert_eq!(status(&p), 0);
+    let platform = u64::from_le_bytes(p[8..16].try_into().unwrap());
+    let mut w = Writer::new();
+    w.u64(platform).u64(0xFFFF_FFFF).u32(1).u8(1).u8(1);
+    let (_, p) = g.call(op::clGetDeviceIDs, w.as_slice());
+    assert_eq!(status(&p), 0);
+    (platform, u64::from_le_bytes(p[8..16].try_into().unwrap()))
+}
+
+fn create_context(g: &mut RawGuest, id: u64, device: u64) -> (FrameHeader, Vec<u8>) {
+    let mut w = Writer::new();
+    w.u64(id).u8(0).u32(1).u8(1).u32(1).u64(device).u64(0);
+    g.call(op::clCreateContext, w.as_slice())
+}
+
+#[test]
+fn garbage_instead_of_a_hello_is_refused() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::connect(&daemon.socket("vm1"));
+    g.s.write_all(&[0xAB; 64]).unwrap();
+    let codes = g.drain_until_closed();
+    assert_eq!(codes, vec![error_code::HANDSHAKE]);
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn wrong_protocol_version_is_refused_with_a_reason() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::connect(&daemon.socket("vm1"));
+    let mut hello = Hello::new(ApiKind::OpenCl, 1, "old-guest", 0);
+    hello.version = 99;
+    g.frame(FrameKind::Hello, 0, 0, 0, &[], &hello.encode());
+    let (h, p) = g.recv().expect("an error frame");
+    assert_eq!(h.kind, FrameKind::Error);
+    let e = ErrorPayload::decode(&p).unwrap();
+    assert!(e.message.contains("version 99"), "{}", e.message);
+    assert!(g.recv().is_none(), "the connection is closed");
+    assert!(
+        daemon
+            .wait_api_servers(0, Duration::from_secs(5))
+            .is_empty(),
+        "no API server for a refused guest"
+    );
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn unknown_opcode_gets_an_error_and_the_session_continues() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let (h, p) = g.call(9999, &[]);
+    assert_eq!(h.kind, FrameKind::Error);
+    assert_eq!(error_code_of(&p), error_code::UNKNOWN_OPCODE);
+    platform_and_device(&mut g);
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn truncated_payload_gets_an_error_and_the_session_continues() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let (h, p) = g.call(op::clFinish, &[1, 2, 3]);
+    assert_eq!(h.kind, FrameKind::Error);
+    assert_eq!(error_code_of(&p), error_code::MALFORMED);
+    let mut extra = Writer::new();
+    extra.u64(0x1234).u8(7);
+    let (h, p) = g.call(op::clFinish, extra.as_slice());
+    assert_eq!(h.kind, FrameKind::Error, "trailing bytes are rejected too");
+    assert_eq!(error_code_of(&p), error_code::MALFORMED);
+    platform_and_device(&mut g);
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn forged_stale_and_reused_ids_are_rejected() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut w = Writer::new();
+    w.u64(0x1234);
+    let (h, p) = g.call(op::clFinish, w.as_slice());
+    assert_eq!(
+        (h.kind, status(&p)),
+        (FrameKind::Reply, CL_INVALID_COMMAND_QUEUE),
+        "forged queue id"
+    );
+    let (_, device) = platform_and_device(&mut g);
+    let (_, p) = create_context(&mut g, 7, device);
+    assert_eq!(status(&p), 0);
+    let (h, p) = create_context(&mut g, 7, device);
+    assert_eq!(
+        h.kind,
+        FrameKind::Error,
+        "an id in use cannot name a new object"
+    );
+    assert_eq!(error_code_of(&p), error_code::MALFORMED);
+    let mut w = Writer::new();
+    w.u64(7);
+    let (_, p) = g.call(op::clReleaseContext, w.as_slice());
+    assert_eq!(status(&p), 0);
+    let mut w = Writer::new();
+    w.u64(7).u32(0x1081);
+    let (_, p) = g.call(op::clGetContextInfo, w.as_slice());
+    assert_eq!(status(&p), CL_INVALID_CONTEXT, "stale context id");
+    let mut w = Writer::new();
+    w.u64(device).u32(0x1081);
+    let (_, p) = g.call(op::clGetContextInfo, w.as_slice());
+    assert_eq!(
+        status(&p),
+        CL_INVALID_CONTEXT,
+        "a device id is not a context id"
+    );
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn span_outside_the_data_window_is_rejected() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut w = Writer::new();
+    w.u64(0x1234);
+    let (h, p) = g.call_spans(op::clFinish, &[Span { offset: 0, len: 16 }], w.as_slice());
+    assert_eq!(h.kind, FrameKind::Error);
+    assert_eq!(error_code_of(&p), error_code::BAD_SPAN);
+    let (h, p) = g.call_spans(
+        op::clFinish,
+        &[Span {
+            offset: u64::MAX - 4,
+            len: 16,
+        }],
+        w.as_slice(),
+    );
+    assert_eq!(
+        (h.kind, error_code_of(&p)),
+        (FrameKind::Error, error_code::BAD_SPAN),
+        "wrapping span"
+    );
+    platform_and_device(&mut g);
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn asynchronous_flag_on_a_synchronous_call_is_dropped() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut w = Writer::new();
+    w.u64(0x1234);
+    g.frame(
+        FrameKind::Request,
+        op::clFinish,
+        FLAG_NO_REPLY,
+        77,
+        &[],
+        w.as_slice(),
+    );
+    // The next call's reply is the next frame: nothing was sent for the dropped one.
+    platform_and_device(&mut g);
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn oversized_length_closes_the_connection_and_its_api_server() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    assert_eq!(daemon.wait_api_servers(1, Duration::from_secs(10)).len(), 1);
+    let mut h = FrameHeader {
+        len: 0,
+        kind: FrameKind::Request,
+        flags: 0,
+        opcode: op::clFinish,
+        channel: 1,
+        span_count: 0,
+        call_id: 1,
+    }
+    .encode();
+    h[0..4].copy_from_slice(&(MAX_FRAME_BODY as u32 + 1).to_le_bytes());
+    g.s.write_all(&h).unwrap();
+    let codes = g.drain_until_closed();
+    assert!(codes.contains(&error_code::MALFORMED), "{codes:?}");
+    assert!(
+        daemon
+            .wait_api_servers(0, Duration::from_secs(15))
+            .is_empty(),
+        "the session's API server is gone"
+    );
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn frame_cut_short_by_a_disconnect_leaves_nothing_behind() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let (_, device) = platform_and_device(&mut g);
+    let (_, p) = create_context(&mut g, 3, device);
+    assert_eq!(status(&p), 0);
+    let h = FrameHeader {
+        len: 100,
+        kind: FrameKind::Request,
+        flags: 0,
+        opcode: op::clFinish,
+        channel: 1,
+        span_count: 0,
+        call_id: 9,
+    };
+    g.s.write_all(&h.encode()).unwrap();
+    g.s.write_all(&[0u8; 10]).unwrap();
+    drop(g);
+    assert!(
+        daemon
+            .wait_api_servers(0, Duration::from_secs(15))
+            .is_empty()
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        daemon
+            .log_text()
+            .contains("teardown: released 1 objects (0 failed)"),
+        "{}",
+        daemon.log_text()
+    );
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn guest_frames_other_than_requests_are_rejected() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    g.frame(FrameKind::Reply, op::clFinish, 0, 5, &[], &[0; 4]);
+    let (h, p) = g.recv().expect("an error frame");
+    assert_eq!((h.kind, h.call_id), (FrameKind::Error, 5));
+    assert_eq!(error_code_of(&p), error_code::MALFORMED);
+    platform_and_device(&mut g);
+    still_serves(&mut daemon);
+}

@@ -1,0 +1,135 @@
+//! Unmodified OpenCL programs produce byte-identical output through Hira.
+
+use std::time::Duration;
+
+use crate::support::{Daemon, Vendors, c_program, run_with_timeout};
+
+/// Runs `name` natively and through Hira; both must succeed with identical stdout.
+fn same_as_native(name: &str, args: &[&str]) {
+    let exe = c_program(name);
+    let native = run_with_timeout(
+        std::process::Command::new(&exe)
+            .args(args)
+            .env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
+        Duration::from_secs(120),
+    );
+    assert!(
+        native.status.success(),
+        "{name} fails natively: {}",
+        String::from_utf8_lossy(&native.stderr)
+    );
+    let daemon = Daemon::start(&["vm1"]);
+    let hira_vendors = Vendors::hira();
+    let remote = run_with_timeout(
+        daemon.guest(&hira_vendors, "vm1", &exe).args(args),
+        Duration::from_secs(300),
+    );
+    assert!(
+        remote.status.success(),
+        "{name} fails through Hira: {}\ndaemon log:\n{}",
+        String::from_utf8_lossy(&remote.stderr),
+        daemon.log_text()
+    );
+    assert!(!native.stdout.is_empty(), "{name} printed nothing");
+    assert_eq!(
+        String::from_utf8_lossy(&remote.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "{name}: output through Hira differs from the native run"
+    );
+    assert!(
+        daemon.log_text().contains("session 1"),
+        "the run went through the daemon"
+    );
+}
+
+#[test]
+fn vector_add_matches_native() {
+    same_as_native("vecadd", &[]);
+}
+
+#[test]
+fn tiled_matmul_with_local_memory_matches_native() {
+    same_as_native("matmul", &[]);
+}
+
+#[test]
+fn stencil_with_1000_launches_and_finishes_matches_native() {
+    same_as_native("stencil", &["1000"]);
+}
+
+#[test]
+fn events_profiling_user_events_and_callbacks_match_native() {
+    same_as_native("events", &[]);
+}
+
+#[test]
+fn map_unmap_and_use_host_ptr_match_native() {
+    same_as_native("mapping", &[]);
+}
+
+#[test]
+fn two_threads_on_two_queues_match_native() {
+    same_as_native("threads", &[]);
+}
+
+#[test]
+fn build_failure_and_build_log_match_native() {
+    same_as_native("build_error", &[]);
+}
+
+#[test]
+fn images_samplers_binaries_linking_and_rect_transfers_match_native() {
+    same_as_native("api_coverage", &[]);
+}
+
+/// Drops the lines that state the platform's identity, which Hira rightly changes.
+fn without_platform_identity(clinfo: &str) -> String {
+    clinfo
+        .lines()
+        .filter(|l| {
+            !(l.contains("Platform Name")
+                || l.contains("Platform Vendor")
+                || l.contains("Platform Version")
+                || l.contains("function suffix")
+                || l.contains("clGetPlatformInfo(NULL, CL_PLATFORM_NAME"))
+        })
+        .map(|l| match l.find("Success [") {
+            Some(i) => &l[..i + "Success".len()],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn clinfo_reports_every_device_property_as_native() {
+    let native = run_with_timeout(
+        std::process::Command::new("clinfo").env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
+        Duration::from_secs(120),
+    );
+    assert!(
+        native.status.success(),
+        "clinfo fails natively (install clinfo)"
+    );
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let mut cmd = std::process::Command::new("clinfo");
+    cmd.env("OCL_ICD_VENDORS", vendors.dir.path())
+        .env("HIRA_SOCKET", daemon.socket("vm1"));
+    let remote = run_with_timeout(&mut cmd, Duration::from_secs(120));
+    assert!(remote.status.success());
+    let (n, r) = (
+        String::from_utf8_lossy(&native.stdout),
+        String::from_utf8_lossy(&remote.stdout),
+    );
+    assert!(
+        r.contains("Hira remote OpenCL ("),
+        "clinfo lists Hira's platform:\n{r}"
+    );
+    assert!(
+        r.contains("Device Name"),
+        "clinfo lists a device through Hira"
+    );
+    assert!(n.lines().count() > 100, "clinfo printed a full report");
+    assert_eq!(without_platform_identity(&r), without_platform_identity(&n));
+}

@@ -1,0 +1,368 @@
+//! Test support: builds the real components, compiles the C test programs, and runs
+//! the real daemon, API servers and OpenCL library (PoCL).
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use hira_protocol::frame::HEADER_LEN;
+use hira_protocol::handshake::{ApiKind, Hello};
+use hira_protocol::{FrameHeader, FrameKind, Span};
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The directory holding this build's binaries.
+pub fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_hira-vhost"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds the guest shim and the API server (cargo builds only this package's
+/// binaries for its tests).
+pub fn ensure_built() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace())
+            .args(["build", "-p", "hira-opencl", "-p", "hira-api-server"]);
+        if bin_dir().ends_with("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(
+            status.success(),
+            "building hira-opencl and hira-api-server failed"
+        );
+        assert!(shim().is_file(), "{} was not built", shim().display());
+    });
+}
+
+pub fn shim() -> PathBuf {
+    bin_dir().join("libhira_opencl.so")
+}
+
+/// Compiles `tests/c/NAME.c` (once per test process) and returns the executable.
+pub fn c_program(name: &str) -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = bin_dir().join("hira-c");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let exe = out_dir.join(name);
+    let src = workspace().join("tests/c").join(format!("{name}.c"));
+    let fresh = exe
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .zip(src.metadata().and_then(|m| m.modified()).ok())
+        .is_some_and(|(e, s)| e > s);
+    if !fresh {
+        let o = Command::new("gcc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .args(["-lOpenCL", "-lpthread"])
+            .output()
+            .expect("gcc runs (install gcc and ocl-icd-opencl-dev)");
+        assert!(
+            o.status.success(),
+            "gcc {name}.c failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    exe
+}
+
+/// A directory of ICD files: the host's native vendors, or only Hira's.
+pub struct Vendors {
+    pub dir: tempfile::TempDir,
+}
+
+impl Vendors {
+    /// Every vendor the host has installed, except Hira.
+    pub fn native() -> Vendors {
+        let dir = tempfile::tempdir().unwrap();
+        let mut n = 0;
+        for e in std::fs::read_dir("/etc/OpenCL/vendors")
+            .expect("/etc/OpenCL/vendors exists (install pocl-opencl-icd)")
+        {
+            let p = e.unwrap().path();
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            if p.extension().is_some_and(|x| x == "icd") && !text.contains("hira") {
+                std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+                n += 1;
+            }
+        }
+        assert!(
+            n > 0,
+            "no native OpenCL ICD installed (install pocl-opencl-icd)"
+        );
+        Vendors { dir }
+    }
+
+    /// Only Hira's ICD.
+    pub fn hira() -> Vendors {
+        ensure_built();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("hira.icd"),
+            format!("{}\n", shim().display()),
+        )
+        .unwrap();
+        Vendors { dir }
+    }
+}
+
+/// A running `hira-vhost`, killed when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon with one local listener per VM name.
+    pub fn start(vms: &[&str]) -> Daemon {
+        Self::start_with_env(vms, &[])
+    }
+
+    /// Starts the daemon with extra environment variables.
+    pub fn start_with_env(vms: &[&str], env: &[(&str, &str)]) -> Daemon {
+        ensure_built();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("daemon.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+        for vm in vms {
+            cmd.arg("--local-socket").arg(format!(
+                "{vm}={}",
+                dir.path().join(format!("{vm}.sock")).display()
+            ));
+        }
+        cmd.env("RUST_LOG", "info")
+            .env_remove("OCL_ICD_VENDORS")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("hira-vhost starts");
+        let d = Daemon { child, dir, log };
+        for vm in vms {
+            let sock = d.socket(vm);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while UnixStream::connect(&sock).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "daemon did not listen on {}",
+                    sock.display()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        d
+    }
+
+    pub fn socket(&self, vm: &str) -> PathBuf {
+        self.dir.path().join(format!("{vm}.sock"))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Pids of the daemon's API-server children.
+    pub fn api_servers(&self) -> Vec<u32> {
+        children_named(self.child.id(), "hira-api-server")
+    }
+
+    /// Waits until exactly `n` API servers run (or the timeout passes).
+    pub fn wait_api_servers(&self, n: usize, timeout: Duration) -> Vec<u32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.api_servers();
+            if v.len() == n || Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the daemon process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// A command that runs `exe` as a guest of VM `vm` with only Hira's ICD visible.
+    pub fn guest(&self, vendors: &Vendors, vm: &str, exe: &Path) -> Command {
+        let mut c = Command::new(exe);
+        c.env("OCL_ICD_VENDORS", vendors.dir.path())
+            .env("HIRA_SOCKET", self.socket(vm));
+        c
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pids of processes whose parent is `parent` and whose name is `name`.
+pub fn children_named(parent: u32, name: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Format: pid (comm) state ppid ...
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let rest: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ppid: u32 = rest.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let state = rest.first().copied().unwrap_or("");
+        if ppid == parent && name.starts_with(comm) && state != "Z" {
+            v.push(pid);
+        }
+    }
+    v
+}
+
+/// Runs a command to completion, failing the test if it takes longer than `timeout`.
+pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("command starts");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "command hung for {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A guest that speaks the wire protocol by hand, to send what a real shim never would.
+pub struct RawGuest {
+    pub s: UnixStream,
+    call_id: u64,
+}
+
+impl RawGuest {
+    pub fn connect(path: &Path) -> RawGuest {
+        let s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        RawGuest { s, call_id: 0 }
+    }
+
+    /// Connects and completes a handshake with no data window.
+    pub fn session(path: &Path) -> RawGuest {
+        let mut g = RawGuest::connect(path);
+        let hello = Hello::new(ApiKind::OpenCl, std::process::id(), "raw-guest", 0).encode();
+        g.frame(FrameKind::Hello, 0, 0, 0, &[], &hello);
+        let (h, _) = g.recv().expect("welcome");
+        assert_eq!(h.kind, FrameKind::Welcome);
+        g
+    }
+
+    pub fn frame(
+        &mut self,
+        kind: FrameKind,
+        opcode: u16,
+        flags: u8,
+        call_id: u64,
+        spans: &[Span],
+        payload: &[u8],
+    ) {
+        let h = FrameHeader {
+            len: (spans.len() * 16 + payload.len()) as u32,
+            kind,
+            flags,
+            opcode,
+            channel: 1,
+            span_count: spans.len() as u16,
+            call_id,
+        };
+        let mut b = h.encode().to_vec();
+        for s in spans {
+            b.extend_from_slice(&s.encode());
+        }
+        b.extend_from_slice(payload);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// Sends a synchronous request and returns the reply frame.
+    pub fn call(&mut self, opcode: u16, payload: &[u8]) -> (FrameHeader, Vec<u8>) {
+        self.call_spans(opcode, &[], payload)
+    }
+
+    pub fn call_spans(
+        &mut self,
+        opcode: u16,
+        spans: &[Span],
+        payload: &[u8],
+    ) -> (FrameHeader, Vec<u8>) {
+        self.call_id += 1;
+        let id = self.call_id;
+        self.frame(FrameKind::Request, opcode, 0, id, spans, payload);
+        let (h, p) = self.recv().expect("a reply");
+        assert_eq!(h.call_id, id, "reply pairs with the request");
+        (h, p)
+    }
+
+    /// The next frame, or `None` if the host closed the connection.
+    pub fn recv(&mut self) -> Option<(FrameHeader, Vec<u8>)> {
+        let mut hb = [0u8; HEADER_LEN];
+        self.s.read_exact(&mut hb).ok()?;
+        let h = FrameHeader::decode(&hb).expect("host frames decode");
+        let mut p = vec![0u8; h.len as usize];
+        self.s.read_exact(&mut p).ok()?;
+        Some((h, p))
+    }
+
+    /// Reads frames until the host closes the connection; returns the error codes seen.
+    pub fn drain_until_closed(&mut self) -> Vec<u32> {
+        let mut codes = Vec::new();
+        while let Some((h, p)) = self.recv() {
+            if h.kind == FrameKind::Error {
+                codes.push(
+                    hira_protocol::handshake::ErrorPayload::decode(&p)
+                        .unwrap()
+                        .code,
+                );
+            }
+        }
+        codes
+    }
+}
+
+/// Status of a reply payload.
+pub fn status(p: &[u8]) -> i32 {
+    i32::from_le_bytes(p[..4].try_into().unwrap())
+}
