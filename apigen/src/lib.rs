@@ -355,7 +355,7 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
     let pad = "            ";
     let _ = writeln!(
         s,
-        "#[allow(non_snake_case, unused_variables, unused_mut, unused_unsafe, clippy::too_many_arguments, clippy::unnecessary_cast, clippy::useless_conversion)]\npub(crate) unsafe extern \"C\" fn {}({}) -> {} {{",
+        "#[allow(non_snake_case, unused_variables, unused_mut, unused_unsafe, clippy::collapsible_if, clippy::too_many_arguments, clippy::unnecessary_cast, clippy::useless_conversion)]\npub(crate) unsafe extern \"C\" fn {}({}) -> {} {{",
         f.name,
         signature(f),
         f.ret
@@ -408,13 +408,22 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         }
     }
     s.push_str(&indent(&enc, pad));
+    // A blocking transfer is synchronous by definition: forward it asynchronously
+    // only when the application did not ask to wait.
+    let may_async = match f.args.iter().find(|a| matches!(a.kind, Kind::Blocking)) {
+        Some(b) if f.is_async => format!("{} == 0", b.name),
+        _ => f.is_async.to_string(),
+    };
     let _ = writeln!(
         s,
-        "            let mut rep = c.send({})?;\n            let status = rep.status;\n            if status == 0 {{",
-        f.is_async
+        "            let mut rep = c.send({may_async})?;\n            let status = rep.status;"
     );
-    s.push_str(&indent(&dec, "                "));
-    s.push_str("            }\n            rep.finish()?;\n");
+    if !dec.is_empty() {
+        s.push_str("            if status == 0 {\n");
+        s.push_str(&indent(&dec, "                "));
+        s.push_str("            }\n");
+    }
+    s.push_str("            rep.finish()?;\n");
     s.push_str(&indent(&post, pad));
     match &f.rets {
         None => s.push_str("            Ok(status)\n        }\n    })\n}\n\n"),
@@ -634,9 +643,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     "let {n}__b = s.bytes_in(r, frame)?;\nlet {n} = {n}__b.ptr() as {ct};"
                 );
                 let len = if img {
-                    format!("s.image_region_bytes({origin}, {region})?")
+                    format!("s.image_region_bytes({origin}, &{region}__a)?")
                 } else {
-                    format!("Session::region_bytes({region})?")
+                    format!("Session::region_bytes(&{region}__a)?")
                 };
                 let _ = writeln!(chk, "{n}__b.expect_len({len})?;");
                 if !img {
@@ -662,9 +671,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let img = matches!(a.kind, Kind::ImageOut { .. });
                 let _ = writeln!(dec, "let {n}__req = s.out_request(r, frame)?;");
                 let len = if img {
-                    format!("s.image_region_bytes({origin}, {region})?")
+                    format!("s.image_region_bytes({origin}, &{region}__a)?")
                 } else {
-                    format!("Session::region_bytes({region})?")
+                    format!("Session::region_bytes(&{region}__a)?")
                 };
                 let _ = writeln!(
                     chk,
@@ -684,7 +693,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     let indent = |code: &str| -> String { code.lines().map(|l| format!("    {l}\n")).collect() };
     let _ = writeln!(
         s,
-        "#[allow(non_snake_case, unused_variables, unused_mut, unused_unsafe, clippy::unnecessary_cast, clippy::let_and_return, clippy::useless_conversion)]\nfn {}(s: &mut Session, r: &mut Reader<'_>, frame: &FrameData<'_>, w: &mut Writer) -> Result<(), Fail> {{\n    let rt = s.rt();",
+        "#[allow(non_snake_case, unused_variables, unused_mut, unused_unsafe, clippy::collapsible_if, clippy::unnecessary_cast, clippy::let_and_return, clippy::useless_conversion)]\nfn {}(s: &mut Session, r: &mut Reader<'_>, frame: &FrameData<'_>, w: &mut Writer) -> Result<(), Fail> {{\n    let rt = s.rt();",
         f.name
     );
     s.push_str(&indent(&dec));
@@ -754,13 +763,17 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         }
     }
     s.push_str(&indent(&post));
-    s.push_str("    w.i32(status);\n    if status == 0 {\n");
-    s.push_str(
-        &rep.lines()
-            .map(|l| format!("        {l}\n"))
-            .collect::<String>(),
-    );
-    s.push_str("    }\n    Ok(())\n}\n\n");
+    s.push_str("    w.i32(status);\n");
+    if !rep.is_empty() {
+        s.push_str("    if status == 0 {\n");
+        s.push_str(
+            &rep.lines()
+                .map(|l| format!("        {l}\n"))
+                .collect::<String>(),
+        );
+        s.push_str("    }\n");
+    }
+    s.push_str("    Ok(())\n}\n\n");
     Ok(())
 }
 

@@ -48,7 +48,7 @@ struct Mapping {
 static MAPPINGS: LazyLock<Mutex<Vec<Mapping>>> = LazyLock::new(|| Mutex::new(Vec::new()));
 
 fn mem_id(mem: cl_mem) -> Result<u64, cl_int> {
-    match rt::lookup(mem as *mut c_void) {
+    match rt::lookup(mem) {
         Some((id, Kind::Mem)) => Ok(id),
         _ => Err(CL_INVALID_MEM_OBJECT),
     }

@@ -269,6 +269,7 @@ impl Call {
             let len = if lengths.is_null() {
                 0
             } else {
+                // SAFETY: non-null lengths are valid for n reads per the contract.
                 unsafe { *lengths.add(i) }
             };
             let bytes = if len == 0 {
@@ -438,7 +439,7 @@ impl Call {
         let buffer = if d.buffer.is_null() {
             0
         } else {
-            match rt::lookup(d.buffer as *mut c_void) {
+            match rt::lookup(d.buffer) {
                 Some((id, Kind::Mem)) => id,
                 _ => return Err(CL_INVALID_IMAGE_DESCRIPTOR),
             }
@@ -746,7 +747,7 @@ fn translate_handles(function: &str, param: u32, b: &mut [u8]) -> Result<(), cl_
     let Some(how) = opencl::info_handles(function, param) else {
         return Ok(());
     };
-    if b.len() % 8 != 0 {
+    if !b.len().is_multiple_of(8) {
         return Err(CL_INVALID_VALUE);
     }
     let mut words: Vec<u64> = b

@@ -177,11 +177,11 @@ pub fn adopt(kind: Kind, id: u64) -> *mut c_void {
 
 /// Records an application retain of `ptr`.
 pub(crate) fn retained(ptr: *mut c_void) {
-    if let Some((_, kind)) = lookup(ptr) {
-        if kind.refcounted() {
-            // SAFETY: `lookup` found `ptr` among the live objects made by `adopt`.
-            unsafe { (*(ptr as *const Obj)).refs.fetch_add(1, Ordering::Relaxed) };
-        }
+    if let Some((_, kind)) = lookup(ptr)
+        && kind.refcounted()
+    {
+        // SAFETY: `lookup` found `ptr` among the live objects made by `adopt`.
+        unsafe { (*(ptr as *const Obj)).refs.fetch_add(1, Ordering::Relaxed) };
     }
 }
 
@@ -211,7 +211,7 @@ pub(crate) fn released(ptr: *mut c_void) {
 pub(crate) fn check_arg_index(kernel: opencl_sys::cl_kernel, index: u32) -> Result<(), cl_int> {
     const CL_INVALID_ARG_INDEX: cl_int = -49;
     const CL_KERNEL_NUM_ARGS: u32 = 0x1191;
-    let (id, kind) = lookup(kernel as *mut c_void).ok_or(Kind::Kernel.invalid_code())?;
+    let (id, kind) = lookup(kernel).ok_or(Kind::Kernel.invalid_code())?;
     if kind != Kind::Kernel {
         return Err(Kind::Kernel.invalid_code());
     }
@@ -504,7 +504,7 @@ pub(crate) unsafe fn image_rect(
 
 /// Bytes per pixel of `image`, asked of the host once and remembered.
 pub(crate) fn image_elem_size(image: cl_mem) -> Result<usize, cl_int> {
-    let (id, kind) = lookup(image as *mut c_void).ok_or(-38)?;
+    let (id, kind) = lookup(image).ok_or(-38)?;
     if kind != Kind::Mem {
         return Err(-38);
     }

@@ -307,6 +307,11 @@ int main(void) {
     /* Errors the API defines. */
     err = clSetKernelArg(sum_k, 7, sizeof n, &n);
     printf("bad arg index: %s\n", err == CL_INVALID_ARG_INDEX ? "CL_INVALID_ARG_INDEX" : "unexpected");
+    err = clEnqueueWriteBuffer(q, out, CL_TRUE, 64, sizeof n, &n, 0, NULL, NULL);
+    printf("blocking write past the end: %s\n", err == CL_INVALID_VALUE ? "CL_INVALID_VALUE" : "unexpected");
+    size_t bad_org[3] = {0, 9, 0}, bad_reg[3] = {sizeof(int), 1, 1};
+    err = clEnqueueWriteBufferRect(q, copy, CL_TRUE, bad_org, who, bad_reg, 8 * sizeof(int), 0, 0, 0, src, 0, NULL, NULL);
+    printf("blocking rect write past the end: %s\n", err == CL_INVALID_VALUE ? "CL_INVALID_VALUE" : "unexpected");
     err = clReleaseMemObject(NULL);
     printf("release NULL mem: %s\n", err == CL_INVALID_MEM_OBJECT ? "CL_INVALID_MEM_OBJECT" : "unexpected");
     err = clGetDeviceInfo(device, 0xFFFF, 0, NULL, NULL);

@@ -476,10 +476,10 @@ impl<'a> Session<'a> {
     }
 
     pub fn retained(&self, id: u64) {
-        if let Some(e) = self.handles().by_id.get_mut(&id) {
-            if e.kind.refcounted() {
-                e.guest_refs += 1;
-            }
+        if let Some(e) = self.handles().by_id.get_mut(&id)
+            && e.kind.refcounted()
+        {
+            e.guest_refs += 1;
         }
     }
 
@@ -814,24 +814,24 @@ impl<'a> Session<'a> {
     }
 
     /// Bytes of a packed region of `[w, h, d]` bytes/rows/slices.
-    pub fn region_bytes(region: *const usize) -> Result<usize, Fail> {
-        if region.is_null() {
-            return Err(Fail::Status(CL_INVALID_VALUE));
+    pub fn region_bytes(region: &Option<Vec<usize>>) -> Result<usize, Fail> {
+        match region.as_deref() {
+            Some(&[w, h, d]) => w
+                .checked_mul(h)
+                .and_then(|x| x.checked_mul(d))
+                .filter(|&n| n <= MAX_FRAME_BODY)
+                .ok_or(Fail::Status(CL_INVALID_VALUE)),
+            _ => Err(Fail::Status(CL_INVALID_VALUE)),
         }
-        // SAFETY: non-null region pointers point to a decoded local array of three.
-        let r = unsafe { std::slice::from_raw_parts(region, 3) };
-        r[0].checked_mul(r[1])
-            .and_then(|x| x.checked_mul(r[2]))
-            .filter(|&n| n <= MAX_FRAME_BODY)
-            .ok_or(Fail::Status(CL_INVALID_VALUE))
     }
 
     /// Bytes of a packed image region, using the host's element size for `image`.
     pub fn image_region_bytes(
         &self,
         image: opencl_sys::cl_mem,
-        region: *const usize,
+        region: &Option<Vec<usize>>,
     ) -> Result<usize, Fail> {
+        let px = Self::region_bytes(region)?;
         let mut elem = 0usize;
         let status = self.rt().clGetImageInfo(
             image,
@@ -843,7 +843,6 @@ impl<'a> Session<'a> {
         if status != Some(CL_SUCCESS) {
             return Err(Fail::Status(status.unwrap_or(CL_OUT_OF_RESOURCES)));
         }
-        let px = Self::region_bytes(region)?;
         px.checked_mul(elem)
             .filter(|&n| n <= MAX_FRAME_BODY)
             .ok_or(Fail::Status(CL_INVALID_VALUE))
@@ -958,7 +957,8 @@ impl<'a> Session<'a> {
         let mut size = 0usize;
         let status = query(CL_PROGRAM_BINARY_SIZES, 0, std::ptr::null_mut(), &mut size)
             .ok_or(Fail::Status(-59))?;
-        if status != CL_SUCCESS || size % size_of::<usize>() != 0 || size > MAX_ARRAY * 8 {
+        if status != CL_SUCCESS || !size.is_multiple_of(size_of::<usize>()) || size > MAX_ARRAY * 8
+        {
             w.i32(if status == CL_SUCCESS {
                 CL_INVALID_VALUE
             } else {
