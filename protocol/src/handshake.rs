@@ -14,6 +14,24 @@ pub const VERSION: u16 = 1;
 /// Longest process name a guest may report.
 pub const MAX_PROCESS_NAME: usize = 256;
 
+/// Cuts `s` to at most `max` bytes at a character boundary.
+fn truncate_utf8(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+    s
+}
+
+/// Decodes a name: invalid UTF-8 is replaced, and the result is kept within `max`
+/// bytes so that it encodes again.
+fn decode_name(b: &[u8], max: usize) -> String {
+    truncate_utf8(String::from_utf8_lossy(b).into_owned(), max)
+}
+
 /// Which vendor API a session remotes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -65,8 +83,7 @@ pub enum HelloError {
 
 impl Hello {
     pub fn new(api: ApiKind, pid: u32, process_name: &str, window_len: u64) -> Self {
-        let mut name = process_name.to_owned();
-        name.truncate(MAX_PROCESS_NAME);
+        let name = truncate_utf8(process_name.to_owned(), MAX_PROCESS_NAME);
         Hello {
             magic: MAGIC,
             version: VERSION,
@@ -110,7 +127,7 @@ impl Hello {
             version,
             api,
             pid,
-            process_name: String::from_utf8_lossy(name).into_owned(),
+            process_name: decode_name(name, MAX_PROCESS_NAME),
             window_len,
         })
     }
@@ -142,7 +159,7 @@ impl Welcome {
         let mut r = Reader::new(payload);
         let version = r.u16()?;
         let session = r.u64()?;
-        let vm_name = String::from_utf8_lossy(r.bytes(MAX_PROCESS_NAME)?).into_owned();
+        let vm_name = decode_name(r.bytes(MAX_PROCESS_NAME)?, MAX_PROCESS_NAME);
         let window_len = r.u64()?;
         r.finish()?;
         Ok(Welcome {
@@ -225,6 +242,23 @@ mod tests {
         let mut b = Hello::new(ApiKind::OpenCl, 1, "x", 0).encode();
         b[6] = 9;
         assert!(matches!(Hello::decode(&b), Err(HelloError::Decode(_))));
+    }
+
+    #[test]
+    fn long_multibyte_process_name_is_cut_at_a_character_boundary() {
+        let h = Hello::new(ApiKind::OpenCl, 1, &"é".repeat(200), 0);
+        assert!(h.process_name.len() <= MAX_PROCESS_NAME);
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn invalid_utf8_name_still_re_encodes() {
+        let mut b = Hello::new(ApiKind::OpenCl, 1, "", 0).encode();
+        // Replace the empty name with 250 bytes of invalid UTF-8.
+        let at = 4 + 2 + 1 + 4;
+        b.splice(at..at + 4, 250u32.to_le_bytes().into_iter().chain([0xFF; 250]));
+        let h = Hello::decode(&b).unwrap();
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
     }
 
     #[test]
