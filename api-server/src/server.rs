@@ -1,7 +1,7 @@
 //! The API server's session loop.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{Sender, channel};
@@ -42,7 +42,7 @@ struct Frame {
     body: Vec<u8>,
 }
 
-fn read_frame(s: &mut UnixStream) -> std::io::Result<Option<Frame>> {
+fn read_frame(s: &mut impl Read) -> std::io::Result<Option<Frame>> {
     let mut hb = [0u8; HEADER_LEN];
     match s.read_exact(&mut hb) {
         Ok(()) => {}
@@ -73,9 +73,7 @@ impl FrameWriter {
             call_id,
         };
         let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let res = s
-            .write_all(&header.encode())
-            .and_then(|_| s.write_all(payload));
+        let res = frame::write_parts(&mut *s, &[&header.encode(), payload]);
         if let Err(e) = res {
             debug!("cannot send to hira-vhost: {e}");
         }
@@ -134,7 +132,12 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
     };
     writer.send(FrameKind::Welcome, 0, 0, 0, &welcome.encode());
     let window = Arc::new(window);
-    serve(&mut reader, backend.clone(), writer, window)?;
+    serve(
+        &mut std::io::BufReader::with_capacity(64 * 1024, reader),
+        backend.clone(),
+        writer,
+        window,
+    )?;
     Ok(backend.teardown())
 }
 
@@ -153,7 +156,7 @@ struct Worker {
 
 /// Executes requests until hira-vhost closes the socket.
 fn serve(
-    reader: &mut UnixStream,
+    reader: &mut impl Read,
     backend: Arc<dyn Backend>,
     writer: Arc<FrameWriter>,
     window: Arc<Option<WindowMap>>,

@@ -1,7 +1,7 @@
 //! One connection to the host, shared by every thread of the guest process.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -47,12 +47,16 @@ struct Demux {
 /// The process's connection to the host.
 pub struct Connection {
     writer: Mutex<UnixStream>,
-    reader: Mutex<UnixStream>,
+    reader: Mutex<std::io::BufReader<UnixStream>>,
     demux: Mutex<Demux>,
     cv: Condvar,
     next_call: AtomicU64,
     next_channel: AtomicU32,
     window: Option<Window>,
+    /// How long a caller spins for its reply before it blocks.
+    spin: std::time::Duration,
+    /// Latest round trip of each opcode, in microseconds.
+    recent_us: Box<[std::sync::atomic::AtomicU32]>,
     pub welcome: Welcome,
 }
 
@@ -64,7 +68,7 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-fn read_frame(s: &mut UnixStream) -> Result<Frame, TransportError> {
+fn read_frame(s: &mut impl Read) -> Result<Frame, TransportError> {
     let mut hb = [0u8; HEADER_LEN];
     s.read_exact(&mut hb)
         .map_err(|e| TransportError::Closed(e.to_string()))?;
@@ -79,6 +83,37 @@ fn process_name() -> String {
     std::fs::read_to_string("/proc/self/comm")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// Spins for up to `budget` waiting for `s` to become readable, so that a reply that
+/// comes back within microseconds is seen without the thread (and its CPU) going to
+/// sleep and being woken again, which costs tens of microseconds on virtual CPUs.
+/// Returns at once when data is there; the caller then reads as usual and blocks if
+/// the budget ran out.
+fn spin_until_readable(s: &UnixStream, budget: std::time::Duration) {
+    if budget.is_zero() {
+        return;
+    }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+    let start = std::time::Instant::now();
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: peeking one byte into a local without blocking on a valid socket.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n != -1 || start.elapsed() >= budget {
+            return;
+        }
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 thread_local! {
@@ -156,12 +191,16 @@ impl Connection {
         let reader = stream.try_clone().map_err(|e| connect_err(e.to_string()))?;
         Ok(Connection {
             writer: Mutex::new(stream),
-            reader: Mutex::new(reader),
+            reader: Mutex::new(std::io::BufReader::with_capacity(64 * 1024, reader)),
             demux: Mutex::new(Demux::default()),
             cv: Condvar::new(),
             next_call: AtomicU64::new(1),
             next_channel: AtomicU32::new(1),
             window,
+            spin: crate::endpoint::spin(),
+            recent_us: (0..256)
+                .map(|_| std::sync::atomic::AtomicU32::new(0))
+                .collect(),
             welcome,
         })
     }
@@ -238,13 +277,7 @@ impl Connection {
         }
         {
             let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-            let res = if payload.len() < 4096 {
-                head.extend_from_slice(payload);
-                w.write_all(&head)
-            } else {
-                w.write_all(&head).and_then(|_| w.write_all(payload))
-            };
-            if let Err(e) = res {
+            if let Err(e) = frame::write_parts(&mut *w, &[&head, payload]) {
                 drop(w);
                 let e = TransportError::Closed(e.to_string());
                 self.kill(e.clone());
@@ -254,7 +287,20 @@ impl Connection {
         if no_reply {
             return Ok(None);
         }
-        self.wait_for(Some((channel, call_id)), &|| true).map(Some)
+        // Spin only for calls that recently came back within the spin budget: a call
+        // that waits on the device (clFinish, a blocking read) would only burn the CPU
+        // the device work needs.
+        let slot = &self.recent_us[opcode as usize % self.recent_us.len()];
+        let spin = if (slot.load(Ordering::Relaxed) as u128) < 2 * self.spin.as_micros() {
+            self.spin
+        } else {
+            std::time::Duration::ZERO
+        };
+        let start = std::time::Instant::now();
+        let reply = self.wait_for(Some((channel, call_id)), spin, &|| true);
+        let took = start.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        slot.store(took, Ordering::Relaxed);
+        reply.map(Some)
     }
 
     /// Waits for the frame with `key`, or for any notification when `key` is `None`.
@@ -262,6 +308,7 @@ impl Connection {
     fn wait_for(
         &self,
         key: Option<(u32, u64)>,
+        spin: std::time::Duration,
         may_read: &dyn Fn() -> bool,
     ) -> Result<Frame, TransportError> {
         let mut d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
@@ -289,7 +336,10 @@ impl Connection {
             drop(d);
             let res = {
                 let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-                read_frame(&mut r)
+                if r.buffer().is_empty() {
+                    spin_until_readable(r.get_ref(), spin);
+                }
+                read_frame(&mut *r)
             };
             d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
             d.reading = false;
@@ -344,7 +394,7 @@ impl Connection {
     /// reads the socket itself only while `may_read` says so; otherwise it waits for a
     /// caller of [`Connection::call`] to pass notifications on.
     pub fn next_notification(&self, may_read: &dyn Fn() -> bool) -> Result<Frame, TransportError> {
-        self.wait_for(None, may_read)
+        self.wait_for(None, std::time::Duration::ZERO, may_read)
     }
 
     /// Wakes waiters so they re-check their conditions.

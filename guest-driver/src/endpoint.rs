@@ -32,3 +32,14 @@ pub fn inline_max() -> usize {
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(64 * 1024)
 }
+
+/// How long a thread waiting for a reply polls before it sleeps: `HIRA_SPIN_US`
+/// microseconds, default 50 (0 disables spinning).
+pub fn spin() -> std::time::Duration {
+    let us = std::env::var("HIRA_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(50)
+        .min(10_000);
+    std::time::Duration::from_micros(us)
+}

@@ -183,6 +183,34 @@ impl Span {
     }
 }
 
+/// Writes a frame made of `parts` (the encoded header first) with as few system calls
+/// as the kernel allows: one `writev` for all parts, continued after partial writes.
+/// A reader on the other end then wakes once per frame, not once per part.
+pub fn write_parts(w: &mut impl std::io::Write, parts: &[&[u8]]) -> std::io::Result<()> {
+    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    let mut first = 0;
+    while first < parts.len() {
+        let slices: Vec<std::io::IoSlice<'_>> = parts[first..]
+            .iter()
+            .map(|p| std::io::IoSlice::new(p))
+            .collect();
+        let mut n = match w.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while first < parts.len() && n >= parts[first].len() {
+            n -= parts[first].len();
+            first += 1;
+        }
+        if n > 0 {
+            parts[first] = &parts[first][n..];
+        }
+    }
+    Ok(())
+}
+
 /// Decodes `count` spans from `bytes` and checks each lies inside a window of
 /// `window_len` bytes (0 when the session has no window: then no span is valid).
 pub fn decode_spans(bytes: &[u8], count: usize, window_len: u64) -> Result<Vec<Span>, FrameError> {
@@ -290,6 +318,28 @@ mod tests {
             len: 2,
         };
         assert!(decode_spans(&s.encode(), 1, u64::MAX).is_err());
+    }
+
+    /// A writer that accepts at most 3 bytes per call, to exercise partial writes.
+    struct Trickle(Vec<u8>);
+
+    impl std::io::Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let n = b.len().min(3);
+            self.0.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn partial_writes_still_send_every_part_in_order() {
+        let mut t = Trickle(Vec::new());
+        write_parts(&mut t, &[b"head", b"", b"er-and-", b"payload"]).unwrap();
+        assert_eq!(t.0, b"header-and-payload");
     }
 
     #[test]

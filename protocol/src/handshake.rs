@@ -256,7 +256,10 @@ mod tests {
         let mut b = Hello::new(ApiKind::OpenCl, 1, "", 0).encode();
         // Replace the empty name with 250 bytes of invalid UTF-8.
         let at = 4 + 2 + 1 + 4;
-        b.splice(at..at + 4, 250u32.to_le_bytes().into_iter().chain([0xFF; 250]));
+        b.splice(
+            at..at + 4,
+            250u32.to_le_bytes().into_iter().chain([0xFF; 250]),
+        );
         let h = Hello::decode(&b).unwrap();
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
     }

@@ -6,7 +6,7 @@
 //! goes away, the other is shut down, the API server is reaped, and the guest sees an
 //! error frame rather than a hang.
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
@@ -174,9 +174,10 @@ fn serve(
         let relay = std::thread::Builder::new()
             .name(format!("relay-{id}"))
             .spawn(move || relay_to_guest(server_r, &relay_guest))?;
+        let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
         let res = relay_to_server(
-            &mut guest,
-            &mut server,
+            &mut guest_r,
+            &server,
             &guest_w,
             server_welcome.window_len,
             queue,
@@ -197,7 +198,8 @@ fn serve(
 
 /// Copies replies and notifications to the guest until the API server closes; then
 /// tells the guest its session is over.
-fn relay_to_guest(mut server: UnixStream, guest: &Mutex<UnixStream>) {
+fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) {
+    let mut server = BufReader::with_capacity(RELAY_CHUNK, server);
     let mut buf = vec![0u8; RELAY_CHUNK];
     loop {
         let mut hb = [0u8; HEADER_LEN];
@@ -208,9 +210,15 @@ fn relay_to_guest(mut server: UnixStream, guest: &Mutex<UnixStream>) {
             warn!("API server sent a malformed frame; ending the session");
             break;
         };
-        let mut g = guest.lock().unwrap_or_else(|e| e.into_inner());
-        if g.write_all(&hb).is_err()
-            || copy_exact(&mut server, &mut g, h.len as usize, &mut buf).is_err()
+        if forward(
+            &mut server,
+            &guest_lock(guest),
+            &hb,
+            &[],
+            h.len as usize,
+            &mut buf,
+        )
+        .is_err()
         {
             break;
         }
@@ -221,15 +229,36 @@ fn relay_to_guest(mut server: UnixStream, guest: &Mutex<UnixStream>) {
         error_code::SERVER_GONE,
         "the API server has exited",
     );
-    if let Ok(g) = guest.lock() {
-        let _ = g.shutdown(std::net::Shutdown::Both);
+    let _ = guest_lock(guest).shutdown(std::net::Shutdown::Both);
+}
+
+fn guest_lock(g: &Mutex<UnixStream>) -> std::sync::MutexGuard<'_, UnixStream> {
+    g.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Forwards a frame whose header (and spans) were read already and whose remaining
+/// `n` body bytes are still in `from`. A frame that fits the buffer leaves in a single
+/// write, so the receiver wakes once for it.
+fn forward(
+    from: &mut impl Read,
+    mut to: &UnixStream,
+    head: &[u8],
+    spans: &[u8],
+    n: usize,
+    buf: &mut [u8],
+) -> std::io::Result<()> {
+    if n <= buf.len() {
+        from.read_exact(&mut buf[..n])?;
+        return frame::write_parts(&mut to, &[head, spans, &buf[..n]]);
     }
+    frame::write_parts(&mut to, &[head, spans])?;
+    copy_exact(from, &mut to, n, buf)
 }
 
 /// Copies exactly `n` bytes.
 fn copy_exact(
-    from: &mut UnixStream,
-    to: &mut UnixStream,
+    from: &mut impl Read,
+    to: &mut impl Write,
     mut n: usize,
     buf: &mut [u8],
 ) -> std::io::Result<()> {
@@ -243,7 +272,7 @@ fn copy_exact(
 }
 
 /// Discards exactly `n` bytes.
-fn skip(from: &mut UnixStream, mut n: usize, buf: &mut [u8]) -> std::io::Result<()> {
+fn skip(from: &mut impl Read, mut n: usize, buf: &mut [u8]) -> std::io::Result<()> {
     while n > 0 {
         let chunk = n.min(buf.len());
         from.read_exact(&mut buf[..chunk])?;
@@ -254,8 +283,8 @@ fn skip(from: &mut UnixStream, mut n: usize, buf: &mut [u8]) -> std::io::Result<
 
 /// Checks and forwards the guest's commands until it disconnects or breaks framing.
 fn relay_to_server(
-    guest: &mut UnixStream,
-    server: &mut UnixStream,
+    guest: &mut impl Read,
+    server: &UnixStream,
     guest_w: &Mutex<UnixStream>,
     window_len: u64,
     queue: &VmQueue,
@@ -311,8 +340,6 @@ fn relay_to_server(
             continue;
         }
         let _turn = queue.admit(h.len as u64);
-        server.write_all(&hb)?;
-        server.write_all(&spans)?;
-        copy_exact(guest, server, rest, &mut buf)?;
+        forward(guest, server, &hb, &spans, rest, &mut buf)?;
     }
 }
