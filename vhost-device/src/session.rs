@@ -27,6 +27,17 @@ const TEARDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Chunk size for relaying frame bodies.
 const RELAY_CHUNK: usize = 256 * 1024;
 
+/// What a session's guest sent, for the log line that closes the session.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SessionStats {
+    /// Commands forwarded to the API server.
+    pub commands: u64,
+    /// Bytes of those commands after their headers.
+    pub bytes: u64,
+    /// Frames refused by the router.
+    pub rejected: u64,
+}
+
 /// Why a session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -85,6 +96,10 @@ fn serve(
     let guest_w = Arc::new(Mutex::new(guest.try_clone()?));
     let (header, payload, fd) = match unix::recv_frame_with_fd(&mut guest) {
         Ok(x) => x,
+        Err(unix::UnixFrameError::Closed) => {
+            debug!("VM {vm:?} session {id}: closed before its hello");
+            return Ok(());
+        }
         Err(e) => {
             send_error(&guest_w, None, error_code::HANDSHAKE, &e.to_string());
             return Err(SessionError::Handshake(e.to_string()));
@@ -129,6 +144,7 @@ fn serve(
     queue
         .sessions
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut stats = SessionStats::default();
     let result = (|| -> Result<(), SessionError> {
         let hello_bytes = hello.encode();
         let h = FrameHeader {
@@ -181,6 +197,7 @@ fn serve(
             &guest_w,
             server_welcome.window_len,
             queue,
+            &mut stats,
         );
         // Either side ended: close both so the other direction ends too.
         let _ = server.shutdown(std::net::Shutdown::Write);
@@ -190,7 +207,10 @@ fn serve(
     })();
     spawn::reap(&mut child, TEARDOWN_GRACE);
     info!(
-        "VM {vm:?} session {id}: ended, API server {} reaped",
+        "VM {vm:?} session {id}: ended after {} commands ({} bytes, {} rejected), API server {} reaped",
+        stats.commands,
+        stats.bytes,
+        stats.rejected,
         child.id()
     );
     result
@@ -288,6 +308,7 @@ fn relay_to_server(
     guest_w: &Mutex<UnixStream>,
     window_len: u64,
     queue: &VmQueue,
+    stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
     let mut buf = vec![0u8; RELAY_CHUNK];
     loop {
@@ -333,6 +354,7 @@ fn relay_to_server(
         };
         if let Err((code, message)) = verdict {
             debug!("rejected frame: {message}");
+            stats.rejected += 1;
             skip(guest, rest, &mut buf)?;
             if !h.no_reply() {
                 send_error(guest_w, Some(&h), code, &message);
@@ -340,6 +362,8 @@ fn relay_to_server(
             continue;
         }
         let _turn = queue.admit(h.len as u64);
+        stats.commands += 1;
+        stats.bytes += h.len as u64;
         forward(guest, server, &hb, &spans, rest, &mut buf)?;
     }
 }

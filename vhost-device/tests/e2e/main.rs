@@ -4,4 +4,5 @@
 mod isolation;
 mod malformed;
 mod programs;
+mod shim;
 mod support;

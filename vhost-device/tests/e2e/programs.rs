@@ -36,9 +36,13 @@ fn same_as_native(name: &str, args: &[&str]) {
         String::from_utf8_lossy(&native.stdout),
         "{name}: output through Hira differs from the native run"
     );
+    let exe_name = exe.file_name().unwrap().to_string_lossy().to_string();
     assert!(
-        daemon.log_text().contains("session 1"),
-        "the run went through the daemon"
+        daemon
+            .log_text()
+            .contains(&format!(": {exe_name} (guest pid")),
+        "the run went through the daemon:\n{}",
+        daemon.log_text()
     );
 }
 

@@ -1,0 +1,29 @@
+/* Calls dispatch entries Hira does not remote: each must fail cleanly with
+ * CL_INVALID_OPERATION (NULL for functions returning objects), never crash. */
+#define CL_TARGET_OPENCL_VERSION 300
+#include <CL/cl.h>
+#include <stdio.h>
+
+int main(void) {
+    cl_platform_id platform;
+    cl_device_id device;
+    cl_int err;
+    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS) return 2;
+    if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) return 2;
+    cl_context ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+    if (err != CL_SUCCESS) return 2;
+    cl_device_partition_property props[] = {CL_DEVICE_PARTITION_EQUALLY, 1, 0};
+    cl_device_id sub[4];
+    cl_uint nsub = 0;
+    for (int i = 0; i < 2; i++) {
+        err = clCreateSubDevices(device, props, 4, sub, &nsub);
+        printf("clCreateSubDevices: %s\n", err == CL_INVALID_OPERATION ? "CL_INVALID_OPERATION" : "other");
+    }
+    err = 0;
+    cl_mem pipe = clCreatePipe(ctx, 0, 4, 16, NULL, &err);
+    printf("clCreatePipe: null=%d %s\n", pipe == NULL, err == CL_INVALID_OPERATION ? "CL_INVALID_OPERATION" : "other");
+    void *svm = clSVMAlloc(ctx, CL_MEM_READ_WRITE, 64, 0);
+    printf("clSVMAlloc: null=%d\n", svm == NULL);
+    clReleaseContext(ctx);
+    return 0;
+}
