@@ -86,6 +86,11 @@ fn images_samplers_binaries_linking_and_rect_transfers_match_native() {
     same_as_native("api_coverage", &[]);
 }
 
+#[test]
+fn opencl_2_1_and_3_0_entry_points_match_native() {
+    same_as_native("cl3x", &[]);
+}
+
 /// Drops the lines that state the platform's identity, which Hira rightly changes.
 fn without_platform_identity(clinfo: &str) -> String {
     clinfo
