@@ -139,6 +139,23 @@ impl Api {
     }
 }
 
+/// Kind, count expression and error code of a handle-array argument.
+fn handle_array(k: &Kind) -> (String, String, String) {
+    match k {
+        Kind::Handles { kind, count } => (
+            kind.clone(),
+            count.clone(),
+            format!("Kind::{kind}.invalid_code()"),
+        ),
+        Kind::WaitList(count) => (
+            "Event".into(),
+            count.clone(),
+            "CL_INVALID_EVENT_WAIT_LIST".into(),
+        ),
+        _ => unreachable!("handle_array is called for handle arrays only"),
+    }
+}
+
 fn signature(f: &Func) -> String {
     f.args
         .iter()
@@ -178,30 +195,23 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     "c.handle(Kind::{kind}, {n} as *mut c_void, {nullable})?;"
                 );
             }
-            Kind::Retain(kind) => {
+            Kind::Retain(kind) | Kind::Release(kind) => {
+                let hook = if matches!(a.kind, Kind::Retain(_)) {
+                    "retained"
+                } else {
+                    "released"
+                };
                 let _ = writeln!(enc, "c.handle(Kind::{kind}, {n} as *mut c_void, false)?;");
                 let _ = writeln!(
                     post,
-                    "if status == 0 {{ crate::rt::retained({n} as *mut c_void); }}"
+                    "if status == 0 {{ crate::rt::{hook}({n} as *mut c_void); }}"
                 );
             }
-            Kind::Release(kind) => {
-                let _ = writeln!(enc, "c.handle(Kind::{kind}, {n} as *mut c_void, false)?;");
-                let _ = writeln!(
-                    post,
-                    "if status == 0 {{ crate::rt::released({n} as *mut c_void); }}"
-                );
-            }
-            Kind::Handles { kind, count } => {
+            Kind::Handles { .. } | Kind::WaitList(_) => {
+                let (kind, count, code) = handle_array(&a.kind);
                 let _ = writeln!(
                     enc,
-                    "c.handles(Kind::{kind}, {n} as *const *mut c_void, ({count}) as usize, Kind::{kind}.invalid_code())?;"
-                );
-            }
-            Kind::WaitList(count) => {
-                let _ = writeln!(
-                    enc,
-                    "c.handles(Kind::Event, {n} as *const *mut c_void, ({count}) as usize, CL_INVALID_EVENT_WAIT_LIST)?;"
+                    "c.handles(Kind::{kind}, {n} as *const *mut c_void, ({count}) as usize, {code})?;"
                 );
             }
             Kind::NewHandle(kind) => {
@@ -475,35 +485,25 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     "let {n} = s.lookup({n}__id, Kind::{kind}, {nullable})? as {ct};"
                 );
             }
-            Kind::Retain(kind) => {
+            Kind::Retain(kind) | Kind::Release(kind) => {
+                let hook = if matches!(a.kind, Kind::Retain(_)) {
+                    "retained"
+                } else {
+                    "released"
+                };
                 let _ = writeln!(dec, "let {n}__id = r.u64()?;");
                 let _ = writeln!(
                     res,
                     "let {n} = s.lookup({n}__id, Kind::{kind}, false)? as {ct};"
                 );
-                let _ = writeln!(post, "if status == 0 {{ s.retained({n}__id); }}");
+                let _ = writeln!(post, "if status == 0 {{ s.{hook}({n}__id); }}");
             }
-            Kind::Release(kind) => {
-                let _ = writeln!(dec, "let {n}__id = r.u64()?;");
-                let _ = writeln!(
-                    res,
-                    "let {n} = s.lookup({n}__id, Kind::{kind}, false)? as {ct};"
-                );
-                let _ = writeln!(post, "if status == 0 {{ s.released({n}__id); }}");
-            }
-            Kind::Handles { kind, count } => {
+            Kind::Handles { .. } | Kind::WaitList(_) => {
+                let (kind, count, code) = handle_array(&a.kind);
                 let _ = writeln!(dec, "let {n}__ids = Session::ids(r)?;");
                 let _ = writeln!(
                     res,
-                    "let {n}__v = s.lookup_many({n}__ids, Kind::{kind}, Kind::{kind}.invalid_code())?;\nlet {n} = Session::array_ptr(&{n}__v) as {ct};"
-                );
-                let _ = writeln!(chk, "Session::check_count(&{n}__v, ({count}) as usize)?;");
-            }
-            Kind::WaitList(count) => {
-                let _ = writeln!(dec, "let {n}__ids = Session::ids(r)?;");
-                let _ = writeln!(
-                    res,
-                    "let {n}__v = s.lookup_many({n}__ids, Kind::Event, CL_INVALID_EVENT_WAIT_LIST)?;\nlet {n} = Session::array_ptr(&{n}__v) as {ct};"
+                    "let {n}__v = s.lookup_many({n}__ids, Kind::{kind}, {code})?;\nlet {n} = Session::array_ptr(&{n}__v) as {ct};"
                 );
                 let _ = writeln!(chk, "Session::check_count(&{n}__v, ({count}) as usize)?;");
             }

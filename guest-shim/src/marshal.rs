@@ -339,26 +339,9 @@ impl Call {
     /// # Safety
     /// `p` must be null or a zero-terminated list.
     pub unsafe fn zlist(&mut self, p: *const u64) -> Result<(), cl_int> {
-        if p.is_null() {
-            self.w.u8(0);
-            return Ok(());
-        }
-        let mut v = Vec::new();
-        loop {
-            // SAFETY: reading up to and including the terminator.
-            let x = unsafe { *p.add(v.len()) };
-            if x == 0 {
-                break;
-            }
-            if v.len() >= MAX_PROPERTIES {
-                return Err(CL_INVALID_VALUE);
-            }
-            v.push(x);
-        }
-        self.w.u8(1).u32(v.len() as u32);
-        for x in v {
-            self.w.u64(x);
-        }
+        // SAFETY: forwarded contract.
+        let words = unsafe { read_list(p, 1) }?;
+        self.words(words);
         Ok(())
     }
 
@@ -367,35 +350,35 @@ impl Call {
     /// # Safety
     /// `p` must be null or a zero-terminated list of key/value pairs.
     pub unsafe fn context_properties(&mut self, p: *const isize) -> Result<(), cl_int> {
-        if p.is_null() {
-            self.w.u8(0);
-            return Ok(());
-        }
-        let mut pairs = Vec::new();
-        loop {
-            // SAFETY: reading key/value pairs up to the zero key.
-            let key = unsafe { *p.add(pairs.len() * 2) } as u64;
-            if key == 0 {
-                break;
-            }
-            if pairs.len() >= MAX_PROPERTIES / 2 {
-                return Err(CL_INVALID_VALUE);
-            }
-            // SAFETY: a non-zero key is followed by its value.
-            let mut value = unsafe { *p.add(pairs.len() * 2 + 1) } as u64;
-            if key == CL_CONTEXT_PLATFORM {
-                value = match rt::lookup(value as *mut c_void) {
+        // SAFETY: forwarded contract; isize and u64 have the same size.
+        let mut words = unsafe { read_list(p.cast(), 2) }?;
+        if let Some(w) = &mut words {
+            for pair in w
+                .chunks_mut(2)
+                .filter(|pair| pair[0] == CL_CONTEXT_PLATFORM)
+            {
+                pair[1] = match rt::lookup(pair[1] as *mut c_void) {
                     Some((id, Kind::Platform)) => id,
                     _ => return Err(Kind::Platform.invalid_code()),
                 };
             }
-            pairs.push((key, value));
         }
-        self.w.u8(1).u32(pairs.len() as u32 * 2);
-        for (k, v) in pairs {
-            self.w.u64(k).u64(v);
-        }
+        self.words(words);
         Ok(())
+    }
+
+    fn words(&mut self, words: Option<Vec<u64>>) {
+        match words {
+            None => {
+                self.w.u8(0);
+            }
+            Some(v) => {
+                self.w.u8(1).u32(v.len() as u32);
+                for x in v {
+                    self.w.u64(x);
+                }
+            }
+        }
     }
 
     /// A kernel argument: an object handle when the value is one of ours, else bytes.
@@ -498,6 +481,31 @@ impl Call {
                 }
             },
             Err(_) => Err(CL_OUT_OF_RESOURCES),
+        }
+    }
+}
+
+/// Reads a zero-terminated list of entries of `stride` words (properties: 1,
+/// key/value pairs: 2) up to the zero that starts an entry; `None` for NULL.
+///
+/// # Safety
+/// `p` must be null or such a list.
+unsafe fn read_list(p: *const u64, stride: usize) -> Result<Option<Vec<u64>>, cl_int> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let mut v = Vec::new();
+    loop {
+        // SAFETY: reading entries up to and including the terminating zero.
+        if unsafe { *p.add(v.len()) } == 0 {
+            return Ok(Some(v));
+        }
+        if v.len() >= MAX_PROPERTIES {
+            return Err(CL_INVALID_VALUE);
+        }
+        for _ in 0..stride {
+            // SAFETY: an entry that does not start with zero is `stride` words long.
+            v.push(unsafe { *p.add(v.len()) });
         }
     }
 }
