@@ -13,12 +13,13 @@ pub fn socket_path() -> PathBuf {
 }
 
 /// Bytes of shared data window to offer the host: `HIRA_WINDOW_MB` (0 disables the
-/// window and sends everything inline), default 64 MiB.
+/// window and sends everything inline), default 256 MiB. The memfd takes memory only
+/// for the pages transfers have touched.
 pub fn window_len() -> u64 {
     std::env::var("HIRA_WINDOW_MB")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(64)
+        .unwrap_or(256)
         .min(4096)
         * 1024
         * 1024

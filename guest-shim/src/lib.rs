@@ -16,6 +16,7 @@
 //! - [`local`]: calls the guest implements itself on top of remoted ones (map/unmap,
 //!   extension lookups).
 //! - [`sizes`]: byte counts of arguments, as the API defines them.
+//! - [`stats`]: per-call statistics printed at exit (`HIRA_STATS=1`).
 
 pub mod icd;
 mod icd_slots;
@@ -23,6 +24,7 @@ pub mod local;
 pub mod marshal;
 pub mod rt;
 pub mod sizes;
+pub mod stats;
 
 /// The remoted functions, generated from the API description.
 #[allow(clippy::missing_safety_doc)]

@@ -45,6 +45,9 @@ pub struct Call {
     pub w: Writer,
     spans: Vec<Span>,
     regions: Vec<WindowRegion<'static>>,
+    /// Bytes placed in the window for the host, and reserved there for its results.
+    window_in: usize,
+    window_out: usize,
 }
 
 impl Call {
@@ -54,6 +57,8 @@ impl Call {
             w: Writer::with_capacity(128),
             spans: Vec::new(),
             regions: Vec::new(),
+            window_in: 0,
+            window_out: 0,
         }
     }
 
@@ -149,6 +154,7 @@ impl Call {
             unsafe {
                 std::ptr::copy_nonoverlapping(src.as_ptr(), self.regions[i].ptr(), src.len())
             };
+            self.window_in += src.len();
             self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
             return Ok(());
         }
@@ -171,6 +177,7 @@ impl Call {
     fn out_slot(&mut self, len: usize) -> Result<OutSlot, cl_int> {
         if let Some(i) = self.window_region(len) {
             self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
+            self.window_out += len;
             return Ok(OutSlot::Window(i, len));
         }
         if len > MAX_FRAME_BODY - 64 * 1024 {
@@ -447,6 +454,7 @@ impl Call {
     pub fn send(self, may_async: bool) -> Result<Reply, cl_int> {
         let conn = rt::conn()?;
         let no_reply = may_async && self.spans.is_empty() && !rt::force_sync();
+        crate::stats::bytes(self.w.len() + self.window_in, 0);
         match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
             Ok(None) => Ok(Reply {
                 status: 0,
@@ -458,6 +466,7 @@ impl Call {
             }),
             Ok(Some(frame)) => match frame.header.kind {
                 FrameKind::Reply => {
+                    crate::stats::bytes(0, frame.payload.len() + self.window_out);
                     let mut r = ReplyReader {
                         buf: frame.payload,
                         pos: 0,

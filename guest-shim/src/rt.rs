@@ -285,8 +285,11 @@ fn set_elem_size(id: u64, elem: usize) {
 }
 
 /// Runs an API entry point, turning `Err` and panics into OpenCL status codes.
-pub(crate) fn status_call(name: &str, f: impl FnOnce() -> Result<cl_int, cl_int>) -> cl_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
+pub(crate) fn status_call(
+    name: &'static str,
+    f: impl FnOnce() -> Result<cl_int, cl_int>,
+) -> cl_int {
+    match crate::stats::timed(name, || catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(s)) | Ok(Err(s)) => s,
         Err(_) => {
             error!("panic inside {name}; returning CL_OUT_OF_HOST_MEMORY");
@@ -297,11 +300,11 @@ pub(crate) fn status_call(name: &str, f: impl FnOnce() -> Result<cl_int, cl_int>
 
 /// Runs an entry point that returns an object and reports through `errcode_ret`.
 pub(crate) fn handle_call(
-    name: &str,
+    name: &'static str,
     errcode_ret: *mut cl_int,
     f: impl FnOnce() -> Result<*mut c_void, cl_int>,
 ) -> *mut c_void {
-    let (ptr, code) = match catch_unwind(AssertUnwindSafe(f)) {
+    let (ptr, code) = match crate::stats::timed(name, || catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(p)) => (p, 0),
         Ok(Err(s)) => (std::ptr::null_mut(), s),
         Err(_) => {

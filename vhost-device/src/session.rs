@@ -134,7 +134,7 @@ fn serve(
     if window.is_none() {
         hello.window_len = 0;
     }
-    let (mut child, mut server) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
+    let (child, mut server) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
     info!(
         "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
         hello.process_name,
@@ -205,13 +205,11 @@ fn serve(
         let _ = guest.shutdown(std::net::Shutdown::Both);
         res
     })();
-    spawn::reap(&mut child, TEARDOWN_GRACE);
+    let child_id = child.id();
+    spawn::reap(child, TEARDOWN_GRACE);
     info!(
         "VM {vm:?} session {id}: ended after {} commands ({} bytes, {} rejected), API server {} reaped",
-        stats.commands,
-        stats.bytes,
-        stats.rejected,
-        child.id()
+        stats.commands, stats.bytes, stats.rejected, child_id
     );
     result
 }

@@ -4,7 +4,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use log::warn;
 
@@ -42,19 +43,19 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
 }
 
 /// Waits up to `grace` for `child` to exit, then kills it. Always reaps.
-pub fn reap(child: &mut Child, grace: Duration) {
-    let deadline = Instant::now() + grace;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => return,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            _ => break,
-        }
+pub fn reap(child: Child, grace: Duration) {
+    let pid = child.id();
+    let (done, exited) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut child = child;
+        let _ = child.wait();
+        let _ = done.send(());
+    });
+    if exited.recv_timeout(grace).is_err() {
+        warn!("API server {pid} did not exit in {grace:?}; killing it");
+        // SAFETY: the child has not been reaped (the waiter is still blocked in wait),
+        // so `pid` still names it.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
-    warn!(
-        "API server {} did not exit in {grace:?}; killing it",
-        child.id()
-    );
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = waiter.join();
 }

@@ -1,0 +1,146 @@
+//! The environment a benchmark runs in.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("benches/ is inside the workspace")
+        .to_path_buf()
+}
+
+/// Builds the daemon, API server and shim in the profile of the running binary and
+/// returns the directory holding them.
+pub fn build_components() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let mut dir = exe
+        .parent()
+        .context("executable has a directory")?
+        .to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace()).args([
+        "build",
+        "-q",
+        "-p",
+        "hira-vhost",
+        "-p",
+        "hira-api-server",
+        "-p",
+        "hira-opencl",
+    ]);
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    } else {
+        eprintln!("note: a debug build measures debug Hira; use `cargo run --release` for figures");
+    }
+    ensure!(cmd.status()?.success(), "building Hira failed");
+    Ok(dir)
+}
+
+/// Compiles a C OpenCL program with gcc.
+pub fn compile(src: &Path, out: &Path) -> Result<()> {
+    let st = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(["-lOpenCL", "-lpthread", "-lm"])
+        .status()
+        .context("gcc runs")?;
+    ensure!(st.success(), "gcc {} failed", src.display());
+    Ok(())
+}
+
+/// A private daemon and the two ICD views.
+pub struct BenchEnv {
+    pub native: tempfile::TempDir,
+    pub hira: tempfile::TempDir,
+    pub socket: PathBuf,
+    daemon: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for BenchEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BenchEnv")
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for BenchEnv {
+    fn drop(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+impl BenchEnv {
+    /// Starts `hira-vhost` from `bin` on a private socket.
+    pub fn start(bin: &Path) -> Result<BenchEnv> {
+        let native = tempfile::tempdir()?;
+        let mut n = 0;
+        for e in std::fs::read_dir("/etc/OpenCL/vendors")
+            .context("no /etc/OpenCL/vendors: install pocl-opencl-icd")?
+        {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "icd")
+                && !std::fs::read_to_string(&p)?.contains("hira")
+            {
+                std::fs::copy(
+                    &p,
+                    native.path().join(p.file_name().expect("file has a name")),
+                )?;
+                n += 1;
+            }
+        }
+        ensure!(n > 0, "no native OpenCL ICD installed");
+        let hira = tempfile::tempdir()?;
+        std::fs::write(
+            hira.path().join("hira.icd"),
+            format!("{}\n", bin.join("libhira_opencl.so").display()),
+        )?;
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("bench.sock");
+        let daemon = Command::new(bin.join("hira-vhost"))
+            .arg("--local-socket")
+            .arg(format!("bench={}", socket.display()))
+            .env("RUST_LOG", "error")
+            .env_remove("OCL_ICD_VENDORS")
+            .stderr(Stdio::null())
+            .spawn()
+            .context("hira-vhost starts")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            ensure!(Instant::now() < deadline, "hira-vhost did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(BenchEnv {
+            native,
+            hira,
+            socket,
+            daemon,
+            _dir: dir,
+        })
+    }
+
+    /// A command running `exe` natively or through Hira.
+    pub fn command(&self, remote: bool, exe: &Path, args: &[String]) -> Command {
+        let mut cmd = Command::new(exe);
+        cmd.args(args);
+        if remote {
+            cmd.env("OCL_ICD_VENDORS", self.hira.path())
+                .env("HIRA_SOCKET", &self.socket);
+        } else {
+            cmd.env("OCL_ICD_VENDORS", self.native.path());
+        }
+        cmd
+    }
+}

@@ -1,0 +1,45 @@
+//! Hira's benchmark harness.
+//!
+//! - [`env`]: builds Hira's components, starts a private `hira-vhost`, and prepares
+//!   the two ICD views: native (the host's vendors) and remote (only Hira).
+//! - [`measure`]: runs a program natively and through Hira, alternating, after a
+//!   warm-up; collects wall times, exit status, output equality and, from the shim's
+//!   `HIRA_STATS`, the calls made and bytes moved.
+//! - [`suite`]: the workload suite in `benches/workloads/`, modelled on Rodinia.
+//! - [`report`]: JSON, Markdown and SVG renderings of the results.
+//! - [`overhead`]: the call round-trip and launch-loop measurements.
+//!
+//! All figures are ratios against native runs made in the same invocation.
+
+pub mod env;
+pub mod measure;
+pub mod overhead;
+pub mod report;
+pub mod suite;
+
+/// Median of a non-empty slice (sorts it).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Geometric mean of positive values.
+pub fn geomean(v: &[f64]) -> f64 {
+    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len().max(1) as f64).exp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_lengths() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 3.0);
+    }
+
+    #[test]
+    fn geomean_of_ratios() {
+        assert!((geomean(&[2.0, 8.0]) - 4.0).abs() < 1e-12);
+    }
+}

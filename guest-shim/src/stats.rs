@@ -1,0 +1,157 @@
+//! Per-call statistics (`HIRA_STATS=1`): for each API function the application called,
+//! how often, how long it took in total and on average, and how many bytes crossed to
+//! the host and back. Printed to stderr when the process exits (`HIRA_STATS=PATH`
+//! writes them to PATH instead).
+//!
+//! Only the application's own calls count: a call the shim makes while serving
+//! another (a read issued by `clEnqueueMapBuffer`) is accounted to the outer call.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{LazyLock, Mutex};
+use std::time::Instant;
+
+/// Whether statistics are collected: `HIRA_STATS` is set to anything but `0`.
+static SETTING: LazyLock<Option<String>> = LazyLock::new(|| {
+    std::env::var("HIRA_STATS")
+        .ok()
+        .filter(|v| !v.is_empty() && v != "0")
+});
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Entry {
+    calls: u64,
+    nanos: u128,
+    sent: u64,
+    received: u64,
+}
+
+static TABLE: LazyLock<Mutex<HashMap<&'static str, Entry>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+thread_local! {
+    /// The application-facing function this thread is inside, if any.
+    static CURRENT: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+fn enabled() -> bool {
+    SETTING.is_some()
+}
+
+/// Times one API entry point; only the outermost one on a thread is recorded.
+pub(crate) fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
+    if !enabled() || CURRENT.with(|c| c.get().is_some()) {
+        return f();
+    }
+    CURRENT.with(|c| c.set(Some(name)));
+    let t0 = Instant::now();
+    let out = f();
+    let dt = t0.elapsed().as_nanos();
+    CURRENT.with(|c| c.set(None));
+    let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let e = t.entry(name).or_default();
+    e.calls += 1;
+    e.nanos += dt;
+    out
+}
+
+/// Counts bytes moved for the current application call.
+pub(crate) fn bytes(sent: usize, received: usize) {
+    if !enabled() {
+        return;
+    }
+    let Some(name) = CURRENT.with(Cell::get) else {
+        return;
+    };
+    let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let e = t.entry(name).or_default();
+    e.sent += sent as u64;
+    e.received += received as u64;
+}
+
+/// The report, one line per function, busiest first, then a totals line.
+fn report() -> String {
+    let t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rows: Vec<(&&str, &Entry)> = t.iter().collect();
+    rows.sort_by(|a, b| b.1.nanos.cmp(&a.1.nanos).then(a.0.cmp(b.0)));
+    let mut s = format!(
+        "hira-stats: {:<36} {:>10} {:>12} {:>10} {:>14} {:>14}\n",
+        "function", "calls", "total ms", "mean us", "bytes sent", "bytes recv"
+    );
+    let (mut calls, mut sent, mut received) = (0u64, 0u64, 0u64);
+    for (name, e) in rows {
+        calls += e.calls;
+        sent += e.sent;
+        received += e.received;
+        s.push_str(&format!(
+            "hira-stats: {:<36} {:>10} {:>12.3} {:>10.2} {:>14} {:>14}\n",
+            name,
+            e.calls,
+            e.nanos as f64 / 1e6,
+            e.nanos as f64 / 1e3 / e.calls.max(1) as f64,
+            e.sent,
+            e.received
+        ));
+    }
+    s.push_str(&format!(
+        "hira-stats: total calls={calls} bytes_sent={sent} bytes_received={received}\n"
+    ));
+    s
+}
+
+extern "C" fn print_at_exit() {
+    let Some(setting) = SETTING.as_deref() else {
+        return;
+    };
+    let text = report();
+    if setting == "1" {
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    } else if let Err(e) = std::fs::write(setting, text) {
+        eprintln!("hira: cannot write statistics to {setting}: {e}");
+    }
+}
+
+/// Runs `print_at_exit` when the library is unloaded or the process exits.
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static PRINT_AT_EXIT: extern "C" fn() = print_at_exit;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_totals_every_function() {
+        {
+            let mut t = TABLE.lock().unwrap();
+            t.insert(
+                "clFinish",
+                Entry {
+                    calls: 2,
+                    nanos: 4000,
+                    sent: 16,
+                    received: 8,
+                },
+            );
+            t.insert(
+                "clEnqueueWriteBuffer",
+                Entry {
+                    calls: 1,
+                    nanos: 9000,
+                    sent: 4096,
+                    received: 4,
+                },
+            );
+        }
+        let r = report();
+        assert!(
+            r.lines().nth(1).unwrap().contains("clEnqueueWriteBuffer"),
+            "busiest first:\n{r}"
+        );
+        assert!(
+            r.ends_with("hira-stats: total calls=3 bytes_sent=4112 bytes_received=12\n"),
+            "{r}"
+        );
+    }
+}
