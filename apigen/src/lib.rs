@@ -139,6 +139,17 @@ impl Api {
     }
 }
 
+/// For a write with a blocking flag, input data and an event: the names of the flag,
+/// the data and the event argument.
+fn detached_write(f: &Func) -> Option<(String, String, String)> {
+    let find = |m: fn(&Kind) -> bool| f.args.iter().find(|a| m(&a.kind)).map(|a| a.name.clone());
+    Some((
+        find(|k| matches!(k, Kind::Blocking))?,
+        find(|k| matches!(k, Kind::In(_) | Kind::RectIn { .. } | Kind::ImageIn { .. }))?,
+        find(|k| matches!(k, Kind::NewHandle(_)))?,
+    ))
+}
+
 /// Kind, count expression and error code of a handle-array argument.
 fn handle_array(k: &Kind) -> (String, String, String) {
     match k {
@@ -473,7 +484,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let _ = writeln!(dec, "let {n} = r.{t}()? as {ct};");
             }
             Kind::Blocking => {
-                let _ = writeln!(dec, "let _ = r.u32()?;\nlet {n}: {ct} = CL_TRUE;");
+                let _ = writeln!(dec, "let {n}__guest = r.u32()?;\nlet {n}: {ct} = CL_TRUE;");
             }
             Kind::MemFlags => {
                 let _ = writeln!(dec, "let {n} = Session::host_mem_flags(r.u64()?) as {ct};");
@@ -701,6 +712,22 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     s.push_str(&indent(&res));
     s.push_str(&indent(&chk));
     s.push_str(&indent(&late));
+    let detach = detached_write(f);
+    if let Some((b, d, e)) = &detach {
+        // A non-blocking write must not hold the session until the device reads the
+        // data (a user event may gate it): the data is copied into a buffer the host
+        // owns until the write completes, and the host call does not block.
+        let dct = &f
+            .args
+            .iter()
+            .find(|a| &a.name == d)
+            .expect("data argument")
+            .ctype;
+        let _ = writeln!(
+            s,
+            "    let detach = {b}__guest == 0;\n    let {b}: cl_bool = if detach {{ CL_FALSE }} else {{ CL_TRUE }};\n    let ({d}, {d}__keep) = if detach {{ Session::detach(&{d}__b) }} else {{ ({d} as *mut c_void, None) }};\n    let {d} = {d} as {dct};\n    let mut {e}__own: cl_event = std::ptr::null_mut();\n    let {e}: *mut cl_event = if detach && {e}.is_null() {{ &mut {e}__own }} else {{ {e} }};"
+        );
+    }
     if is_info(f) {
         let pn = f
             .args
@@ -761,6 +788,12 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 "    let status = if errcode == CL_SUCCESS && ret.is_null() {{ CL_OUT_OF_RESOURCES }} else {{ errcode }};\n    if status == 0 {{ s.bind(ret__id, Kind::{kind}, ret as *mut c_void); }}"
             );
         }
+    }
+    if let Some((_, d, e)) = &detach {
+        let _ = writeln!(
+            s,
+            "    if let Some(keep) = {d}__keep {{\n        let ev = if {e}__id != 0 {{ {e}__slot }} else {{ {e}__own }};\n        s.free_when_complete(status, ev, keep, {e}__id == 0);\n    }}"
+        );
     }
     s.push_str(&indent(&post));
     s.push_str("    w.i32(status);\n");

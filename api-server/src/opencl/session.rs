@@ -371,6 +371,11 @@ extern "C" fn mem_trampoline(mem: cl_mem, user_data: *mut c_void) {
     });
 }
 
+extern "C" fn free_trampoline(_event: cl_event, _status: cl_int, user_data: *mut c_void) {
+    // SAFETY: `user_data` is the box leaked by `free_when_complete` for this one call.
+    drop(unsafe { Box::from_raw(user_data as *mut Box<[u8]>) });
+}
+
 type ContextFn = unsafe extern "C" fn(*const libc::c_char, *const c_void, usize, *mut c_void);
 type ProgramFn = unsafe extern "C" fn(cl_program, *mut c_void);
 type EventFn = unsafe extern "C" fn(cl_event, cl_int, *mut c_void);
@@ -846,6 +851,49 @@ impl<'a> Session<'a> {
         px.checked_mul(elem)
             .filter(|&n| n <= MAX_FRAME_BODY)
             .ok_or(Fail::Status(CL_INVALID_VALUE))
+    }
+
+    /// Copies input bytes into a buffer the host may read after the call returns.
+    pub fn detach(b: &BytesIn<'_>) -> (*mut c_void, Option<Box<[u8]>>) {
+        let bytes: &[u8] = match b {
+            BytesIn::Null => return (std::ptr::null_mut(), None),
+            BytesIn::Slice(s) => s,
+            // SAFETY: `v` holds at least `len` initialised bytes.
+            BytesIn::Aligned(v, len) => unsafe {
+                std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), *len)
+            },
+            // SAFETY: the span was checked to lie inside the mapped window.
+            BytesIn::Window(p, len) => unsafe { std::slice::from_raw_parts(*p, *len) },
+        };
+        let mut owned: Box<[u8]> = bytes.into();
+        (owned.as_mut_ptr().cast(), Some(owned))
+    }
+
+    /// Keeps `data` alive until the command behind `ev` completes; releases `ev` too
+    /// when only the server held it.
+    pub fn free_when_complete(
+        &self,
+        status: cl_int,
+        ev: opencl_sys::cl_event,
+        data: Box<[u8]>,
+        release: bool,
+    ) {
+        if status != CL_SUCCESS || ev.is_null() {
+            return;
+        }
+        let raw = Box::into_raw(Box::new(data));
+        let registered = self
+            .rt()
+            .clSetEventCallback(ev, 0, Some(free_trampoline), raw.cast());
+        if registered != Some(CL_SUCCESS) {
+            warn!("cannot watch a detached write ({registered:?}); waiting for it");
+            self.rt().clWaitForEvents(1, &ev);
+            // SAFETY: the callback was not registered, so this is the only owner.
+            drop(unsafe { Box::from_raw(raw) });
+        }
+        if release {
+            self.rt().clReleaseEvent(ev);
+        }
     }
 
     fn callback_context(&self, id: u64) -> *mut c_void {

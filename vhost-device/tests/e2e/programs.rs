@@ -91,6 +91,11 @@ fn opencl_2_1_and_3_0_entry_points_match_native() {
     same_as_native("cl3x", &[]);
 }
 
+#[test]
+fn non_blocking_write_gated_by_a_user_event_does_not_stall() {
+    same_as_native("usergate", &[]);
+}
+
 /// Drops the lines that state the platform's identity, which Hira rightly changes.
 fn without_platform_identity(clinfo: &str) -> String {
     clinfo
