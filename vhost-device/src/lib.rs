@@ -8,12 +8,15 @@
 //! - [`router`]: the per-VM dispatch queues every command passes through (first in,
 //!   first out for now) and per-VM counters.
 //! - [`spawn`]: starting and reaping API-server processes.
+//! - [`vsock`]: the virtio-vsock protocol (packet header, connection state machine,
+//!   credit-based flow control, per-VM multiplexing) for the VM transport.
 
 pub mod config;
 pub mod listener;
 pub mod router;
 pub mod session;
 pub mod spawn;
+pub mod vsock;
 
 use std::sync::Arc;
 

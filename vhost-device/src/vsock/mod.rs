@@ -1,0 +1,20 @@
+//! The virtio-vsock protocol as the host side of Hira's VM transport speaks it.
+//!
+//! This module is pure protocol logic, driven by the vhost-user device backend (which
+//! moves packets between virtqueues and these types) and tested on its own:
+//!
+//! - [`header`]: the 44-byte packet header, decoded strictly.
+//! - [`conn`]: one guest connection to the Hira port: its state, credit-based flow
+//!   control in both directions, and shutdown.
+//! - [`mux`]: all connections of one VM: accepts connections to the Hira port on the
+//!   host CID, refuses every other port with a reset, drops packets whose source is
+//!   not the VM's own CID, and drops everything on device reset.
+
+pub mod conn;
+pub mod header;
+pub mod mux;
+
+/// The host's context id.
+pub const HOST_CID: u64 = 2;
+/// The port Hira listens on at the host CID.
+pub const HIRA_PORT: u32 = 5571;
