@@ -6,13 +6,27 @@ use std::str::FromStr;
 /// Default host-local listener (matches the guest driver's default `HIRA_SOCKET`).
 pub const DEFAULT_LOCAL_SOCKET: &str = "/run/hira/local.sock";
 
-/// Errors in a listener spec.
+/// Errors in a listener or VM spec.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("empty listener path")]
     EmptyPath,
     #[error("VM name {0:?} must be 1-64 characters of letters, digits, '-', '_' or '.'")]
     BadVmName(String),
+    #[error("`{0}` is not KEY=VALUE")]
+    NotKeyValue(String),
+    #[error("unknown VM setting `{0}` (known: name, hybrid, cid)")]
+    UnknownKey(String),
+    #[error("VM setting `{0}` given twice")]
+    DuplicateKey(String),
+    #[error("VM spec lacks `{0}`")]
+    Missing(&'static str),
+    #[error("CID {0:?} must be a number from 3 to 4294967294 (0-2 are reserved)")]
+    BadCid(String),
+    #[error(
+        "the vhost-user transport (`socket=`) is not available yet; use `hybrid=` (cloud-hypervisor, Firecracker)"
+    )]
+    VhostUserNotYet,
 }
 
 /// A host-local listener: a Unix socket whose connections belong to one VM.
@@ -59,6 +73,72 @@ impl FromStr for LocalListener {
     }
 }
 
+/// A VM served over its hypervisor's hybrid vsock (cloud-hypervisor, Firecracker):
+/// guest connections to the Hira port on the host CID arrive as Unix connections on
+/// `<vsock socket>_<port>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmSpec {
+    pub name: String,
+    pub cid: u32,
+    /// The VM's vsock socket as given to the hypervisor (`--vsock cid=N,socket=PATH`).
+    pub hybrid: PathBuf,
+}
+
+impl VmSpec {
+    /// The Unix socket the hypervisor forwards guest connections to.
+    pub fn listener(&self) -> LocalListener {
+        let mut p = self.hybrid.clone().into_os_string();
+        p.push(format!("_{}", crate::vsock::HIRA_PORT));
+        LocalListener {
+            vm: self.name.clone(),
+            path: PathBuf::from(p),
+        }
+    }
+}
+
+impl FromStr for VmSpec {
+    type Err = ConfigError;
+
+    /// Parses `name=NAME,hybrid=PATH,cid=N`.
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let (mut name, mut hybrid, mut cid) = (None, None, None);
+        for kv in s.split(',') {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| ConfigError::NotKeyValue(kv.to_string()))?;
+            let slot = match k {
+                "name" => &mut name,
+                "hybrid" => &mut hybrid,
+                "cid" => &mut cid,
+                "socket" => return Err(ConfigError::VhostUserNotYet),
+                other => return Err(ConfigError::UnknownKey(other.to_string())),
+            };
+            if slot.replace(v.to_string()).is_some() {
+                return Err(ConfigError::DuplicateKey(k.to_string()));
+            }
+        }
+        let name = name.ok_or(ConfigError::Missing("name"))?;
+        if !valid_vm_name(&name) {
+            return Err(ConfigError::BadVmName(name));
+        }
+        let hybrid = hybrid.ok_or(ConfigError::Missing("hybrid"))?;
+        if hybrid.is_empty() {
+            return Err(ConfigError::EmptyPath);
+        }
+        let cid_text = cid.ok_or(ConfigError::Missing("cid"))?;
+        let cid = cid_text
+            .parse::<u32>()
+            .ok()
+            .filter(|c| (3..u32::MAX).contains(c))
+            .ok_or(ConfigError::BadCid(cid_text))?;
+        Ok(VmSpec {
+            name,
+            cid,
+            hybrid: PathBuf::from(hybrid),
+        })
+    }
+}
+
 /// The daemon's validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -93,6 +173,54 @@ mod tests {
         assert_eq!(
             "a/b=/tmp/x".parse::<LocalListener>(),
             Err(ConfigError::BadVmName("a/b".into()))
+        );
+    }
+
+    #[test]
+    fn hybrid_vm_listens_on_the_port_suffixed_socket() {
+        let v: VmSpec = "name=vm2,hybrid=/run/ch/vm2.vsock,cid=4".parse().unwrap();
+        assert_eq!(v.cid, 4);
+        assert_eq!(v.listener().path, PathBuf::from("/run/ch/vm2.vsock_5571"));
+        assert_eq!(v.listener().vm, "vm2");
+    }
+
+    #[test]
+    fn reserved_cid_is_rejected() {
+        assert_eq!(
+            "name=a,hybrid=/x,cid=2".parse::<VmSpec>(),
+            Err(ConfigError::BadCid("2".into()))
+        );
+    }
+
+    #[test]
+    fn unknown_vm_setting_is_named() {
+        assert_eq!(
+            "name=a,hybrid=/x,cid=3,shares=2".parse::<VmSpec>(),
+            Err(ConfigError::UnknownKey("shares".into()))
+        );
+    }
+
+    #[test]
+    fn repeated_vm_setting_is_rejected() {
+        assert_eq!(
+            "name=a,name=b,hybrid=/x,cid=3".parse::<VmSpec>(),
+            Err(ConfigError::DuplicateKey("name".into()))
+        );
+    }
+
+    #[test]
+    fn vhost_user_socket_says_it_is_not_available_yet() {
+        assert_eq!(
+            "name=a,socket=/x,cid=3".parse::<VmSpec>(),
+            Err(ConfigError::VhostUserNotYet)
+        );
+    }
+
+    #[test]
+    fn missing_cid_is_named() {
+        assert_eq!(
+            "name=a,hybrid=/x".parse::<VmSpec>(),
+            Err(ConfigError::Missing("cid"))
         );
     }
 

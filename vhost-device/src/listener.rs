@@ -1,7 +1,7 @@
 //! Guest listeners.
 
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use log::{error, warn};
 
 use crate::config::Config;
-use crate::router::Router;
+use crate::router::{Router, VmQueue};
 use crate::session;
 
 /// Errors setting up a listener.
@@ -40,6 +40,18 @@ pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
+/// Runs a session for a guest connection of VM `vm` on a thread of its own.
+pub fn start_session(stream: UnixStream, vm: &str, config: &Arc<Config>, queue: &Arc<VmQueue>) {
+    let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let (config, queue, vm) = (config.clone(), queue.clone(), vm.to_string());
+    let spawned = std::thread::Builder::new()
+        .name(format!("session-{id}"))
+        .spawn(move || session::run(stream, id, &vm, &config, &queue));
+    if let Err(e) = spawned {
+        error!("cannot start a thread for session {id}: {e}");
+    }
+}
+
 /// Accepts connections for `vm` forever; each session runs on its own thread.
 pub fn accept_loop(listener: UnixListener, vm: String, config: Arc<Config>, router: Arc<Router>) {
     let queue = router.vm(&vm);
@@ -51,13 +63,6 @@ pub fn accept_loop(listener: UnixListener, vm: String, config: Arc<Config>, rout
                 continue;
             }
         };
-        let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let (config, queue, vm) = (config.clone(), queue.clone(), vm.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("session-{id}"))
-            .spawn(move || session::run(stream, id, &vm, &config, &queue));
-        if let Err(e) = spawned {
-            error!("cannot start a thread for session {id}: {e}");
-        }
+        start_session(stream, &vm, &config, &queue);
     }
 }

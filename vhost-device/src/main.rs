@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use hira_vhost::config::{Config, LocalListener};
+use hira_vhost::config::{Config, LocalListener, VmSpec};
 
 /// Serves Hira guests: accepts their connections, routes every call through the
 /// per-VM policy and runs one API-server process per guest application.
@@ -15,6 +15,11 @@ struct Args {
     /// belong to VM VM_NAME (default "local").
     #[arg(long = "local-socket", value_name = "[VM=]PATH")]
     local_sockets: Vec<String>,
+    /// A VM served over its hypervisor's hybrid vsock, `name=NAME,hybrid=PATH,cid=N`
+    /// (repeatable): PATH is the socket given to cloud-hypervisor or Firecracker with
+    /// `--vsock cid=N,socket=PATH`; Hira listens on PATH_5571.
+    #[arg(long = "vm", value_name = "name=NAME,hybrid=PATH,cid=N")]
+    vms: Vec<String>,
     /// The API-server executable (default: hira-api-server next to this binary).
     #[arg(long)]
     api_server: Option<PathBuf>,
@@ -35,9 +40,23 @@ impl TryFrom<Args> for Config {
             .iter()
             .map(|s| s.parse::<LocalListener>())
             .collect::<Result<Vec<_>, _>>()?;
-        if listeners.is_empty() {
+        let vms = a
+            .vms
+            .iter()
+            .map(|s| s.parse::<VmSpec>())
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, v) in vms.iter().enumerate() {
+            anyhow::ensure!(
+                !vms[..i].iter().any(|w| w.name == v.name || w.cid == v.cid),
+                "VM {:?} (CID {}) is given twice",
+                v.name,
+                v.cid
+            );
+        }
+        if listeners.is_empty() && vms.is_empty() {
             listeners.push(LocalListener::default());
         }
+        listeners.extend(vms.iter().map(VmSpec::listener));
         let api_server = match a.api_server {
             Some(p) => p,
             None => std::env::current_exe()

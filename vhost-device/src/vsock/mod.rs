@@ -6,11 +6,14 @@
 //! - [`header`]: the 44-byte packet header, decoded strictly.
 //! - [`conn`]: one guest connection to the Hira port: its state, credit-based flow
 //!   control in both directions, and shutdown.
+//! - [`device`]: one VM's device: packets in from the TX queue, packets out for the
+//!   RX queue, each connection a Hira session.
 //! - [`mux`]: all connections of one VM: accepts connections to the Hira port on the
 //!   host CID, refuses every other port with a reset, drops packets whose source is
 //!   not the VM's own CID, and drops everything on device reset.
 
 pub mod conn;
+pub mod device;
 pub mod header;
 pub mod mux;
 

@@ -124,6 +124,11 @@ impl Mux {
         self.conns.get_mut(&port)
     }
 
+    /// Forgets one connection (the host reset it).
+    pub fn reset_one(&mut self, port: u32) {
+        self.conns.remove(&port);
+    }
+
     /// Device reset: every connection is gone; returns the ports whose sessions end.
     pub fn reset(&mut self) -> Vec<u32> {
         self.conns.drain().map(|(p, _)| p).collect()

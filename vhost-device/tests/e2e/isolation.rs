@@ -166,3 +166,74 @@ fn daemon_with_no_host_opencl_refuses_sessions_with_an_error() {
     assert!(d.alive());
     assert!(d.wait_api_servers(0, Duration::from_secs(10)).is_empty());
 }
+
+#[test]
+fn hybrid_vsock_connections_belong_to_their_vm() {
+    // cloud-hypervisor and Firecracker forward a guest's connection to host port 5571
+    // as a Unix connection on `<vsock socket>_5571`, carrying the guest's bytes as they
+    // are: no descriptor passing, so no shared window.
+    crate::support::ensure_built();
+    let dir = tempfile::tempdir().unwrap();
+    let vsock = dir.path().join("ch.vsock");
+    let log = dir.path().join("daemon.log");
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+        .arg("--vm")
+        .arg(format!("name=chvm,hybrid={},cid=5", vsock.display()))
+        .env("RUST_LOG", "info")
+        .env_remove("OCL_ICD_VENDORS")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let forwarded = dir.path().join("ch.vsock_5571");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&forwarded).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "no listener on {}",
+            forwarded.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let vendors = Vendors::hira();
+    let out = run_with_timeout(
+        std::process::Command::new(c_program("vecadd"))
+            .env("OCL_ICD_VENDORS", vendors.dir.path())
+            .env("HIRA_SOCKET", &forwarded)
+            .env("HIRA_WINDOW_MB", "0"),
+        Duration::from_secs(60),
+    );
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mismatches=0"));
+    assert!(
+        text.contains("VM \"chvm\" session") && text.contains("window 0 bytes"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_vm_specs_are_refused_with_a_clear_error() {
+    for (spec, says) in [
+        ("name=a,hybrid=/tmp/x,cid=1", "CID \"1\""),
+        ("name=a,hybrid=/tmp/x", "lacks `cid`"),
+        (
+            "name=a,hybrid=/tmp/x,cid=3,weight=2",
+            "unknown VM setting `weight`",
+        ),
+        ("name=a,socket=/tmp/x,cid=3", "vhost-user transport"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+            .args(["--vm", spec])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{spec} was accepted");
+        assert!(err.contains(says), "{spec}: {err}");
+    }
+}

@@ -6,3 +6,4 @@ mod malformed;
 mod programs;
 mod shim;
 mod support;
+mod vsock;

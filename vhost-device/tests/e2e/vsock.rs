@@ -1,0 +1,206 @@
+//! The VM transport's device core: a guest's vsock stack, played in memory, reaches
+//! a real Hira session (router, API server, PoCL) through `VsockDevice`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hira_protocol::handshake::{ApiKind, Hello, Welcome};
+use hira_protocol::opencl::op;
+use hira_protocol::{FrameHeader, FrameKind, Writer};
+use hira_vhost::config::Config;
+use hira_vhost::router::Router;
+use hira_vhost::vsock::device::{Packet, VsockDevice};
+use hira_vhost::vsock::header::{Header, Op};
+use hira_vhost::vsock::{HIRA_PORT, HOST_CID};
+
+use crate::support::{bin_dir, children_named, ensure_built};
+
+const CID: u64 = 7;
+const PORT: u32 = 49152;
+
+/// The guest side of one connection.
+struct Guest {
+    dev: VsockDevice,
+    buf_alloc: u32,
+    fwd_cnt: u32,
+    received: Vec<u8>,
+    credit_requests: usize,
+    largest_burst: usize,
+}
+
+impl Guest {
+    fn new(buf_alloc: u32) -> Guest {
+        ensure_built();
+        let config = Config {
+            listeners: vec![],
+            api_server: bin_dir().join("hira-api-server"),
+            platform: None,
+            max_window: 0,
+        };
+        let queue = Router::default().vm("vsock-vm");
+        Guest {
+            dev: VsockDevice::new(CID, "vsock-vm", Arc::new(config), queue),
+            buf_alloc,
+            fwd_cnt: 0,
+            received: Vec::new(),
+            credit_requests: 0,
+            largest_burst: 0,
+        }
+    }
+
+    fn header(&self, op: Op, len: u32) -> Header {
+        Header {
+            src_cid: CID,
+            dst_cid: HOST_CID,
+            src_port: PORT,
+            dst_port: HIRA_PORT,
+            len,
+            op,
+            flags: 0,
+            buf_alloc: self.buf_alloc,
+            fwd_cnt: self.fwd_cnt,
+        }
+    }
+
+    fn take(&mut self, packets: Vec<Packet>) -> Vec<Header> {
+        let mut burst = 0;
+        let mut others = Vec::new();
+        for p in packets {
+            assert_eq!(p.header.dst_cid, CID);
+            match p.header.op {
+                Op::Rw => {
+                    assert_eq!(p.payload.len(), p.header.len as usize);
+                    burst += p.payload.len();
+                    self.received.extend_from_slice(&p.payload);
+                }
+                Op::CreditRequest => self.credit_requests += 1,
+                _ => others.push(p.header),
+            }
+        }
+        self.largest_burst = self.largest_burst.max(burst);
+        others
+    }
+
+    fn send(&mut self, op: Op, payload: &[u8]) -> Vec<Header> {
+        let h = self.header(op, payload.len() as u32);
+        let out = self.dev.from_guest(&h, payload);
+        self.take(out)
+    }
+
+    /// Consumes what arrived (advertising it), polling until a whole frame is there.
+    fn frame(&mut self) -> (FrameHeader, Vec<u8>) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.received.len() >= 24 {
+                let h = FrameHeader::decode(&self.received[..24].try_into().unwrap()).unwrap();
+                let total = 24 + h.len as usize;
+                if self.received.len() >= total {
+                    let body = self.received[24..total].to_vec();
+                    self.received.drain(..total);
+                    return (h, body);
+                }
+            }
+            assert!(Instant::now() < deadline, "no whole frame from the device");
+            let out = self.dev.poll_sessions();
+            let before = self.received.len();
+            self.take(out);
+            let got = self.received.len() - before;
+            if got > 0 {
+                // The application read it: tell the device.
+                self.fwd_cnt = self.fwd_cnt.wrapping_add(got as u32);
+                self.send(Op::CreditUpdate, &[]);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn connect_and_hello(&mut self) {
+        let reply = self.send(Op::Request, &[]);
+        assert!(
+            matches!(reply.as_slice(), [h] if h.op == Op::Response),
+            "{reply:?}"
+        );
+        let hello = Hello::new(ApiKind::OpenCl, 42, "vsock-guest", 0).encode();
+        let fh = FrameHeader {
+            len: hello.len() as u32,
+            kind: FrameKind::Hello,
+            flags: 0,
+            opcode: 0,
+            channel: 0,
+            span_count: 0,
+            call_id: 0,
+        };
+        let mut bytes = fh.encode().to_vec();
+        bytes.extend_from_slice(&hello);
+        self.send(Op::Rw, &bytes);
+        let (h, body) = self.frame();
+        assert_eq!(h.kind, FrameKind::Welcome);
+        let w = Welcome::decode(&body).unwrap();
+        assert_eq!((w.vm_name.as_str(), w.window_len), ("vsock-vm", 0));
+    }
+}
+
+fn api_servers() -> usize {
+    children_named(std::process::id(), "hira-api-server").len()
+}
+
+#[test]
+fn guest_vsock_connection_runs_a_hira_session() {
+    let mut g = Guest::new(256 * 1024);
+    g.connect_and_hello();
+    // clGetPlatformIDs(1, &p, &n) over the vsock stream.
+    let mut w = Writer::new();
+    w.u32(1).u8(1).u8(1);
+    let fh = FrameHeader {
+        len: w.len() as u32,
+        kind: FrameKind::Request,
+        flags: 0,
+        opcode: op::clGetPlatformIDs,
+        channel: 1,
+        span_count: 0,
+        call_id: 1,
+    };
+    let mut bytes = fh.encode().to_vec();
+    bytes.extend_from_slice(w.as_slice());
+    g.send(Op::Rw, &bytes);
+    let (h, body) = g.frame();
+    assert_eq!((h.kind, h.call_id), (FrameKind::Reply, 1));
+    assert_eq!(&body[..4], &0i32.to_le_bytes(), "CL_SUCCESS");
+    assert_eq!(&body[4..8], &1u32.to_le_bytes(), "one platform");
+    // The guest resets the connection: the session and its API server go away.
+    assert!(g.send(Op::Rst, &[]).is_empty());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while api_servers() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the API server outlived the connection"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(g.dev.connections(), 0);
+}
+
+#[test]
+fn device_never_sends_more_than_the_guest_has_room_for() {
+    let mut g = Guest::new(16);
+    g.connect_and_hello();
+    assert!(
+        g.largest_burst <= 16,
+        "burst of {} bytes into a 16-byte buffer",
+        g.largest_burst
+    );
+    assert!(
+        g.credit_requests > 0,
+        "the device asked for credit when it ran out"
+    );
+}
+
+#[test]
+fn connection_to_another_port_is_refused_and_starts_nothing() {
+    let mut g = Guest::new(4096);
+    let mut h = g.header(Op::Request, 0);
+    h.dst_port = 22;
+    let out = g.dev.from_guest(&h, &[]);
+    assert!(matches!(out.as_slice(), [p] if p.header.op == Op::Rst));
+    assert_eq!(g.dev.connections(), 0);
+}
