@@ -157,10 +157,7 @@ impl VsockDevice {
         for port in ports {
             out.extend(self.flush_input(port));
             let mut buf = [0u8; MAX_PAYLOAD as usize];
-            loop {
-                let Some(conn) = self.mux.conn(port) else {
-                    break;
-                };
+            while let Some(conn) = self.mux.conn(port) {
                 let room = conn.peer_credit().min(MAX_PAYLOAD) as usize;
                 if room == 0 {
                     out.push(Packet::bare(conn.credit_request()));
