@@ -63,15 +63,7 @@ pub struct FrameWriter(Mutex<UnixStream>);
 impl FrameWriter {
     /// Sends one frame with `payload`.
     pub fn send(&self, kind: FrameKind, opcode: u16, channel: u32, call_id: u64, payload: &[u8]) {
-        let header = FrameHeader {
-            len: payload.len() as u32,
-            kind,
-            flags: 0,
-            opcode,
-            channel,
-            span_count: 0,
-            call_id,
-        };
+        let header = FrameHeader::new(kind, opcode, channel, call_id, payload.len());
         let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let res = frame::write_parts(&mut *s, &[&header.encode(), payload]);
         if let Err(e) = res {

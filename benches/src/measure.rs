@@ -37,6 +37,32 @@ pub struct Measurement {
 }
 
 impl Measurement {
+    /// A measurement with no runs yet, everything verified so far.
+    pub fn empty(name: &str) -> Measurement {
+        Measurement {
+            name: name.to_string(),
+            native: vec![],
+            hira: vec![],
+            ratios: vec![],
+            native_ok: true,
+            hira_ok: true,
+            outputs_match: true,
+            calls: 0,
+            bytes_sent: 0,
+            bytes_received: 0,
+        }
+    }
+
+    /// A measurement whose native runs took 1 s each and whose Hira runs took `ratios`.
+    pub fn with_ratios(name: &str, ratios: &[f64]) -> Measurement {
+        Measurement {
+            native: vec![1.0; ratios.len()],
+            hira: ratios.to_vec(),
+            ratios: ratios.to_vec(),
+            ..Measurement::empty(name)
+        }
+    }
+
     pub fn median_ratio(&self) -> f64 {
         median(&mut self.ratios.clone())
     }
@@ -116,18 +142,7 @@ pub fn measure(
         run(env, false, exe, args, None)?;
         run(env, true, exe, args, None)?;
     }
-    let mut m = Measurement {
-        name: name.to_string(),
-        native: vec![],
-        hira: vec![],
-        ratios: vec![],
-        native_ok: true,
-        hira_ok: true,
-        outputs_match: true,
-        calls: 0,
-        bytes_sent: 0,
-        bytes_received: 0,
-    };
+    let mut m = Measurement::empty(name);
     for i in 0..repeats {
         progress(&format!("{name}: repeat {}/{repeats}", i + 1));
         let (n, h) = if i % 2 == 0 {
@@ -164,18 +179,7 @@ mod tests {
     }
 
     fn m(ratios: &[f64]) -> Measurement {
-        Measurement {
-            name: "w".into(),
-            native: vec![1.0; ratios.len()],
-            hira: ratios.to_vec(),
-            ratios: ratios.to_vec(),
-            native_ok: true,
-            hira_ok: true,
-            outputs_match: true,
-            calls: 0,
-            bytes_sent: 0,
-            bytes_received: 0,
-        }
+        Measurement::with_ratios("w", ratios)
     }
 
     #[test]

@@ -155,16 +155,9 @@ mod tests {
 
     fn m(name: &str, ratios: &[f64]) -> Measurement {
         Measurement {
-            name: name.into(),
-            native: vec![1.0; ratios.len()],
-            hira: ratios.to_vec(),
-            ratios: ratios.to_vec(),
-            native_ok: true,
-            hira_ok: true,
-            outputs_match: true,
             calls: 10,
             bytes_sent: 2048,
-            bytes_received: 0,
+            ..Measurement::with_ratios(name, ratios)
         }
     }
 

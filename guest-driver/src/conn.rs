@@ -147,15 +147,7 @@ impl Connection {
             window.as_ref().map_or(0, |w| w.len() as u64),
         )
         .encode();
-        let header = FrameHeader {
-            len: hello.len() as u32,
-            kind: FrameKind::Hello,
-            flags: 0,
-            opcode: 0,
-            channel: 0,
-            span_count: 0,
-            call_id: 0,
-        };
+        let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
         unix::send_frame_with_fd(
             &mut stream,
             &header,

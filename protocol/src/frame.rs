@@ -94,6 +94,23 @@ pub struct FrameHeader {
 }
 
 impl FrameHeader {
+    /// A header for `len` bytes of payload with no spans and no flags.
+    pub fn new(kind: FrameKind, opcode: u16, channel: u32, call_id: u64, len: usize) -> Self {
+        debug_assert!(
+            len <= MAX_FRAME_BODY,
+            "frame payloads are capped before framing"
+        );
+        FrameHeader {
+            len: len as u32,
+            kind,
+            flags: 0,
+            opcode,
+            channel,
+            span_count: 0,
+            call_id,
+        }
+    }
+
     /// Decodes and checks a header. The body length, span count and flags are checked
     /// against the protocol limits; nothing is trusted beyond them.
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, FrameError> {

@@ -56,15 +56,13 @@ fn send_error(w: &Mutex<UnixStream>, h: Option<&FrameHeader>, code: u32, message
         message: message.to_string(),
     }
     .encode();
-    let header = FrameHeader {
-        len: payload.len() as u32,
-        kind: FrameKind::Error,
-        flags: 0,
-        opcode: h.map_or(0, |h| h.opcode),
-        channel: h.map_or(0, |h| h.channel),
-        span_count: 0,
-        call_id: h.map_or(0, |h| h.call_id),
-    };
+    let header = FrameHeader::new(
+        FrameKind::Error,
+        h.map_or(0, |h| h.opcode),
+        h.map_or(0, |h| h.channel),
+        h.map_or(0, |h| h.call_id),
+        payload.len(),
+    );
     let mut s = w.lock().unwrap_or_else(|e| e.into_inner());
     let _ = s
         .write_all(&header.encode())
@@ -171,15 +169,7 @@ fn serve(
             window_len: server_welcome.window_len,
         }
         .encode();
-        let wh = FrameHeader {
-            len: welcome.len() as u32,
-            kind: FrameKind::Welcome,
-            flags: 0,
-            opcode: 0,
-            channel: 0,
-            span_count: 0,
-            call_id: 0,
-        };
+        let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
         {
             let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
             g.write_all(&wh.encode())?;

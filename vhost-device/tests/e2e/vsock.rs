@@ -121,15 +121,7 @@ impl Guest {
             "{reply:?}"
         );
         let hello = Hello::new(ApiKind::OpenCl, 42, "vsock-guest", 0).encode();
-        let fh = FrameHeader {
-            len: hello.len() as u32,
-            kind: FrameKind::Hello,
-            flags: 0,
-            opcode: 0,
-            channel: 0,
-            span_count: 0,
-            call_id: 0,
-        };
+        let fh = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
         let mut bytes = fh.encode().to_vec();
         bytes.extend_from_slice(&hello);
         self.send(Op::Rw, &bytes);
@@ -151,15 +143,7 @@ fn guest_vsock_connection_runs_a_hira_session() {
     // clGetPlatformIDs(1, &p, &n) over the vsock stream.
     let mut w = Writer::new();
     w.u32(1).u8(1).u8(1);
-    let fh = FrameHeader {
-        len: w.len() as u32,
-        kind: FrameKind::Request,
-        flags: 0,
-        opcode: op::clGetPlatformIDs,
-        channel: 1,
-        span_count: 0,
-        call_id: 1,
-    };
+    let fh = FrameHeader::new(FrameKind::Request, op::clGetPlatformIDs, 1, 1, w.len());
     let mut bytes = fh.encode().to_vec();
     bytes.extend_from_slice(w.as_slice());
     g.send(Op::Rw, &bytes);
