@@ -4,7 +4,7 @@
 ensure_packages() {
     local missing=()
     local pkg
-    for pkg in gcc pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo; do
+    for pkg in gcc pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo kmod; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ "${#missing[@]}" -gt 0 ]; then
@@ -13,5 +13,20 @@ ensure_packages() {
         echo "installing: ${missing[*]}"
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+# Installs QEMU for the VM tests. bookworm's own qemu-system-x86 would replace the
+# machine's qemu-utils from bookworm-backports, so QEMU comes from backports too.
+ensure_qemu() {
+    command -v qemu-system-x86_64 >/dev/null 2>&1 && return 0
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo=sudo
+    if . /etc/os-release && [ "${VERSION_CODENAME:-}" = bookworm ]; then
+        echo "deb http://deb.debian.org/debian bookworm-backports main" | $sudo tee /etc/apt/sources.list.d/hira-backports.list >/dev/null
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -t bookworm-backports qemu-system-x86 >/dev/null
+    else
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq qemu-system-x86 >/dev/null
     fi
 }

@@ -6,4 +6,5 @@ mod malformed;
 mod programs;
 mod shim;
 mod support;
+mod vm;
 mod vsock;
