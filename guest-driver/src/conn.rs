@@ -3,7 +3,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -13,6 +12,7 @@ use hira_protocol::{FrameHeader, FrameKind, Span, unix};
 use log::{debug, warn};
 use thiserror::Error;
 
+use crate::endpoint::Endpoint;
 use crate::window::Window;
 
 /// Errors of the transport. Once a connection has failed every later call fails too.
@@ -26,6 +26,66 @@ pub enum TransportError {
     Closed(String),
     #[error("the host sent a malformed frame: {0}")]
     Malformed(String),
+}
+
+/// The byte stream to the host.
+#[derive(Debug)]
+enum Stream {
+    Unix(UnixStream),
+    Vsock(vsock::VsockStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> std::io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Vsock(s) => Stream::Vsock(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Vsock(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Vsock(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Vsock(s) => s.read(buf),
+        }
+    }
+}
+
+impl std::io::Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Vsock(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Vsock(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A frame received from the host.
@@ -46,8 +106,8 @@ struct Demux {
 
 /// The process's connection to the host.
 pub struct Connection {
-    writer: Mutex<UnixStream>,
-    reader: Mutex<std::io::BufReader<UnixStream>>,
+    writer: Mutex<Stream>,
+    reader: Mutex<std::io::BufReader<Stream>>,
     demux: Mutex<Demux>,
     cv: Condvar,
     next_call: AtomicU64,
@@ -90,11 +150,11 @@ fn process_name() -> String {
 /// sleep and being woken again, which costs tens of microseconds on virtual CPUs.
 /// Returns at once when data is there; the caller then reads as usual and blocks if
 /// the budget ran out.
-fn spin_until_readable(s: &UnixStream, budget: std::time::Duration) {
+fn spin_until_readable(s: &Stream, budget: std::time::Duration) {
     if budget.is_zero() {
         return;
     }
-    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+    let fd = s.raw_fd();
     let start = std::time::Instant::now();
     let mut byte = 0u8;
     loop {
@@ -121,40 +181,80 @@ thread_local! {
 }
 
 impl Connection {
-    /// Connects to the host at `path` and opens a session for `api`, offering a data
-    /// window of `window_len` bytes (0 for none).
-    pub fn connect(path: &Path, api: ApiKind, window_len: u64) -> Result<Self, TransportError> {
-        let connect_err = |reason: String| TransportError::Connect {
-            path: path.display().to_string(),
-            reason,
+    /// Connects to the first endpoint that answers (see [`crate::endpoint::endpoints`]).
+    pub fn connect_any(
+        endpoints: &[Endpoint],
+        api: ApiKind,
+        window_len: u64,
+    ) -> Result<Self, TransportError> {
+        let mut last = TransportError::Connect {
+            path: "nowhere".into(),
+            reason: "no endpoint to try".into(),
         };
-        let mut stream = UnixStream::connect(path).map_err(|e| connect_err(e.to_string()))?;
-        let window = if window_len > 0 {
-            match Window::create(window_len) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    warn!("no data window, sending everything inline: {e}");
-                    None
+        for e in endpoints {
+            match Self::connect(e, api, window_len) {
+                Ok(c) => return Ok(c),
+                Err(err) => {
+                    debug!("{err}");
+                    last = err;
                 }
             }
-        } else {
-            None
+        }
+        Err(last)
+    }
+
+    /// Connects to the host at `endpoint` and opens a session for `api`. Over a Unix
+    /// socket the guest offers a data window of `window_len` bytes (0 for none); over
+    /// vsock no descriptor can cross, so everything travels inline.
+    pub fn connect(
+        endpoint: &Endpoint,
+        api: ApiKind,
+        window_len: u64,
+    ) -> Result<Self, TransportError> {
+        let shown = match endpoint {
+            Endpoint::Unix(p) => p.display().to_string(),
+            Endpoint::Vsock { cid, port } => format!("vsock {cid}:{port}"),
         };
-        let hello = Hello::new(
-            api,
-            std::process::id(),
-            &process_name(),
-            window.as_ref().map_or(0, |w| w.len() as u64),
-        )
-        .encode();
-        let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
-        unix::send_frame_with_fd(
-            &mut stream,
-            &header,
-            &hello,
-            window.as_ref().map(Window::fd),
-        )
-        .map_err(|e| connect_err(e.to_string()))?;
+        let connect_err = |reason: String| TransportError::Connect {
+            path: shown.clone(),
+            reason,
+        };
+        let hello = |window: Option<&Window>| {
+            Hello::new(
+                api,
+                std::process::id(),
+                &process_name(),
+                window.map_or(0, |w| w.len() as u64),
+            )
+            .encode()
+        };
+        let (mut stream, window) = match endpoint {
+            Endpoint::Unix(path) => {
+                let mut s = UnixStream::connect(path).map_err(|e| connect_err(e.to_string()))?;
+                let window = if window_len > 0 {
+                    Window::create(window_len)
+                        .inspect_err(|e| warn!("no data window, sending everything inline: {e}"))
+                        .ok()
+                } else {
+                    None
+                };
+                let h = hello(window.as_ref());
+                let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
+                unix::send_frame_with_fd(&mut s, &header, &h, window.as_ref().map(Window::fd))
+                    .map_err(|e| connect_err(e.to_string()))?;
+                (Stream::Unix(s), window)
+            }
+            Endpoint::Vsock { cid, port } => {
+                let s = vsock::VsockStream::connect_with_cid_port(*cid, *port)
+                    .map_err(|e| connect_err(e.to_string()))?;
+                let mut s = Stream::Vsock(s);
+                let h = hello(None);
+                let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
+                frame::write_parts(&mut s, &[&header.encode(), &h])
+                    .map_err(|e| connect_err(e.to_string()))?;
+                (s, None)
+            }
+        };
         let reply = read_frame(&mut stream)?;
         let welcome = match reply.header.kind {
             FrameKind::Welcome => Welcome::decode(&reply.payload)
@@ -229,7 +329,7 @@ impl Connection {
         drop(d);
         self.cv.notify_all();
         if let Ok(w) = self.writer.lock() {
-            let _ = w.shutdown(std::net::Shutdown::Both);
+            w.shutdown();
         }
     }
 

@@ -1,16 +1,63 @@
 //! Finding the host end of the transport.
+//!
+//! `HIRA_SOCKET` names a host-local Unix socket. Without it, a guest inside a VM (its
+//! `/dev/vsock` reports a CID above 2) connects over AF_VSOCK to the host (CID 2) on
+//! the Hira port, `HIRA_VSOCK_PORT` or 5571; otherwise, and if that fails, the default
+//! Unix socket is used.
 
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+
+/// The Hira port on the host CID.
+pub const VSOCK_PORT: u32 = 5571;
+/// The host's CID.
+pub const HOST_CID: u32 = 2;
+
+/// Where the host is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix(PathBuf),
+    Vsock { cid: u32, port: u32 },
+}
+
+/// This machine's vsock CID, if it has a vsock device.
+pub fn local_cid() -> Option<u32> {
+    const IOCTL_VM_SOCKETS_GET_LOCAL_CID: libc::c_ulong = 0x7b9;
+    let dev = std::fs::File::open("/dev/vsock").ok()?;
+    let mut cid: u32 = 0;
+    // SAFETY: this ioctl writes one u32 to the pointer, which points to a local.
+    let r = unsafe {
+        libc::ioctl(
+            dev.as_raw_fd(),
+            IOCTL_VM_SOCKETS_GET_LOCAL_CID,
+            &mut cid as *mut u32,
+        )
+    };
+    (r == 0).then_some(cid)
+}
+
+/// The endpoints to try, in order.
+pub fn endpoints() -> Vec<Endpoint> {
+    if let Some(p) = std::env::var_os("HIRA_SOCKET") {
+        return vec![Endpoint::Unix(PathBuf::from(p))];
+    }
+    let mut v = Vec::new();
+    if local_cid().is_some_and(|c| c > HOST_CID) {
+        let port = std::env::var("HIRA_VSOCK_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(VSOCK_PORT);
+        v.push(Endpoint::Vsock {
+            cid: HOST_CID,
+            port,
+        });
+    }
+    v.push(Endpoint::Unix(PathBuf::from(DEFAULT_SOCKET)));
+    v
+}
 
 /// Unix socket of the host-local listener when `HIRA_SOCKET` is not set.
 pub const DEFAULT_SOCKET: &str = "/run/hira/local.sock";
-
-/// The socket path the guest connects to: `HIRA_SOCKET`, or [`DEFAULT_SOCKET`].
-pub fn socket_path() -> PathBuf {
-    std::env::var_os("HIRA_SOCKET")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
-}
 
 /// Bytes of shared data window to offer the host: `HIRA_WINDOW_MB` (0 disables the
 /// window and sends everything inline), default 256 MiB. The memfd takes memory only

@@ -78,8 +78,8 @@ fn runtime() -> &'static Runtime {
         let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
             Err(TransportError::Refused("HIRA_DISABLE is set".into()))
         } else {
-            Connection::connect(
-                &endpoint::socket_path(),
+            Connection::connect_any(
+                &endpoint::endpoints(),
                 ApiKind::OpenCl,
                 endpoint::window_len(),
             )

@@ -15,7 +15,7 @@ pub enum ConfigError {
     BadVmName(String),
     #[error("`{0}` is not KEY=VALUE")]
     NotKeyValue(String),
-    #[error("unknown VM setting `{0}` (known: name, hybrid, cid)")]
+    #[error("unknown VM setting `{0}` (known: name, socket, hybrid, cid)")]
     UnknownKey(String),
     #[error("VM setting `{0}` given twice")]
     DuplicateKey(String),
@@ -24,9 +24,9 @@ pub enum ConfigError {
     #[error("CID {0:?} must be a number from 3 to 4294967294 (0-2 are reserved)")]
     BadCid(String),
     #[error(
-        "the vhost-user transport (`socket=`) is not available yet; use `hybrid=` (cloud-hypervisor, Firecracker)"
+        "give exactly one of `socket=` (QEMU vhost-user) and `hybrid=` (cloud-hypervisor, Firecracker)"
     )]
-    VhostUserNotYet,
+    Transport,
 }
 
 /// A host-local listener: a Unix socket whose connections belong to one VM.
@@ -73,35 +73,47 @@ impl FromStr for LocalListener {
     }
 }
 
-/// A VM served over its hypervisor's hybrid vsock (cloud-hypervisor, Firecracker):
-/// guest connections to the Hira port on the host CID arrive as Unix connections on
-/// `<vsock socket>_<port>`.
+/// How a VM's vsock device reaches the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmTransport {
+    /// Hira serves the vhost-user vsock device on this socket (QEMU's
+    /// `vhost-user-vsock-pci`).
+    VhostUser(PathBuf),
+    /// The hypervisor's own hybrid vsock (cloud-hypervisor, Firecracker, started with
+    /// `--vsock cid=N,socket=PATH`): guest connections to the Hira port arrive as Unix
+    /// connections on `PATH_<port>`.
+    Hybrid(PathBuf),
+}
+
+/// A VM the daemon serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmSpec {
     pub name: String,
     pub cid: u32,
-    /// The VM's vsock socket as given to the hypervisor (`--vsock cid=N,socket=PATH`).
-    pub hybrid: PathBuf,
+    pub transport: VmTransport,
 }
 
 impl VmSpec {
-    /// The Unix socket the hypervisor forwards guest connections to.
-    pub fn listener(&self) -> LocalListener {
-        let mut p = self.hybrid.clone().into_os_string();
+    /// For a hybrid-vsock VM, the Unix socket the hypervisor forwards guests to.
+    pub fn listener(&self) -> Option<LocalListener> {
+        let VmTransport::Hybrid(path) = &self.transport else {
+            return None;
+        };
+        let mut p = path.clone().into_os_string();
         p.push(format!("_{}", crate::vsock::HIRA_PORT));
-        LocalListener {
+        Some(LocalListener {
             vm: self.name.clone(),
             path: PathBuf::from(p),
-        }
+        })
     }
 }
 
 impl FromStr for VmSpec {
     type Err = ConfigError;
 
-    /// Parses `name=NAME,hybrid=PATH,cid=N`.
+    /// Parses `name=NAME,socket=PATH,cid=N` or `name=NAME,hybrid=PATH,cid=N`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
-        let (mut name, mut hybrid, mut cid) = (None, None, None);
+        let (mut name, mut hybrid, mut socket, mut cid) = (None, None, None, None);
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
@@ -109,8 +121,8 @@ impl FromStr for VmSpec {
             let slot = match k {
                 "name" => &mut name,
                 "hybrid" => &mut hybrid,
+                "socket" => &mut socket,
                 "cid" => &mut cid,
-                "socket" => return Err(ConfigError::VhostUserNotYet),
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -121,10 +133,12 @@ impl FromStr for VmSpec {
         if !valid_vm_name(&name) {
             return Err(ConfigError::BadVmName(name));
         }
-        let hybrid = hybrid.ok_or(ConfigError::Missing("hybrid"))?;
-        if hybrid.is_empty() {
-            return Err(ConfigError::EmptyPath);
-        }
+        let transport = match (socket, hybrid) {
+            (Some(p), None) if !p.is_empty() => VmTransport::VhostUser(PathBuf::from(p)),
+            (None, Some(p)) if !p.is_empty() => VmTransport::Hybrid(PathBuf::from(p)),
+            (Some(_), None) | (None, Some(_)) => return Err(ConfigError::EmptyPath),
+            _ => return Err(ConfigError::Transport),
+        };
         let cid_text = cid.ok_or(ConfigError::Missing("cid"))?;
         let cid = cid_text
             .parse::<u32>()
@@ -134,7 +148,7 @@ impl FromStr for VmSpec {
         Ok(VmSpec {
             name,
             cid,
-            hybrid: PathBuf::from(hybrid),
+            transport,
         })
     }
 }
@@ -143,6 +157,8 @@ impl FromStr for VmSpec {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listeners: Vec<LocalListener>,
+    /// VMs whose vsock device Hira serves over vhost-user.
+    pub vhost_user_vms: Vec<VmSpec>,
     /// The API-server executable.
     pub api_server: PathBuf,
     /// Host platform name filter passed to API servers.
@@ -180,8 +196,9 @@ mod tests {
     fn hybrid_vm_listens_on_the_port_suffixed_socket() {
         let v: VmSpec = "name=vm2,hybrid=/run/ch/vm2.vsock,cid=4".parse().unwrap();
         assert_eq!(v.cid, 4);
-        assert_eq!(v.listener().path, PathBuf::from("/run/ch/vm2.vsock_5571"));
-        assert_eq!(v.listener().vm, "vm2");
+        let l = v.listener().unwrap();
+        assert_eq!(l.path, PathBuf::from("/run/ch/vm2.vsock_5571"));
+        assert_eq!(l.vm, "vm2");
     }
 
     #[test]
@@ -209,10 +226,24 @@ mod tests {
     }
 
     #[test]
-    fn vhost_user_socket_says_it_is_not_available_yet() {
+    fn vhost_user_vm_has_no_unix_listener() {
+        let v: VmSpec = "name=q,socket=/run/hira/q.sock,cid=3".parse().unwrap();
         assert_eq!(
-            "name=a,socket=/x,cid=3".parse::<VmSpec>(),
-            Err(ConfigError::VhostUserNotYet)
+            v.transport,
+            VmTransport::VhostUser(PathBuf::from("/run/hira/q.sock"))
+        );
+        assert!(v.listener().is_none());
+    }
+
+    #[test]
+    fn both_transports_at_once_are_rejected() {
+        assert_eq!(
+            "name=a,socket=/x,hybrid=/y,cid=3".parse::<VmSpec>(),
+            Err(ConfigError::Transport)
+        );
+        assert_eq!(
+            "name=a,cid=3".parse::<VmSpec>(),
+            Err(ConfigError::Transport)
         );
     }
 

@@ -35,6 +35,31 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             listener::accept_loop(listener, vm, config, router)
         }));
     }
+    for vm in &config.vhost_user_vms {
+        let crate::config::VmTransport::VhostUser(socket) = vm.transport.clone() else {
+            continue;
+        };
+        let (config, queue, vm) = (config.clone(), router.vm(&vm.name), vm.clone());
+        log::info!(
+            "VM {:?} (CID {}): vhost-user vsock device on {}",
+            vm.name,
+            vm.cid,
+            socket.display()
+        );
+        threads.push(std::thread::spawn(move || {
+            let make = || {
+                vsock::device::VsockDevice::new(
+                    vm.cid.into(),
+                    &vm.name,
+                    config.clone(),
+                    queue.clone(),
+                )
+            };
+            if let Err(e) = vsock::backend::serve(&socket, vm.cid.into(), make) {
+                log::error!("VM {:?}: vsock device failed: {e}", vm.name);
+            }
+        }));
+    }
     for t in threads {
         let _ = t.join();
     }

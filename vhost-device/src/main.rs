@@ -15,10 +15,11 @@ struct Args {
     /// belong to VM VM_NAME (default "local").
     #[arg(long = "local-socket", value_name = "[VM=]PATH")]
     local_sockets: Vec<String>,
-    /// A VM served over its hypervisor's hybrid vsock, `name=NAME,hybrid=PATH,cid=N`
-    /// (repeatable): PATH is the socket given to cloud-hypervisor or Firecracker with
-    /// `--vsock cid=N,socket=PATH`; Hira listens on PATH_5571.
-    #[arg(long = "vm", value_name = "name=NAME,hybrid=PATH,cid=N")]
+    /// A VM (repeatable). `name=NAME,socket=PATH,cid=N`: Hira serves the vhost-user
+    /// vsock device for QEMU's `vhost-user-vsock-pci` on PATH and the guest gets CID
+    /// N. `name=NAME,hybrid=PATH,cid=N`: the VM runs under cloud-hypervisor or
+    /// Firecracker with `--vsock cid=N,socket=PATH`, and Hira listens on PATH_5571.
+    #[arg(long = "vm", value_name = "name=NAME,socket|hybrid=PATH,cid=N")]
     vms: Vec<String>,
     /// The API-server executable (default: hira-api-server next to this binary).
     #[arg(long)]
@@ -56,7 +57,9 @@ impl TryFrom<Args> for Config {
         if listeners.is_empty() && vms.is_empty() {
             listeners.push(LocalListener::default());
         }
-        listeners.extend(vms.iter().map(VmSpec::listener));
+        listeners.extend(vms.iter().filter_map(VmSpec::listener));
+        let vhost_user_vms: Vec<VmSpec> =
+            vms.into_iter().filter(|v| v.listener().is_none()).collect();
         let api_server = match a.api_server {
             Some(p) => p,
             None => std::env::current_exe()
@@ -75,6 +78,7 @@ impl TryFrom<Args> for Config {
         );
         Ok(Config {
             listeners,
+            vhost_user_vms,
             api_server,
             platform: a.platform,
             max_window: a.max_window_mb * 1024 * 1024,

@@ -3,6 +3,8 @@
 //! This module is pure protocol logic, driven by the vhost-user device backend (which
 //! moves packets between virtqueues and these types) and tested on its own:
 //!
+//! - [`backend`]: the vhost-user device QEMU connects to, moving packets between the
+//!   virtqueues and the device.
 //! - [`header`]: the 44-byte packet header, decoded strictly.
 //! - [`conn`]: one guest connection to the Hira port: its state, credit-based flow
 //!   control in both directions, and shutdown.
@@ -12,6 +14,7 @@
 //!   host CID, refuses every other port with a reset, drops packets whose source is
 //!   not the VM's own CID, and drops everything on device reset.
 
+pub mod backend;
 pub mod conn;
 pub mod device;
 pub mod header;

@@ -226,7 +226,7 @@ fn bad_vm_specs_are_refused_with_a_clear_error() {
             "name=a,hybrid=/tmp/x,cid=3,weight=2",
             "unknown VM setting `weight`",
         ),
-        ("name=a,socket=/tmp/x,cid=3", "vhost-user transport"),
+        ("name=a,socket=/tmp/x,hybrid=/tmp/y,cid=3", "exactly one of"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
             .args(["--vm", spec])

@@ -172,6 +172,46 @@ impl Daemon {
         d
     }
 
+    /// Starts the daemon serving one vhost-user vsock device per `(name, cid)`.
+    pub fn start_vms(vms: &[(&str, u32)]) -> Daemon {
+        ensure_built();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("daemon.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+        for (name, cid) in vms {
+            cmd.arg("--vm").arg(format!(
+                "name={name},socket={},cid={cid}",
+                dir.path().join(format!("{name}.vhost")).display()
+            ));
+        }
+        cmd.env("RUST_LOG", "info")
+            .env_remove("OCL_ICD_VENDORS")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let child = cmd.spawn().expect("hira-vhost starts");
+        let d = Daemon { child, dir, log };
+        for (name, _) in vms {
+            // The device serves one VMM connection at a time: wait for the socket to
+            // appear instead of probing it.
+            let sock = d.vhost_socket(name);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !sock.exists() {
+                assert!(
+                    Instant::now() < deadline,
+                    "no vhost-user socket {}",
+                    sock.display()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        d
+    }
+
+    /// The vhost-user socket of VM `name` started by [`Daemon::start_vms`].
+    pub fn vhost_socket(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.vhost"))
+    }
+
     pub fn socket(&self, vm: &str) -> PathBuf {
         self.dir.path().join(format!("{vm}.sock"))
     }

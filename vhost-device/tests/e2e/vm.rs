@@ -4,9 +4,11 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::support::{bin_dir, ensure_built, run_with_timeout, shim, workspace};
+use crate::support::{
+    Daemon, Vendors, bin_dir, c_program, ensure_built, run_with_timeout, shim, workspace,
+};
 
 #[test]
 fn linux_guest_boots_with_vsock_and_its_loader_finds_the_hira_icd() {
@@ -80,4 +82,171 @@ fn linux_guest_boots_with_vsock_and_its_loader_finds_the_hira_icd() {
         console.contains("Number of platforms                               0"),
         "{console}"
     );
+}
+
+/// The guest image with `programs` in /hira and a `run` script for `script`.
+fn image_with(name: &str, script: &str, programs: &[&str]) -> std::path::PathBuf {
+    let dir = bin_dir().join(format!("hira-vm-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = dir.join("run");
+    std::fs::write(&run, format!("#!/bin/sh\n{script}")).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cmd = Command::new(workspace().join("scripts/vm-image"));
+    cmd.arg(&dir).arg(shim()).arg(&run);
+    for p in programs {
+        cmd.arg(c_program(p));
+    }
+    let built = cmd.output().unwrap();
+    assert!(
+        built.status.success(),
+        "vm-image failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    dir
+}
+
+/// QEMU booting `image` with Hira's vhost-user vsock device on `vhost`.
+fn qemu(image: &std::path::Path, vhost: &std::path::Path) -> Command {
+    let mut q = Command::new("qemu-system-x86_64");
+    q.args([
+        "-accel",
+        "tcg",
+        "-smp",
+        "1",
+        "-nographic",
+        "-no-reboot",
+        "-m",
+        "512M",
+    ])
+    .args([
+        "-object",
+        "memory-backend-memfd,id=mem,size=512M,share=on",
+        "-numa",
+        "node,memdev=mem",
+    ])
+    .arg("-chardev")
+    .arg(format!("socket,id=vsock0,path={}", vhost.display()))
+    .args(["-device", "vhost-user-vsock-pci,chardev=vsock0"])
+    .arg("-kernel")
+    .arg(image.join("vmlinuz"))
+    .arg("-initrd")
+    .arg(image.join("initramfs.cpio.gz"))
+    .args(["-append", "console=ttyS0 quiet panic=-1"]);
+    q
+}
+
+/// What the guest printed between its start and end markers, with serial line ends.
+fn guest_output(console: &str) -> String {
+    let start = console
+        .find("HIRA-GUEST-UP")
+        .map_or(0, |i| i + "HIRA-GUEST-UP".len());
+    let end = console.find("HIRA-GUEST-DONE").unwrap_or(console.len());
+    console[start..end]
+        .replace("\r\n", "\n")
+        .trim_start_matches('\n')
+        .to_string()
+}
+
+const PROGRAMS: &[(&str, &str)] = &[
+    ("vecadd", ""),
+    ("matmul", ""),
+    ("stencil", "300"),
+    ("events", ""),
+    ("mapping", ""),
+    ("threads", ""),
+    ("build_error", ""),
+    ("api_coverage", ""),
+    ("cl3x", ""),
+    ("usergate", ""),
+];
+
+#[test]
+fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
+    ensure_built();
+    let daemon = Daemon::start_vms(&[("qvm", 3)]);
+    let script: String = PROGRAMS
+        .iter()
+        .map(|(p, args)| {
+            format!("echo '=== {p}'\n/hira/{p} {args} 2>/dev/null\necho \"=== exit $?\"\n")
+        })
+        .collect();
+    let names: Vec<&str> = PROGRAMS.iter().map(|(p, _)| *p).collect();
+    let image = image_with("programs", &script, &names);
+    let out = run_with_timeout(
+        &mut qemu(&image, &daemon.vhost_socket("qvm")),
+        Duration::from_secs(300),
+    );
+    let console = String::from_utf8_lossy(&out.stdout);
+    let mut expected = String::new();
+    let native_vendors = Vendors::native();
+    for (p, args) in PROGRAMS {
+        let mut cmd = Command::new(c_program(p));
+        cmd.env("OCL_ICD_VENDORS", native_vendors.dir.path());
+        if !args.is_empty() {
+            cmd.arg(args);
+        }
+        let o = run_with_timeout(&mut cmd, Duration::from_secs(120));
+        expected.push_str(&format!(
+            "=== {p}\n{}=== exit {}\n",
+            String::from_utf8_lossy(&o.stdout),
+            o.status.code().unwrap_or(-1)
+        ));
+    }
+    assert_eq!(
+        guest_output(&console),
+        expected,
+        "guest output differs from native; daemon log:\n{}",
+        daemon.log_text()
+    );
+    assert!(
+        daemon.log_text().contains("VM \"qvm\" session"),
+        "sessions belong to the VM"
+    );
+}
+
+#[test]
+fn killing_one_vm_leaves_nothing_of_it_and_the_other_vm_finishes() {
+    ensure_built();
+    let mut daemon = Daemon::start_vms(&[("doomed", 3), ("survivor", 4)]);
+    let long = image_with("long", "/hira/stencil 10000000 2>&1\n", &["stencil"]);
+    let short = image_with("short", "/hira/stencil 2000 2>&1\n", &["stencil"]);
+    let mut doomed = qemu(&long, &daemon.vhost_socket("doomed"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !daemon.log_text().contains("VM \"doomed\" session") || daemon.api_servers().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the doomed VM never started a session:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let survivor = std::thread::spawn({
+        let mut q = qemu(&short, &daemon.vhost_socket("survivor"));
+        move || run_with_timeout(&mut q, Duration::from_secs(300))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let out = survivor.join().unwrap();
+    let console = guest_output(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        console.contains("iters=2000") && console.contains("maxdiff_ok=1"),
+        "the other VM finished correctly:\n{console}"
+    );
+    assert!(
+        daemon
+            .wait_api_servers(0, Duration::from_secs(20))
+            .is_empty(),
+        "no API server outlives its VM"
+    );
+    let log = daemon.log_text();
+    let doomed_end = log
+        .lines()
+        .find(|l| l.contains("teardown: released") && !l.contains("released 0 "))
+        .unwrap_or_else(|| panic!("the killed VM's objects were released:\n{log}"));
+    assert!(doomed_end.contains("(0 failed)"), "{doomed_end}");
+    assert!(daemon.alive());
 }

@@ -33,6 +33,7 @@ impl Guest {
         ensure_built();
         let config = Config {
             listeners: vec![],
+            vhost_user_vms: vec![],
             api_server: bin_dir().join("hira-api-server"),
             platform: None,
             max_window: 0,
