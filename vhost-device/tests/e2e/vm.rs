@@ -250,3 +250,40 @@ fn killing_one_vm_leaves_nothing_of_it_and_the_other_vm_finishes() {
     assert!(doomed_end.contains("(0 failed)"), "{doomed_end}");
     assert!(daemon.alive());
 }
+
+#[test]
+fn hostile_guest_traffic_does_not_stop_the_daemon_serving_vms() {
+    ensure_built();
+    let mut daemon = Daemon::start_vms(&[("hostile", 3), ("good", 4)]);
+    let hostile = image_with(
+        "hostile",
+        "/hira/vsock_garbage\n/hira/vecadd 2>&1\n",
+        &["vsock_garbage", "vecadd"],
+    );
+    let good = image_with("good", "/hira/vecadd 2>&1\n", &["vecadd"]);
+    let h = std::thread::spawn({
+        let mut q = qemu(&hostile, &daemon.vhost_socket("hostile"));
+        move || run_with_timeout(&mut q, Duration::from_secs(300))
+    });
+    let g = run_with_timeout(
+        &mut qemu(&good, &daemon.vhost_socket("good")),
+        Duration::from_secs(300),
+    );
+    let h = h.join().unwrap();
+    let hostile_out = guest_output(&String::from_utf8_lossy(&h.stdout));
+    let good_out = guest_output(&String::from_utf8_lossy(&g.stdout));
+    assert!(
+        hostile_out.contains("garbage: host answered with an error frame, then closed"),
+        "{hostile_out}"
+    );
+    assert!(hostile_out.contains("port 22: refused"), "{hostile_out}");
+    assert!(
+        hostile_out.contains("mismatches=0"),
+        "the hostile VM is still served afterwards:\n{hostile_out}"
+    );
+    assert!(
+        good_out.contains("mismatches=0"),
+        "the other VM is served:\n{good_out}"
+    );
+    assert!(daemon.alive());
+}
