@@ -92,7 +92,7 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
     let (hello, window_fd) = receive_hello(&mut reader)?;
     let writer = Arc::new(FrameWriter(Mutex::new(reader.try_clone()?)));
     let window = match window_fd {
-        Some(fd) => Some(WindowMap::map(&fd, hello.window_len)?),
+        Some(fd) => Some(WindowMap::map(&fd, hello.window_len, hello.window_offset)?),
         None => None,
     };
     let backend: Arc<dyn Backend> = match hello.api {
@@ -121,6 +121,7 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         session: config.session,
         vm_name: String::new(),
         window_len: window.as_ref().map_or(0, |w| w.len() as u64),
+        window_offset: 0,
     };
     writer.send(FrameKind::Welcome, 0, 0, 0, &welcome.encode());
     let window = Arc::new(window);

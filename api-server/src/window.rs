@@ -9,8 +9,8 @@ use thiserror::Error;
 pub enum WindowError {
     #[error("cannot stat the window descriptor")]
     Stat(#[source] std::io::Error),
-    #[error("window is {actual} bytes, the guest announced {announced}")]
-    SizeMismatch { actual: u64, announced: u64 },
+    #[error("a {len}-byte window at offset {offset} does not fit the {actual}-byte region")]
+    SizeMismatch { actual: u64, offset: u64, len: u64 },
     #[error("cannot map the window")]
     Map(#[source] std::io::Error),
 }
@@ -29,8 +29,8 @@ unsafe impl Send for WindowMap {}
 unsafe impl Sync for WindowMap {}
 
 impl WindowMap {
-    /// Maps `fd`, which must be exactly `announced` bytes long.
-    pub fn map(fd: &OwnedFd, announced: u64) -> Result<Self, WindowError> {
+    /// Maps `len` bytes of `fd` from `offset` (page-aligned); they must lie in the file.
+    pub fn map(fd: &OwnedFd, len: u64, offset: u64) -> Result<Self, WindowError> {
         // SAFETY: fstat fills a zeroed stat struct for a valid descriptor.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `fd` is open; `st` is a valid out-pointer.
@@ -38,18 +38,24 @@ impl WindowMap {
             return Err(WindowError::Stat(std::io::Error::last_os_error()));
         }
         let actual = st.st_size as u64;
-        if actual != announced || actual == 0 {
-            return Err(WindowError::SizeMismatch { actual, announced });
+        let fits = offset.checked_add(len).is_some_and(|end| end <= actual);
+        if !fits || len == 0 || !offset.is_multiple_of(4096) {
+            return Err(WindowError::SizeMismatch {
+                actual,
+                offset,
+                len,
+            });
         }
-        // SAFETY: mapping `actual` bytes of a valid descriptor, shared, anywhere.
+        // SAFETY: mapping `len` bytes at a page-aligned offset inside a valid
+        // descriptor's file, shared, at an address the kernel picks.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                actual as usize,
+                len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
-                0,
+                offset as libc::off_t,
             )
         };
         if base == libc::MAP_FAILED {
@@ -57,7 +63,7 @@ impl WindowMap {
         }
         Ok(WindowMap {
             base: base.cast(),
-            len: actual as usize,
+            len: len as usize,
         })
     }
 

@@ -240,7 +240,7 @@ impl Connection {
                 };
                 let h = hello(window.as_ref());
                 let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
-                unix::send_frame_with_fd(&mut s, &header, &h, window.as_ref().map(Window::fd))
+                unix::send_frame_with_fd(&mut s, &header, &h, window.as_ref().and_then(Window::fd))
                     .map_err(|e| connect_err(e.to_string()))?;
                 (Stream::Unix(s), window)
             }
@@ -248,7 +248,10 @@ impl Connection {
                 let s = vsock::VsockStream::connect_with_cid_port(*cid, *port)
                     .map_err(|e| connect_err(e.to_string()))?;
                 let mut s = Stream::Vsock(s);
-                let h = hello(None);
+                // No descriptor crosses vsock: ask for a slot of the VM's window.
+                let mut hl = Hello::new(api, std::process::id(), &process_name(), 0);
+                hl.vm_window = window_len > 0;
+                let h = hl.encode();
                 let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
                 frame::write_parts(&mut s, &[&header.encode(), &h])
                     .map_err(|e| connect_err(e.to_string()))?;
@@ -271,10 +274,11 @@ impl Connection {
                 )));
             }
         };
-        let window = if welcome.window_len == 0 {
-            None
-        } else {
-            window
+        let window = match (welcome.window_len, window) {
+            (0, _) => None,
+            (_, Some(w)) => Some(w),
+            // A VM window: map this session's slot of the ivshmem region.
+            (len, None) => Window::ivshmem(welcome.window_offset, len),
         };
         debug!(
             "session {} in vm {} (window {} bytes)",

@@ -21,7 +21,12 @@ pub enum WindowError {
 /// A mapped window and its allocator.
 #[derive(Debug)]
 pub struct Window {
-    fd: OwnedFd,
+    /// The memfd to pass to the host (none for a VM's ivshmem window).
+    fd: Option<OwnedFd>,
+    /// The whole mapping, unmapped on drop.
+    map: *mut u8,
+    map_len: usize,
+    /// This session's part of it.
     base: *mut u8,
     len: usize,
     /// Allocated regions as (offset, len), sorted by offset.
@@ -71,15 +76,64 @@ impl Window {
             return Err(WindowError::Map(std::io::Error::last_os_error()));
         }
         Ok(Window {
-            fd,
+            fd: Some(fd),
+            map: base as *mut u8,
+            map_len: len as usize,
             base: base as *mut u8,
             len: len as usize,
             used: Mutex::new(Vec::new()),
         })
     }
 
-    pub fn fd(&self) -> &OwnedFd {
-        &self.fd
+    /// This session's slot (`offset`, `len`) of the VM's shared window: BAR 2 of the
+    /// ivshmem device (PCI 1af4:1110), mapped through sysfs. `None` if there is no
+    /// such device, the process may not open it, or the slot does not fit.
+    pub fn ivshmem(offset: u64, len: u64) -> Option<Window> {
+        let dev = std::fs::read_dir("/sys/bus/pci/devices")
+            .ok()?
+            .flatten()
+            .find(|d| {
+                let id = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap_or_default();
+                id("vendor").trim() == "0x1af4" && id("device").trim() == "0x1110"
+            })?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dev.path().join("resource2"))
+            .ok()?;
+        let map_len = file.metadata().ok()?.len() as usize;
+        let end = offset.checked_add(len)?;
+        if len == 0 || end > map_len as u64 {
+            return None;
+        }
+        // SAFETY: mapping the whole BAR file, shared, at an address the kernel picks.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Window {
+            fd: None,
+            map: map as *mut u8,
+            map_len,
+            // SAFETY: offset + len <= map_len, checked above.
+            base: unsafe { (map as *mut u8).add(offset as usize) },
+            len: len as usize,
+            used: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The memfd to pass to the host, for a window this process created.
+    pub fn fd(&self) -> Option<&OwnedFd> {
+        self.fd.as_ref()
     }
 
     pub fn len(&self) -> usize {
@@ -137,9 +191,9 @@ impl Drop for WindowRegion<'_> {
 
 impl Drop for Window {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping made in `create`; no region outlives
-        // the window because regions borrow it.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        // SAFETY: unmapping exactly the mapping made in `create` or `ivshmem`; no
+        // region outlives the window because regions borrow it.
+        unsafe { libc::munmap(self.map as *mut libc::c_void, self.map_len) };
     }
 }
 

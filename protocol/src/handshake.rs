@@ -68,6 +68,12 @@ pub struct Hello {
     /// Size of the shared data window the guest passes along (0 for none). On a Unix
     /// socket the window's memfd travels with this frame as `SCM_RIGHTS`.
     pub window_len: u64,
+    /// The guest asks for a slot of its VM's shared window (ivshmem), having no
+    /// descriptor to pass (vsock).
+    pub vm_window: bool,
+    /// Where the session's window starts in the descriptor passed along: set by the
+    /// host daemon for the API server, 0 from guests.
+    pub window_offset: u64,
 }
 
 /// Why a `Hello` was refused.
@@ -91,6 +97,8 @@ impl Hello {
             pid,
             process_name: name,
             window_len,
+            vm_window: false,
+            window_offset: 0,
         }
     }
 
@@ -101,7 +109,9 @@ impl Hello {
             .u8(self.api as u8)
             .u32(self.pid)
             .bytes(self.process_name.as_bytes())
-            .u64(self.window_len);
+            .u64(self.window_len)
+            .u8(u8::from(self.vm_window))
+            .u64(self.window_offset);
         w.into_vec()
     }
 
@@ -121,6 +131,8 @@ impl Hello {
         let pid = r.u32()?;
         let name = r.bytes(MAX_PROCESS_NAME)?;
         let window_len = r.u64()?;
+        let vm_window = r.flag()?;
+        let window_offset = r.u64()?;
         r.finish()?;
         Ok(Hello {
             magic,
@@ -129,6 +141,8 @@ impl Hello {
             pid,
             process_name: decode_name(name, MAX_PROCESS_NAME),
             window_len,
+            vm_window,
+            window_offset,
         })
     }
 }
@@ -143,6 +157,8 @@ pub struct Welcome {
     pub vm_name: String,
     /// Size of the data window the host accepted (0: the guest must send inline).
     pub window_len: u64,
+    /// For a VM window: where the session's slot starts in the shared region.
+    pub window_offset: u64,
 }
 
 impl Welcome {
@@ -151,7 +167,8 @@ impl Welcome {
         w.u16(self.version)
             .u64(self.session)
             .bytes(self.vm_name.as_bytes())
-            .u64(self.window_len);
+            .u64(self.window_len)
+            .u64(self.window_offset);
         w.into_vec()
     }
 
@@ -161,12 +178,14 @@ impl Welcome {
         let session = r.u64()?;
         let vm_name = decode_name(r.bytes(MAX_PROCESS_NAME)?, MAX_PROCESS_NAME);
         let window_len = r.u64()?;
+        let window_offset = r.u64()?;
         r.finish()?;
         Ok(Welcome {
             version,
             session,
             vm_name,
             window_len,
+            window_offset,
         })
     }
 }
@@ -271,6 +290,7 @@ mod tests {
             session: 5,
             vm_name: "vm1".into(),
             window_len: 0,
+            window_offset: 4096,
         };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
     }

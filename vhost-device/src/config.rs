@@ -15,7 +15,7 @@ pub enum ConfigError {
     BadVmName(String),
     #[error("`{0}` is not KEY=VALUE")]
     NotKeyValue(String),
-    #[error("unknown VM setting `{0}` (known: name, socket, hybrid, cid)")]
+    #[error("unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb)")]
     UnknownKey(String),
     #[error("VM setting `{0}` given twice")]
     DuplicateKey(String),
@@ -23,6 +23,10 @@ pub enum ConfigError {
     Missing(&'static str),
     #[error("CID {0:?} must be a number from 3 to 4294967294 (0-2 are reserved)")]
     BadCid(String),
+    #[error("window-mb {0:?} must be a number of MiB from 4 to 65536")]
+    BadWindowSize(String),
+    #[error("a data window (`window=`) needs the vhost-user transport (`socket=`)")]
+    WindowNeedsVhostUser,
     #[error(
         "give exactly one of `socket=` (QEMU vhost-user) and `hybrid=` (cloud-hypervisor, Firecracker)"
     )]
@@ -91,6 +95,8 @@ pub struct VmSpec {
     pub name: String,
     pub cid: u32,
     pub transport: VmTransport,
+    /// The VM's shared data window (ivshmem) file and size, for vhost-user VMs.
+    pub window: Option<(PathBuf, u64)>,
 }
 
 impl VmSpec {
@@ -113,7 +119,8 @@ impl FromStr for VmSpec {
 
     /// Parses `name=NAME,socket=PATH,cid=N` or `name=NAME,hybrid=PATH,cid=N`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
-        let (mut name, mut hybrid, mut socket, mut cid) = (None, None, None, None);
+        let (mut name, mut hybrid, mut socket, mut cid, mut window, mut window_mb) =
+            (None, None, None, None, None, None);
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
@@ -123,6 +130,8 @@ impl FromStr for VmSpec {
                 "hybrid" => &mut hybrid,
                 "socket" => &mut socket,
                 "cid" => &mut cid,
+                "window" => &mut window,
+                "window-mb" => &mut window_mb,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -145,10 +154,30 @@ impl FromStr for VmSpec {
             .ok()
             .filter(|c| (3..u32::MAX).contains(c))
             .ok_or(ConfigError::BadCid(cid_text))?;
+        let window = match (window, window_mb) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(ConfigError::Missing("window")),
+            (Some(p), mb) => {
+                if p.is_empty() {
+                    return Err(ConfigError::EmptyPath);
+                }
+                if matches!(transport, VmTransport::Hybrid(_)) {
+                    return Err(ConfigError::WindowNeedsVhostUser);
+                }
+                let mb_text = mb.unwrap_or_else(|| "64".into());
+                let mb = mb_text
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|m| (4..=65536).contains(m))
+                    .ok_or(ConfigError::BadWindowSize(mb_text))?;
+                Some((PathBuf::from(p), mb << 20))
+            }
+        };
         Ok(VmSpec {
             name,
             cid,
             transport,
+            window,
         })
     }
 }
@@ -233,6 +262,28 @@ mod tests {
             VmTransport::VhostUser(PathBuf::from("/run/hira/q.sock"))
         );
         assert!(v.listener().is_none());
+    }
+
+    #[test]
+    fn window_defaults_to_64_mib() {
+        let v: VmSpec = "name=q,socket=/s,cid=3,window=/dev/shm/q".parse().unwrap();
+        assert_eq!(v.window, Some((PathBuf::from("/dev/shm/q"), 64 << 20)));
+    }
+
+    #[test]
+    fn window_on_a_hybrid_vm_is_rejected() {
+        assert_eq!(
+            "name=q,hybrid=/s,cid=3,window=/w".parse::<VmSpec>(),
+            Err(ConfigError::WindowNeedsVhostUser)
+        );
+    }
+
+    #[test]
+    fn tiny_window_is_rejected() {
+        assert_eq!(
+            "name=q,socket=/s,cid=3,window=/w,window-mb=1".parse::<VmSpec>(),
+            Err(ConfigError::BadWindowSize("1".into()))
+        );
     }
 
     #[test]

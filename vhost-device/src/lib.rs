@@ -8,6 +8,7 @@
 //! - [`router`]: the per-VM dispatch queues every command passes through (first in,
 //!   first out for now) and per-VM counters.
 //! - [`spawn`]: starting and reaping API-server processes.
+//! - [`window`]: per-VM shared data windows (ivshmem) and their per-session slots.
 //! - [`vsock`]: the virtio-vsock protocol (packet header, connection state machine,
 //!   credit-based flow control, per-VM multiplexing) for the VM transport.
 
@@ -17,6 +18,7 @@ pub mod router;
 pub mod session;
 pub mod spawn;
 pub mod vsock;
+pub mod window;
 
 use std::sync::Arc;
 
@@ -40,6 +42,17 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             continue;
         };
         let (config, queue, vm) = (config.clone(), router.vm(&vm.name), vm.clone());
+        if let Some((path, size)) = &vm.window {
+            let w = window::VmWindow::create(path, *size)
+                .map_err(|e| listener::ListenError::Bind(path.display().to_string(), e))?;
+            log::info!(
+                "VM {:?}: data window {} ({} MiB)",
+                vm.name,
+                path.display(),
+                size >> 20
+            );
+            let _ = queue.window.set(w);
+        }
         log::info!(
             "VM {:?} (CID {}): vhost-user vsock device on {}",
             vm.name,

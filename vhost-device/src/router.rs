@@ -12,6 +12,8 @@ use std::sync::{Arc, Condvar, Mutex};
 /// A VM's dispatch queue and counters.
 #[derive(Debug, Default)]
 pub struct VmQueue {
+    /// The VM's shared data window, if it has one.
+    pub window: std::sync::OnceLock<crate::window::VmWindow>,
     tickets: Mutex<(u64, u64)>,
     cv: Condvar,
     pub commands: AtomicU64,

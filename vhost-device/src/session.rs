@@ -115,20 +115,42 @@ fn serve(
             return Err(SessionError::Handshake(e.to_string()));
         }
     };
-    // Accept the window only if it is a descriptor of exactly the announced size,
-    // within the configured limit; otherwise the session runs without one.
-    let window = fd.filter(|fd| {
-        let ok = hello.window_len > 0
-            && hello.window_len <= config.max_window
-            && window_size(fd) == Some(hello.window_len);
-        if !ok {
-            warn!(
-                "VM {vm:?} session {id}: data window refused (announced {} bytes)",
-                hello.window_len
-            );
+    // A guest that passed a memfd gets it checked: exactly the announced size, within
+    // the configured limit. A guest of a VM with a shared window (ivshmem) may lease a
+    // slot of it instead. Otherwise the session runs without a window.
+    let mut lease = None;
+    hello.window_offset = 0;
+    let window: Option<OwnedFd> = match fd {
+        Some(fd) => {
+            let ok = hello.window_len > 0
+                && hello.window_len <= config.max_window
+                && window_size(&fd) == Some(hello.window_len);
+            if !ok {
+                warn!(
+                    "VM {vm:?} session {id}: data window refused (announced {} bytes)",
+                    hello.window_len
+                );
+            }
+            ok.then_some(fd)
         }
-        ok
-    });
+        None if hello.vm_window => {
+            let slot = queue
+                .window
+                .get()
+                .and_then(|w| w.lease().zip(w.open().ok()));
+            match slot {
+                Some((l, fd)) => {
+                    hello.window_len = l.len;
+                    hello.window_offset = l.offset;
+                    lease = Some(l);
+                    Some(fd)
+                }
+                None => None,
+            }
+        }
+        None => None,
+    };
+    hello.vm_window = false;
     if window.is_none() {
         hello.window_len = 0;
     }
@@ -167,6 +189,11 @@ fn serve(
             session: id,
             vm_name: vm.to_string(),
             window_len: server_welcome.window_len,
+            window_offset: if server_welcome.window_len > 0 {
+                hello.window_offset
+            } else {
+                0
+            },
         }
         .encode();
         let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
@@ -197,6 +224,7 @@ fn serve(
     })();
     let child_id = child.id();
     spawn::reap(child, TEARDOWN_GRACE);
+    drop(lease);
     info!(
         "VM {vm:?} session {id}: ended after {} commands ({} bytes, {} rejected), API server {} reaped",
         stats.commands, stats.bytes, stats.rejected, child_id

@@ -174,15 +174,28 @@ impl Daemon {
 
     /// Starts the daemon serving one vhost-user vsock device per `(name, cid)`.
     pub fn start_vms(vms: &[(&str, u32)]) -> Daemon {
+        Self::start_vms_with(vms, false)
+    }
+
+    /// As [`Daemon::start_vms`], each VM with a 64 MiB shared data window when
+    /// `windows` is set (see [`Daemon::window_file`]).
+    pub fn start_vms_with(vms: &[(&str, u32)], windows: bool) -> Daemon {
         ensure_built();
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("daemon.log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
         for (name, cid) in vms {
-            cmd.arg("--vm").arg(format!(
+            let mut spec = format!(
                 "name={name},socket={},cid={cid}",
                 dir.path().join(format!("{name}.vhost")).display()
-            ));
+            );
+            if windows {
+                spec.push_str(&format!(
+                    ",window={},window-mb=64",
+                    dir.path().join(format!("{name}.window")).display()
+                ));
+            }
+            cmd.arg("--vm").arg(spec);
         }
         cmd.env("RUST_LOG", "info")
             .env_remove("OCL_ICD_VENDORS")
@@ -205,6 +218,11 @@ impl Daemon {
             }
         }
         d
+    }
+
+    /// The shared data window file of VM `name`.
+    pub fn window_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.window"))
     }
 
     /// The vhost-user socket of VM `name` started by [`Daemon::start_vms`].

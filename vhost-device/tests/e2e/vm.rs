@@ -105,6 +105,23 @@ fn image_with(name: &str, script: &str, programs: &[&str]) -> std::path::PathBuf
     dir
 }
 
+/// QEMU booting `image` with Hira's vhost-user vsock device on `vhost`, and the
+/// daemon's window file as an ivshmem device.
+fn qemu_with_window(
+    image: &std::path::Path,
+    vhost: &std::path::Path,
+    window: &std::path::Path,
+) -> Command {
+    let mut q = qemu(image, vhost);
+    q.arg("-object")
+        .arg(format!(
+            "memory-backend-file,id=hirawin,mem-path={},size=64M,share=on",
+            window.display()
+        ))
+        .args(["-device", "ivshmem-plain,memdev=hirawin"]);
+    q
+}
+
 /// QEMU booting `image` with Hira's vhost-user vsock device on `vhost`.
 fn qemu(image: &std::path::Path, vhost: &std::path::Path) -> Command {
     let mut q = Command::new("qemu-system-x86_64");
@@ -160,10 +177,10 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("usergate", ""),
 ];
 
-#[test]
-fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
+/// Runs every program of [`PROGRAMS`] in a guest and compares with native runs.
+fn programs_match_native(window: bool) -> Daemon {
     ensure_built();
-    let daemon = Daemon::start_vms(&[("qvm", 3)]);
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], window);
     let script: String = PROGRAMS
         .iter()
         .map(|(p, args)| {
@@ -171,11 +188,25 @@ fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
         })
         .collect();
     let names: Vec<&str> = PROGRAMS.iter().map(|(p, _)| *p).collect();
-    let image = image_with("programs", &script, &names);
-    let out = run_with_timeout(
-        &mut qemu(&image, &daemon.vhost_socket("qvm")),
-        Duration::from_secs(300),
+    let image = image_with(
+        if window {
+            "programs-window"
+        } else {
+            "programs"
+        },
+        &script,
+        &names,
     );
+    let mut q = if window {
+        qemu_with_window(
+            &image,
+            &daemon.vhost_socket("qvm"),
+            &daemon.window_file("qvm"),
+        )
+    } else {
+        qemu(&image, &daemon.vhost_socket("qvm"))
+    };
+    let out = run_with_timeout(&mut q, Duration::from_secs(300));
     let console = String::from_utf8_lossy(&out.stdout);
     let mut expected = String::new();
     let native_vendors = Vendors::native();
@@ -201,6 +232,56 @@ fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
     assert!(
         daemon.log_text().contains("VM \"qvm\" session"),
         "sessions belong to the VM"
+    );
+    daemon
+}
+
+#[test]
+fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
+    let daemon = programs_match_native(false);
+    assert!(
+        daemon.log_text().contains("window 0 bytes"),
+        "no window without ivshmem"
+    );
+}
+
+#[test]
+fn guest_programs_with_the_ivshmem_window_match_native() {
+    let daemon = programs_match_native(true);
+    let log = daemon.log_text();
+    assert!(
+        log.contains("window 16777216 bytes"),
+        "sessions lease a 16 MiB slot of the VM window:\n{log}"
+    );
+    // vecadd moves 768 KiB of buffers; through the window almost none of it crosses
+    // the vsock connection.
+    let session = log
+        .lines()
+        .find(|l| l.contains(": vecadd (guest pid"))
+        .and_then(|l| {
+            l.split("session ")
+                .nth(1)?
+                .split(':')
+                .next()
+                .map(str::to_string)
+        })
+        .expect("a vecadd session");
+    let ended = log
+        .lines()
+        .find(|l| l.contains(&format!("session {session}: ended after")))
+        .expect("vecadd's session ended");
+    let bytes: u64 = ended
+        .split('(')
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        bytes < 64 * 1024,
+        "vecadd's data went through the window: {ended}"
     );
 }
 
