@@ -23,6 +23,8 @@ pub enum ConfigError {
     Missing(&'static str),
     #[error("CID {0:?} must be a number from 3 to 4294967294 (0-2 are reserved)")]
     BadCid(String),
+    #[error("config file: {0}")]
+    File(String),
     #[error("window-mb {0:?} must be a number of MiB from 4 to 65536")]
     BadWindowSize(String),
     #[error("a data window (`window=`) needs the vhost-user transport (`socket=`)")]
@@ -114,30 +116,55 @@ impl VmSpec {
     }
 }
 
+/// The settings of one VM before validation, from `--vm` or a config file.
+#[derive(Debug, Default)]
+struct VmFields {
+    name: Option<String>,
+    socket: Option<String>,
+    hybrid: Option<String>,
+    cid: Option<String>,
+    window: Option<String>,
+    window_mb: Option<String>,
+}
+
 impl FromStr for VmSpec {
     type Err = ConfigError;
 
     /// Parses `name=NAME,socket=PATH,cid=N` or `name=NAME,hybrid=PATH,cid=N`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
-        let (mut name, mut hybrid, mut socket, mut cid, mut window, mut window_mb) =
-            (None, None, None, None, None, None);
+        let mut f = VmFields::default();
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| ConfigError::NotKeyValue(kv.to_string()))?;
             let slot = match k {
-                "name" => &mut name,
-                "hybrid" => &mut hybrid,
-                "socket" => &mut socket,
-                "cid" => &mut cid,
-                "window" => &mut window,
-                "window-mb" => &mut window_mb,
+                "name" => &mut f.name,
+                "hybrid" => &mut f.hybrid,
+                "socket" => &mut f.socket,
+                "cid" => &mut f.cid,
+                "window" => &mut f.window,
+                "window-mb" => &mut f.window_mb,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
                 return Err(ConfigError::DuplicateKey(k.to_string()));
             }
         }
+        f.into_spec()
+    }
+}
+
+impl VmFields {
+    /// Validates the settings into a VM.
+    fn into_spec(self) -> Result<VmSpec, ConfigError> {
+        let VmFields {
+            name,
+            socket,
+            hybrid,
+            cid,
+            window,
+            window_mb,
+        } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
         if !valid_vm_name(&name) {
             return Err(ConfigError::BadVmName(name));
@@ -179,6 +206,90 @@ impl FromStr for VmSpec {
             transport,
             window,
         })
+    }
+}
+
+/// The daemon's settings as a TOML file (`hira-vhost --config FILE`):
+///
+/// ```toml
+/// api_server = "/usr/libexec/hira-api-server"   # optional
+/// platform = "Portable"                          # optional
+/// max_window_mb = 1024                           # optional
+///
+/// [[local]]
+/// vm = "local"
+/// path = "/run/hira/local.sock"
+///
+/// [[vm]]
+/// name = "vm1"
+/// socket = "/run/hira/vm1.vhost"   # or hybrid = "/run/hira/vm1.vsock"
+/// cid = 3
+/// window = "/dev/shm/hira-vm1"     # optional
+/// window_mb = 256                   # optional
+/// ```
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub api_server: Option<PathBuf>,
+    pub platform: Option<String>,
+    pub max_window_mb: Option<u64>,
+    #[serde(default)]
+    local: Vec<LocalEntry>,
+    #[serde(default)]
+    vm: Vec<VmEntry>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LocalEntry {
+    vm: Option<String>,
+    path: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmEntry {
+    name: String,
+    socket: Option<String>,
+    hybrid: Option<String>,
+    cid: u64,
+    window: Option<String>,
+    window_mb: Option<u64>,
+}
+
+impl FileConfig {
+    /// Parses a config file's text.
+    pub fn parse(text: &str) -> Result<FileConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::File(e.to_string()))
+    }
+
+    /// The file's local listeners, validated.
+    pub fn listeners(&self) -> Result<Vec<LocalListener>, ConfigError> {
+        self.local
+            .iter()
+            .map(|l| match &l.vm {
+                Some(vm) => format!("{vm}={}", l.path).parse(),
+                None => l.path.parse(),
+            })
+            .collect()
+    }
+
+    /// The file's VMs, validated exactly as `--vm` is.
+    pub fn vms(&self) -> Result<Vec<VmSpec>, ConfigError> {
+        self.vm
+            .iter()
+            .map(|v| {
+                VmFields {
+                    name: Some(v.name.clone()),
+                    socket: v.socket.clone(),
+                    hybrid: v.hybrid.clone(),
+                    cid: Some(v.cid.to_string()),
+                    window: v.window.clone(),
+                    window_mb: v.window_mb.map(|m| m.to_string()),
+                }
+                .into_spec()
+            })
+            .collect()
     }
 }
 
@@ -262,6 +373,42 @@ mod tests {
             VmTransport::VhostUser(PathBuf::from("/run/hira/q.sock"))
         );
         assert!(v.listener().is_none());
+    }
+
+    #[test]
+    fn config_file_describes_listeners_and_vms() {
+        let f = FileConfig::parse(
+            "platform = \"Portable\"\n[[local]]\nvm = \"dev\"\npath = \"/tmp/dev.sock\"\n\
+             [[vm]]\nname = \"vm1\"\nsocket = \"/run/hira/vm1.vhost\"\ncid = 3\nwindow = \"/dev/shm/w\"\nwindow_mb = 128\n",
+        )
+        .unwrap();
+        assert_eq!(f.platform.as_deref(), Some("Portable"));
+        assert_eq!(f.listeners().unwrap()[0].vm, "dev");
+        let vms = f.vms().unwrap();
+        assert_eq!(
+            vms[0].window,
+            Some((PathBuf::from("/dev/shm/w"), 128 << 20))
+        );
+        assert_eq!(
+            vms[0].transport,
+            VmTransport::VhostUser(PathBuf::from("/run/hira/vm1.vhost"))
+        );
+    }
+
+    #[test]
+    fn config_file_with_an_unknown_key_is_refused() {
+        let e = FileConfig::parse("[[vm]]\nname = \"a\"\nsocket = \"/s\"\ncid = 3\nshares = 2\n")
+            .unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::File(m) if m.contains("shares")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn config_file_vm_is_validated_like_the_command_line() {
+        let f = FileConfig::parse("[[vm]]\nname = \"a\"\nsocket = \"/s\"\ncid = 2\n").unwrap();
+        assert_eq!(f.vms().unwrap_err(), ConfigError::BadCid("2".into()));
     }
 
     #[test]

@@ -4,13 +4,17 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use hira_vhost::config::{Config, LocalListener, VmSpec};
+use hira_vhost::config::{Config, FileConfig, LocalListener, VmSpec};
 
 /// Serves Hira guests: accepts their connections, routes every call through the
 /// per-VM policy and runs one API-server process per guest application.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
+    /// Read settings from this TOML file (see the README); flags add listeners and VMs
+    /// to it and override its other settings.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Host-local guest listener, `[VM_NAME=]PATH` (repeatable). Connections on it
     /// belong to VM VM_NAME (default "local").
     #[arg(long = "local-socket", value_name = "[VM=]PATH")]
@@ -27,25 +31,31 @@ struct Args {
     /// Host OpenCL platform to serve: the first whose name contains this text.
     #[arg(long)]
     platform: Option<String>,
-    /// Largest data window a guest may share, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    max_window_mb: u64,
+    /// Largest data window a guest may share, in MiB (default 1024).
+    #[arg(long)]
+    max_window_mb: Option<u64>,
 }
 
 impl TryFrom<Args> for Config {
     type Error = anyhow::Error;
 
     fn try_from(a: Args) -> anyhow::Result<Config> {
-        let mut listeners = a
-            .local_sockets
-            .iter()
-            .map(|s| s.parse::<LocalListener>())
-            .collect::<Result<Vec<_>, _>>()?;
-        let vms = a
-            .vms
-            .iter()
-            .map(|s| s.parse::<VmSpec>())
-            .collect::<Result<Vec<_>, _>>()?;
+        let file = match &a.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                FileConfig::parse(&text).with_context(|| format!("in {}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let mut listeners = file.listeners()?;
+        for s in &a.local_sockets {
+            listeners.push(s.parse::<LocalListener>()?);
+        }
+        let mut vms = file.vms()?;
+        for s in &a.vms {
+            vms.push(s.parse::<VmSpec>()?);
+        }
         for (i, v) in vms.iter().enumerate() {
             anyhow::ensure!(
                 !vms[..i].iter().any(|w| w.name == v.name || w.cid == v.cid),
@@ -60,7 +70,7 @@ impl TryFrom<Args> for Config {
         listeners.extend(vms.iter().filter_map(VmSpec::listener));
         let vhost_user_vms: Vec<VmSpec> =
             vms.into_iter().filter(|v| v.listener().is_none()).collect();
-        let api_server = match a.api_server {
+        let api_server = match a.api_server.or(file.api_server) {
             Some(p) => p,
             None => std::env::current_exe()
                 .context("cannot locate this executable")?
@@ -71,17 +81,17 @@ impl TryFrom<Args> for Config {
             "API server {} does not exist",
             api_server.display()
         );
+        let max_window_mb = a.max_window_mb.or(file.max_window_mb).unwrap_or(1024);
         anyhow::ensure!(
-            a.max_window_mb <= 64 * 1024,
-            "--max-window-mb {} is over 64 GiB",
-            a.max_window_mb
+            max_window_mb <= 64 * 1024,
+            "max window of {max_window_mb} MiB is over 64 GiB"
         );
         Ok(Config {
             listeners,
             vhost_user_vms,
             api_server,
-            platform: a.platform,
-            max_window: a.max_window_mb * 1024 * 1024,
+            platform: a.platform.or(file.platform),
+            max_window: max_window_mb * 1024 * 1024,
         })
     }
 }

@@ -237,3 +237,67 @@ fn bad_vm_specs_are_refused_with_a_clear_error() {
         assert!(err.contains(says), "{spec}: {err}");
     }
 }
+
+#[test]
+fn config_file_sets_up_listeners_and_bad_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("filevm.sock");
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "[[local]]\nvm = \"filevm\"\npath = \"{}\"\n",
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("log");
+    let mut d = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+        .arg("--config")
+        .arg(&good)
+        .env("RUST_LOG", "info")
+        .env_remove("OCL_ICD_VENDORS")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "no listener from the config file"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let vendors = Vendors::hira();
+    let out = run_with_timeout(
+        std::process::Command::new(c_program("vecadd"))
+            .env("OCL_ICD_VENDORS", vendors.dir.path())
+            .env("HIRA_SOCKET", &sock),
+        Duration::from_secs(60),
+    );
+    let _ = d.kill();
+    let _ = d.wait();
+    assert!(out.status.success());
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("VM \"filevm\" session")
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[vm]]\nname = \"a\"\nsocket = \"/x\"\ncid = 3\nweight = 2\n",
+    )
+    .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("weight") && err.contains("bad.toml"),
+        "{err}"
+    );
+}
