@@ -18,7 +18,6 @@ pub struct VmQueue {
     cv: Condvar,
     pub commands: AtomicU64,
     pub bytes: AtomicU64,
-    pub sessions: AtomicU64,
 }
 
 /// The right to forward one command; the next command is admitted when it drops.

@@ -161,9 +161,6 @@ fn serve(
         hello.pid,
         child.id()
     );
-    queue
-        .sessions
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut stats = SessionStats::default();
     let result = (|| -> Result<(), SessionError> {
         let hello_bytes = hello.encode();
