@@ -194,12 +194,6 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     param_name = Some(n.clone());
                 }
             }
-            Kind::ArgIndex(kernel) => {
-                let _ = writeln!(
-                    enc,
-                    "crate::rt::check_arg_index({kernel}, {n})?;\nc.w.u32({n});"
-                );
-            }
             Kind::Handle { kind, nullable } => {
                 let _ = writeln!(
                     enc,
@@ -248,14 +242,27 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     }
                     _ => "true".into(),
                 };
+                if let Kind::HostPtr { flags, .. } = &a.kind {
+                    // A pointer the host would ignore is an error natively.
+                    let _ = writeln!(
+                        enc,
+                        "if !{n}.is_null() && !crate::rt::sends_host_ptr({flags} as u64) {{ return Err(crate::rt::CL_INVALID_HOST_PTR); }}"
+                    );
+                }
                 let _ = writeln!(
                     enc,
                     "if {cond} {{ c.bytes_in({n} as *const u8, ({size}) as usize)?; }} else {{ c.bytes_in(std::ptr::null(), 0)?; }}"
                 );
                 if let Kind::HostPtr { flags, .. } = &a.kind {
+                    // Buffers remember their size, so that transfers are checked locally.
+                    let bytes = if f.name.starts_with("clCreateBuffer") {
+                        format!("Some(({size}) as usize)")
+                    } else {
+                        "None".into()
+                    };
                     let _ = writeln!(
                         dec,
-                        "crate::rt::note_mem(ret__id, {flags} as u64, {n} as *mut c_void);"
+                        "crate::rt::note_mem(ret__id, {flags} as u64, {n} as *mut c_void, {bytes});"
                     );
                 }
             }
@@ -307,7 +314,7 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     "c.w.u64(crate::rt::register_callback(crate::rt::Callback::{kind}({n}), {data}));"
                 );
             }
-            Kind::KernelArg(size) => {
+            Kind::KernelArg { size, .. } => {
                 let _ = writeln!(enc, "c.kernel_arg({n}, {size})?;");
             }
             Kind::ImageDesc => {
@@ -428,12 +435,26 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             );
         }
     }
+    if f.check {
+        let names: Vec<&str> = f.args.iter().map(|a| a.name.as_str()).collect();
+        let _ = writeln!(
+            s,
+            "            let check__sync = crate::checks::{}({})?;",
+            f.name,
+            names.join(", ")
+        );
+    }
     s.push_str(&indent(&enc, pad));
     // A blocking transfer is synchronous by definition: forward it asynchronously
     // only when the application did not ask to wait.
     let may_async = match f.args.iter().find(|a| matches!(a.kind, Kind::Blocking)) {
         Some(b) if f.is_async => format!("{} == 0", b.name),
         _ => f.is_async.to_string(),
+    };
+    let may_async = if f.check {
+        format!("({may_async}) && !check__sync")
+    } else {
+        may_async
     };
     let _ = writeln!(
         s,
@@ -479,7 +500,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         let n = &a.name;
         let ct = &a.ctype;
         match &a.kind {
-            Kind::Val | Kind::ArgIndex(_) => {
+            Kind::Val => {
                 let t = wire_scalar(ct)?;
                 let _ = writeln!(dec, "let {n} = r.{t}()? as {ct};");
             }
@@ -622,11 +643,15 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let _ = writeln!(dec, "let {n}__cb = r.u64()?;");
                 let _ = writeln!(late, "let ({n}, {data}) = s.callback_{method}({n}__cb);");
             }
-            Kind::KernelArg(size) => {
+            Kind::KernelArg {
+                kernel,
+                index,
+                size,
+            } => {
                 let _ = writeln!(dec, "let {n}__k = Session::kernel_arg(r)?;");
                 let _ = writeln!(
                     res,
-                    "let {n}__k = s.resolve_kernel_arg({n}__k)?;\nlet ({size}, {n}) = {n}__k.host_arg({size})?;"
+                    "let {n}__k = s.resolve_kernel_arg({kernel}__id, {index} as u32, {size}, {n}__k)?;\nlet ({size}, {n}) = {n}__k.host_arg({size})?;"
                 );
             }
             Kind::ImageDesc => {

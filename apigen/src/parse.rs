@@ -22,7 +22,6 @@ impl std::error::Error for ParseError {}
 pub enum Kind {
     Val,
     /// A kernel argument index, checked by the guest against the kernel's count.
-    ArgIndex(String),
     MemFlags,
     Blocking,
     Handle {
@@ -69,7 +68,12 @@ pub enum Kind {
         data: String,
     },
     CbData,
-    KernelArg(String),
+    /// A kernel argument value: the kernel, the argument index and the size argument.
+    KernelArg {
+        kernel: String,
+        index: String,
+        size: String,
+    },
     ImageDesc,
     RectIn {
         origin: String,
@@ -121,6 +125,9 @@ pub struct Func {
     pub cache: bool,
     pub custom: bool,
     pub local: bool,
+    /// The guest checks the arguments first (`guest-shim/src/checks.rs`): it returns
+    /// the native error code without a round trip, or asks for a synchronous call.
+    pub check: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -197,7 +204,6 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
     let kind = match head {
         "val" => Kind::Val,
         "memflags" => Kind::MemFlags,
-        "argidx" => Kind::ArgIndex(p(0)?),
         "blocking" => Kind::Blocking,
         "h" | "h?" => {
             want(1)?;
@@ -264,7 +270,14 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
             data: p(1)?,
         },
         "cbdata" => Kind::CbData,
-        "kargs" => Kind::KernelArg(p(0)?),
+        "kargs" => {
+            want(3)?;
+            Kind::KernelArg {
+                kernel: p(0)?,
+                index: p(1)?,
+                size: p(2)?,
+            }
+        }
         "imgdesc" => Kind::ImageDesc,
         "rectin" | "rectout" | "imgin" | "imgout" => {
             want(4)?;
@@ -356,6 +369,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         cache: false,
         custom: false,
         local: false,
+        check: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -363,6 +377,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "cache" => f.cache = true,
             "custom" => f.custom = true,
             "local" => f.local = true,
+            "check" => f.check = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

@@ -18,6 +18,7 @@
 //! - [`sizes`]: byte counts of arguments, as the API defines them.
 //! - [`stats`]: per-call statistics printed at exit (`HIRA_STATS=1`).
 
+mod checks;
 pub mod icd;
 mod icd_slots;
 pub mod local;

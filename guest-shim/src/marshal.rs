@@ -341,13 +341,14 @@ impl Call {
         Ok(())
     }
 
-    /// A zero-terminated list of 64-bit properties, or null.
+    /// A property list (key/value pairs ended by a zero key), or null. Values may be
+    /// zero, so the list is read in pairs.
     ///
     /// # Safety
-    /// `p` must be null or a zero-terminated list.
+    /// `p` must be null or a list of key/value pairs ended by a zero key.
     pub unsafe fn zlist(&mut self, p: *const u64) -> Result<(), cl_int> {
         // SAFETY: forwarded contract.
-        let words = unsafe { read_list(p, 1) }?;
+        let words = unsafe { read_list(p, 2) }?;
         self.words(words);
         Ok(())
     }

@@ -24,6 +24,7 @@ use crate::icd::DISPATCH;
 pub(crate) const CL_OUT_OF_RESOURCES: cl_int = -5;
 pub(crate) const CL_OUT_OF_HOST_MEMORY: cl_int = -6;
 pub(crate) const CL_INVALID_VALUE: cl_int = -30;
+pub(crate) const CL_INVALID_HOST_PTR: cl_int = -37;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
 const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 
@@ -48,6 +49,8 @@ pub struct MemExtra {
     pub host_ptr: usize,
     /// Bytes per pixel, once known (images only).
     pub elem_size: usize,
+    /// Size in bytes, for buffers made by `clCreateBuffer*`.
+    pub size: Option<usize>,
 }
 
 #[derive(Default)]
@@ -60,8 +63,6 @@ struct Objects {
 struct Runtime {
     conn: Result<Connection, TransportError>,
     objects: Mutex<Objects>,
-    /// Argument counts of kernels, fetched once each.
-    kernel_args: Mutex<HashMap<u64, u32>>,
     next_id: AtomicU64,
     callbacks: Mutex<HashMap<u64, (Callback, usize)>>,
     /// One-shot callbacks registered and not yet delivered.
@@ -90,7 +91,6 @@ fn runtime() -> &'static Runtime {
         Runtime {
             conn,
             objects: Mutex::new(Objects::default()),
-            kernel_args: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             callbacks: Mutex::new(HashMap::new()),
             outstanding: AtomicUsize::new(0),
@@ -206,60 +206,13 @@ pub(crate) fn released(ptr: *mut c_void) {
     }
 }
 
-/// Checks `index` against the kernel's argument count, so that `clSetKernelArg`,
-/// which is forwarded without waiting, still reports `CL_INVALID_ARG_INDEX`.
-pub(crate) fn check_arg_index(kernel: opencl_sys::cl_kernel, index: u32) -> Result<(), cl_int> {
-    const CL_INVALID_ARG_INDEX: cl_int = -49;
-    const CL_KERNEL_NUM_ARGS: u32 = 0x1191;
-    let (id, kind) = lookup(kernel).ok_or(Kind::Kernel.invalid_code())?;
-    if kind != Kind::Kernel {
-        return Err(Kind::Kernel.invalid_code());
-    }
-    let known = runtime()
-        .kernel_args
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&id)
-        .copied();
-    let count = match known {
-        Some(n) => n,
-        None => {
-            let mut n: u32 = 0;
-            // SAFETY: asking for a cl_uint into a local cl_uint.
-            let status = unsafe {
-                crate::generated::clGetKernelInfo(
-                    kernel,
-                    CL_KERNEL_NUM_ARGS,
-                    size_of::<u32>(),
-                    (&mut n as *mut u32).cast(),
-                    std::ptr::null_mut(),
-                )
-            };
-            if status != 0 {
-                return Err(status);
-            }
-            runtime()
-                .kernel_args
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, n);
-            n
-        }
-    };
-    if index >= count {
-        Err(CL_INVALID_ARG_INDEX)
-    } else {
-        Ok(())
-    }
-}
-
 /// Whether `flags` make the host read `host_ptr` at creation.
 pub(crate) fn sends_host_ptr(flags: u64) -> bool {
     flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR) != 0
 }
 
 /// Remembers what the application passed when it created memory object `id`.
-pub(crate) fn note_mem(id: u64, flags: u64, host_ptr: *mut c_void) {
+pub(crate) fn note_mem(id: u64, flags: u64, host_ptr: *mut c_void, size: Option<usize>) {
     let host_ptr = if flags & CL_MEM_USE_HOST_PTR != 0 {
         host_ptr as usize
     } else {
@@ -271,6 +224,7 @@ pub(crate) fn note_mem(id: u64, flags: u64, host_ptr: *mut c_void) {
             flags,
             host_ptr,
             elem_size: 0,
+            size,
         },
     );
 }

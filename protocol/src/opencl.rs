@@ -7,6 +7,8 @@
 //! the host assigns (devices, platforms, kernels made by `clCreateKernelsInProgram`)
 //! have it set. 0 is the null handle.
 
+pub mod kernel_args;
+
 /// Top bit of a host-assigned id.
 pub const HOST_ID_BIT: u64 = 1 << 63;
 

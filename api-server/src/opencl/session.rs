@@ -11,6 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cl3::OpenCl;
 use hira_protocol::codec::{MAX_ARRAY, MAX_STRING};
 use hira_protocol::frame::MAX_FRAME_BODY;
+use hira_protocol::opencl::kernel_args::{
+    ArgKind, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_TYPE_NAME,
+    CL_KERNEL_ARG_TYPE_QUALIFIER, CL_KERNEL_NUM_ARGS,
+};
 use hira_protocol::opencl::{
     self, CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, CL_PROGRAM_BINARY_SIZES, HOST_ID_BIT,
     InfoHandles, Kind, notify, tag,
@@ -28,6 +32,7 @@ const CL_OUT_OF_RESOURCES: cl_int = -5;
 const CL_INVALID_VALUE: cl_int = -30;
 const CL_INVALID_ARG_SIZE: cl_int = -51;
 const CL_INVALID_ARG_VALUE: cl_int = -50;
+const CL_INVALID_DEVICE_QUEUE: cl_int = -70;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
 const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 /// Largest info value the server will fetch.
@@ -51,6 +56,9 @@ pub struct Handles {
     by_id: HashMap<u64, Entry>,
     by_host: HashMap<usize, u64>,
     next_host_id: u64,
+    /// Argument kinds of each kernel, learnt from the host when it was created
+    /// (`None`: the host could not tell).
+    kernels: HashMap<u64, Option<Arc<[ArgKind]>>>,
 }
 
 impl Handles {
@@ -110,6 +118,7 @@ impl Handles {
             .map(|(_, e)| (e.kind, e.host, e.guest_refs))
             .collect();
         self.by_host.clear();
+        self.kernels.clear();
         v.sort_by_key(|(k, _, _)| k.teardown_rank());
         v
     }
@@ -476,8 +485,74 @@ impl<'a> Session<'a> {
     }
 
     /// Records a new host object under the guest's id, holding one guest reference.
+    /// A kernel's argument kinds are learnt from the host now.
     pub fn bind(&self, id: u64, kind: Kind, host: *mut c_void) {
-        self.handles().insert(id, kind, host as usize, 1);
+        let signature = (kind == Kind::Kernel).then(|| self.kernel_signature(host));
+        let mut h = self.handles();
+        h.insert(id, kind, host as usize, 1);
+        if let Some(sig) = signature {
+            h.kernels.insert(id, sig);
+        }
+    }
+
+    /// The kinds of a host kernel's arguments, from `clGetKernelArgInfo`.
+    fn kernel_signature(&self, kernel: *mut c_void) -> Option<Arc<[ArgKind]>> {
+        let rt = self.rt();
+        let kernel: opencl_sys::cl_kernel = kernel.cast();
+        let mut n: u32 = 0;
+        let status = rt.clGetKernelInfo(
+            kernel,
+            CL_KERNEL_NUM_ARGS,
+            size_of::<u32>(),
+            (&mut n as *mut u32).cast(),
+            std::ptr::null_mut(),
+        );
+        if status != Some(CL_SUCCESS) {
+            return None;
+        }
+        let scalar = |i: u32, param: u32, out: &mut [u8]| {
+            rt.clGetKernelArgInfo(
+                kernel,
+                i,
+                param,
+                out.len(),
+                out.as_mut_ptr().cast(),
+                std::ptr::null_mut(),
+            ) == Some(CL_SUCCESS)
+        };
+        let mut kinds = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let (mut address, mut qualifier) = ([0u8; 4], [0u8; 8]);
+            let mut name = [0u8; 256];
+            let mut name_len = 0usize;
+            let named = rt.clGetKernelArgInfo(
+                kernel,
+                i,
+                CL_KERNEL_ARG_TYPE_NAME,
+                name.len(),
+                name.as_mut_ptr().cast(),
+                &mut name_len,
+            ) == Some(CL_SUCCESS);
+            if !named
+                || !scalar(i, CL_KERNEL_ARG_ADDRESS_QUALIFIER, &mut address)
+                || !scalar(i, CL_KERNEL_ARG_TYPE_QUALIFIER, &mut qualifier)
+            {
+                warn!(
+                    "the host cannot describe the arguments of a kernel; pointer-sized values are refused"
+                );
+                return None;
+            }
+            let name = std::ffi::CStr::from_bytes_until_nul(&name)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            kinds.push(ArgKind::classify(
+                u32::from_le_bytes(address),
+                &name,
+                u64::from_le_bytes(qualifier),
+                usize::BITS,
+            ));
+        }
+        Some(kinds.into())
     }
 
     pub fn retained(&self, id: u64) {
@@ -500,6 +575,7 @@ impl<'a> Session<'a> {
         if e.guest_refs == 0 {
             let host = e.host;
             h.by_id.remove(&id);
+            h.kernels.remove(&id);
             if h.by_host.get(&host) == Some(&id) {
                 h.by_host.remove(&host);
             }
@@ -509,6 +585,16 @@ impl<'a> Session<'a> {
     /// Writes host objects returned by a call as ids: created ones (`owned`) get a
     /// guest reference, found ones (devices) none.
     pub fn reply_handles(&self, w: &mut Writer, kind: Kind, hosts: &[*mut c_void], owned: bool) {
+        let signatures: Vec<_> = if kind == Kind::Kernel && owned {
+            hosts
+                .iter()
+                .take_while(|p| !p.is_null())
+                .map(|&p| self.kernel_signature(p))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut signatures = signatures.into_iter();
         let mut h = self.handles();
         let live: Vec<u64> = hosts
             .iter()
@@ -517,6 +603,9 @@ impl<'a> Session<'a> {
                 if owned {
                     let id = h.fresh_host_id();
                     h.insert(id, kind, p as usize, 1);
+                    if let Some(sig) = signatures.next() {
+                        h.kernels.insert(id, sig);
+                    }
                     id
                 } else {
                     h.id_for_host(kind, p as usize)
@@ -624,14 +713,15 @@ impl<'a> Session<'a> {
             .map(Some)
     }
 
-    /// An optional zero-terminated list of 64-bit properties.
+    /// An optional property list: key/value pairs (a value may be zero), to which the
+    /// terminating zero key is added. A zero key inside or an odd count is refused.
     pub fn zlist(r: &mut Reader<'_>) -> Result<Option<Vec<u64>>, Fail> {
         if !r.flag()? {
             return Ok(None);
         }
         let n = r.count(MAX_PROPERTIES)?;
         let mut v = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
-        if v.contains(&0) {
+        if n % 2 != 0 || v.iter().step_by(2).any(|&key| key == 0) {
             return Err(Fail::Status(CL_INVALID_VALUE));
         }
         v.push(0);
@@ -752,19 +842,70 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Turns an object argument into the host handle the kernel receives.
-    pub fn resolve_kernel_arg(&self, k: KernelArg) -> Result<KernelArg, Fail> {
-        match k {
-            KernelArg::Object(kind, id) => {
-                if !matches!(kind, Kind::Mem | Kind::Sampler | Kind::Queue) {
-                    return Err(Fail::Status(CL_INVALID_ARG_VALUE));
+    /// Checks a kernel argument against the kind the host reported for it and turns
+    /// an object id into the host handle the kernel receives. Guest bytes never reach
+    /// the host where the kernel expects a pointer or an object.
+    pub fn resolve_kernel_arg(
+        &self,
+        kernel: u64,
+        index: u32,
+        arg_size: usize,
+        k: KernelArg,
+    ) -> Result<KernelArg, Fail> {
+        let signature = self.handles().kernels.get(&kernel).cloned();
+        let kind = match &signature {
+            // The host checks the index; nothing of the value reaches it then.
+            Some(Some(kinds)) => match kinds.get(index as usize) {
+                Some(&kind) => kind,
+                None => return Ok(KernelArg::Null),
+            },
+            _ => ArgKind::Unknown,
+        };
+        let want = match kind {
+            ArgKind::Buffer | ArgKind::Image | ArgKind::Pipe => {
+                Some((Kind::Mem, Kind::Mem.invalid_code()))
+            }
+            ArgKind::Sampler => Some((Kind::Sampler, Kind::Sampler.invalid_code())),
+            ArgKind::Queue => Some((Kind::Queue, CL_INVALID_DEVICE_QUEUE)),
+            _ => None,
+        };
+        match (want, k) {
+            (Some(_), _) if arg_size != size_of::<usize>() => {
+                Err(Fail::Status(CL_INVALID_ARG_SIZE))
+            }
+            (Some(_), KernelArg::Null) => Ok(KernelArg::Null),
+            (Some((want, code)), KernelArg::Object(kind, id)) => {
+                if kind != want {
+                    return Err(Fail::Status(code));
                 }
                 let host = self
                     .lookup(id, kind, false)
+                    .map_err(|_| Fail::Status(code))?;
+                Ok(KernelArg::Handle(Box::new(host as usize)))
+            }
+            (Some((_, code)), KernelArg::Bytes(..)) => Err(Fail::Status(code)),
+            (None, KernelArg::Object(obj, id))
+                if kind == ArgKind::Unknown
+                    && matches!(obj, Kind::Mem | Kind::Sampler | Kind::Queue) =>
+            {
+                // Unknown kinds: an id still names only an object of this session.
+                let host = self
+                    .lookup(id, obj, false)
                     .map_err(|_| Fail::Status(CL_INVALID_ARG_VALUE))?;
                 Ok(KernelArg::Handle(Box::new(host as usize)))
             }
-            other => Ok(other),
+            (None, KernelArg::Object(..)) => Err(Fail::Status(CL_INVALID_ARG_VALUE)),
+            (None, KernelArg::Bytes(_, len))
+                if kind == ArgKind::Unknown && len == size_of::<usize>() =>
+            {
+                // The host cannot say whether this argument is a pointer: refuse bytes
+                // that could be read as one.
+                Err(Fail::Status(CL_INVALID_ARG_VALUE))
+            }
+            (None, KernelArg::Bytes(..)) if kind == ArgKind::Local => {
+                Err(Fail::Status(CL_INVALID_ARG_VALUE))
+            }
+            (_, other) => Ok(other),
         }
     }
 
@@ -1108,9 +1249,24 @@ mod tests {
     }
 
     #[test]
-    fn zlist_with_embedded_zero_is_rejected() {
+    fn property_list_with_a_zero_key_is_rejected() {
         let mut w = Writer::new();
-        w.u8(1).u32(2).u64(5).u64(0);
+        w.u8(1).u32(4).u64(5).u64(1).u64(0).u64(7);
+        assert!(Session::zlist(&mut Reader::new(w.as_slice())).is_err());
+    }
+
+    #[test]
+    fn property_list_with_a_zero_value_is_kept_whole() {
+        let mut w = Writer::new();
+        w.u8(1).u32(2).u64(0x1093).u64(0);
+        let v = Session::zlist(&mut Reader::new(w.as_slice())).unwrap();
+        assert_eq!(v, Some(vec![0x1093, 0, 0]));
+    }
+
+    #[test]
+    fn property_list_of_odd_length_is_rejected() {
+        let mut w = Writer::new();
+        w.u8(1).u32(3).u64(0x1093).u64(0).u64(5);
         assert!(Session::zlist(&mut Reader::new(w.as_slice())).is_err());
     }
 

@@ -2,6 +2,7 @@
 //! real daemon, API servers and host OpenCL (PoCL).
 
 mod isolation;
+mod kernel_args;
 mod malformed;
 mod programs;
 mod shim;

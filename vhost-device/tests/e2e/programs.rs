@@ -147,3 +147,11 @@ fn clinfo_reports_every_device_property_as_native() {
     assert!(n.lines().count() > 100, "clinfo printed a full report");
     assert_eq!(without_platform_identity(&r), without_platform_identity(&n));
 }
+
+#[test]
+fn invalid_arguments_return_the_native_error_codes() {
+    // Every call of `errors` prints its status: calls forwarded without waiting
+    // (kernel arguments, launches, non-blocking transfers) and property lists whose
+    // values are zero must answer exactly as the host does natively.
+    same_as_native("errors", &["sync"]);
+}

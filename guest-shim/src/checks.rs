@@ -1,0 +1,580 @@
+//! Argument checks the guest makes before forwarding a call (the `check` flag of the
+//! API description).
+//!
+//! Calls such as `clSetKernelArg`, `clEnqueueNDRangeKernel` and non-blocking
+//! transfers are forwarded without waiting for the host, so the host's error code
+//! would come too late to be their return value. Each function here takes the call's
+//! arguments and, from what the guest knows (kernel argument kinds and which are set,
+//! buffer sizes, device and kernel limits), returns the error code the host would
+//! return, or `Ok(sync)`: forward the call, synchronously when the guest cannot tell
+//! (then the host's own answer is the return value).
+//!
+//! The API server does not trust any of this: it keeps its own record of kernel
+//! argument kinds and checks every id it receives.
+//!
+//! Each function is named after the API function it checks and takes its arguments,
+//! with the same safety contract: pointers as valid as the OpenCL API requires.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use hira_protocol::opencl::Kind;
+use hira_protocol::opencl::kernel_args::{
+    ArgKind, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_TYPE_NAME,
+    CL_KERNEL_ARG_TYPE_QUALIFIER, CL_KERNEL_NUM_ARGS,
+};
+use opencl_sys::{
+    cl_bool, cl_command_queue, cl_device_id, cl_event, cl_int, cl_kernel, cl_mem, cl_program,
+    cl_uint,
+};
+
+use crate::generated;
+use crate::rt;
+
+const CL_INVALID_VALUE: cl_int = -30;
+const CL_MEM_COPY_OVERLAP: cl_int = -8;
+const CL_INVALID_ARG_INDEX: cl_int = -49;
+const CL_INVALID_ARG_VALUE: cl_int = -50;
+const CL_INVALID_ARG_SIZE: cl_int = -51;
+const CL_INVALID_KERNEL_ARGS: cl_int = -52;
+const CL_INVALID_WORK_DIMENSION: cl_int = -53;
+const CL_INVALID_WORK_GROUP_SIZE: cl_int = -54;
+const CL_INVALID_WORK_ITEM_SIZE: cl_int = -55;
+const CL_INVALID_MEM_OBJECT: cl_int = -38;
+const CL_INVALID_SAMPLER: cl_int = -41;
+const CL_INVALID_DEVICE_QUEUE: cl_int = -70;
+
+const CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS: u32 = 0x1003;
+const CL_DEVICE_MAX_WORK_ITEM_SIZES: u32 = 0x1005;
+const CL_DEVICE_ADDRESS_BITS: u32 = 0x100D;
+const CL_QUEUE_DEVICE: u32 = 0x1091;
+const CL_KERNEL_PROGRAM: u32 = 0x1194;
+const CL_KERNEL_WORK_GROUP_SIZE: u32 = 0x11B0;
+const CL_KERNEL_COMPILE_WORK_GROUP_SIZE: u32 = 0x11B1;
+
+/// What the guest knows about one kernel.
+#[derive(Debug)]
+struct KernelMeta {
+    /// Argument kinds; `None` when the host could not tell them.
+    kinds: Option<Vec<ArgKind>>,
+    /// Arguments set so far.
+    set: Vec<bool>,
+    /// Per device: the kernel's largest work-group and its required size, if any.
+    limits: HashMap<usize, (usize, [usize; 3])>,
+}
+
+#[derive(Default)]
+struct State {
+    kernels: HashMap<u64, KernelMeta>,
+    /// Device of each queue.
+    queue_device: HashMap<u64, usize>,
+    /// Build options each program was last built or compiled with.
+    build_options: HashMap<u64, String>,
+}
+
+static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
+
+fn state() -> MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The guest id of `ptr` if it is a live object of `kind`.
+fn id_of(ptr: *mut c_void, kind: Kind) -> Result<u64, cl_int> {
+    match rt::lookup(ptr) {
+        Some((id, k)) if k == kind => Ok(id),
+        _ => Err(kind.invalid_code()),
+    }
+}
+
+/// A fixed-size info value from one of the generated (remoted, maybe cached) queries.
+fn info<T: Copy + Default>(
+    query: impl FnOnce(usize, *mut c_void, *mut usize) -> cl_int,
+) -> Result<T, cl_int> {
+    let mut v = T::default();
+    let status = query(
+        size_of::<T>(),
+        (&mut v as *mut T).cast(),
+        std::ptr::null_mut(),
+    );
+    if status == 0 { Ok(v) } else { Err(status) }
+}
+
+fn info_bytes(query: impl Fn(usize, *mut c_void, *mut usize) -> cl_int) -> Result<Vec<u8>, cl_int> {
+    let mut n = 0usize;
+    let status = query(0, std::ptr::null_mut(), &mut n);
+    if status != 0 {
+        return Err(status);
+    }
+    let mut v = vec![0u8; n];
+    let status = query(n, v.as_mut_ptr().cast(), std::ptr::null_mut());
+    if status == 0 { Ok(v) } else { Err(status) }
+}
+
+fn device_info<T: Copy + Default>(device: cl_device_id, param: u32) -> Result<T, cl_int> {
+    // SAFETY: `info` passes a buffer of `size` writable bytes.
+    info(|size, value, ret| unsafe { generated::clGetDeviceInfo(device, param, size, value, ret) })
+}
+
+/// Asks the host for a kernel's argument kinds (once per kernel).
+fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
+    // SAFETY: `info` passes a buffer of `size` writable bytes.
+    let n: cl_uint = info(|size, value, ret| unsafe {
+        generated::clGetKernelInfo(kernel, CL_KERNEL_NUM_ARGS, size, value, ret)
+    })?;
+    let mut address_bits = None;
+    let mut kinds = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        // SAFETY: as above.
+        let address: Result<u32, _> = info(|size, value, ret| unsafe {
+            generated::clGetKernelArgInfo(
+                kernel,
+                i,
+                CL_KERNEL_ARG_ADDRESS_QUALIFIER,
+                size,
+                value,
+                ret,
+            )
+        });
+        // SAFETY: as above.
+        let qualifier: Result<u64, _> = info(|size, value, ret| unsafe {
+            generated::clGetKernelArgInfo(kernel, i, CL_KERNEL_ARG_TYPE_QUALIFIER, size, value, ret)
+        });
+        // SAFETY: `info_bytes` passes a buffer of `size` writable bytes.
+        let name = info_bytes(|size, value, ret| unsafe {
+            generated::clGetKernelArgInfo(kernel, i, CL_KERNEL_ARG_TYPE_NAME, size, value, ret)
+        });
+        let (Ok(address), Ok(qualifier), Ok(name)) = (address, qualifier, name) else {
+            return Ok(None);
+        };
+        let name = CStr::from_bytes_until_nul(&name)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if address_bits.is_none() && (name.contains("size_t") || name.contains("ptr")) {
+            address_bits = Some(kernel_address_bits(kernel).unwrap_or(64));
+        }
+        kinds.push(ArgKind::classify(
+            address,
+            &name,
+            qualifier,
+            address_bits.unwrap_or(64),
+        ));
+    }
+    Ok(Some(kinds))
+}
+
+fn kernel_address_bits(kernel: cl_kernel) -> Result<u32, cl_int> {
+    let program = kernel_program(kernel)?;
+    const CL_PROGRAM_DEVICES: u32 = 0x1163;
+    // SAFETY: `info` passes a buffer of `size` writable bytes.
+    let device: cl_device_id = info(|size, value, ret| unsafe {
+        generated::clGetProgramInfo(program, CL_PROGRAM_DEVICES, size, value, ret)
+    })
+    .or_else(|e| {
+        if e == CL_INVALID_VALUE {
+            Ok(std::ptr::null_mut())
+        } else {
+            Err(e)
+        }
+    })?;
+    if device.is_null() {
+        return Ok(64);
+    }
+    device_info(device, CL_DEVICE_ADDRESS_BITS)
+}
+
+fn kernel_program(kernel: cl_kernel) -> Result<cl_program, cl_int> {
+    // SAFETY: `info` passes a buffer of `size` writable bytes.
+    info(|size, value, ret| unsafe {
+        generated::clGetKernelInfo(kernel, CL_KERNEL_PROGRAM, size, value, ret)
+    })
+}
+
+/// Runs `f` on the kernel's record, fetching the kinds first if needed.
+fn with_kernel<R>(kernel: cl_kernel, f: impl FnOnce(&mut KernelMeta) -> R) -> Result<R, cl_int> {
+    let id = id_of(kernel.cast(), Kind::Kernel)?;
+    if let Some(m) = state().kernels.get_mut(&id) {
+        return Ok(f(m));
+    }
+    let kinds = kernel_kinds(kernel)?;
+    let n = kinds.as_ref().map_or(0, Vec::len);
+    let mut st = state();
+    let m = st.kernels.entry(id).or_insert(KernelMeta {
+        kinds,
+        set: vec![false; n],
+        limits: HashMap::new(),
+    });
+    Ok(f(m))
+}
+
+/// `clSetKernelArg`: the kind of the argument decides what is valid.
+pub(crate) unsafe fn clSetKernelArg(
+    kernel: cl_kernel,
+    arg_index: cl_uint,
+    arg_size: usize,
+    arg_value: *const c_void,
+) -> Result<bool, cl_int> {
+    let kind = with_kernel(kernel, |m| {
+        m.kinds.as_ref().map(|k| k.get(arg_index as usize).copied())
+    })?;
+    let kind = match kind {
+        // The host could not tell the kinds: let it answer.
+        None => return Ok(true),
+        Some(None) => return Err(CL_INVALID_ARG_INDEX),
+        Some(Some(k)) => k,
+    };
+    let object = |want: Kind, code: cl_int| -> Result<(), cl_int> {
+        if arg_size != size_of::<*mut c_void>() {
+            return Err(CL_INVALID_ARG_SIZE);
+        }
+        if arg_value.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the application passes `arg_size` (pointer-size) readable bytes.
+        let p = unsafe { (arg_value as *const *mut c_void).read_unaligned() };
+        if p.is_null() {
+            return Ok(());
+        }
+        match rt::lookup(p) {
+            Some((_, k)) if k == want => Ok(()),
+            _ => Err(code),
+        }
+    };
+    let mut sync = false;
+    match kind {
+        ArgKind::Buffer | ArgKind::Image | ArgKind::Pipe => {
+            object(Kind::Mem, CL_INVALID_MEM_OBJECT)?
+        }
+        ArgKind::Sampler => {
+            if arg_value.is_null() {
+                return Err(CL_INVALID_ARG_VALUE);
+            }
+            object(Kind::Sampler, CL_INVALID_SAMPLER)?
+        }
+        ArgKind::Queue => object(Kind::Queue, CL_INVALID_DEVICE_QUEUE)?,
+        ArgKind::Local => {
+            if !arg_value.is_null() {
+                return Err(CL_INVALID_ARG_VALUE);
+            }
+            if arg_size == 0 {
+                return Err(CL_INVALID_ARG_SIZE);
+            }
+        }
+        ArgKind::Value(n) => {
+            if arg_value.is_null() {
+                return Err(CL_INVALID_ARG_VALUE);
+            }
+            if arg_size != n {
+                return Err(CL_INVALID_ARG_SIZE);
+            }
+        }
+        ArgKind::OpaqueValue | ArgKind::Unknown => sync = true,
+    }
+    with_kernel(kernel, |m| {
+        if let Some(s) = m.set.get_mut(arg_index as usize) {
+            *s = true;
+        }
+    })?;
+    Ok(sync)
+}
+
+/// `clBuildProgram`: remembers the options, which decide whether work-groups may be
+/// non-uniform.
+pub(crate) unsafe fn clBuildProgram(
+    program: cl_program,
+    _num_devices: cl_uint,
+    _device_list: *const cl_device_id,
+    options: *const c_char,
+    _pfn_notify: Option<unsafe extern "C" fn(cl_program, *mut c_void)>,
+    _user_data: *mut c_void,
+) -> Result<bool, cl_int> {
+    let id = id_of(program.cast(), Kind::Program)?;
+    let options = if options.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the application passes a NUL-terminated string.
+        unsafe { CStr::from_ptr(options) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    state().build_options.insert(id, options);
+    Ok(false)
+}
+
+/// Whether the program was built so that the host may accept non-uniform
+/// work-groups, or `None` when the guest does not know its options.
+fn may_be_non_uniform(kernel: cl_kernel) -> Option<bool> {
+    let program = kernel_program(kernel).ok()?;
+    let id = id_of(program.cast(), Kind::Program).ok()?;
+    let options = state().build_options.get(&id).cloned()?;
+    let words: Vec<&str> = options.split_whitespace().collect();
+    let std20 = words.iter().any(|w| {
+        w.strip_prefix("-cl-std=CL")
+            .and_then(|v| v.chars().next())
+            .is_some_and(|major| major >= '2')
+    });
+    Some(std20 && !words.contains(&"-cl-uniform-work-group-size"))
+}
+
+fn queue_device(queue: cl_command_queue) -> Result<cl_device_id, cl_int> {
+    let id = id_of(queue.cast(), Kind::Queue)?;
+    if let Some(&d) = state().queue_device.get(&id) {
+        return Ok(d as cl_device_id);
+    }
+    // SAFETY: `info` passes a buffer of `size` writable bytes.
+    let d: cl_device_id = info(|size, value, ret| unsafe {
+        generated::clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, size, value, ret)
+    })?;
+    state().queue_device.insert(id, d as usize);
+    Ok(d)
+}
+
+fn kernel_limits(kernel: cl_kernel, device: cl_device_id) -> Result<(usize, [usize; 3]), cl_int> {
+    if let Some(l) = with_kernel(kernel, |m| m.limits.get(&(device as usize)).copied())? {
+        return Ok(l);
+    }
+    // SAFETY: `info` passes a buffer of `size` writable bytes.
+    let max: usize = info(|size, value, ret| unsafe {
+        generated::clGetKernelWorkGroupInfo(
+            kernel,
+            device,
+            CL_KERNEL_WORK_GROUP_SIZE,
+            size,
+            value,
+            ret,
+        )
+    })?;
+    // SAFETY: as above.
+    let required: [usize; 3] = info(|size, value, ret| unsafe {
+        generated::clGetKernelWorkGroupInfo(
+            kernel,
+            device,
+            CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+            size,
+            value,
+            ret,
+        )
+    })?;
+    with_kernel(kernel, |m| {
+        m.limits.insert(device as usize, (max, required))
+    })?;
+    Ok((max, required))
+}
+
+/// Checks a launch of `kernel` over `global`/`local` (`None`: host's choice).
+fn check_launch(
+    queue: cl_command_queue,
+    kernel: cl_kernel,
+    work_dim: cl_uint,
+    global: Option<&[usize]>,
+    local: Option<&[usize]>,
+) -> Result<bool, cl_int> {
+    id_of(queue.cast(), Kind::Queue)?;
+    let unset = with_kernel(kernel, |m| m.kinds.is_some() && m.set.iter().any(|s| !s))?;
+    if unset {
+        return Err(CL_INVALID_KERNEL_ARGS);
+    }
+    let device = queue_device(queue)?;
+    let max_dims: cl_uint = device_info(device, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS)?;
+    if work_dim == 0 || work_dim > max_dims {
+        return Err(CL_INVALID_WORK_DIMENSION);
+    }
+    let (Some(global), Some(local)) = (global, local) else {
+        return Ok(false);
+    };
+    let (max_wg, required) = kernel_limits(kernel, device)?;
+    if local.contains(&0) {
+        return Err(CL_INVALID_WORK_GROUP_SIZE);
+    }
+    let product = local
+        .iter()
+        .try_fold(1usize, |a, &l| a.checked_mul(l))
+        .unwrap_or(usize::MAX);
+    if required != [0, 0, 0] {
+        let wanted = &required[..local.len().min(3)];
+        if local != wanted {
+            return Err(CL_INVALID_WORK_GROUP_SIZE);
+        }
+    }
+    if product > max_wg {
+        return Err(CL_INVALID_WORK_GROUP_SIZE);
+    }
+    let mut item = [0usize; 3];
+    // SAFETY: a three-element array of size_t for CL_DEVICE_MAX_WORK_ITEM_SIZES.
+    let status = unsafe {
+        generated::clGetDeviceInfo(
+            device,
+            CL_DEVICE_MAX_WORK_ITEM_SIZES,
+            size_of::<[usize; 3]>().min(max_dims as usize * size_of::<usize>()),
+            item.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if status == 0 && local.iter().zip(item.iter()).any(|(&l, &m)| l > m) {
+        return Err(CL_INVALID_WORK_ITEM_SIZE);
+    }
+    let uneven = global.iter().zip(local).any(|(&g, &l)| g % l != 0);
+    if uneven {
+        return match may_be_non_uniform(kernel) {
+            Some(false) => Err(CL_INVALID_WORK_GROUP_SIZE),
+            // The host decides (OpenCL 2.0 programs may have non-uniform groups).
+            _ => Ok(true),
+        };
+    }
+    Ok(false)
+}
+
+/// `clEnqueueNDRangeKernel`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueNDRangeKernel(
+    command_queue: cl_command_queue,
+    kernel: cl_kernel,
+    work_dim: cl_uint,
+    _global_work_offset: *const usize,
+    global_work_size: *const usize,
+    local_work_size: *const usize,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    let dims = (work_dim as usize).min(3);
+    // SAFETY: the application passes `work_dim` sizes where the pointer is not NULL.
+    let slice =
+        |p: *const usize| (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, dims) });
+    let global = slice(global_work_size);
+    if work_dim > 0 && work_dim <= 3 && global.is_none() {
+        // Hosts disagree on a NULL global size; the host answers.
+        id_of(command_queue.cast(), Kind::Queue)?;
+        id_of(kernel.cast(), Kind::Kernel)?;
+        return Ok(true);
+    }
+    check_launch(
+        command_queue,
+        kernel,
+        work_dim,
+        global,
+        slice(local_work_size),
+    )
+}
+
+/// `clEnqueueTask`: a launch of one work-item.
+pub(crate) unsafe fn clEnqueueTask(
+    command_queue: cl_command_queue,
+    kernel: cl_kernel,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    check_launch(command_queue, kernel, 1, Some(&[1]), Some(&[1]))
+}
+
+/// The size of buffer `mem` if the guest knows it.
+fn buffer_size(mem: cl_mem) -> Result<Option<usize>, cl_int> {
+    let id = id_of(mem.cast(), Kind::Mem)?;
+    Ok(rt::mem_extra(id).and_then(|m| m.size))
+}
+
+fn check_range(mem: cl_mem, offset: usize, size: usize) -> Result<(), cl_int> {
+    if let Some(total) = buffer_size(mem)?
+        && offset.checked_add(size).is_none_or(|end| end > total)
+    {
+        return Err(CL_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// `clEnqueueWriteBuffer`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueWriteBuffer(
+    command_queue: cl_command_queue,
+    buffer: cl_mem,
+    _blocking_write: cl_bool,
+    offset: usize,
+    size: usize,
+    ptr: *const c_void,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    id_of(command_queue.cast(), Kind::Queue)?;
+    check_range(buffer, offset, size)?;
+    if ptr.is_null() || size == 0 {
+        return Err(CL_INVALID_VALUE);
+    }
+    Ok(false)
+}
+
+/// `clEnqueueReadBuffer`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueReadBuffer(
+    command_queue: cl_command_queue,
+    buffer: cl_mem,
+    _blocking_read: cl_bool,
+    offset: usize,
+    size: usize,
+    ptr: *mut c_void,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    id_of(command_queue.cast(), Kind::Queue)?;
+    check_range(buffer, offset, size)?;
+    if ptr.is_null() || size == 0 {
+        return Err(CL_INVALID_VALUE);
+    }
+    Ok(false)
+}
+
+/// `clEnqueueCopyBuffer`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueCopyBuffer(
+    command_queue: cl_command_queue,
+    src_buffer: cl_mem,
+    dst_buffer: cl_mem,
+    src_offset: usize,
+    dst_offset: usize,
+    size: usize,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    id_of(command_queue.cast(), Kind::Queue)?;
+    check_range(src_buffer, src_offset, size)?;
+    check_range(dst_buffer, dst_offset, size)?;
+    if size == 0 {
+        return Err(CL_INVALID_VALUE);
+    }
+    let overlap = src_offset < dst_offset.saturating_add(size)
+        && dst_offset < src_offset.saturating_add(size);
+    if src_buffer == dst_buffer && overlap {
+        return Err(CL_MEM_COPY_OVERLAP);
+    }
+    Ok(false)
+}
+
+/// `clEnqueueFillBuffer`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueFillBuffer(
+    command_queue: cl_command_queue,
+    buffer: cl_mem,
+    pattern: *const c_void,
+    pattern_size: usize,
+    offset: usize,
+    size: usize,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    id_of(command_queue.cast(), Kind::Queue)?;
+    check_range(buffer, offset, size)?;
+    let valid_pattern = pattern_size.is_power_of_two() && pattern_size <= 128;
+    if pattern.is_null()
+        || !valid_pattern
+        || !offset.is_multiple_of(pattern_size)
+        || !size.is_multiple_of(pattern_size)
+    {
+        return Err(CL_INVALID_VALUE);
+    }
+    Ok(false)
+}
