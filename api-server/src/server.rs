@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{Sender, channel};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -21,6 +21,8 @@ use crate::window::WindowMap;
 
 /// Most guest threads one session may call from at once.
 pub const MAX_CHANNELS: usize = 64;
+/// Requests queued per guest thread before the session stops reading.
+const CHANNEL_DEPTH: usize = 16;
 
 /// Errors that end a session.
 #[derive(Debug, Error)]
@@ -143,7 +145,7 @@ fn refuse(writer: &FrameWriter, message: &str) {
 }
 
 struct Worker {
-    jobs: Sender<Frame>,
+    jobs: SyncSender<Frame>,
     thread: JoinHandle<()>,
 }
 
@@ -158,7 +160,9 @@ fn serve(
     let mut workers: HashMap<u32, Worker> = HashMap::new();
     let mut reply = Writer::with_capacity(4096);
     let spawn = |id: u32| -> std::io::Result<Worker> {
-        let (tx, rx) = channel::<Frame>();
+        // Bounded: a guest that stops reading replies stalls its workers, then this
+        // reader, then its own socket; nothing queues without limit.
+        let (tx, rx) = sync_channel::<Frame>(CHANNEL_DEPTH);
         let (backend, writer, window) = (backend.clone(), writer.clone(), window.clone());
         let thread = std::thread::Builder::new()
             .name(format!("channel-{id}"))

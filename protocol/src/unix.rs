@@ -44,7 +44,7 @@ pub fn recv_frame_with_fd(
     let mut have = n;
     if have < HEADER_LEN {
         s.read_exact(&mut buf[have..HEADER_LEN])
-            .map_err(|_| UnixFrameError::Closed)?;
+            .map_err(cut_short)?;
         have = HEADER_LEN;
     }
     let hb: [u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header-sized slice");
@@ -54,8 +54,7 @@ pub fn recv_frame_with_fd(
         return Err(UnixFrameError::TooLong(total));
     }
     if have < total {
-        s.read_exact(&mut buf[have..total])
-            .map_err(|_| UnixFrameError::Closed)?;
+        s.read_exact(&mut buf[have..total]).map_err(cut_short)?;
     }
     buf.truncate(total);
     let payload = buf.split_off(HEADER_LEN);
@@ -66,6 +65,14 @@ pub fn recv_frame_with_fd(
         Some(owned.swap_remove(0))
     };
     Ok((header, payload, fd))
+}
+
+/// A frame that stopped arriving: closed, or (with a read timeout set) too slow.
+fn cut_short(e: std::io::Error) -> UnixFrameError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => UnixFrameError::Io(e),
+        _ => UnixFrameError::Closed,
+    }
 }
 
 /// Sends one frame, with `fd` attached if given.

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Default host-local listener (matches the guest driver's default `HIRA_SOCKET`).
 pub const DEFAULT_LOCAL_SOCKET: &str = "/run/hira/local.sock";
@@ -29,6 +30,12 @@ pub enum ConfigError {
     BadWindowSize(String),
     #[error("a data window (`window=`) needs the vhost-user transport (`socket=`)")]
     WindowNeedsVhostUser,
+    #[error("socket mode {0:?} must be octal permission bits such as 0660")]
+    BadMode(String),
+    #[error("no user named {0:?}")]
+    UnknownUser(String),
+    #[error("no group named {0:?}")]
+    UnknownGroup(String),
     #[error(
         "give exactly one of `socket=` (QEMU vhost-user) and `hybrid=` (cloud-hypervisor, Firecracker)"
     )]
@@ -215,6 +222,11 @@ impl VmFields {
 /// api_server = "/usr/libexec/hira-api-server"   # optional
 /// platform = "Portable"                          # optional
 /// max_window_mb = 1024                           # optional
+/// socket_mode = "0660"                           # optional, also socket_owner/_group
+/// handshake_timeout_ms = 10000                   # optional limits
+/// max_connections_per_listener = 256
+/// max_sessions_per_vm = 64
+/// teardown_grace_ms = 5000
 ///
 /// [[local]]
 /// vm = "local"
@@ -233,6 +245,13 @@ pub struct FileConfig {
     pub api_server: Option<PathBuf>,
     pub platform: Option<String>,
     pub max_window_mb: Option<u64>,
+    pub socket_mode: Option<String>,
+    pub socket_owner: Option<String>,
+    pub socket_group: Option<String>,
+    pub handshake_timeout_ms: Option<u64>,
+    pub max_connections_per_listener: Option<usize>,
+    pub max_sessions_per_vm: Option<usize>,
+    pub teardown_grace_ms: Option<u64>,
     #[serde(default)]
     local: Vec<LocalEntry>,
     #[serde(default)]
@@ -293,8 +312,85 @@ impl FileConfig {
     }
 }
 
+/// Limits that keep one guest from exhausting the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a new connection may take to send its `Hello`.
+    pub handshake_timeout: Duration,
+    /// Most connections one listener holds at once (handshaking or in session).
+    pub max_connections_per_listener: usize,
+    /// Most sessions (API servers) one VM has at once.
+    pub max_sessions_per_vm: usize,
+    /// How long an API server gets to release its objects after its guest left,
+    /// before it is killed.
+    pub teardown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshake_timeout: Duration::from_secs(10),
+            max_connections_per_listener: 256,
+            max_sessions_per_vm: 64,
+            teardown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Who may connect to the sockets the daemon creates (guest listeners, vhost-user
+/// sockets) and open the window files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// Permission bits (default 0660: owner and group).
+    pub mode: u32,
+    /// Owner to give the files, if not the daemon's user.
+    pub uid: Option<u32>,
+    /// Group to give the files, if not the daemon's group.
+    pub gid: Option<u32>,
+}
+
+impl Default for SocketAccess {
+    fn default() -> Self {
+        SocketAccess {
+            mode: 0o660,
+            uid: None,
+            gid: None,
+        }
+    }
+}
+
+/// Parses an octal permission mode such as `0660`; only permission bits are allowed.
+pub fn parse_mode(text: &str) -> Result<u32, ConfigError> {
+    u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| ConfigError::BadMode(text.to_string()))
+}
+
+/// Resolves a user name or number.
+pub fn parse_user(text: &str) -> Result<u32, ConfigError> {
+    if let Ok(uid) = text.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(text) {
+        Ok(Some(u)) => Ok(u.uid.as_raw()),
+        _ => Err(ConfigError::UnknownUser(text.to_string())),
+    }
+}
+
+/// Resolves a group name or number.
+pub fn parse_group(text: &str) -> Result<u32, ConfigError> {
+    if let Ok(gid) = text.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(text) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        _ => Err(ConfigError::UnknownGroup(text.to_string())),
+    }
+}
+
 /// The daemon's validated configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Config {
     pub listeners: Vec<LocalListener>,
     /// VMs whose vsock device Hira serves over vhost-user.
@@ -305,6 +401,8 @@ pub struct Config {
     pub platform: Option<String>,
     /// Largest data window accepted from a guest, in bytes.
     pub max_window: u64,
+    pub limits: Limits,
+    pub access: SocketAccess,
 }
 
 #[cfg(test)]

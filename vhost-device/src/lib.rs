@@ -1,18 +1,21 @@
 //! Hira's host daemon.
 //!
-//! - [`config`]: the validated daemon configuration and listener specs.
-//! - [`listener`]: accepts guest connections; the listener a connection arrives on
-//!   decides its VM, never anything the guest says.
+//! - [`config`]: the validated daemon configuration, listener specs and limits.
+//! - [`listener`]: binds guest sockets (never over a live one) and accepts guest
+//!   connections under caps; the listener a connection arrives on decides its VM,
+//!   never anything the guest says.
 //! - [`session`]: one guest application's session: the handshake, its API-server
 //!   process, and the relay that sees every command in both directions.
-//! - [`router`]: the per-VM dispatch queues every command passes through (first in,
-//!   first out for now) and per-VM counters.
-//! - [`spawn`]: starting and reaping API-server processes.
+//! - [`router`]: per-VM accounting of every command and the per-VM session cap.
+//! - [`lifecycle`]: the live sessions and the orderly stop on SIGTERM/SIGINT.
+//! - [`spawn`]: starting API-server processes (they die with the daemon) and reaping
+//!   them within a grace period.
 //! - [`window`]: per-VM shared data windows (ivshmem) and their per-session slots.
 //! - [`vsock`]: the virtio-vsock protocol (packet header, connection state machine,
 //!   credit-based flow control, per-VM multiplexing) for the VM transport.
 
 pub mod config;
+pub mod lifecycle;
 pub mod listener;
 pub mod router;
 pub mod session;
@@ -20,32 +23,58 @@ pub mod spawn;
 pub mod vsock;
 pub mod window;
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+use log::{info, warn};
+use signal_hook::consts::{SIGINT, SIGTERM};
 
 pub use config::Config;
 
-/// Runs the daemon until every listener fails.
+/// Runs the daemon until SIGTERM or SIGINT, then stops in order: no new guests, every
+/// session ended and its API server reaped, socket files removed.
 pub fn run(config: Config) -> Result<(), listener::ListenError> {
+    // Everything the daemon creates starts with at most the configured access, so no
+    // socket is ever reachable more widely, not even for a moment.
+    // SAFETY: umask only changes this process's file-creation mask.
+    unsafe { libc::umask(!config.access.mode & 0o777) };
+    let mut signals = Signals::new();
     let config = Arc::new(config);
     let router = Arc::new(router::Router::default());
-    let mut threads = Vec::new();
+    let life = Arc::new(lifecycle::Lifecycle::default());
+    let mut created: Vec<PathBuf> = Vec::new();
+    let mut listeners = Vec::new();
     for l in &config.listeners {
-        let listener = listener::bind(&l.path)?;
-        log::info!("VM {:?}: listening on {}", l.vm, l.path.display());
-        let (config, router, vm) = (config.clone(), router.clone(), l.vm.clone());
-        threads.push(std::thread::spawn(move || {
-            listener::accept_loop(listener, vm, config, router)
-        }));
+        listeners.push((listener::bind(&l.path, &config.access)?, l.vm.clone()));
+        created.push(l.path.clone());
+        info!("VM {:?}: listening on {}", l.vm, l.path.display());
     }
     for vm in &config.vhost_user_vms {
-        let crate::config::VmTransport::VhostUser(socket) = vm.transport.clone() else {
+        if let config::VmTransport::VhostUser(socket) = &vm.transport {
+            listener::claim(socket)?;
+            created.push(socket.clone());
+        }
+    }
+    for (l, vm) in listeners {
+        let (config, router, life) = (config.clone(), router.clone(), life.clone());
+        std::thread::spawn(move || listener::accept_loop(l, vm, config, router, life));
+    }
+    for vm in &config.vhost_user_vms {
+        let config::VmTransport::VhostUser(socket) = vm.transport.clone() else {
             continue;
         };
-        let (config, queue, vm) = (config.clone(), router.vm(&vm.name), vm.clone());
+        let (config, queue, vm, life) = (
+            config.clone(),
+            router.vm(&vm.name),
+            vm.clone(),
+            life.clone(),
+        );
         if let Some((path, size)) = &vm.window {
             let w = window::VmWindow::create(path, *size)
                 .map_err(|e| listener::ListenError::Bind(path.display().to_string(), e))?;
-            log::info!(
+            listener::apply_access(path, &config.access)?;
+            info!(
                 "VM {:?}: data window {} ({} MiB)",
                 vm.name,
                 path.display(),
@@ -53,28 +82,63 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             );
             let _ = queue.window.set(w);
         }
-        log::info!(
+        info!(
             "VM {:?} (CID {}): vhost-user vsock device on {}",
             vm.name,
             vm.cid,
             socket.display()
         );
-        threads.push(std::thread::spawn(move || {
+        std::thread::spawn(move || {
             let make = || {
                 vsock::device::VsockDevice::new(
                     vm.cid.into(),
                     &vm.name,
                     config.clone(),
                     queue.clone(),
+                    life.clone(),
                 )
             };
             if let Err(e) = vsock::backend::serve(&socket, vm.cid.into(), make) {
                 log::error!("VM {:?}: vsock device failed: {e}", vm.name);
             }
-        }));
+        });
     }
-    for t in threads {
-        let _ = t.join();
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    info!("ready");
+    let signal = signals.wait();
+    info!("signal {signal}: stopping");
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    for path in &created {
+        let _ = std::fs::remove_file(path);
     }
+    let grace = config.limits.teardown_grace + Duration::from_secs(5);
+    if !life.stop(grace) {
+        warn!(
+            "{} sessions did not end within {grace:?}; their API servers die with the daemon",
+            life.sessions()
+        );
+    }
+    info!("stopped");
     Ok(())
+}
+
+/// SIGTERM and SIGINT, taken over from their default action before any thread starts.
+struct Signals(signal_hook::iterator::Signals);
+
+impl Signals {
+    fn new() -> Self {
+        Signals(
+            signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+                .expect("registering SIGTERM and SIGINT handlers cannot fail for these signals"),
+        )
+    }
+
+    /// Blocks until one arrives.
+    fn wait(&mut self) -> i32 {
+        loop {
+            if let Some(s) = self.0.forever().next() {
+                return s;
+            }
+        }
+    }
 }

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use hira_vhost::config::{Config, FileConfig, LocalListener, VmSpec};
+use std::time::Duration;
+
+use hira_vhost::config::{self, Config, FileConfig, Limits, LocalListener, SocketAccess, VmSpec};
 
 /// Serves Hira guests: accepts their connections, routes every call through the
 /// per-VM policy and runs one API-server process per guest application.
@@ -34,6 +36,29 @@ struct Args {
     /// Largest data window a guest may share, in MiB (default 1024).
     #[arg(long)]
     max_window_mb: Option<u64>,
+    /// Permission bits of the sockets and window files the daemon creates, in octal
+    /// (default 0660: only the owner and the group may connect).
+    #[arg(long, value_name = "MODE")]
+    socket_mode: Option<String>,
+    /// User (name or number) to own the sockets and window files.
+    #[arg(long, value_name = "USER")]
+    socket_owner: Option<String>,
+    /// Group (name or number) to own the sockets and window files.
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// Milliseconds a new connection may take to complete its handshake (default 10000).
+    #[arg(long, value_name = "MS")]
+    handshake_timeout_ms: Option<u64>,
+    /// Most connections one listener holds at once (default 256).
+    #[arg(long, value_name = "N")]
+    max_connections_per_listener: Option<usize>,
+    /// Most sessions (API servers) one VM has at once (default 64).
+    #[arg(long, value_name = "N")]
+    max_sessions_per_vm: Option<usize>,
+    /// Milliseconds an API server gets to release its objects after its guest left,
+    /// before it is killed (default 5000).
+    #[arg(long, value_name = "MS")]
+    teardown_grace_ms: Option<u64>,
 }
 
 impl TryFrom<Args> for Config {
@@ -86,12 +111,52 @@ impl TryFrom<Args> for Config {
             max_window_mb <= 64 * 1024,
             "max window of {max_window_mb} MiB is over 64 GiB"
         );
+        let defaults = Limits::default();
+        let ms = |v: Option<u64>, d: Duration| v.map_or(d, Duration::from_millis);
+        let limits = Limits {
+            handshake_timeout: ms(
+                a.handshake_timeout_ms.or(file.handshake_timeout_ms),
+                defaults.handshake_timeout,
+            ),
+            max_connections_per_listener: a
+                .max_connections_per_listener
+                .or(file.max_connections_per_listener)
+                .unwrap_or(defaults.max_connections_per_listener),
+            max_sessions_per_vm: a
+                .max_sessions_per_vm
+                .or(file.max_sessions_per_vm)
+                .unwrap_or(defaults.max_sessions_per_vm),
+            teardown_grace: ms(
+                a.teardown_grace_ms.or(file.teardown_grace_ms),
+                defaults.teardown_grace,
+            ),
+        };
+        anyhow::ensure!(
+            limits.max_connections_per_listener > 0 && limits.max_sessions_per_vm > 0,
+            "max_connections_per_listener and max_sessions_per_vm must be at least 1"
+        );
+        anyhow::ensure!(
+            !limits.handshake_timeout.is_zero(),
+            "handshake_timeout_ms must be at least 1"
+        );
+        let mut access = SocketAccess::default();
+        if let Some(m) = a.socket_mode.or(file.socket_mode) {
+            access.mode = config::parse_mode(&m)?;
+        }
+        if let Some(u) = a.socket_owner.or(file.socket_owner) {
+            access.uid = Some(config::parse_user(&u)?);
+        }
+        if let Some(g) = a.socket_group.or(file.socket_group) {
+            access.gid = Some(config::parse_group(&g)?);
+        }
         Ok(Config {
             listeners,
             vhost_user_vms,
             api_server,
             platform: a.platform.or(file.platform),
             max_window: max_window_mb * 1024 * 1024,
+            limits,
+            access,
         })
     }
 }

@@ -1,52 +1,60 @@
-//! The router's per-VM dispatch queues.
+//! The router's per-VM state: every command a guest sends is accounted to its VM, and
+//! each VM's sessions are capped.
 //!
-//! Every command a guest sends passes through its VM's queue before it reaches the
-//! API server. For now the queue is first in, first out across all of a VM's
-//! sessions; the fair scheduler will replace [`VmQueue::admit`] with weighted fair
-//! queuing between VMs.
+//! Accounting never waits: a command is counted and forwarded by its own session's
+//! thread, so nothing one session does (a guest that stops reading, an API server
+//! stuck in a kernel) holds up another session of the same VM or another VM. Policy
+//! that delays a VM's commands (weighted fair queuing) acts where commands reach the
+//! device, in the API server, with decisions made here.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// A VM's dispatch queue and counters.
+/// A VM's counters and session cap.
 #[derive(Debug, Default)]
 pub struct VmQueue {
     /// The VM's shared data window, if it has one.
     pub window: std::sync::OnceLock<crate::window::VmWindow>,
-    tickets: Mutex<(u64, u64)>,
-    cv: Condvar,
     pub commands: AtomicU64,
     pub bytes: AtomicU64,
+    sessions: AtomicUsize,
 }
 
-/// The right to forward one command; the next command is admitted when it drops.
+/// One of a VM's session slots; the slot frees when this drops.
 #[derive(Debug)]
-pub struct Admission<'a> {
-    queue: &'a VmQueue,
+pub struct SessionSlot {
+    queue: Arc<VmQueue>,
 }
 
-impl VmQueue {
-    /// Waits for this command's turn (arrival order within the VM).
-    pub fn admit(&self, bytes: u64) -> Admission<'_> {
-        let mut t = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        let mine = t.0;
-        t.0 += 1;
-        while t.1 != mine {
-            t = self.cv.wait(t).unwrap_or_else(|e| e.into_inner());
-        }
-        self.commands.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        Admission { queue: self }
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.queue.sessions.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-impl Drop for Admission<'_> {
-    fn drop(&mut self) {
-        let mut t = self.queue.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        t.1 += 1;
-        drop(t);
-        self.queue.cv.notify_all();
+impl VmQueue {
+    /// Accounts one command of `bytes` to the VM. Never blocks.
+    pub fn admit(&self, bytes: u64) {
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Takes a session slot if the VM has fewer than `max` sessions.
+    pub fn open_session(self: &Arc<Self>, max: usize) -> Option<SessionSlot> {
+        self.sessions
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| SessionSlot {
+                queue: self.clone(),
+            })
+    }
+
+    /// Sessions the VM has now.
+    pub fn sessions(&self) -> usize {
+        self.sessions.load(Ordering::Acquire)
     }
 }
 
@@ -73,21 +81,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn admissions_follow_arrival_order() {
+    fn session_slots_are_capped_and_freed() {
         let q = Arc::new(VmQueue::default());
-        let first = q.admit(1);
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let (q2, o2) = (q.clone(), order.clone());
-        let t = std::thread::spawn(move || {
-            let _a = q2.admit(1);
-            o2.lock().unwrap().push(2);
-        });
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        order.lock().unwrap().push(1);
-        drop(first);
-        t.join().unwrap();
-        assert_eq!(*order.lock().unwrap(), vec![1, 2]);
+        let a = q.open_session(2).expect("first slot");
+        let _b = q.open_session(2).expect("second slot");
+        assert!(
+            q.open_session(2).is_none(),
+            "a third session is over the cap"
+        );
+        drop(a);
+        assert_eq!(q.sessions(), 1);
+        assert!(
+            q.open_session(2).is_some(),
+            "a freed slot can be taken again"
+        );
+    }
+
+    #[test]
+    fn admission_counts_commands_and_bytes() {
+        let q = VmQueue::default();
+        q.admit(10);
+        q.admit(5);
         assert_eq!(q.commands.load(Ordering::Relaxed), 2);
+        assert_eq!(q.bytes.load(Ordering::Relaxed), 15);
     }
 
     #[test]

@@ -10,7 +10,6 @@ use std::io::{BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{ErrorPayload, Hello, Welcome, error_code};
@@ -19,11 +18,10 @@ use hira_protocol::{FrameHeader, FrameKind, unix};
 use log::{debug, info, warn};
 
 use crate::config::Config;
+use crate::lifecycle::Lifecycle;
 use crate::router::VmQueue;
 use crate::spawn;
 
-/// How long an API server gets to release its objects and exit.
-const TEARDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Chunk size for relaying frame bodies.
 const RELAY_CHUNK: usize = 256 * 1024;
 
@@ -43,6 +41,10 @@ pub struct SessionStats {
 pub enum SessionError {
     #[error("handshake failed: {0}")]
     Handshake(String),
+    #[error("no hello within {0:?}; connection closed")]
+    HandshakeTimeout(std::time::Duration),
+    #[error("refused: {0}")]
+    Refused(String),
     #[error("cannot start the API server")]
     Spawn(#[source] std::io::Error),
     #[error("socket error")]
@@ -78,7 +80,18 @@ fn window_size(fd: &OwnedFd) -> Option<u64> {
 }
 
 /// Runs a session to its end. Never panics on guest input; logs why it ended.
-pub fn run(guest: UnixStream, id: u64, vm: &str, config: &Config, queue: &VmQueue) {
+pub fn run(
+    guest: UnixStream,
+    id: u64,
+    vm: &str,
+    config: &Config,
+    queue: &Arc<VmQueue>,
+    life: &Arc<Lifecycle>,
+) {
+    let Some(_registration) = life.register(id, &guest) else {
+        crate::listener::refuse(&guest, error_code::SERVER_GONE, "the daemon is stopping");
+        return;
+    };
     if let Err(e) = serve(guest, id, vm, config, queue) {
         warn!("VM {vm:?} session {id}: {e}");
     }
@@ -89,14 +102,26 @@ fn serve(
     id: u64,
     vm: &str,
     config: &Config,
-    queue: &VmQueue,
+    queue: &Arc<VmQueue>,
 ) -> Result<(), SessionError> {
     let guest_w = Arc::new(Mutex::new(guest.try_clone()?));
+    // A guest that connects and says nothing, or sends part of a hello, is cut off.
+    let deadline = config.limits.handshake_timeout;
+    guest.set_read_timeout(Some(deadline))?;
     let (header, payload, fd) = match unix::recv_frame_with_fd(&mut guest) {
         Ok(x) => x,
         Err(unix::UnixFrameError::Closed) => {
             debug!("VM {vm:?} session {id}: closed before its hello");
             return Ok(());
+        }
+        Err(unix::UnixFrameError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            send_error(&guest_w, None, error_code::HANDSHAKE, "no hello in time");
+            return Err(SessionError::HandshakeTimeout(deadline));
         }
         Err(e) => {
             send_error(&guest_w, None, error_code::HANDSHAKE, &e.to_string());
@@ -154,6 +179,13 @@ fn serve(
     if window.is_none() {
         hello.window_len = 0;
     }
+    guest.set_read_timeout(None)?;
+    let max = config.limits.max_sessions_per_vm;
+    let Some(_slot) = queue.open_session(max) else {
+        let m = format!("VM {vm:?} has its maximum of {max} sessions");
+        send_error(&guest_w, None, error_code::POLICY, &m);
+        return Err(SessionError::Refused(m));
+    };
     let (child, mut server) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
     info!(
         "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
@@ -162,68 +194,78 @@ fn serve(
         child.id()
     );
     let mut stats = SessionStats::default();
-    let result = (|| -> Result<(), SessionError> {
-        let hello_bytes = hello.encode();
-        let h = FrameHeader {
-            len: hello_bytes.len() as u32,
-            ..header
-        };
-        unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
-        drop(window);
-        let (rh, rp, _) = unix::recv_frame_with_fd(&mut server)
-            .map_err(|e| SessionError::Handshake(e.to_string()))?;
-        if rh.kind != FrameKind::Welcome {
-            let m = ErrorPayload::decode(&rp)
-                .map(|e| e.message)
-                .unwrap_or_default();
-            send_error(&guest_w, None, error_code::HANDSHAKE, &m);
-            return Err(SessionError::Handshake(format!("API server refused: {m}")));
-        }
-        let server_welcome =
-            Welcome::decode(&rp).map_err(|e| SessionError::Handshake(e.to_string()))?;
-        let welcome = Welcome {
-            version: hira_protocol::handshake::VERSION,
-            session: id,
-            vm_name: vm.to_string(),
-            window_len: server_welcome.window_len,
-            window_offset: if server_welcome.window_len > 0 {
-                hello.window_offset
-            } else {
-                0
-            },
-        }
-        .encode();
-        let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
-        {
-            let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
-            g.write_all(&wh.encode())?;
-            g.write_all(&welcome)?;
-        }
-        let server_r = server.try_clone()?;
-        let relay_guest = guest_w.clone();
-        let relay = std::thread::Builder::new()
-            .name(format!("relay-{id}"))
-            .spawn(move || relay_to_guest(server_r, &relay_guest))?;
-        let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
-        let res = relay_to_server(
-            &mut guest_r,
-            &server,
-            &guest_w,
-            server_welcome.window_len,
-            queue,
-            &mut stats,
-        );
-        // Either side ended: close both so the other direction ends too.
-        let _ = server.shutdown(std::net::Shutdown::Write);
-        let _ = relay.join();
-        let _ = guest.shutdown(std::net::Shutdown::Both);
-        res
-    })();
+    let result =
+        (|| -> Result<(Result<(), SessionError>, std::thread::JoinHandle<()>), SessionError> {
+            let hello_bytes = hello.encode();
+            let h = FrameHeader {
+                len: hello_bytes.len() as u32,
+                ..header
+            };
+            unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
+            drop(window);
+            let (rh, rp, _) = unix::recv_frame_with_fd(&mut server)
+                .map_err(|e| SessionError::Handshake(e.to_string()))?;
+            if rh.kind != FrameKind::Welcome {
+                let m = ErrorPayload::decode(&rp)
+                    .map(|e| e.message)
+                    .unwrap_or_default();
+                send_error(&guest_w, None, error_code::HANDSHAKE, &m);
+                return Err(SessionError::Handshake(format!("API server refused: {m}")));
+            }
+            let server_welcome =
+                Welcome::decode(&rp).map_err(|e| SessionError::Handshake(e.to_string()))?;
+            let welcome = Welcome {
+                version: hira_protocol::handshake::VERSION,
+                session: id,
+                vm_name: vm.to_string(),
+                window_len: server_welcome.window_len,
+                window_offset: if server_welcome.window_len > 0 {
+                    hello.window_offset
+                } else {
+                    0
+                },
+            }
+            .encode();
+            let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
+            {
+                let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
+                g.write_all(&wh.encode())?;
+                g.write_all(&welcome)?;
+            }
+            let server_r = server.try_clone()?;
+            let relay_guest = guest_w.clone();
+            let relay = std::thread::Builder::new()
+                .name(format!("relay-{id}"))
+                .spawn(move || relay_to_guest(server_r, &relay_guest))?;
+            let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
+            let res = relay_to_server(
+                &mut guest_r,
+                &server,
+                &guest_w,
+                server_welcome.window_len,
+                queue,
+                &mut stats,
+            );
+            // The guest side ended: the API server sees its socket close and releases
+            // what the guest held. It is reaped (killed after the grace period if it is
+            // stuck, say in an endless kernel) before the relay is joined, since the relay
+            // ends only when the API server's end of the socket closes.
+            let _ = server.shutdown(std::net::Shutdown::Both);
+            let _ = guest.shutdown(std::net::Shutdown::Both);
+            Ok((res, relay))
+        })();
     let child_id = child.id();
-    spawn::reap(child, TEARDOWN_GRACE);
+    let how = spawn::reap(child, config.limits.teardown_grace);
+    let result = match result {
+        Ok((res, relay)) => {
+            let _ = relay.join();
+            res
+        }
+        Err(e) => Err(e),
+    };
     drop(lease);
     info!(
-        "VM {vm:?} session {id}: ended after {} commands ({} bytes, {} rejected), API server {} reaped",
+        "VM {vm:?} session {id}: ended after {} commands ({} bytes, {} rejected), API server {} reaped ({how})",
         stats.commands, stats.bytes, stats.rejected, child_id
     );
     result
@@ -374,7 +416,7 @@ fn relay_to_server(
             }
             continue;
         }
-        let _turn = queue.admit(h.len as u64);
+        queue.admit(h.len as u64);
         stats.commands += 1;
         stats.bytes += h.len as u64;
         forward(guest, server, &hb, &spans, rest, &mut buf)?;

@@ -1,9 +1,10 @@
-//! API-server processes.
+//! API-server processes: started so that they die with the daemon, reaped within a
+//! bounded grace period.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -15,6 +16,10 @@ use crate::config::Config;
 const CHILD_FD: i32 = 3;
 
 /// Starts an API server for session `id`; returns the process and our end of its socket.
+///
+/// The child gets SIGKILL when the daemon thread that started it ends (the session
+/// thread, which outlives the child in normal operation) or the daemon dies, so no
+/// API server outlives the daemon, however the daemon ends.
 pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStream)> {
     let (ours, theirs) = UnixStream::pair()?;
     let theirs = OwnedFd::from(theirs);
@@ -27,10 +32,20 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
     if let Some(p) = &config.platform {
         cmd.arg("--platform").arg(p);
     }
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and calls only
-    // dup2, which is async-signal-safe. dup2 clears close-on-exec on the new fd.
+    // async-signal-safe functions (prctl, getppid, dup2, _exit). dup2 clears
+    // close-on-exec on the new descriptor.
     unsafe {
         cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The daemon may have died before the signal was armed.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
             if libc::dup2(raw, CHILD_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -42,20 +57,50 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
     Ok((child, ours))
 }
 
-/// Waits up to `grace` for `child` to exit, then kills it. Always reaps.
-pub fn reap(child: Child, grace: Duration) {
+/// Describes how an API server ended, for the log.
+pub fn describe(status: Option<ExitStatus>, killed: bool) -> String {
+    match status {
+        None => "not reaped".into(),
+        Some(s) if killed => format!("killed after the grace period, {s}"),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(0), _) => "exit status 0".into(),
+            (Some(c), _) => format!("exit status {c}"),
+            (_, Some(sig)) => format!(
+                "died of signal {sig}{}",
+                if s.core_dumped() {
+                    " (core dumped)"
+                } else {
+                    ""
+                }
+            ),
+            _ => s.to_string(),
+        },
+    }
+}
+
+/// Waits up to `grace` for `child` to exit, then kills it. Always reaps; returns how
+/// the child ended.
+pub fn reap(child: Child, grace: Duration) -> String {
     let pid = child.id();
     let (done, exited) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
         let mut child = child;
-        let _ = child.wait();
+        let status = child.wait().ok();
         let _ = done.send(());
+        status
     });
+    let mut killed = false;
     if exited.recv_timeout(grace).is_err() {
-        warn!("API server {pid} did not exit in {grace:?}; killing it");
+        warn!("API server {pid} did not exit within {grace:?}; killing it");
         // SAFETY: the child has not been reaped (the waiter is still blocked in wait),
         // so `pid` still names it.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        killed = true;
     }
-    let _ = waiter.join();
+    let status = waiter.join().ok().flatten();
+    let how = describe(status, killed);
+    if status.is_some_and(|s| s.signal().is_some()) && !killed {
+        warn!("API server {pid} {how}");
+    }
+    how
 }

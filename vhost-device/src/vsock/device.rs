@@ -17,7 +17,8 @@ use log::warn;
 use super::header::{Header, MAX_PAYLOAD, Op, SHUTDOWN_RCV, SHUTDOWN_SEND};
 use super::mux::{Action, Mux};
 use crate::config::Config;
-use crate::listener::start_session;
+use crate::lifecycle::Lifecycle;
+use crate::listener::{ConnectionSlot, start_session};
 use crate::router::VmQueue;
 
 /// Most connections one VM may hold open.
@@ -56,16 +57,24 @@ pub struct VsockDevice {
     vm: String,
     config: Arc<Config>,
     queue: Arc<VmQueue>,
+    life: Arc<Lifecycle>,
     links: HashMap<u32, Link>,
 }
 
 impl VsockDevice {
-    pub fn new(guest_cid: u64, vm: &str, config: Arc<Config>, queue: Arc<VmQueue>) -> Self {
+    pub fn new(
+        guest_cid: u64,
+        vm: &str,
+        config: Arc<Config>,
+        queue: Arc<VmQueue>,
+        life: Arc<Lifecycle>,
+    ) -> Self {
         VsockDevice {
             mux: Mux::new(guest_cid, MAX_CONNECTIONS),
             vm: vm.to_string(),
             config,
             queue,
+            life,
             links: HashMap::new(),
         }
     }
@@ -78,7 +87,14 @@ impl VsockDevice {
                 Action::Reply(h) => out.push(Packet::bare(h)),
                 Action::Open(port) => match UnixStream::pair() {
                     Ok((ours, theirs)) if ours.set_nonblocking(true).is_ok() => {
-                        start_session(theirs, &self.vm, &self.config, &self.queue);
+                        start_session(
+                            theirs,
+                            ConnectionSlot::uncounted(),
+                            &self.vm,
+                            &self.config,
+                            &self.queue,
+                            &self.life,
+                        );
                         self.links.insert(
                             port,
                             Link {

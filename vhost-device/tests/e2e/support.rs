@@ -123,6 +123,46 @@ impl Vendors {
     }
 }
 
+/// The daemon's sd_notify socket: a test waits for `READY=1` instead of polling.
+pub struct Readiness {
+    socket: std::os::unix::net::UnixDatagram,
+    path: PathBuf,
+}
+
+impl Readiness {
+    pub fn new(dir: &Path) -> Readiness {
+        let path = dir.join("notify.sock");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        // Bounds a daemon that never gets ready; readiness normally comes at once.
+        socket
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        Readiness { socket, path }
+    }
+
+    pub fn apply(&self, cmd: &mut Command) {
+        cmd.env("NOTIFY_SOCKET", &self.path);
+    }
+
+    /// Blocks until the daemon reports `READY=1` (or fails the test if it exits).
+    pub fn wait(&self, d: &mut Daemon) {
+        let mut buf = [0u8; 512];
+        loop {
+            let n = match self.socket.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) => panic!(
+                    "no readiness from hira-vhost ({e}); alive: {}\n{}",
+                    d.alive(),
+                    d.log_text()
+                ),
+            };
+            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+                return;
+            }
+        }
+    }
+}
+
 /// A running `hira-vhost`, killed when dropped.
 pub struct Daemon {
     pub child: Child,
@@ -138,6 +178,12 @@ impl Daemon {
 
     /// Starts the daemon with extra environment variables.
     pub fn start_with_env(vms: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Self::start_with(vms, env, &[])
+    }
+
+    /// Starts the daemon with extra environment variables and flags, and waits for its
+    /// readiness notification (sd_notify `READY=1`), sent once every listener is bound.
+    pub fn start_with(vms: &[&str], env: &[(&str, &str)], flags: &[&str]) -> Daemon {
         ensure_built();
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("daemon.log");
@@ -148,6 +194,7 @@ impl Daemon {
                 dir.path().join(format!("{vm}.sock")).display()
             ));
         }
+        cmd.args(flags);
         cmd.env("RUST_LOG", "info")
             .env_remove("OCL_ICD_VENDORS")
             .stdout(Stdio::null())
@@ -155,20 +202,11 @@ impl Daemon {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        let ready = Readiness::new(dir.path());
+        ready.apply(&mut cmd);
         let child = cmd.spawn().expect("hira-vhost starts");
-        let d = Daemon { child, dir, log };
-        for vm in vms {
-            let sock = d.socket(vm);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while UnixStream::connect(&sock).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "daemon did not listen on {}",
-                    sock.display()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        let mut d = Daemon { child, dir, log };
+        ready.wait(&mut d);
         d
     }
 
@@ -423,4 +461,34 @@ impl RawGuest {
 /// Status of a reply payload.
 pub fn status(p: &[u8]) -> i32 {
     i32::from_le_bytes(p[..4].try_into().unwrap())
+}
+
+/// Waits (on a pidfd, no polling) until process `pid` has exited; false on timeout.
+/// A process that is already gone counts as exited.
+pub fn wait_exit(pid: u32, timeout: Duration) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    if fd < 0 {
+        return true;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    n == 1
+}
+
+/// Resident memory of `pid` in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }

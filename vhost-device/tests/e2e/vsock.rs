@@ -8,6 +8,7 @@ use hira_protocol::handshake::{ApiKind, Hello, Welcome};
 use hira_protocol::opencl::op;
 use hira_protocol::{FrameHeader, FrameKind, Writer};
 use hira_vhost::config::Config;
+use hira_vhost::lifecycle::Lifecycle;
 use hira_vhost::router::Router;
 use hira_vhost::vsock::device::{Packet, VsockDevice};
 use hira_vhost::vsock::header::{Header, Op};
@@ -35,12 +36,17 @@ impl Guest {
             listeners: vec![],
             vhost_user_vms: vec![],
             api_server: bin_dir().join("hira-api-server"),
-            platform: None,
-            max_window: 0,
+            ..Config::default()
         };
         let queue = Router::default().vm("vsock-vm");
         Guest {
-            dev: VsockDevice::new(CID, "vsock-vm", Arc::new(config), queue),
+            dev: VsockDevice::new(
+                CID,
+                "vsock-vm",
+                Arc::new(config),
+                queue,
+                Arc::new(Lifecycle::default()),
+            ),
             buf_alloc,
             fwd_cnt: 0,
             received: Vec::new(),

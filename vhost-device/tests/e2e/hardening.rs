@@ -1,0 +1,233 @@
+//! Hardening: a guest cannot freeze its VM, exhaust the daemon, outlive its session,
+//! or take over another daemon's socket; the daemon stops in order.
+
+use std::io::{BufRead, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Stdio;
+use std::time::Duration;
+
+use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, error_code};
+use hira_protocol::opencl::op;
+use hira_protocol::{FrameHeader, FrameKind, Writer};
+
+use crate::support::{Daemon, RawGuest, Vendors, c_program, rss_kib, run_with_timeout, wait_exit};
+
+/// The first frame the daemon sends on `s` (blocking), or `None` at end of stream.
+fn first_frame(s: &mut UnixStream) -> Option<(FrameHeader, Vec<u8>)> {
+    let mut hb = [0u8; hira_protocol::frame::HEADER_LEN];
+    s.read_exact(&mut hb).ok()?;
+    let h = FrameHeader::decode(&hb).unwrap();
+    let mut p = vec![0u8; h.len as usize];
+    s.read_exact(&mut p).ok()?;
+    Some((h, p))
+}
+
+fn error_code_of(frame: Option<(FrameHeader, Vec<u8>)>) -> u32 {
+    let (h, p) = frame.expect("an error frame before the close");
+    assert_eq!(h.kind, FrameKind::Error);
+    ErrorPayload::decode(&p).unwrap().code
+}
+
+fn vecadd_runs(daemon: &Daemon) {
+    let out = run_with_timeout(
+        &mut daemon.guest(&Vendors::hira(), "vm1", &c_program("vecadd")),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("mismatches=0"),
+        "a well-behaved guest is served: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log_text()
+    );
+}
+
+#[test]
+fn a_guest_that_stops_reading_slows_only_itself() {
+    let daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
+    // Requests on two guest threads whose replies are never read, until the host
+    // stops taking them: backpressure reaches the guest's own socket.
+    g.s.set_nonblocking(true).unwrap();
+    let mut w = Writer::new();
+    w.u32(1).u8(1).u8(1);
+    let mut sent = 0u64;
+    'flood: for i in 0u64.. {
+        let h = FrameHeader::new(
+            FrameKind::Request,
+            op::clGetPlatformIDs,
+            (i % 2 + 1) as u32,
+            i + 1,
+            w.as_slice().len(),
+        );
+        let mut frame = h.encode().to_vec();
+        frame.extend_from_slice(w.as_slice());
+        let mut at = 0;
+        while at < frame.len() {
+            match g.s.write(&frame[at..]) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && at == 0 => break 'flood,
+                // Finish a frame already started, so that framing stays intact.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("write failed: {e}"),
+            }
+        }
+        sent += 1;
+        assert!(sent < 10_000_000, "the host never pushed back");
+    }
+    // Another guest of the same VM is served while this one is stalled.
+    vecadd_runs(&daemon);
+    assert!(
+        rss_kib(server) < 512 * 1024,
+        "the stalled session's API server stays bounded: {} KiB after {sent} requests",
+        rss_kib(server)
+    );
+    drop(g);
+    assert!(
+        wait_exit(server, Duration::from_secs(60)),
+        "its API server ends"
+    );
+}
+
+#[test]
+fn a_silent_or_partial_handshake_is_cut_at_the_deadline() {
+    let daemon = Daemon::start_with(&["vm1"], &[], &["--handshake-timeout-ms", "300"]);
+    let mut silent = UnixStream::connect(daemon.socket("vm1")).unwrap();
+    assert_eq!(
+        error_code_of(first_frame(&mut silent)),
+        error_code::HANDSHAKE
+    );
+    assert!(
+        first_frame(&mut silent).is_none(),
+        "then the connection closes"
+    );
+    let mut partial = UnixStream::connect(daemon.socket("vm1")).unwrap();
+    let hello = Hello::new(ApiKind::OpenCl, 1, "partial", 0).encode();
+    let h = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
+    partial.write_all(&h.encode()[..10]).unwrap();
+    assert!(
+        first_frame(&mut partial).is_none_or(|(h, _)| h.kind == FrameKind::Error),
+        "a partial hello gets an error or a close"
+    );
+    assert!(
+        daemon.api_servers().is_empty(),
+        "no API server for a guest that never said hello"
+    );
+    vecadd_runs(&daemon);
+}
+
+#[test]
+fn connections_and_sessions_over_their_caps_are_refused() {
+    let daemon = Daemon::start_with(
+        &["vm1"],
+        &[],
+        &[
+            "--max-connections-per-listener",
+            "2",
+            "--max-sessions-per-vm",
+            "1",
+        ],
+    );
+    let g = RawGuest::session(&daemon.socket("vm1"));
+    // The second connection may handshake but the VM has its one session.
+    let mut second = RawGuest::connect(&daemon.socket("vm1"));
+    let hello = Hello::new(ApiKind::OpenCl, 1, "second", 0).encode();
+    second.frame(FrameKind::Hello, 0, 0, 0, &[], &hello);
+    assert_eq!(error_code_of(second.recv()), error_code::POLICY);
+    assert!(second.recv().is_none());
+    drop(second);
+    // Two connections open: a third is over the listener's cap.
+    let _idle = UnixStream::connect(daemon.socket("vm1")).unwrap();
+    let mut third = UnixStream::connect(daemon.socket("vm1")).unwrap();
+    let code = error_code_of(first_frame(&mut third));
+    assert_eq!(code, error_code::POLICY);
+    assert_eq!(daemon.api_servers().len(), 1);
+    drop(g);
+}
+
+#[test]
+fn a_second_daemon_does_not_take_over_a_live_socket() {
+    let daemon = Daemon::start(&["vm1"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+        .arg("--local-socket")
+        .arg(format!("vm1={}", daemon.socket("vm1").display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second daemon must refuse");
+    assert!(err.contains("another process is serving"), "{err}");
+    vecadd_runs(&daemon);
+    let mode = std::fs::metadata(daemon.socket("vm1")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o660,
+        "guest sockets are not world-accessible"
+    );
+}
+
+#[test]
+fn sigterm_ends_sessions_removes_sockets_and_exits_zero() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let g = RawGuest::session(&daemon.socket("vm1"));
+    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
+    // SAFETY: signalling the daemon this test started.
+    unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) };
+    let status = daemon.child.wait().unwrap();
+    assert!(
+        status.success(),
+        "exit status {status}:\n{}",
+        daemon.log_text()
+    );
+    assert!(!daemon.socket("vm1").exists(), "the socket file is removed");
+    assert!(
+        wait_exit(server, Duration::from_secs(1)),
+        "the API server was reaped"
+    );
+    drop(g);
+}
+
+#[test]
+fn api_servers_die_with_a_killed_daemon() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let _g = RawGuest::session(&daemon.socket("vm1"));
+    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    assert!(
+        wait_exit(server, Duration::from_secs(30)),
+        "the API server is not orphaned"
+    );
+}
+
+#[test]
+fn an_api_server_stuck_in_a_kernel_is_ended_after_its_guest_leaves() {
+    let daemon = Daemon::start_with(&["vm1"], &[], &["--teardown-grace-ms", "1000"]);
+    let vendors = Vendors::hira();
+    let mut guest = daemon
+        .guest(&vendors, "vm1", &c_program("endless"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(guest.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    if line.trim() != "launched" {
+        let out = guest.wait_with_output().unwrap();
+        panic!(
+            "{:?} {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            daemon.log_text()
+        );
+    }
+    let server = daemon.api_servers()[0];
+    guest.kill().unwrap();
+    guest.wait().unwrap();
+    assert!(
+        wait_exit(server, Duration::from_secs(60)),
+        "the stuck API server is killed after the grace period:\n{}",
+        daemon.log_text()
+    );
+    vecadd_runs(&daemon);
+}
