@@ -22,6 +22,10 @@ struct Args {
     /// Session number assigned by hira-vhost, for logs.
     #[arg(long, default_value_t = 0)]
     session: u64,
+    /// Print the host's OpenCL platforms, one per line, and exit (hira-vhost checks
+    /// `--platform` against them at start).
+    #[arg(long)]
+    list_platforms: bool,
 }
 
 impl TryFrom<Args> for Config {
@@ -53,7 +57,14 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     unsafe { std::env::set_var("HIRA_DISABLE", "1") };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = Config::try_from(Args::parse()).context("invalid arguments")?;
+    let args = Args::parse();
+    if args.list_platforms {
+        for name in hira_api_server::opencl::platform_names().map_err(anyhow::Error::msg)? {
+            println!("{name}");
+        }
+        return Ok(());
+    }
+    let config = Config::try_from(args).context("invalid arguments")?;
     let report = hira_api_server::run(config).context("API server failed")?;
     log::info!(
         "teardown: released {} objects ({} failed)",

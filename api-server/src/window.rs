@@ -11,6 +11,8 @@ pub enum WindowError {
     Stat(#[source] std::io::Error),
     #[error("a {len}-byte window at offset {offset} does not fit the {actual}-byte region")]
     SizeMismatch { actual: u64, offset: u64, len: u64 },
+    #[error("the window memfd is not sealed against shrinking")]
+    Unsealed,
     #[error("cannot map the window")]
     Map(#[source] std::io::Error),
 }
@@ -38,6 +40,14 @@ impl WindowMap {
             return Err(WindowError::Stat(std::io::Error::last_os_error()));
         }
         let actual = st.st_size as u64;
+        // A memfd must be sealed against shrinking, or the guest could truncate it and
+        // make this process fault on the mapping. (Files that are not memfds, such as a
+        // VM window the daemon created, cannot be sealed and are not the guest's.)
+        // SAFETY: F_GET_SEALS only reads the descriptor's seals.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals >= 0 && seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(WindowError::Unsealed);
+        }
         let fits = offset.checked_add(len).is_some_and(|end| end <= actual);
         if !fits || len == 0 || !offset.is_multiple_of(4096) {
             return Err(WindowError::SizeMismatch {

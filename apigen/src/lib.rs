@@ -470,9 +470,19 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
     match &f.rets {
         None => s.push_str("            Ok(status)\n        }\n    })\n}\n\n"),
         Some(kind) => {
+            let created = if f.check {
+                let names: Vec<&str> = f.args.iter().map(|a| a.name.as_str()).collect();
+                format!(
+                    "            crate::checks::{}_created(ret__obj, {});\n",
+                    f.name,
+                    names.join(", ")
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "            if status != 0 {{\n                return Err(status);\n            }}\n            Ok(crate::rt::adopt(Kind::{kind}, ret__id))\n        }}\n    }}) as {}\n}}\n",
+                "            if status != 0 {{\n                return Err(status);\n            }}\n            let ret__obj = crate::rt::adopt(Kind::{kind}, ret__id);\n{created}            Ok(ret__obj)\n        }}\n    }}) as {}\n}}\n",
                 f.ret
             );
         }
@@ -571,9 +581,14 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             }
             Kind::Lens | Kind::CbData | Kind::InfoSize | Kind::InfoVal | Kind::InfoRet => {}
             Kind::In(size) | Kind::HostPtr { size, .. } => {
+                // Transfer data and initial contents are opaque bytes the host only
+                // copies, so they may stay in the shared window; anything the host
+                // interprets (structs, IL) is copied out of guest reach first.
+                let opaque =
+                    matches!(a.kind, Kind::HostPtr { .. }) || f.name.starts_with("clEnqueue");
                 let _ = writeln!(
                     dec,
-                    "let {n}__b = s.bytes_in(r, frame)?;\nlet {n} = {n}__b.ptr() as {ct};"
+                    "let {n}__b = s.bytes_in(r, frame, {opaque})?;\nlet {n} = {n}__b.ptr() as {ct};"
                 );
                 let _ = writeln!(chk, "{n}__b.expect_len(({size}) as usize)?;");
             }
@@ -676,7 +691,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let img = matches!(a.kind, Kind::ImageIn { .. });
                 let _ = writeln!(
                     dec,
-                    "let {n}__b = s.bytes_in(r, frame)?;\nlet {n} = {n}__b.ptr() as {ct};"
+                    "let {n}__b = s.bytes_in(r, frame, true)?;\nlet {n} = {n}__b.ptr() as {ct};"
                 );
                 let len = if img {
                     format!("s.image_region_bytes({origin}, &{region}__a)?")

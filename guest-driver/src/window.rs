@@ -51,7 +51,12 @@ impl Window {
     /// Creates and maps a window of `len` bytes.
     pub fn create(len: u64) -> Result<Window, WindowError> {
         // SAFETY: the name is a NUL-terminated string literal; flags are valid.
-        let raw = unsafe { libc::memfd_create(c"hira-window".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(
+                c"hira-window".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if raw < 0 {
             return Err(WindowError::Create(std::io::Error::last_os_error()));
         }
@@ -59,6 +64,11 @@ impl Window {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: `fd` is a valid memfd.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(WindowError::Resize(std::io::Error::last_os_error(), len));
+        }
+        // The host refuses a window that could shrink under its mapping.
+        // SAFETY: `fd` is a valid memfd created with MFD_ALLOW_SEALING.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } != 0 {
             return Err(WindowError::Resize(std::io::Error::last_os_error(), len));
         }
         // SAFETY: mapping a valid fd of `len` bytes, shared, at an address the kernel picks.

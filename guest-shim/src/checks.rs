@@ -80,6 +80,14 @@ fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Drops what is known about object `id`, which the application released.
+pub(crate) fn forget(id: u64) {
+    let mut st = state();
+    st.kernels.remove(&id);
+    st.queue_device.remove(&id);
+    st.build_options.remove(&id);
+}
+
 /// The guest id of `ptr` if it is a live object of `kind`.
 fn id_of(ptr: *mut c_void, kind: Kind) -> Result<u64, cl_int> {
     match rt::lookup(ptr) {
@@ -277,6 +285,38 @@ pub(crate) unsafe fn clSetKernelArg(
         }
     })?;
     Ok(sync)
+}
+
+/// `clCloneKernel`: nothing to check before the call.
+pub(crate) unsafe fn clCloneKernel(
+    source_kernel: cl_kernel,
+    _errcode_ret: *mut cl_int,
+) -> Result<bool, cl_int> {
+    id_of(source_kernel.cast(), Kind::Kernel)?;
+    Ok(false)
+}
+
+/// A clone has its source's arguments, and so which of them are set.
+pub(crate) unsafe fn clCloneKernel_created(
+    clone: *mut c_void,
+    source_kernel: cl_kernel,
+    _errcode_ret: *mut cl_int,
+) {
+    let (Ok(src), Ok(dst)) = (
+        id_of(source_kernel.cast(), Kind::Kernel),
+        id_of(clone, Kind::Kernel),
+    ) else {
+        return;
+    };
+    let mut st = state();
+    if let Some(m) = st.kernels.get(&src) {
+        let copy = KernelMeta {
+            kinds: m.kinds.clone(),
+            set: m.set.clone(),
+            limits: m.limits.clone(),
+        };
+        st.kernels.insert(dst, copy);
+    }
 }
 
 /// `clBuildProgram`: remembers the options, which decide whether work-groups may be

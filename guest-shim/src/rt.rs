@@ -201,6 +201,7 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.by_ptr.remove(&(ptr as usize));
         o.by_id.remove(&id);
         o.mem.remove(&id);
+        crate::checks::forget(id);
         // SAFETY: made by `Box::into_raw` in `adopt` and now unreachable from the tables.
         drop(unsafe { Box::from_raw(ptr as *mut Obj) });
     }

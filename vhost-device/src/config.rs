@@ -26,6 +26,13 @@ pub enum ConfigError {
     BadCid(String),
     #[error("config file: {0}")]
     File(String),
+    #[error("line {line}, key `{key}`: {source}")]
+    At {
+        line: usize,
+        key: &'static str,
+        #[source]
+        source: Box<ConfigError>,
+    },
     #[error("window-mb {0:?} must be a number of MiB from 4 to 65536")]
     BadWindowSize(String),
     #[error("a data window (`window=`) needs the vhost-user transport (`socket=`)")]
@@ -40,6 +47,29 @@ pub enum ConfigError {
         "give exactly one of `socket=` (QEMU vhost-user) and `hybrid=` (cloud-hypervisor, Firecracker)"
     )]
     Transport,
+}
+
+impl ConfigError {
+    /// The setting an error is about.
+    pub fn key(&self) -> &'static str {
+        match self {
+            ConfigError::EmptyPath => "path",
+            ConfigError::BadVmName(_) => "name",
+            ConfigError::Missing(k) => k,
+            ConfigError::BadCid(_) => "cid",
+            ConfigError::BadWindowSize(_) => "window_mb",
+            ConfigError::WindowNeedsVhostUser => "window",
+            ConfigError::Transport => "socket",
+            ConfigError::BadMode(_) => "socket_mode",
+            ConfigError::UnknownUser(_) => "socket_owner",
+            ConfigError::UnknownGroup(_) => "socket_group",
+            ConfigError::At { key, .. } => key,
+            ConfigError::NotKeyValue(_)
+            | ConfigError::UnknownKey(_)
+            | ConfigError::DuplicateKey(_)
+            | ConfigError::File(_) => "",
+        }
+    }
 }
 
 /// A host-local listener: a Unix socket whose connections belong to one VM.
@@ -253,9 +283,12 @@ pub struct FileConfig {
     pub max_sessions_per_vm: Option<usize>,
     pub teardown_grace_ms: Option<u64>,
     #[serde(default)]
-    local: Vec<LocalEntry>,
+    local: Vec<toml::Spanned<LocalEntry>>,
     #[serde(default)]
-    vm: Vec<VmEntry>,
+    vm: Vec<toml::Spanned<VmEntry>>,
+    /// Byte offsets where each line of the file starts, for error messages.
+    #[serde(skip)]
+    line_starts: Vec<usize>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -279,16 +312,42 @@ struct VmEntry {
 impl FileConfig {
     /// Parses a config file's text.
     pub fn parse(text: &str) -> Result<FileConfig, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::File(e.to_string()))
+        let mut f: FileConfig =
+            toml::from_str(text).map_err(|e| ConfigError::File(e.to_string()))?;
+        f.line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Ok(f)
+    }
+
+    /// The 1-based line of byte offset `at`.
+    fn line_of(&self, at: usize) -> usize {
+        self.line_starts.partition_point(|&s| s <= at).max(1)
+    }
+
+    fn at<T>(
+        &self,
+        span: std::ops::Range<usize>,
+        r: Result<T, ConfigError>,
+    ) -> Result<T, ConfigError> {
+        r.map_err(|e| ConfigError::At {
+            line: self.line_of(span.start),
+            key: e.key(),
+            source: Box::new(e),
+        })
     }
 
     /// The file's local listeners, validated.
     pub fn listeners(&self) -> Result<Vec<LocalListener>, ConfigError> {
         self.local
             .iter()
-            .map(|l| match &l.vm {
-                Some(vm) => format!("{vm}={}", l.path).parse(),
-                None => l.path.parse(),
+            .map(|entry| {
+                let l = entry.get_ref();
+                let r = match &l.vm {
+                    Some(vm) => format!("{vm}={}", l.path).parse(),
+                    None => l.path.parse(),
+                };
+                self.at(entry.span(), r)
             })
             .collect()
     }
@@ -297,8 +356,9 @@ impl FileConfig {
     pub fn vms(&self) -> Result<Vec<VmSpec>, ConfigError> {
         self.vm
             .iter()
-            .map(|v| {
-                VmFields {
+            .map(|entry| {
+                let v = entry.get_ref();
+                let r = VmFields {
                     name: Some(v.name.clone()),
                     socket: v.socket.clone(),
                     hybrid: v.hybrid.clone(),
@@ -306,7 +366,8 @@ impl FileConfig {
                     window: v.window.clone(),
                     window_mb: v.window_mb.map(|m| m.to_string()),
                 }
-                .into_spec()
+                .into_spec();
+                self.at(entry.span(), r)
             })
             .collect()
     }
@@ -506,7 +567,21 @@ mod tests {
     #[test]
     fn config_file_vm_is_validated_like_the_command_line() {
         let f = FileConfig::parse("[[vm]]\nname = \"a\"\nsocket = \"/s\"\ncid = 2\n").unwrap();
-        assert_eq!(f.vms().unwrap_err(), ConfigError::BadCid("2".into()));
+        let e = f.vms().unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::At { source, .. } if **source == ConfigError::BadCid("2".into())),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn config_file_errors_name_the_key_and_line() {
+        let f = FileConfig::parse(
+            "platform = \"x\"\n\n[[vm]]\nname = \"ok\"\nsocket = \"/s\"\ncid = 3\n\n[[vm]]\nname = \"bad\"\nsocket = \"/t\"\ncid = 1\n",
+        )
+        .unwrap();
+        let e = f.vms().unwrap_err().to_string();
+        assert!(e.starts_with("line 8, key `cid`"), "{e}");
     }
 
     #[test]

@@ -164,5 +164,8 @@ impl TryFrom<Args> for Config {
 fn main() -> anyhow::Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let config = Config::try_from(Args::parse()).context("invalid configuration")?;
+    hira_vhost::spawn::check_platform(&config)
+        .map_err(anyhow::Error::msg)
+        .context("invalid configuration")?;
     hira_vhost::run(config).context("hira-vhost failed")
 }

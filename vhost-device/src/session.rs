@@ -79,6 +79,13 @@ fn window_size(fd: &OwnedFd) -> Option<u64> {
     (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_size as u64)
 }
 
+/// Whether a guest's window memfd can no longer shrink (so no mapping of it faults).
+fn sealed_against_shrinking(fd: &OwnedFd) -> bool {
+    // SAFETY: F_GET_SEALS only reads the descriptor's seals.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+}
+
 /// Runs a session to its end. Never panics on guest input; logs why it ended.
 pub fn run(
     guest: UnixStream,
@@ -149,7 +156,8 @@ fn serve(
         Some(fd) => {
             let ok = hello.window_len > 0
                 && hello.window_len <= config.max_window
-                && window_size(&fd) == Some(hello.window_len);
+                && window_size(&fd) == Some(hello.window_len)
+                && sealed_against_shrinking(&fd);
             if !ok {
                 warn!(
                     "VM {vm:?} session {id}: data window refused (announced {} bytes)",

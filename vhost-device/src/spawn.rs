@@ -104,3 +104,41 @@ pub fn reap(child: Child, grace: Duration) -> String {
     }
     how
 }
+
+/// Checks at start that `--platform` names a host platform, by asking the API-server
+/// executable (the daemon itself loads no GPU library). The error lists what exists.
+pub fn check_platform(config: &Config) -> Result<(), String> {
+    let Some(wanted) = &config.platform else {
+        return Ok(());
+    };
+    let out = Command::new(&config.api_server)
+        .arg("--list-platforms")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", config.api_server.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} --list-platforms failed: {}",
+            config.api_server.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    if names.iter().any(|n| n.contains(wanted.as_str())) {
+        return Ok(());
+    }
+    Err(format!(
+        "--platform {wanted:?} matches no host OpenCL platform; the host has: {}",
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names
+                .iter()
+                .map(|n| format!("{n:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    ))
+}

@@ -81,6 +81,24 @@ fn platform_name(rt: &OpenCl, p: cl_platform_id) -> String {
         .unwrap_or_default()
 }
 
+/// The names of the host's OpenCL platforms, Hira's own excluded.
+pub fn platform_names() -> Result<Vec<String>, String> {
+    let rt = cl3::load_library()
+        .as_ref()
+        .map_err(|e| format!("cannot load libOpenCL: {e}"))?;
+    let mut n: cl_uint = 0;
+    if rt.clGetPlatformIDs(0, std::ptr::null_mut(), &mut n) != Some(0) || n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut ids = vec![std::ptr::null_mut(); n as usize];
+    rt.clGetPlatformIDs(n, ids.as_mut_ptr(), std::ptr::null_mut());
+    Ok(ids
+        .iter()
+        .map(|&p| platform_name(rt, p))
+        .filter(|name| !name.starts_with("Hira"))
+        .collect())
+}
+
 impl OpenClBackend {
     /// Loads the host OpenCL library and picks the platform to expose: the first
     /// whose name contains `wanted`, or the first that is not Hira itself.

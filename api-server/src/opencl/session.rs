@@ -751,10 +751,15 @@ impl<'a> Session<'a> {
         Ok(Some(out))
     }
 
+    /// Input bytes of one argument. Bytes in the shared window stay there only if
+    /// `opaque` (the host copies them without interpreting them); otherwise they are
+    /// copied once out of guest reach, so the host never reads values the guest can
+    /// change under it.
     pub fn bytes_in<'f>(
         &self,
         r: &mut Reader<'f>,
         frame: &FrameData<'_>,
+        opaque: bool,
     ) -> Result<BytesIn<'f>, Fail> {
         match r.u8()? {
             tag::NULL => Ok(BytesIn::Null),
@@ -768,7 +773,15 @@ impl<'a> Session<'a> {
             }
             tag::WINDOW => {
                 let (p, len) = Self::span(r, frame)?;
-                Ok(BytesIn::Window(p, len))
+                if opaque {
+                    return Ok(BytesIn::Window(p, len));
+                }
+                let mut v = vec![0u64; len.div_ceil(8).max(1)];
+                // SAFETY: the span lies inside the mapped window (checked by `span`) and
+                // `v` holds at least `len` bytes; a raw copy makes no reference to
+                // memory the guest may write concurrently.
+                unsafe { std::ptr::copy_nonoverlapping(p, v.as_mut_ptr().cast::<u8>(), len) };
+                Ok(BytesIn::Aligned(v, len))
             }
             t => Err(Fail::Protocol(format!("bad byte-argument tag {t}"))),
         }
@@ -996,17 +1009,16 @@ impl<'a> Session<'a> {
 
     /// Copies input bytes into a buffer the host may read after the call returns.
     pub fn detach(b: &BytesIn<'_>) -> (*mut c_void, Option<Box<[u8]>>) {
-        let bytes: &[u8] = match b {
+        let (src, len): (*const u8, usize) = match b {
             BytesIn::Null => return (std::ptr::null_mut(), None),
-            BytesIn::Slice(s) => s,
-            // SAFETY: `v` holds at least `len` initialised bytes.
-            BytesIn::Aligned(v, len) => unsafe {
-                std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), *len)
-            },
-            // SAFETY: the span was checked to lie inside the mapped window.
-            BytesIn::Window(p, len) => unsafe { std::slice::from_raw_parts(*p, *len) },
+            BytesIn::Slice(s) => (s.as_ptr(), s.len()),
+            BytesIn::Aligned(v, len) => (v.as_ptr().cast(), *len),
+            BytesIn::Window(p, len) => (*p, *len),
         };
-        let mut owned: Box<[u8]> = bytes.into();
+        let mut owned: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        // SAFETY: `src` is valid for `len` reads (a private buffer, or a span checked to
+        // lie inside the mapped window); a raw copy makes no reference to shared memory.
+        unsafe { std::ptr::copy_nonoverlapping(src, owned.as_mut_ptr(), len) };
         (owned.as_mut_ptr().cast(), Some(owned))
     }
 

@@ -231,3 +231,49 @@ fn an_api_server_stuck_in_a_kernel_is_ended_after_its_guest_leaves() {
     );
     vecadd_runs(&daemon);
 }
+
+/// A Hello offering a `len`-byte memfd window, sealed against shrinking or not;
+/// returns the window length the host accepted.
+fn offered_window(daemon: &Daemon, len: u64, sealed: bool) -> u64 {
+    use std::os::fd::FromRawFd;
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: a NUL-terminated name and valid flags.
+    let raw = unsafe { libc::memfd_create(c"test-window".as_ptr(), flags) };
+    assert!(raw >= 0);
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    std::fs::File::from(fd.try_clone().unwrap())
+        .set_len(len)
+        .unwrap();
+    if sealed {
+        // SAFETY: adding a seal to our own memfd.
+        assert_eq!(
+            unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
+            0
+        );
+    }
+    let mut s = UnixStream::connect(daemon.socket("vm1")).unwrap();
+    let hello = Hello::new(ApiKind::OpenCl, 1, "windowed", len).encode();
+    let h = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
+    hira_protocol::unix::send_frame_with_fd(&mut s, &h, &hello, Some(&fd)).unwrap();
+    let (h, p) = first_frame(&mut s).expect("a welcome");
+    assert_eq!(h.kind, FrameKind::Welcome);
+    hira_protocol::handshake::Welcome::decode(&p)
+        .unwrap()
+        .window_len
+}
+
+#[test]
+fn a_window_that_could_shrink_is_refused() {
+    let daemon = Daemon::start(&["vm1"]);
+    assert_eq!(
+        offered_window(&daemon, 1 << 20, false),
+        0,
+        "unsealed: inline only"
+    );
+    assert_eq!(
+        offered_window(&daemon, 1 << 20, true),
+        1 << 20,
+        "sealed: accepted"
+    );
+}
