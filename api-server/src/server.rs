@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
-use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, Welcome, error_code};
+use hira_protocol::handshake::{
+    ApiKind, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code,
+};
 use hira_protocol::{FrameHeader, FrameKind, Writer, unix};
 use log::{debug, info, warn};
 use thiserror::Error;
@@ -130,10 +132,17 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
     serve(
         &mut std::io::BufReader::with_capacity(64 * 1024, reader),
         backend.clone(),
-        writer,
+        writer.clone(),
         window,
     )?;
-    Ok(backend.teardown())
+    let report = backend.teardown();
+    // The daemon keeps reading until this process exits, for this report.
+    let payload = TeardownPayload {
+        released: report.released as u64,
+        failed: report.failed as u64,
+    };
+    writer.send(FrameKind::Notify, TEARDOWN_REPORT, 0, 0, &payload.encode());
+    Ok(report)
 }
 
 fn refuse(writer: &FrameWriter, message: &str) {

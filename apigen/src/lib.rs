@@ -451,10 +451,10 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         Some(b) if f.is_async => format!("{} == 0", b.name),
         _ => f.is_async.to_string(),
     };
-    let may_async = if f.check {
-        format!("({may_async}) && !check__sync")
-    } else {
-        may_async
+    let may_async = match (f.check, may_async.as_str()) {
+        (false, _) | (true, "false") => may_async,
+        (true, "true") => "!check__sync".to_string(),
+        (true, cond) => format!("({cond}) && !check__sync"),
     };
     let _ = writeln!(
         s,

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 
@@ -109,18 +109,27 @@ impl BenchEnv {
         )?;
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("bench.sock");
+        // The daemon says when it is ready (sd_notify); no polling of its socket.
+        let notify_path = dir.path().join("notify.sock");
+        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path)?;
+        notify.set_read_timeout(Some(Duration::from_secs(60)))?;
         let daemon = Command::new(bin.join("hira-vhost"))
             .arg("--local-socket")
             .arg(format!("bench={}", socket.display()))
             .env("RUST_LOG", "error")
+            .env("NOTIFY_SOCKET", &notify_path)
             .env_remove("OCL_ICD_VENDORS")
             .stderr(Stdio::null())
             .spawn()
             .context("hira-vhost starts")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            ensure!(Instant::now() < deadline, "hira-vhost did not start");
-            std::thread::sleep(Duration::from_millis(20));
+        let mut buf = [0u8; 256];
+        loop {
+            let n = notify
+                .recv(&mut buf)
+                .context("hira-vhost did not report readiness")?;
+            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+                break;
+            }
         }
         Ok(BenchEnv {
             native,

@@ -295,3 +295,32 @@ mod tests {
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
     }
 }
+
+/// Opcode of the `Notify` frame an API server sends the daemon (never the guest) as
+/// its last frame: what it released when the session ended.
+pub const TEARDOWN_REPORT: u16 = 0xFFFF;
+
+/// The payload of a [`TEARDOWN_REPORT`] frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TeardownPayload {
+    /// Host objects released on the guest's behalf.
+    pub released: u64,
+    /// Releases the host refused.
+    pub failed: u64,
+}
+
+impl TeardownPayload {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u64(self.released).u64(self.failed);
+        w.into_vec()
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let released = r.u64()?;
+        let failed = r.u64()?;
+        r.finish()?;
+        Ok(TeardownPayload { released, failed })
+    }
+}

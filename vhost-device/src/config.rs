@@ -252,6 +252,7 @@ impl VmFields {
 /// api_server = "/usr/libexec/hira-api-server"   # optional
 /// platform = "Portable"                          # optional
 /// max_window_mb = 1024                           # optional
+/// control_socket = "/run/hira/control.sock"     # optional
 /// socket_mode = "0660"                           # optional, also socket_owner/_group
 /// handshake_timeout_ms = 10000                   # optional limits
 /// max_connections_per_listener = 256
@@ -275,6 +276,7 @@ pub struct FileConfig {
     pub api_server: Option<PathBuf>,
     pub platform: Option<String>,
     pub max_window_mb: Option<u64>,
+    pub control_socket: Option<PathBuf>,
     pub socket_mode: Option<String>,
     pub socket_owner: Option<String>,
     pub socket_group: Option<String>,
@@ -464,6 +466,8 @@ pub struct Config {
     pub max_window: u64,
     pub limits: Limits,
     pub access: SocketAccess,
+    /// The control socket, if any.
+    pub control: Option<PathBuf>,
 }
 
 #[cfg(test)]

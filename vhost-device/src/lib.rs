@@ -7,6 +7,7 @@
 //! - [`session`]: one guest application's session: the handshake, its API-server
 //!   process, and the relay that sees every command in both directions.
 //! - [`router`]: per-VM accounting of every command and the per-VM session cap.
+//! - [`control`]: the control socket (status of sessions and VMs, waiting for idle).
 //! - [`lifecycle`]: the live sessions and the orderly stop on SIGTERM/SIGINT.
 //! - [`spawn`]: starting API-server processes (they die with the daemon) and reaping
 //!   them within a grace period.
@@ -15,6 +16,7 @@
 //!   credit-based flow control, per-VM multiplexing) for the VM transport.
 
 pub mod config;
+pub mod control;
 pub mod lifecycle;
 pub mod listener;
 pub mod router;
@@ -50,11 +52,27 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
         created.push(l.path.clone());
         info!("VM {:?}: listening on {}", l.vm, l.path.display());
     }
+    let mut vhost_listeners = std::collections::HashMap::new();
     for vm in &config.vhost_user_vms {
         if let config::VmTransport::VhostUser(socket) = &vm.transport {
             listener::claim(socket)?;
+            let l = vhost::vhost_user::Listener::new(socket, false).map_err(|e| {
+                listener::ListenError::Bind(
+                    socket.display().to_string(),
+                    std::io::Error::other(e.to_string()),
+                )
+            })?;
+            listener::apply_access(socket, &config.access)?;
             created.push(socket.clone());
+            vhost_listeners.insert(vm.name.clone(), l);
         }
+    }
+    if let Some(path) = &config.control {
+        let l = listener::bind(path, &config.access)?;
+        created.push(path.clone());
+        info!("control socket on {}", path.display());
+        let (life, router) = (life.clone(), router.clone());
+        std::thread::spawn(move || control::serve(l, life, router));
     }
     for (l, vm) in listeners {
         let (config, router, life) = (config.clone(), router.clone(), life.clone());
@@ -62,6 +80,9 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     }
     for vm in &config.vhost_user_vms {
         let config::VmTransport::VhostUser(socket) = vm.transport.clone() else {
+            continue;
+        };
+        let Some(vhost_listener) = vhost_listeners.remove(&vm.name) else {
             continue;
         };
         let (config, queue, vm, life) = (
@@ -98,7 +119,7 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
                     life.clone(),
                 )
             };
-            if let Err(e) = vsock::backend::serve(&socket, vm.cid.into(), make) {
+            if let Err(e) = vsock::backend::serve(vhost_listener, vm.cid.into(), make) {
                 log::error!("VM {:?}: vsock device failed: {e}", vm.name);
             }
         });

@@ -1,22 +1,64 @@
-//! The daemon's lifecycle: the live sessions, and an orderly stop.
+//! The daemon's lifecycle: the live sessions, the record of ended ones, and an
+//! orderly stop.
 //!
 //! Every session registers its guest connection here. On SIGTERM or SIGINT the daemon
 //! stops accepting, shuts every guest connection down (each session then ends its API
 //! server and reaps it as on any disconnect) and waits, bounded, for the sessions to
-//! finish.
+//! finish. The control socket reads the same records.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Live sessions and the stop flag.
+use serde::Serialize;
+
+/// Ended sessions kept for status queries.
+const ENDED_KEPT: usize = 256;
+
+/// A live session as the control socket shows it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LiveSession {
+    pub id: u64,
+    pub vm: String,
+    pub process: String,
+    pub guest_pid: u32,
+    pub api_server_pid: Option<u32>,
+}
+
+/// A session that ended.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EndedSession {
+    pub id: u64,
+    pub vm: String,
+    pub process: String,
+    pub api_server_pid: Option<u32>,
+    /// How the API server ended ("exit status 0", "died of signal 11", ...).
+    pub api_server_end: String,
+    /// Objects the API server released on the guest's behalf, from its report (none
+    /// if it died before reporting).
+    pub released: Option<u64>,
+    pub release_failures: Option<u64>,
+    pub commands: u64,
+    pub bytes: u64,
+    pub rejected: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    live: HashMap<u64, (UnixStream, LiveSession)>,
+    ended: VecDeque<EndedSession>,
+}
+
+/// Live sessions, ended sessions and the stop flag.
 #[derive(Debug, Default)]
 pub struct Lifecycle {
     stopping: AtomicBool,
-    sessions: Mutex<HashMap<u64, UnixStream>>,
-    ended: Condvar,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// API servers that died of a signal the daemon did not send.
+    pub api_server_crashes: AtomicU64,
 }
 
 /// A registered session; it leaves the registry when dropped.
@@ -24,20 +66,51 @@ pub struct Lifecycle {
 pub struct Registration {
     life: Arc<Lifecycle>,
     id: u64,
+    ended: Option<EndedSession>,
+}
+
+impl Registration {
+    /// Records what the session's guest and API server are.
+    pub fn describe(&self, process: &str, guest_pid: u32, api_server_pid: u32) {
+        if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
+            s.process = process.to_string();
+            s.guest_pid = guest_pid;
+            s.api_server_pid = Some(api_server_pid);
+        }
+        self.life.changed.notify_all();
+    }
+
+    /// Records how the session ended; kept when the registration drops.
+    pub fn ended(&mut self, e: EndedSession) {
+        self.ended = Some(e);
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut s = self.life.lock();
-        s.remove(&self.id);
+        let live = s.live.remove(&self.id);
+        let mut e = self.ended.take().unwrap_or_default();
+        if let Some((_, l)) = live {
+            e.id = l.id;
+            e.vm = l.vm;
+            if e.process.is_empty() {
+                e.process = l.process;
+            }
+            e.api_server_pid = e.api_server_pid.or(l.api_server_pid);
+        }
+        if s.ended.len() == ENDED_KEPT {
+            s.ended.pop_front();
+        }
+        s.ended.push_back(e);
         drop(s);
-        self.life.ended.notify_all();
+        self.life.changed.notify_all();
     }
 }
 
 impl Lifecycle {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, UnixStream>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether the daemon is stopping.
@@ -45,47 +118,89 @@ impl Lifecycle {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Registers session `id` with (a clone of) its guest connection; `None` when the
-    /// daemon is stopping.
-    pub fn register(self: &Arc<Self>, id: u64, guest: &UnixStream) -> Option<Registration> {
+    /// Registers session `id` of VM `vm` with (a clone of) its guest connection;
+    /// `None` when the daemon is stopping.
+    pub fn register(
+        self: &Arc<Self>,
+        id: u64,
+        vm: &str,
+        guest: &UnixStream,
+    ) -> Option<Registration> {
         let clone = guest.try_clone().ok()?;
         let mut s = self.lock();
         if self.stopping() {
             return None;
         }
-        s.insert(id, clone);
+        let live = LiveSession {
+            id,
+            vm: vm.to_string(),
+            ..LiveSession::default()
+        };
+        s.live.insert(id, (clone, live));
+        drop(s);
+        self.changed.notify_all();
         Some(Registration {
             life: self.clone(),
             id,
+            ended: None,
         })
     }
 
     /// Live sessions.
     pub fn sessions(&self) -> usize {
-        self.lock().len()
+        self.lock().live.len()
     }
 
-    /// Stops accepting and ends every session; returns whether all ended within
-    /// `timeout`.
-    pub fn stop(&self, timeout: Duration) -> bool {
-        let mut s = self.lock();
-        self.stopping.store(true, Ordering::Release);
-        for guest in s.values() {
-            let _ = guest.shutdown(std::net::Shutdown::Both);
-        }
+    /// The live sessions and the most recently ended ones.
+    pub fn snapshot(&self) -> (Vec<LiveSession>, Vec<EndedSession>) {
+        let s = self.lock();
+        let mut live: Vec<LiveSession> = s.live.values().map(|(_, l)| l.clone()).collect();
+        live.sort_by_key(|l| l.id);
+        (live, s.ended.iter().cloned().collect())
+    }
+
+    /// Waits until no session is live; false on timeout.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        self.wait_live(0, timeout)
+    }
+
+    /// Waits until exactly `n` sessions are live, each with its API server started;
+    /// false on timeout.
+    pub fn wait_live(&self, n: usize, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        while !s.is_empty() {
+        let mut s = self.lock();
+        loop {
+            let started = s
+                .live
+                .values()
+                .filter(|(_, l)| l.api_server_pid.is_some())
+                .count();
+            if s.live.len() == n && started == n {
+                return true;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
             }
             s = self
-                .ended
+                .changed
                 .wait_timeout(s, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        true
+    }
+
+    /// Stops accepting and ends every session; returns whether all ended within
+    /// `timeout`.
+    pub fn stop(&self, timeout: Duration) -> bool {
+        {
+            let s = self.lock();
+            self.stopping.store(true, Ordering::Release);
+            for (guest, _) in s.live.values() {
+                let _ = guest.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        self.wait_idle(timeout)
     }
 }
 
@@ -97,21 +212,39 @@ mod tests {
     fn stop_shuts_sessions_down_and_waits_for_them() {
         let life = Arc::new(Lifecycle::default());
         let (ours, mut theirs) = UnixStream::pair().unwrap();
-        let reg = life.register(1, &ours).unwrap();
+        let reg = life.register(1, "vm", &ours).unwrap();
         let session = std::thread::spawn(move || {
             // The session sees its guest connection end, then finishes.
             let mut b = [0u8; 1];
-            let n = std::io::Read::read(&mut theirs, &mut b).unwrap_or(0);
-            let _ = n;
+            let _ = std::io::Read::read(&mut theirs, &mut b);
             drop(reg);
         });
-        // The session reads from the far end; shutting `ours` down ends its read.
         assert!(life.stop(Duration::from_secs(30)));
         session.join().unwrap();
         assert_eq!(life.sessions(), 0);
         assert!(
-            life.register(2, &ours).is_none(),
+            life.register(2, "vm", &ours).is_none(),
             "no new sessions once stopping"
         );
+    }
+
+    #[test]
+    fn ended_sessions_are_recorded_with_their_report() {
+        let life = Arc::new(Lifecycle::default());
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let mut reg = life.register(7, "vm1", &ours).unwrap();
+        reg.describe("app", 42, 4242);
+        assert_eq!(life.snapshot().0[0].api_server_pid, Some(4242));
+        reg.ended(EndedSession {
+            released: Some(6),
+            ..EndedSession::default()
+        });
+        drop(reg);
+        let (live, ended) = life.snapshot();
+        assert!(live.is_empty());
+        assert_eq!(ended[0].id, 7);
+        assert_eq!(ended[0].vm, "vm1");
+        assert_eq!(ended[0].api_server_pid, Some(4242));
+        assert_eq!(ended[0].released, Some(6));
     }
 }

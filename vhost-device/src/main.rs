@@ -36,6 +36,9 @@ struct Args {
     /// Largest data window a guest may share, in MiB (default 1024).
     #[arg(long)]
     max_window_mb: Option<u64>,
+    /// The control socket (status queries; `hira-ctl` talks to it). Default: none.
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
     /// Permission bits of the sockets and window files the daemon creates, in octal
     /// (default 0660: only the owner and the group may connect).
     #[arg(long, value_name = "MODE")]
@@ -157,6 +160,7 @@ impl TryFrom<Args> for Config {
             max_window: max_window_mb * 1024 * 1024,
             limits,
             access,
+            control: a.control_socket.or(file.control_socket),
         })
     }
 }

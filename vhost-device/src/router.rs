@@ -74,6 +74,19 @@ impl Router {
             .or_default()
             .clone()
     }
+
+    /// Every VM's queue, by name.
+    pub fn snapshot(&self) -> Vec<(String, Arc<VmQueue>)> {
+        let mut v: Vec<_> = self
+            .vms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, q)| (k.clone(), q.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
 }
 
 #[cfg(test)]

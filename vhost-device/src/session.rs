@@ -12,13 +12,15 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
-use hira_protocol::handshake::{ErrorPayload, Hello, Welcome, error_code};
+use hira_protocol::handshake::{
+    ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code,
+};
 use hira_protocol::opencl::op_info;
 use hira_protocol::{FrameHeader, FrameKind, unix};
 use log::{debug, info, warn};
 
 use crate::config::Config;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::{EndedSession, Lifecycle, Registration};
 use crate::router::VmQueue;
 use crate::spawn;
 
@@ -95,11 +97,11 @@ pub fn run(
     queue: &Arc<VmQueue>,
     life: &Arc<Lifecycle>,
 ) {
-    let Some(_registration) = life.register(id, &guest) else {
+    let Some(mut registration) = life.register(id, vm, &guest) else {
         crate::listener::refuse(&guest, error_code::SERVER_GONE, "the daemon is stopping");
         return;
     };
-    if let Err(e) = serve(guest, id, vm, config, queue) {
+    if let Err(e) = serve(guest, id, vm, config, queue, life, &mut registration) {
         warn!("VM {vm:?} session {id}: {e}");
     }
 }
@@ -110,6 +112,8 @@ fn serve(
     vm: &str,
     config: &Config,
     queue: &Arc<VmQueue>,
+    life: &Lifecycle,
+    registration: &mut Registration,
 ) -> Result<(), SessionError> {
     let guest_w = Arc::new(Mutex::new(guest.try_clone()?));
     // A guest that connects and says nothing, or sends part of a hello, is cut off.
@@ -195,6 +199,7 @@ fn serve(
         return Err(SessionError::Refused(m));
     };
     let (child, mut server) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
+    registration.describe(&hello.process_name, hello.pid, child.id());
     info!(
         "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
         hello.process_name,
@@ -202,88 +207,111 @@ fn serve(
         child.id()
     );
     let mut stats = SessionStats::default();
-    let result =
-        (|| -> Result<(Result<(), SessionError>, std::thread::JoinHandle<()>), SessionError> {
-            let hello_bytes = hello.encode();
-            let h = FrameHeader {
-                len: hello_bytes.len() as u32,
-                ..header
-            };
-            unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
-            drop(window);
-            let (rh, rp, _) = unix::recv_frame_with_fd(&mut server)
-                .map_err(|e| SessionError::Handshake(e.to_string()))?;
-            if rh.kind != FrameKind::Welcome {
-                let m = ErrorPayload::decode(&rp)
-                    .map(|e| e.message)
-                    .unwrap_or_default();
-                send_error(&guest_w, None, error_code::HANDSHAKE, &m);
-                return Err(SessionError::Handshake(format!("API server refused: {m}")));
-            }
-            let server_welcome =
-                Welcome::decode(&rp).map_err(|e| SessionError::Handshake(e.to_string()))?;
-            let welcome = Welcome {
-                version: hira_protocol::handshake::VERSION,
-                session: id,
-                vm_name: vm.to_string(),
-                window_len: server_welcome.window_len,
-                window_offset: if server_welcome.window_len > 0 {
-                    hello.window_offset
-                } else {
-                    0
-                },
-            }
-            .encode();
-            let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
-            {
-                let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
-                g.write_all(&wh.encode())?;
-                g.write_all(&welcome)?;
-            }
-            let server_r = server.try_clone()?;
-            let relay_guest = guest_w.clone();
-            let relay = std::thread::Builder::new()
-                .name(format!("relay-{id}"))
-                .spawn(move || relay_to_guest(server_r, &relay_guest))?;
-            let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
-            let res = relay_to_server(
-                &mut guest_r,
-                &server,
-                &guest_w,
-                server_welcome.window_len,
-                queue,
-                &mut stats,
-            );
-            // The guest side ended: the API server sees its socket close and releases
-            // what the guest held. It is reaped (killed after the grace period if it is
-            // stuck, say in an endless kernel) before the relay is joined, since the relay
-            // ends only when the API server's end of the socket closes.
-            let _ = server.shutdown(std::net::Shutdown::Both);
-            let _ = guest.shutdown(std::net::Shutdown::Both);
-            Ok((res, relay))
-        })();
-    let child_id = child.id();
-    let how = spawn::reap(child, config.limits.teardown_grace);
-    let result = match result {
-        Ok((res, relay)) => {
-            let _ = relay.join();
-            res
+    type Relay = std::thread::JoinHandle<Option<TeardownPayload>>;
+    let result = (|| -> Result<(Result<(), SessionError>, Relay), SessionError> {
+        let hello_bytes = hello.encode();
+        let h = FrameHeader {
+            len: hello_bytes.len() as u32,
+            ..header
+        };
+        unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
+        drop(window);
+        let (rh, rp, _) = unix::recv_frame_with_fd(&mut server)
+            .map_err(|e| SessionError::Handshake(e.to_string()))?;
+        if rh.kind != FrameKind::Welcome {
+            let m = ErrorPayload::decode(&rp)
+                .map(|e| e.message)
+                .unwrap_or_default();
+            send_error(&guest_w, None, error_code::HANDSHAKE, &m);
+            return Err(SessionError::Handshake(format!("API server refused: {m}")));
         }
-        Err(e) => Err(e),
+        let server_welcome =
+            Welcome::decode(&rp).map_err(|e| SessionError::Handshake(e.to_string()))?;
+        let welcome = Welcome {
+            version: hira_protocol::handshake::VERSION,
+            session: id,
+            vm_name: vm.to_string(),
+            window_len: server_welcome.window_len,
+            window_offset: if server_welcome.window_len > 0 {
+                hello.window_offset
+            } else {
+                0
+            },
+        }
+        .encode();
+        let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
+        {
+            let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
+            g.write_all(&wh.encode())?;
+            g.write_all(&welcome)?;
+        }
+        let server_r = server.try_clone()?;
+        let relay_guest = guest_w.clone();
+        let relay = std::thread::Builder::new()
+            .name(format!("relay-{id}"))
+            .spawn(move || relay_to_guest(server_r, &relay_guest))?;
+        let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
+        let res = relay_to_server(
+            &mut guest_r,
+            &server,
+            &guest_w,
+            server_welcome.window_len,
+            queue,
+            &mut stats,
+        );
+        // The guest side ended: the API server sees its socket close, releases
+        // what the guest held and reports it. It is reaped (killed after the grace
+        // period if it is stuck, say in an endless kernel) before the relay is
+        // joined, since the relay ends only when the API server's end closes.
+        let _ = server.shutdown(std::net::Shutdown::Write);
+        let _ = guest.shutdown(std::net::Shutdown::Both);
+        Ok((res, relay))
+    })();
+    let child_id = child.id();
+    let (how, crashed) = spawn::reap(child, config.limits.teardown_grace);
+    if crashed {
+        life.api_server_crashes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    let (result, report) = match result {
+        Ok((res, relay)) => (res, relay.join().ok().flatten()),
+        Err(e) => (Err(e), None),
     };
     drop(lease);
     info!(
-        "VM {vm:?} session {id}: ended after {} commands ({} bytes, {} rejected), API server {} reaped ({how})",
-        stats.commands, stats.bytes, stats.rejected, child_id
+        "VM {vm:?} session {id}: ended after {} commands ({} bytes, {} rejected), API server {} reaped ({how}){}",
+        stats.commands,
+        stats.bytes,
+        stats.rejected,
+        child_id,
+        report.map_or(String::new(), |r| format!(
+            ", released {} objects ({} failed)",
+            r.released, r.failed
+        ))
     );
+    registration.ended(EndedSession {
+        process: hello.process_name.clone(),
+        api_server_pid: Some(child_id),
+        api_server_end: how,
+        released: report.map(|r| r.released),
+        release_failures: report.map(|r| r.failed),
+        commands: stats.commands,
+        bytes: stats.bytes,
+        rejected: stats.rejected,
+        ..EndedSession::default()
+    });
     result
 }
 
 /// Copies replies and notifications to the guest until the API server closes; then
-/// tells the guest its session is over.
-fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) {
+/// tells the guest its session is over. Returns the API server's teardown report,
+/// which is for the daemon and never reaches the guest. Once the guest is gone, the
+/// API server's frames are read and dropped, so that the report still arrives.
+fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) -> Option<TeardownPayload> {
     let mut server = BufReader::with_capacity(RELAY_CHUNK, server);
     let mut buf = vec![0u8; RELAY_CHUNK];
+    let mut report = None;
+    let mut guest_gone = false;
     loop {
         let mut hb = [0u8; HEADER_LEN];
         if server.read_exact(&mut hb).is_err() {
@@ -293,6 +321,20 @@ fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) {
             warn!("API server sent a malformed frame; ending the session");
             break;
         };
+        if h.kind == FrameKind::Notify && h.opcode == TEARDOWN_REPORT {
+            let mut p = vec![0u8; h.len as usize];
+            if server.read_exact(&mut p).is_err() {
+                break;
+            }
+            report = TeardownPayload::decode(&p).ok();
+            continue;
+        }
+        if guest_gone {
+            if skip(&mut server, h.len as usize, &mut buf).is_err() {
+                break;
+            }
+            continue;
+        }
         if forward(
             &mut server,
             &guest_lock(guest),
@@ -303,16 +345,19 @@ fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) {
         )
         .is_err()
         {
-            break;
+            guest_gone = true;
         }
     }
-    send_error(
-        guest,
-        None,
-        error_code::SERVER_GONE,
-        "the API server has exited",
-    );
+    if !guest_gone {
+        send_error(
+            guest,
+            None,
+            error_code::SERVER_GONE,
+            "the API server has exited",
+        );
+    }
     let _ = guest_lock(guest).shutdown(std::net::Shutdown::Both);
+    report
 }
 
 fn guest_lock(g: &Mutex<UnixStream>) -> std::sync::MutexGuard<'_, UnixStream> {

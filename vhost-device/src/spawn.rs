@@ -79,8 +79,8 @@ pub fn describe(status: Option<ExitStatus>, killed: bool) -> String {
 }
 
 /// Waits up to `grace` for `child` to exit, then kills it. Always reaps; returns how
-/// the child ended.
-pub fn reap(child: Child, grace: Duration) -> String {
+/// the child ended, and whether it died of a signal the daemon did not send.
+pub fn reap(child: Child, grace: Duration) -> (String, bool) {
     let pid = child.id();
     let (done, exited) = mpsc::channel();
     let waiter = std::thread::spawn(move || {
@@ -99,10 +99,11 @@ pub fn reap(child: Child, grace: Duration) -> String {
     }
     let status = waiter.join().ok().flatten();
     let how = describe(status, killed);
-    if status.is_some_and(|s| s.signal().is_some()) && !killed {
+    let crashed = status.is_some_and(|s| s.signal().is_some()) && !killed;
+    if crashed {
         warn!("API server {pid} {how}");
     }
-    how
+    (how, crashed)
 }
 
 /// Checks at start that `--platform` names a host platform, by asking the API-server

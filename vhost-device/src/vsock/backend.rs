@@ -268,10 +268,12 @@ impl VhostUserBackend for VsockBackend {
     }
 }
 
-/// Serves VM `vm`'s vsock device on `socket` until the daemon exits; a VMM that
-/// disconnects may reconnect, getting a fresh device.
+/// Serves VM `vm`'s vsock device on `listener` (bound by the daemon, so that its
+/// socket exists with the configured access before the daemon reports readiness)
+/// until the daemon exits; a VMM that disconnects may reconnect, getting a fresh
+/// device.
 pub fn serve(
-    socket: &std::path::Path,
+    mut listener: vhost::vhost_user::Listener,
     cid: u64,
     make_device: impl Fn() -> VsockDevice,
 ) -> Result<(), String> {
@@ -283,12 +285,22 @@ pub fn serve(
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
         .map_err(|e| e.to_string())?;
-        for h in daemon.get_epoll_handlers() {
+        let handlers = daemon.get_epoll_handlers();
+        for h in &handlers {
             h.register_listener(backend.event_fd(), EventSet::IN, BACKEND_EVENT as u64)
                 .map_err(|e| e.to_string())?;
         }
-        if let Err(e) = daemon.serve(socket) {
-            warn!("vhost-user connection on {} ended: {e}", socket.display());
+        let result = daemon.start(&mut listener).and_then(|()| daemon.wait());
+        // The worker threads of this connection end with it.
+        for h in &handlers {
+            h.send_exit_event();
+        }
+        match result {
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => {}
+            Err(e) => warn!("vhost-user connection for CID {cid} ended: {e}"),
         }
         // The VMM is gone (or reset the device): every connection of this VM ends now,
         // so its sessions tear down, whoever still holds the backend.

@@ -247,10 +247,8 @@ fn offered_window(daemon: &Daemon, len: u64, sealed: bool) -> u64 {
         .unwrap();
     if sealed {
         // SAFETY: adding a seal to our own memfd.
-        assert_eq!(
-            unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
-            0
-        );
+        let sealed = unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+        assert_eq!(sealed, 0);
     }
     let mut s = UnixStream::connect(daemon.socket("vm1")).unwrap();
     let hello = Hello::new(ApiKind::OpenCl, 1, "windowed", len).encode();

@@ -1,9 +1,9 @@
 //! Sessions are isolated: one API server per guest application, and a failure or
 //! disconnect on one side tears down exactly that session.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::support::{Daemon, Vendors, c_program, run_with_timeout};
+use crate::support::{Daemon, Readiness, Vendors, c_program, run_with_timeout, wait_exit};
 
 fn kill(pid: u32) {
     // SAFETY: sending SIGKILL to a process this test started or found as a child.
@@ -16,14 +16,14 @@ fn killing_one_api_server_fails_only_its_guest() {
     let vendors = Vendors::hira();
     let exe = c_program("stencil");
     let iters = "40000";
-    let mut a = daemon
+    let a = daemon
         .guest(&vendors, "vm1", &exe)
         .arg(iters)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut b = daemon
+    let b = daemon
         .guest(&vendors, "vm2", &exe)
         .arg(iters)
         .stdout(std::process::Stdio::piped())
@@ -37,22 +37,12 @@ fn killing_one_api_server_fails_only_its_guest() {
         "two guest programs get two API-server processes:\n{}",
         daemon.log_text()
     );
-    std::thread::sleep(Duration::from_millis(300));
     kill(servers[0]);
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let (mut ra, mut rb) = (None, None);
-    while ra.is_none() || rb.is_none() {
+    for g in [&a, &b] {
         assert!(
-            Instant::now() < deadline,
+            wait_exit(g.id(), Duration::from_secs(240)),
             "a guest hung after its API server died"
         );
-        if ra.is_none() {
-            ra = a.try_wait().unwrap();
-        }
-        if rb.is_none() {
-            rb = b.try_wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
     let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
     let failed: Vec<_> = outs.iter().filter(|o| !o.status.success()).collect();
@@ -92,43 +82,33 @@ fn guest_killed_mid_call_leaves_no_api_server_and_no_host_objects() {
         .guest(&vendors, "vm1", &exe)
         .arg("1000000")
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let servers = daemon.wait_api_servers(1, Duration::from_secs(20));
-    assert_eq!(servers.len(), 1);
-    std::thread::sleep(Duration::from_millis(500));
+    // Once the stencil says it runs, it holds every object and is inside its loop.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(guest.stderr.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "stencil: running", "{}", daemon.log_text());
+    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
     guest.kill().unwrap();
     guest.wait().unwrap();
+    let ended = daemon.wait_idle(Duration::from_secs(60));
     assert!(
-        daemon
-            .wait_api_servers(0, Duration::from_secs(15))
-            .is_empty(),
-        "the API server exits when its guest disconnects"
+        wait_exit(server, Duration::from_secs(1)),
+        "the API server was reaped"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let line = loop {
-        let log = daemon.log_text();
-        if let Some(l) = log.lines().find(|l| l.contains("teardown: released")) {
-            break l.to_string();
-        }
-        assert!(Instant::now() < deadline, "no teardown report:\n{log}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let end = ended.last().expect("the session ended");
     // The stencil holds a context, a queue, a program, a kernel and two buffers.
-    let released: usize = line
-        .split("released ")
-        .nth(1)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
     assert!(
-        released >= 6,
-        "every object the guest held is released: {line}"
+        end["released"].as_u64().unwrap_or(0) >= 6,
+        "every object the guest held is released: {end}"
     );
-    assert!(line.contains("(0 failed)"), "{line}");
+    assert_eq!(end["release_failures"], 0, "{end}");
+    assert_eq!(end["api_server_end"], "exit status 0", "{end}");
     assert!(daemon.alive(), "the daemon keeps running");
     let again = run_with_timeout(
         &mut daemon.guest(&vendors, "vm1", &c_program("vecadd")),
@@ -157,14 +137,14 @@ fn daemon_with_no_host_opencl_refuses_sessions_with_an_error() {
         !out.status.success(),
         "no host platform means no OpenCL for the guest"
     );
+    let ended = d.wait_idle(Duration::from_secs(30));
     assert!(
-        d.log_text().contains("no OpenCL platform")
-            || d.log_text().contains("no usable host OpenCL"),
-        "{}",
-        d.log_text()
+        String::from_utf8_lossy(&out.stderr).contains("no OpenCL platform"),
+        "the guest is told why: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(ended.len(), 1, "{ended:?}");
     assert!(d.alive());
-    assert!(d.wait_api_servers(0, Duration::from_secs(10)).is_empty());
 }
 
 #[test]
@@ -176,24 +156,18 @@ fn hybrid_vsock_connections_belong_to_their_vm() {
     let dir = tempfile::tempdir().unwrap();
     let vsock = dir.path().join("ch.vsock");
     let log = dir.path().join("daemon.log");
-    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
-        .arg("--vm")
+    let ready = Readiness::new(dir.path());
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    cmd.arg("--vm")
         .arg(format!("name=chvm,hybrid={},cid=5", vsock.display()))
         .env("RUST_LOG", "info")
         .env_remove("OCL_ICD_VENDORS")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let forwarded = dir.path().join("ch.vsock_5571");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&forwarded).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "no listener on {}",
-            forwarded.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .stderr(std::fs::File::create(&log).unwrap());
+    ready.apply(&mut cmd);
+    let daemon = cmd.spawn().unwrap();
+    let mut daemon = Daemon::adopt(daemon, dir, log.clone());
+    ready.wait(&mut daemon);
+    let forwarded = daemon.dir.path().join("ch.vsock_5571");
     let vendors = Vendors::hira();
     let out = run_with_timeout(
         std::process::Command::new(c_program("vecadd"))
@@ -202,9 +176,7 @@ fn hybrid_vsock_connections_belong_to_their_vm() {
             .env("HIRA_WINDOW_MB", "0"),
         Duration::from_secs(60),
     );
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = daemon.log_text();
     assert!(
         out.status.success(),
         "{}\n{text}",
@@ -252,22 +224,18 @@ fn config_file_sets_up_listeners_and_bad_files_are_refused() {
     )
     .unwrap();
     let log = dir.path().join("log");
-    let mut d = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
-        .arg("--config")
+    let ready = Readiness::new(dir.path());
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    cmd.arg("--config")
         .arg(&good)
         .env("RUST_LOG", "info")
         .env_remove("OCL_ICD_VENDORS")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "no listener from the config file"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .stderr(std::fs::File::create(&log).unwrap());
+    ready.apply(&mut cmd);
+    let d = cmd.spawn().unwrap();
+    let mut d = Daemon::adopt(d, dir, log.clone());
+    ready.wait(&mut d);
+    let dir = &d.dir;
     let vendors = Vendors::hira();
     let out = run_with_timeout(
         std::process::Command::new(c_program("vecadd"))
@@ -275,14 +243,8 @@ fn config_file_sets_up_listeners_and_bad_files_are_refused() {
             .env("HIRA_SOCKET", &sock),
         Duration::from_secs(60),
     );
-    let _ = d.kill();
-    let _ = d.wait();
     assert!(out.status.success());
-    assert!(
-        std::fs::read_to_string(&log)
-            .unwrap()
-            .contains("VM \"filevm\" session")
-    );
+    assert!(d.log_text().contains("VM \"filevm\" session"));
 
     let bad = dir.path().join("bad.toml");
     std::fs::write(

@@ -1,47 +1,18 @@
 //! Guest-shim behaviour that has no native counterpart to compare with.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::{Daemon, Vendors, c_program, run_with_timeout};
 
-/// Commands the daemon forwarded for each session of process `name`, in order, from
-/// the line that opens each session and the line that closes it.
-fn commands_of(daemon: &Daemon, name: &str, sessions: usize) -> Vec<u64> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let log = daemon.log_text();
-        let ids: Vec<String> = log
-            .lines()
-            .filter(|l| l.contains(&format!(": {name} (guest pid")))
-            .filter_map(|l| {
-                l.split("session ")
-                    .nth(1)?
-                    .split(':')
-                    .next()
-                    .map(str::to_string)
-            })
-            .collect();
-        let counts: Vec<u64> = ids
-            .iter()
-            .filter_map(|id| {
-                let marker = format!("session {id}: ended after ");
-                let line = log.lines().find(|l| l.contains(&marker))?;
-                line[line.find(&marker)? + marker.len()..]
-                    .split(' ')
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .collect();
-        if counts.len() == sessions {
-            return counts;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{sessions} sessions of {name} did not end:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Commands the daemon forwarded for each ended session of process `name`, in order,
+/// from the daemon's control socket once every session has ended.
+fn commands_of(daemon: &Daemon, name: &str) -> Vec<u64> {
+    daemon
+        .wait_idle(Duration::from_secs(30))
+        .iter()
+        .filter(|e| e["process"] == name)
+        .map(|e| e["commands"].as_u64().unwrap())
+        .collect()
 }
 
 #[test]
@@ -60,7 +31,8 @@ fn immutable_info_queries_are_answered_by_the_guest_cache() {
     );
     assert!(many.status.success());
     assert!(String::from_utf8_lossy(&many.stdout).contains("queries=500 name_len_ok=1 units>0=1"));
-    let counts = commands_of(&daemon, "info_cache", 2);
+    let counts = commands_of(&daemon, "info_cache");
+    assert_eq!(counts.len(), 2);
     let (a, b) = (counts[0], counts[1]);
     assert!(a > 0);
     assert_eq!(

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hira_protocol::frame::HEADER_LEN;
 use hira_protocol::handshake::{ApiKind, Hello};
@@ -194,7 +194,9 @@ impl Daemon {
                 dir.path().join(format!("{vm}.sock")).display()
             ));
         }
-        cmd.args(flags);
+        cmd.args(flags)
+            .arg("--control-socket")
+            .arg(dir.path().join("control.sock"));
         cmd.env("RUST_LOG", "info")
             .env_remove("OCL_ICD_VENDORS")
             .stdout(Stdio::null())
@@ -239,23 +241,19 @@ impl Daemon {
             .env_remove("OCL_ICD_VENDORS")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
+        cmd.arg("--control-socket")
+            .arg(dir.path().join("control.sock"));
+        let ready = Readiness::new(dir.path());
+        ready.apply(&mut cmd);
         let child = cmd.spawn().expect("hira-vhost starts");
-        let d = Daemon { child, dir, log };
-        for (name, _) in vms {
-            // The device serves one VMM connection at a time: wait for the socket to
-            // appear instead of probing it.
-            let sock = d.vhost_socket(name);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !sock.exists() {
-                assert!(
-                    Instant::now() < deadline,
-                    "no vhost-user socket {}",
-                    sock.display()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        let mut d = Daemon { child, dir, log };
+        ready.wait(&mut d);
         d
+    }
+
+    /// A daemon the test started itself, with its directory and log.
+    pub fn adopt(child: Child, dir: tempfile::TempDir, log: PathBuf) -> Daemon {
+        Daemon { child, dir, log }
     }
 
     /// The shared data window file of VM `name`.
@@ -276,21 +274,58 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Pids of the daemon's API-server children.
-    pub fn api_servers(&self) -> Vec<u32> {
-        children_named(self.child.id(), "hira-api-server")
+    /// One request to the daemon's control socket.
+    pub fn control(&self, request: serde_json::Value) -> serde_json::Value {
+        use std::io::BufRead;
+        let mut s = UnixStream::connect(self.dir.path().join("control.sock"))
+            .expect("the control socket accepts");
+        writeln!(s, "{request}").unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).expect("the control socket answers JSON")
     }
 
-    /// Waits until exactly `n` API servers run (or the timeout passes).
+    /// The daemon's status (live and ended sessions, VMs).
+    pub fn status(&self) -> serde_json::Value {
+        self.control(serde_json::json!({ "cmd": "status" }))
+    }
+
+    /// Pids of the API servers of the live sessions.
+    pub fn api_servers(&self) -> Vec<u32> {
+        self.status()["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["api_server_pid"].as_u64().map(|p| p as u32))
+            .collect()
+    }
+
+    /// Waits (the daemon answers when it happens) until exactly `n` sessions are live
+    /// with their API servers started; returns their API servers' pids.
     pub fn wait_api_servers(&self, n: usize, timeout: Duration) -> Vec<u32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let v = self.api_servers();
-            if v.len() == n || Instant::now() > deadline {
-                return v;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let a = self.control(serde_json::json!({
+            "cmd": "wait_live", "count": n, "timeout_ms": timeout.as_millis() as u64
+        }));
+        a["status"]["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["api_server_pid"].as_u64().map(|p| p as u32))
+            .collect()
+    }
+
+    /// Waits until no session is live; returns the sessions that ended, oldest first.
+    pub fn wait_idle(&self, timeout: Duration) -> Vec<serde_json::Value> {
+        let a = self.control(serde_json::json!({
+            "cmd": "wait_idle", "timeout_ms": timeout.as_millis() as u64
+        }));
+        assert_eq!(
+            a["reached"],
+            true,
+            "sessions still live: {a}\n{}",
+            self.log_text()
+        );
+        a["status"]["ended"].as_array().unwrap().clone()
     }
 
     /// Whether the daemon process is still running.
@@ -340,28 +375,26 @@ pub fn children_named(parent: u32, name: &str) -> Vec<u32> {
 }
 
 /// Runs a command to completion, failing the test if it takes longer than `timeout`.
+/// Its output is read on a thread while this one waits for its exit on a pidfd.
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
-    let mut child = cmd
+    let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("command starts");
-    let deadline = Instant::now() + timeout;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "command hung for {timeout:?}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let pid = child.id();
+    let collector = std::thread::spawn(move || child.wait_with_output().unwrap());
+    if !wait_exit(pid, timeout) {
+        // SAFETY: `pid` is our child, not yet reaped (it has not exited).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        let out = collector.join().unwrap();
+        panic!(
+            "command hung for {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
+    collector.join().unwrap()
 }
 
 /// A guest that speaks the wire protocol by hand, to send what a real shim never would.

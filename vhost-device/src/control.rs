@@ -1,0 +1,171 @@
+//! The control socket: operators and tests ask the daemon what it is doing.
+//!
+//! One JSON request per line, one JSON answer per line:
+//!
+//! - `{"cmd":"status"}`: the live sessions (VM, process, guest pid, API-server pid),
+//!   the most recently ended ones (how the API server ended, what it released), the
+//!   per-VM counters and the count of API servers that crashed.
+//! - `{"cmd":"wait_idle","timeout_ms":N}`: answers once no session is live (or the
+//!   timeout passes) with `{"reached":true|false}` and the status, so a caller waits
+//!   for an event rather than polling. `{"cmd":"wait_live","count":N,...}` waits for
+//!   exactly N live sessions whose API servers have started.
+//!
+//! The socket gets the same owner and mode as the guest sockets.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use log::{debug, warn};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::lifecycle::{EndedSession, Lifecycle, LiveSession};
+use crate::router::Router;
+
+/// Longest request line accepted.
+const MAX_REQUEST: usize = 4096;
+/// Longest `wait_idle` timeout.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// One VM's counters.
+#[derive(Debug, Serialize)]
+pub struct VmStatus {
+    pub name: String,
+    pub sessions: usize,
+    pub commands: u64,
+    pub bytes: u64,
+}
+
+/// What `status` answers.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub sessions: Vec<LiveSession>,
+    pub ended: Vec<EndedSession>,
+    pub vms: Vec<VmStatus>,
+    pub api_server_crashes: u64,
+}
+
+/// The daemon's state as the control socket reports it.
+pub fn status(life: &Lifecycle, router: &Router) -> Status {
+    let (sessions, ended) = life.snapshot();
+    let vms = router
+        .snapshot()
+        .into_iter()
+        .map(|(name, q)| VmStatus {
+            name,
+            sessions: q.sessions(),
+            commands: q.commands.load(Ordering::Relaxed),
+            bytes: q.bytes.load(Ordering::Relaxed),
+        })
+        .collect();
+    Status {
+        sessions,
+        ended,
+        vms,
+        api_server_crashes: life.api_server_crashes.load(Ordering::Relaxed),
+    }
+}
+
+/// Answers one request line.
+pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
+    let req: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return json!({ "error": format!("not JSON: {e}") }),
+    };
+    match req.get("cmd").and_then(Value::as_str) {
+        Some("status") => json!(status(life, router)),
+        Some(cmd @ ("wait_idle" | "wait_live")) => {
+            let ms = req
+                .get("timeout_ms")
+                .and_then(Value::as_u64)
+                .unwrap_or(10_000);
+            let count = match cmd {
+                "wait_idle" => 0,
+                _ => match req.get("count").and_then(Value::as_u64) {
+                    Some(n) => n as usize,
+                    None => return json!({ "error": "wait_live needs \"count\"" }),
+                },
+            };
+            let reached = life.wait_live(count, Duration::from_millis(ms).min(MAX_WAIT));
+            json!({ "reached": reached, "status": status(life, router) })
+        }
+        Some(other) => json!({
+            "error": format!("unknown command {other:?} (known: status, wait_idle, wait_live)")
+        }),
+        None => json!({ "error": "a request is {\"cmd\": ...}" }),
+    }
+}
+
+fn serve_client(stream: UnixStream, life: &Lifecycle, router: &Router) -> std::io::Result<()> {
+    let mut w = stream.try_clone()?;
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = (&mut r).take(MAX_REQUEST as u64).read_line(&mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let answer = if line.ends_with('\n') {
+            answer(line.trim(), life, router)
+        } else {
+            json!({ "error": format!("request longer than {MAX_REQUEST} bytes") })
+        };
+        writeln!(w, "{answer}")?;
+    }
+}
+
+/// Serves the control socket until the daemon exits; each client on its own thread.
+pub fn serve(listener: UnixListener, life: Arc<Lifecycle>, router: Arc<Router>) {
+    for conn in listener.incoming() {
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("control socket accept failed: {e}");
+                continue;
+            }
+        };
+        let (life, router) = (life.clone(), router.clone());
+        let spawned = std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                if let Err(e) = serve_client(stream, &life, &router) {
+                    debug!("control client: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            warn!("cannot serve a control client: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_commands_and_bad_json_get_errors() {
+        let (life, router) = (Lifecycle::default(), Router::default());
+        assert!(answer("nonsense", &life, &router)["error"].is_string());
+        assert!(
+            answer("{\"cmd\":\"reboot\"}", &life, &router)["error"]
+                .as_str()
+                .unwrap()
+                .contains("reboot")
+        );
+    }
+
+    #[test]
+    fn status_lists_vms_and_wait_idle_returns_at_once_when_idle() {
+        let (life, router) = (Lifecycle::default(), Router::default());
+        router.vm("vm1").admit(100);
+        let s = answer("{\"cmd\":\"status\"}", &life, &router);
+        assert_eq!(s["vms"][0]["name"], "vm1");
+        assert_eq!(s["vms"][0]["bytes"], 100);
+        let w = answer("{\"cmd\":\"wait_idle\",\"timeout_ms\":1}", &life, &router);
+        assert_eq!(w["reached"], true);
+    }
+}
