@@ -30,6 +30,15 @@ fn killing_one_api_server_fails_only_its_guest() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Both guests are inside their launch loops before one API server is killed.
+    let mut guests = Vec::new();
+    for mut g in [a, b] {
+        let mut err = std::io::BufReader::new(g.stderr.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert_eq!(line.trim(), "stencil: running", "{}", daemon.log_text());
+        guests.push((g, err));
+    }
     let servers = daemon.wait_api_servers(2, Duration::from_secs(20));
     assert_eq!(
         servers.len(),
@@ -38,13 +47,18 @@ fn killing_one_api_server_fails_only_its_guest() {
         daemon.log_text()
     );
     kill(servers[0]);
-    for g in [&a, &b] {
-        assert!(
-            wait_exit(g.id(), Duration::from_secs(240)),
-            "a guest hung after its API server died"
-        );
-    }
-    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let outs: Vec<std::process::Output> = guests
+        .into_iter()
+        .map(|(g, mut err)| {
+            assert!(
+                wait_exit(g.id(), Duration::from_secs(240)),
+                "a guest hung after its API server died"
+            );
+            let mut out = g.wait_with_output().unwrap();
+            std::io::Read::read_to_end(&mut err, &mut out.stderr).unwrap();
+            out
+        })
+        .collect();
     let failed: Vec<_> = outs.iter().filter(|o| !o.status.success()).collect();
     let ok: Vec<_> = outs.iter().filter(|o| o.status.success()).collect();
     assert_eq!(failed.len(), 1, "exactly one guest loses its API server");
