@@ -8,12 +8,15 @@
 //! - [`opencl`]: the OpenCL backend: the handle table, the generated dispatch, and
 //!   the few host calls that need hand-written code.
 //! - [`window`]: the guest's data window mapped into this process.
+//! - [`sandbox`]: namespaces, an unprivileged user, `no_new_privs`, Landlock and a
+//!   seccomp allow-list, entered before the first byte from the guest is read.
 //!
 //! When the session ends, however it ends, every host object the guest still held is
 //! released before the process exits.
 
 pub mod backend;
 pub mod opencl;
+pub mod sandbox;
 pub mod server;
 pub mod window;
 

@@ -5,6 +5,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use anyhow::Context;
 use clap::Parser;
 use hira_api_server::Config;
+use hira_api_server::sandbox::{self, SandboxConfig};
 
 /// Executes one guest application's remoted API calls on the host. Started by
 /// hira-vhost with the session socket as an inherited file descriptor; not meant to be
@@ -26,6 +27,33 @@ struct Args {
     /// `--platform` against them at start).
     #[arg(long)]
     list_platforms: bool,
+    /// Run as this user and group (`UID:GID`); needs to be started as root.
+    #[arg(long, value_name = "UID:GID")]
+    sandbox_user: Option<String>,
+    /// The driver's kernel cache (writable inside the sandbox; HOME and XDG_CACHE_HOME).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<std::path::PathBuf>,
+    /// Enter the sandbox, print how each layer went, and exit (hira-vhost runs this
+    /// once at start to report what the machine allows).
+    #[arg(long)]
+    sandbox_check: bool,
+}
+
+fn sandbox_config(a: &Args) -> anyhow::Result<SandboxConfig> {
+    let user = match &a.sandbox_user {
+        Some(s) => {
+            let (u, g) = s
+                .split_once(':')
+                .context("--sandbox-user must be UID:GID")?;
+            Some((u.parse().context("bad UID")?, g.parse().context("bad GID")?))
+        }
+        None => None,
+    };
+    Ok(SandboxConfig {
+        user,
+        cache_dir: a.cache_dir.clone(),
+        read_paths: Vec::new(),
+    })
 }
 
 impl TryFrom<Args> for Config {
@@ -64,7 +92,18 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let sandbox_config = sandbox_config(&args)?;
+    if args.sandbox_check {
+        for line in sandbox::enter(&sandbox_config).lines() {
+            println!("{line}");
+        }
+        return Ok(());
+    }
     let config = Config::try_from(args).context("invalid arguments")?;
+    // Before anything from the guest is read, and while this process has one thread.
+    for line in sandbox::enter(&sandbox_config).lines() {
+        log::debug!("sandbox {line}");
+    }
     let report = hira_api_server::run(config).context("API server failed")?;
     log::info!(
         "teardown: released {} objects ({} failed)",

@@ -66,6 +66,10 @@ fn errno() -> String {
 /// Enters every layer the machine allows. Must run while the process has one thread.
 pub fn enter(config: &SandboxConfig) -> SandboxReport {
     let mut report = SandboxReport::default();
+    // Files the driver creates (its kernel cache) are this user's alone, whatever
+    // mask the daemon runs with.
+    // SAFETY: umask only changes this process's file-creation mask.
+    unsafe { libc::umask(0o077) };
     report.add("namespaces", namespaces());
     if let Some(dir) = &config.cache_dir {
         // SAFETY: called while the process is single-threaded (the caller's contract),
@@ -75,12 +79,34 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
             std::env::set_var("XDG_CACHE_HOME", dir);
         }
     }
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
     report.add("user", drop_privileges(config.user));
+    // Changing credentials clears the parent-death signal hira-vhost armed: arm it
+    // again, so that this process still dies with the daemon, and leave if the
+    // daemon is already gone.
+    // SAFETY: plain-integer prctl and getppid.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
+    }
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes plain integers.
     let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     report.add(
         "no_new_privs",
-        if nnp == 0 { Ok("set".into()) } else { Err(errno()) },
+        if nnp == 0 {
+            Ok("set".into())
+        } else {
+            Err(errno())
+        },
     );
     report.add("landlock", landlock(config));
     report.add("seccomp", seccomp());
@@ -111,7 +137,9 @@ fn drop_privileges(user: Option<(u32, u32)>) -> Result<String, String> {
         return if uid == to_uid {
             Ok(format!("uid {uid}"))
         } else {
-            Err(format!("started as uid {uid}, cannot switch to uid {to_uid}"))
+            Err(format!(
+                "started as uid {uid}, cannot switch to uid {to_uid}"
+            ))
         };
     }
     // Empty the bounding set first (this needs CAP_SETPCAP, which root still has).
@@ -212,9 +240,10 @@ fn landlock(config: &SandboxConfig) -> Result<String, String> {
     let status = ruleset.restrict_self().map_err(|e| e.to_string())?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(format!("{} paths", granted.len())),
-        RulesetStatus::PartiallyEnforced => {
-            Ok(format!("{} paths, partially (older kernel ABI)", granted.len()))
-        }
+        RulesetStatus::PartiallyEnforced => Ok(format!(
+            "{} paths, some access rights not supported by this kernel",
+            granted.len()
+        )),
         RulesetStatus::NotEnforced => Err("the kernel does not enforce Landlock".into()),
     }
 }
@@ -384,7 +413,9 @@ fn seccomp() -> Result<String, String> {
         arch,
     )
     .map_err(|e| e.to_string())?;
-    let program: BpfProgram = filter.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?;
+    let program: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| e.to_string())?;
     // Every thread started later inherits the filter; none exists yet.
     seccompiler::apply_filter(&program).map_err(|e| e.to_string())?;
     Ok(format!(

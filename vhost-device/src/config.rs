@@ -253,6 +253,8 @@ impl VmFields {
 /// platform = "Portable"                          # optional
 /// max_window_mb = 1024                           # optional
 /// control_socket = "/run/hira/control.sock"     # optional
+/// api_server_user = "nobody"                     # default when run as root
+/// api_server_cache_dir = "/var/cache/hira"       # the drivers' kernel cache
 /// socket_mode = "0660"                           # optional, also socket_owner/_group
 /// handshake_timeout_ms = 10000                   # optional limits
 /// max_connections_per_listener = 256
@@ -277,6 +279,8 @@ pub struct FileConfig {
     pub platform: Option<String>,
     pub max_window_mb: Option<u64>,
     pub control_socket: Option<PathBuf>,
+    pub api_server_user: Option<String>,
+    pub api_server_cache_dir: Option<PathBuf>,
     pub socket_mode: Option<String>,
     pub socket_owner: Option<String>,
     pub socket_group: Option<String>,
@@ -468,6 +472,43 @@ pub struct Config {
     pub access: SocketAccess,
     /// The control socket, if any.
     pub control: Option<PathBuf>,
+    pub sandbox: Sandbox,
+}
+
+/// How API servers are confined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    /// User and group API servers run as (`None`: the daemon's own, when it is not
+    /// root).
+    pub user: Option<(u32, u32)>,
+    /// The drivers' kernel cache, owned by that user.
+    pub cache_dir: PathBuf,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox {
+            user: None,
+            cache_dir: PathBuf::from(DEFAULT_CACHE_DIR),
+        }
+    }
+}
+
+/// Default kernel cache of the API servers.
+pub const DEFAULT_CACHE_DIR: &str = "/var/cache/hira";
+
+/// Resolves the API servers' user: a name or `UID[:GID]`.
+pub fn parse_sandbox_user(text: &str) -> Result<(u32, u32), ConfigError> {
+    if let Some((u, g)) = text.split_once(':') {
+        return Ok((parse_user(u)?, parse_group(g)?));
+    }
+    if let Ok(uid) = text.parse::<u32>() {
+        return Ok((uid, uid));
+    }
+    match nix::unistd::User::from_name(text) {
+        Ok(Some(u)) => Ok((u.uid.as_raw(), u.gid.as_raw())),
+        _ => Err(ConfigError::UnknownUser(text.to_string())),
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@ use anyhow::Context;
 use clap::Parser;
 use std::time::Duration;
 
-use hira_vhost::config::{self, Config, FileConfig, Limits, LocalListener, SocketAccess, VmSpec};
+use hira_vhost::config::{
+    self, Config, FileConfig, Limits, LocalListener, Sandbox, SocketAccess, VmSpec,
+};
 
 /// Serves Hira guests: accepts their connections, routes every call through the
 /// per-VM policy and runs one API-server process per guest application.
@@ -36,6 +38,14 @@ struct Args {
     /// Largest data window a guest may share, in MiB (default 1024).
     #[arg(long)]
     max_window_mb: Option<u64>,
+    /// User the API servers run as (a name, or UID[:GID]). Default when the daemon
+    /// runs as root: nobody.
+    #[arg(long, value_name = "USER")]
+    api_server_user: Option<String>,
+    /// The API servers' kernel cache directory, owned by their user (default
+    /// /var/cache/hira).
+    #[arg(long, value_name = "DIR")]
+    api_server_cache_dir: Option<PathBuf>,
     /// The control socket (status queries; `hira-ctl` talks to it). Default: none.
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,
@@ -161,6 +171,20 @@ impl TryFrom<Args> for Config {
             limits,
             access,
             control: a.control_socket.or(file.control_socket),
+            sandbox: Sandbox {
+                user: match a.api_server_user.or(file.api_server_user) {
+                    Some(u) => Some(config::parse_sandbox_user(&u)?),
+                    // SAFETY: geteuid has no preconditions.
+                    None if unsafe { libc::geteuid() } == 0 => {
+                        Some(config::parse_sandbox_user("nobody")?)
+                    }
+                    None => None,
+                },
+                cache_dir: a
+                    .api_server_cache_dir
+                    .or(file.api_server_cache_dir)
+                    .unwrap_or_else(|| PathBuf::from(config::DEFAULT_CACHE_DIR)),
+            },
         })
     }
 }
@@ -171,5 +195,6 @@ fn main() -> anyhow::Result<()> {
     hira_vhost::spawn::check_platform(&config)
         .map_err(anyhow::Error::msg)
         .context("invalid configuration")?;
+    hira_vhost::spawn::prepare_sandbox(&config).context("cannot prepare the API-server sandbox")?;
     hira_vhost::run(config).context("hira-vhost failed")
 }

@@ -32,6 +32,7 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
     if let Some(p) = &config.platform {
         cmd.arg("--platform").arg(p);
     }
+    sandbox_args(&mut cmd, config);
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and calls only
@@ -142,4 +143,42 @@ pub fn check_platform(config: &Config) -> Result<(), String> {
                 .join(", ")
         }
     ))
+}
+
+fn sandbox_args(cmd: &mut Command, config: &Config) {
+    if let Some((uid, gid)) = config.sandbox.user {
+        cmd.arg("--sandbox-user").arg(format!("{uid}:{gid}"));
+    }
+    cmd.arg("--cache-dir").arg(&config.sandbox.cache_dir);
+}
+
+/// Creates the API servers' kernel cache (owned by their user, private to it), then
+/// asks the API-server executable to enter its sandbox once and logs, once, how each
+/// layer went: a layer this machine cannot apply is reported with its reason.
+pub fn prepare_sandbox(config: &Config) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = &config.sandbox.cache_dir;
+    std::fs::create_dir_all(dir)?;
+    if let Some((uid, gid)) = config.sandbox.user {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let mut cmd = Command::new(&config.api_server);
+    cmd.arg("--sandbox-check");
+    sandbox_args(&mut cmd, config);
+    let out = cmd.output()?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.contains("NOT applied") {
+            warn!("API-server sandbox: {line}");
+        } else {
+            log::info!("API-server sandbox: {line}");
+        }
+    }
+    if !out.status.success() {
+        warn!(
+            "API-server sandbox check failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }

@@ -189,7 +189,18 @@ fn sigterm_ends_sessions_removes_sockets_and_exits_zero() {
 #[test]
 fn api_servers_die_with_a_killed_daemon() {
     let mut daemon = Daemon::start(&["vm1"]);
-    let _g = RawGuest::session(&daemon.socket("vm1"));
+    // An API server busy in an endless kernel does not notice its socket closing.
+    let vendors = Vendors::hira();
+    let mut guest = daemon
+        .guest(&vendors, "vm1", &c_program("endless"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(guest.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "launched", "{}", daemon.log_text());
     let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
     daemon.child.kill().unwrap();
     daemon.child.wait().unwrap();
@@ -197,6 +208,8 @@ fn api_servers_die_with_a_killed_daemon() {
         wait_exit(server, Duration::from_secs(30)),
         "the API server is not orphaned"
     );
+    let _ = guest.kill();
+    let _ = guest.wait();
 }
 
 #[test]
@@ -274,4 +287,56 @@ fn a_window_that_could_shrink_is_refused() {
         1 << 20,
         "sealed: accepted"
     );
+}
+
+/// A field of `/proc/<pid>/status`.
+fn proc_status(pid: u32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn api_servers_run_unprivileged_with_no_new_privs_and_seccomp() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the daemon must run as root to start API servers as another user");
+        return;
+    }
+    let daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    // A call that loads the host OpenCL inside the sandbox and answers.
+    let mut w = Writer::new();
+    w.u32(1).u8(1).u8(1);
+    let (_, p) = g.call(op::clGetPlatformIDs, w.as_slice());
+    assert_eq!(crate::support::status(&p), 0, "OpenCL works in the sandbox");
+    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
+    let nobody = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    let uids: Vec<u32> = proc_status(server, "Uid")
+        .split_whitespace()
+        .map(|u| u.parse().unwrap())
+        .collect();
+    assert_eq!(uids, vec![nobody; 4], "real, effective, saved and fs uid");
+    assert_eq!(proc_status(server, "CapEff"), "0000000000000000");
+    assert_eq!(proc_status(server, "CapPrm"), "0000000000000000");
+    assert_eq!(proc_status(server, "CapBnd"), "0000000000000000");
+    assert_eq!(proc_status(server, "NoNewPrivs"), "1");
+    assert_eq!(
+        proc_status(server, "Seccomp"),
+        "2",
+        "a seccomp filter is active"
+    );
+    let groups = proc_status(server, "Groups");
+    assert!(groups.is_empty(), "no supplementary groups: {groups}");
+    // Its network namespace is not the daemon's.
+    let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    assert_ne!(ns(server), ns(daemon.child.id()), "own network namespace");
 }
