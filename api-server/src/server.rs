@@ -10,7 +10,8 @@ use std::thread::JoinHandle;
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
-    ApiKind, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code,
+    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload,
+    Welcome, error_code,
 };
 use hira_protocol::{FrameHeader, FrameKind, Writer, unix};
 use log::{debug, info, warn};
@@ -285,9 +286,20 @@ fn execute(
             }
         };
         if status != 0 {
-            warn!(
-                "asynchronous {} failed with status {status}",
+            debug!(
+                "asynchronous {} failed with status {status}; telling the guest",
                 backend.name(h.opcode)
+            );
+            let failure = AsyncFailure {
+                opcode: h.opcode,
+                status,
+            };
+            writer.send(
+                FrameKind::Notify,
+                ASYNC_FAILURE,
+                h.channel,
+                0,
+                &failure.encode(),
             );
         }
         return;

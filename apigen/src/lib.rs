@@ -466,6 +466,13 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         s.push_str("            }\n");
     }
     s.push_str("            rep.finish()?;\n");
+    if f.reports {
+        let _ = writeln!(
+            s,
+            "            let status = crate::rt::with_async_failure(\"{}\", status);",
+            f.name
+        );
+    }
     s.push_str(&indent(&post, pad));
     match &f.rets {
         None => s.push_str("            Ok(status)\n        }\n    })\n}\n\n"),

@@ -128,6 +128,9 @@ pub struct Func {
     /// The guest checks the arguments first (`guest-shim/src/checks.rs`): it returns
     /// the native error code without a round trip, or asks for a synchronous call.
     pub check: bool,
+    /// The call reports the failure of an earlier call forwarded without a reply
+    /// (`clFinish`, `clWaitForEvents`).
+    pub reports: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -370,6 +373,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         custom: false,
         local: false,
         check: false,
+        reports: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -378,6 +382,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "custom" => f.custom = true,
             "local" => f.local = true,
             "check" => f.check = true,
+            "reports" => f.reports = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
-use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, Welcome};
+use hira_protocol::handshake::{
+    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, Welcome,
+};
 use hira_protocol::{FrameHeader, FrameKind, Span, unix};
 use log::{debug, warn};
 use thiserror::Error;
@@ -101,6 +103,8 @@ struct Demux {
     reading: bool,
     replies: HashMap<(u32, u64), Frame>,
     notifications: VecDeque<Frame>,
+    /// The first asynchronous call that failed and was not reported yet.
+    async_failure: Option<AsyncFailure>,
     dead: Option<TransportError>,
 }
 
@@ -443,6 +447,13 @@ impl Connection {
                 Ok(f) => {
                     let fk = (f.header.channel, f.header.call_id);
                     match f.header.kind {
+                        FrameKind::Notify if f.header.opcode == ASYNC_FAILURE => {
+                            // Recorded as it is read, so a reply read after it (on
+                            // the same channel) finds it.
+                            if let Ok(failure) = AsyncFailure::decode(&f.payload) {
+                                d.async_failure.get_or_insert(failure);
+                            }
+                        }
                         FrameKind::Notify => {
                             if key.is_none() {
                                 self.cv.notify_all();
@@ -491,6 +502,15 @@ impl Connection {
     /// caller of [`Connection::call`] to pass notifications on.
     pub fn next_notification(&self, may_read: &dyn Fn() -> bool) -> Result<Frame, TransportError> {
         self.wait_for(None, std::time::Duration::ZERO, may_read)
+    }
+
+    /// The first asynchronous call that failed since the last time this was asked.
+    pub fn take_async_failure(&self) -> Option<AsyncFailure> {
+        self.demux
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .async_failure
+            .take()
     }
 
     /// Wakes waiters so they re-check their conditions.

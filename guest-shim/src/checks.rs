@@ -515,13 +515,17 @@ fn buffer_size(mem: cl_mem) -> Result<Option<usize>, cl_int> {
     Ok(rt::mem_extra(id).and_then(|m| m.size))
 }
 
-fn check_range(mem: cl_mem, offset: usize, size: usize) -> Result<(), cl_int> {
-    if let Some(total) = buffer_size(mem)?
-        && offset.checked_add(size).is_none_or(|end| end > total)
-    {
-        return Err(CL_INVALID_VALUE);
+/// Checks `offset..offset + size` against the buffer; `Ok(true)` when the guest does
+/// not know the object's size (a sub-buffer, or not a buffer at all), so the call
+/// goes synchronously and the host's answer is returned.
+fn check_range(mem: cl_mem, offset: usize, size: usize) -> Result<bool, cl_int> {
+    match buffer_size(mem)? {
+        Some(total) if offset.checked_add(size).is_none_or(|end| end > total) => {
+            Err(CL_INVALID_VALUE)
+        }
+        Some(_) => Ok(false),
+        None => Ok(true),
     }
-    Ok(())
 }
 
 /// `clEnqueueWriteBuffer`.
@@ -538,11 +542,11 @@ pub(crate) unsafe fn clEnqueueWriteBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     id_of(command_queue.cast(), Kind::Queue)?;
-    check_range(buffer, offset, size)?;
+    let unknown = check_range(buffer, offset, size)?;
     if ptr.is_null() || size == 0 {
         return Err(CL_INVALID_VALUE);
     }
-    Ok(false)
+    Ok(unknown)
 }
 
 /// `clEnqueueReadBuffer`.
@@ -559,11 +563,11 @@ pub(crate) unsafe fn clEnqueueReadBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     id_of(command_queue.cast(), Kind::Queue)?;
-    check_range(buffer, offset, size)?;
+    let unknown = check_range(buffer, offset, size)?;
     if ptr.is_null() || size == 0 {
         return Err(CL_INVALID_VALUE);
     }
-    Ok(false)
+    Ok(unknown)
 }
 
 /// `clEnqueueCopyBuffer`.
@@ -580,8 +584,8 @@ pub(crate) unsafe fn clEnqueueCopyBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     id_of(command_queue.cast(), Kind::Queue)?;
-    check_range(src_buffer, src_offset, size)?;
-    check_range(dst_buffer, dst_offset, size)?;
+    let unknown =
+        check_range(src_buffer, src_offset, size)? | check_range(dst_buffer, dst_offset, size)?;
     if size == 0 {
         return Err(CL_INVALID_VALUE);
     }
@@ -590,7 +594,7 @@ pub(crate) unsafe fn clEnqueueCopyBuffer(
     if src_buffer == dst_buffer && overlap {
         return Err(CL_MEM_COPY_OVERLAP);
     }
-    Ok(false)
+    Ok(unknown)
 }
 
 /// `clEnqueueFillBuffer`.
@@ -607,7 +611,7 @@ pub(crate) unsafe fn clEnqueueFillBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     id_of(command_queue.cast(), Kind::Queue)?;
-    check_range(buffer, offset, size)?;
+    let unknown = check_range(buffer, offset, size)?;
     let valid_pattern = pattern_size.is_power_of_two() && pattern_size <= 128;
     if pattern.is_null()
         || !valid_pattern
@@ -616,5 +620,5 @@ pub(crate) unsafe fn clEnqueueFillBuffer(
     {
         return Err(CL_INVALID_VALUE);
     }
-    Ok(false)
+    Ok(unknown)
 }

@@ -134,6 +134,24 @@ pub(crate) fn conn() -> Result<&'static Connection, cl_int> {
     runtime().conn.as_ref().map_err(|_| CL_OUT_OF_RESOURCES)
 }
 
+/// `status`, or, if it is a success, the status of the first call forwarded without a
+/// reply that failed on the host since the last report: such errors reach the
+/// application at the next call that can return them.
+pub(crate) fn with_async_failure(name: &str, status: cl_int) -> cl_int {
+    if status != 0 {
+        return status;
+    }
+    let Some(f) = conn().ok().and_then(Connection::take_async_failure) else {
+        return status;
+    };
+    let failed = hira_protocol::opencl::op_info(f.opcode).map_or("a call", |o| o.name);
+    warn!(
+        "{name} reports that an earlier {failed}, forwarded without waiting, failed with {}",
+        f.status
+    );
+    f.status
+}
+
 /// Whether asynchronous forwarding is disabled (`HIRA_SYNC`).
 pub(crate) fn force_sync() -> bool {
     runtime().force_sync

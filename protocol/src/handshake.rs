@@ -324,3 +324,34 @@ impl TeardownPayload {
         Ok(TeardownPayload { released, failed })
     }
 }
+
+/// Opcode of the `Notify` frame an API server sends the guest when a call forwarded
+/// without a reply failed: the guest reports it at the next call that can (the
+/// OpenCL shim: `clFinish`, `clWaitForEvents`). Sent on the failed call's channel
+/// before anything that channel runs next.
+pub const ASYNC_FAILURE: u16 = 0xFFFE;
+
+/// The payload of an [`ASYNC_FAILURE`] frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncFailure {
+    /// The call that failed.
+    pub opcode: u16,
+    /// Its status in the API's own codes.
+    pub status: i32,
+}
+
+impl AsyncFailure {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u16(self.opcode).i32(self.status);
+        w.into_vec()
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let opcode = r.u16()?;
+        let status = r.i32()?;
+        r.finish()?;
+        Ok(AsyncFailure { opcode, status })
+    }
+}

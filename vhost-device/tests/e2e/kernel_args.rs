@@ -147,3 +147,37 @@ fn api_server_refuses_guest_bytes_for_pointer_arguments() {
     );
     assert_eq!(daemon.api_servers().len(), 1, "the API server is alive");
 }
+
+#[test]
+fn a_failed_call_forwarded_without_reply_is_reported_to_the_guest() {
+    use hira_protocol::frame::FLAG_NO_REPLY;
+    use hira_protocol::handshake::{ASYNC_FAILURE, AsyncFailure};
+    let daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    kernel_session(&mut g, "__kernel void k(__global int *out) { out[0] = 1; }");
+    // Argument 5 of a one-argument kernel, forwarded without waiting.
+    let mut w = Writer::new();
+    w.u64(3)
+        .u32(5)
+        .u64(4)
+        .u8(tag::INLINE)
+        .bytes(&1i32.to_le_bytes());
+    g.frame(
+        FrameKind::Request,
+        op::clSetKernelArg,
+        FLAG_NO_REPLY,
+        0,
+        &[],
+        w.as_slice(),
+    );
+    let (h, p) = g.recv().expect("a notification");
+    assert_eq!((h.kind, h.opcode), (FrameKind::Notify, ASYNC_FAILURE));
+    assert_eq!(
+        AsyncFailure::decode(&p).unwrap(),
+        AsyncFailure {
+            opcode: op::clSetKernelArg,
+            status: -49
+        },
+        "CL_INVALID_ARG_INDEX reaches the guest"
+    );
+}
