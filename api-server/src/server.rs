@@ -66,6 +66,11 @@ fn read_frame(s: &mut impl Read) -> std::io::Result<Option<Frame>> {
 pub struct FrameWriter(Mutex<UnixStream>);
 
 impl FrameWriter {
+    /// A writer of frames to `stream`.
+    pub fn new(stream: UnixStream) -> Self {
+        FrameWriter(Mutex::new(stream))
+    }
+
     /// Sends one frame with `payload`.
     pub fn send(&self, kind: FrameKind, opcode: u16, channel: u32, call_id: u64, payload: &[u8]) {
         let header = FrameHeader::new(kind, opcode, channel, call_id, payload.len());

@@ -664,6 +664,14 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 };
                 let _ = writeln!(dec, "let {n}__cb = r.u64()?;");
                 let _ = writeln!(late, "let ({n}, {data}) = s.callback_{method}({n}__cb);");
+                if kind == "Context" {
+                    // A context that was not created never calls back: its callback
+                    // context is freed (a created one lives as long as the context).
+                    let _ = writeln!(
+                        post,
+                        "if status != 0 {{ s.drop_callback_context({data}); }}"
+                    );
+                }
             }
             Kind::KernelArg {
                 kernel,

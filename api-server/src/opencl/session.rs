@@ -1058,6 +1058,15 @@ impl<'a> Session<'a> {
         .cast()
     }
 
+    /// Frees the callback context made for a context that the host did not create.
+    pub fn drop_callback_context(&self, data: *mut c_void) {
+        if !data.is_null() {
+            // SAFETY: made by `callback_context` for a call whose object was not
+            // created, so the host never got to keep or call it.
+            drop(unsafe { Box::from_raw(data as *mut CallbackContext) });
+        }
+    }
+
     pub fn callback_context_fn(&self, id: u64) -> (Option<ContextFn>, *mut c_void) {
         if id == 0 {
             return (None, std::ptr::null_mut());

@@ -340,3 +340,69 @@ fn api_servers_run_unprivileged_with_no_new_privs_and_seccomp() {
     let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
     assert_ne!(ns(server), ns(daemon.child.id()), "own network namespace");
 }
+
+/// Total CPU time (user + system) of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    // Fields 14 and 15 of stat (utime, stime), counted from the state field (3).
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn running_out_of_descriptors_backs_off_instead_of_spinning() {
+    use std::os::unix::process::CommandExt;
+    crate::support::ensure_built();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("daemon.log");
+    let sock = dir.path().join("vm1.sock");
+    let ready = crate::support::Readiness::new(dir.path());
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    cmd.arg("--local-socket")
+        .arg(format!("vm1={}", sock.display()))
+        .args(["--handshake-timeout-ms", "1500"])
+        .arg("--control-socket")
+        .arg(dir.path().join("control.sock"))
+        .env("RUST_LOG", "info")
+        .env_remove("OCL_ICD_VENDORS")
+        .stderr(std::fs::File::create(&log).unwrap());
+    ready.apply(&mut cmd);
+    // SAFETY: setrlimit is async-signal-safe; it lowers this child's descriptor limit.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 40,
+                rlim_max: 40,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut daemon = Daemon::adopt(cmd.spawn().unwrap(), dir, log);
+    ready.wait(&mut daemon);
+    let before = cpu_ticks(daemon.child.id());
+    // More idle connections than the daemon has descriptors for.
+    let idle: Vec<UnixStream> = (0..24).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    // Each is cut at the handshake deadline once the daemon gets to it.
+    for mut c in idle {
+        assert!(
+            first_frame(&mut c).is_none_or(|(h, _)| h.kind == FrameKind::Error),
+            "an idle connection gets an error or a close"
+        );
+    }
+    let spent = cpu_ticks(daemon.child.id()) - before;
+    let text = daemon.log_text();
+    let reports = text.lines().filter(|l| l.contains("backing off")).count();
+    assert!(reports >= 1, "the exhaustion is reported:\n{text}");
+    assert!(reports <= 3, "rate-limited reports, not a flood: {reports}");
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    assert!(
+        spent < 2 * hz,
+        "the accept loop does not spin: {spent} ticks of CPU while out of descriptors"
+    );
+    assert!(daemon.alive());
+}
