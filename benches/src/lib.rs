@@ -8,6 +8,7 @@
 //! - [`suite`]: the workload suite in `benches/workloads/`, modelled on Rodinia.
 //! - [`report`]: JSON, Markdown and SVG renderings of the results.
 //! - [`overhead`]: the call round-trip and launch-loop measurements.
+//! - [`soak`]: a bounded soak of the daemon with well-behaved and hostile guests.
 //!
 //! All figures are ratios against native runs made in the same invocation.
 
@@ -15,6 +16,7 @@ pub mod env;
 pub mod measure;
 pub mod overhead;
 pub mod report;
+pub mod soak;
 pub mod suite;
 
 /// Median of a non-empty slice (sorts it).

@@ -49,6 +49,20 @@ enum Cmd {
         #[arg(required = true, last = true)]
         program: Vec<String>,
     },
+    /// A bounded soak: well-behaved guests looping real programs on four VMs, hostile
+    /// guests of every class in the second half; reports correctness, call latency
+    /// and the daemon's threads, descriptors and memory.
+    Soak {
+        /// Length of the whole run in seconds (half quiet, half hostile).
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// Well-behaved guests running at once.
+        #[arg(long, default_value_t = 64)]
+        guests: usize,
+        /// Where to write the Markdown report.
+        #[arg(long, default_value = "target/hira-bench/soak.md")]
+        out: PathBuf,
+    },
     /// Call round trip, asynchronous call cost and a launch-and-wait loop.
     Overhead {
         /// Measured repeats, native and remote alternating.
@@ -129,5 +143,10 @@ fn main() -> Result<()> {
             calls,
             json,
         } => overhead::overhead(repeats, iterations, calls, &json),
+        Cmd::Soak {
+            seconds,
+            guests,
+            out,
+        } => hira_benches::soak::soak(seconds, guests, &out),
     }
 }

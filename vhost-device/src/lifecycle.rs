@@ -103,8 +103,18 @@ impl Drop for Registration {
             s.ended.pop_front();
         }
         s.ended.push_back(e);
+        let idle = s.live.is_empty();
         drop(s);
         self.life.changed.notify_all();
+        if idle {
+            // The last session's buffers go back to the system, so an idle daemon's
+            // memory is what it needs idle.
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only releases free heap memory.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
     }
 }
 

@@ -385,7 +385,9 @@ fn running_out_of_descriptors_backs_off_instead_of_spinning() {
     ready.wait(&mut daemon);
     let before = cpu_ticks(daemon.child.id());
     // More idle connections than the daemon has descriptors for.
-    let idle: Vec<UnixStream> = (0..24).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    let idle: Vec<UnixStream> = (0..24)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
     // Each is cut at the handshake deadline once the daemon gets to it.
     for mut c in idle {
         assert!(
