@@ -212,8 +212,11 @@ impl OutBuffer {
 }
 
 /// Length-prefixed blobs (program sources or binaries) with pointer and length arrays.
+/// Each blob is stored with a NUL after it, so that even an empty one is a valid
+/// pointer to an empty string (hosts read a zero-length source as a C string).
 #[derive(Debug)]
 pub struct Blobs {
+    present: bool,
     data: Vec<Vec<u8>>,
     ptrs: Vec<*const u8>,
     lens: Vec<usize>,
@@ -236,8 +239,10 @@ impl Blobs {
         }
     }
 
+    /// The array must be present (a NULL array is invalid for every call taking
+    /// sources or binaries, and PoCL 3.1 reads through it) with exactly `n` entries.
     pub fn check_count(&self, n: usize) -> Result<(), Fail> {
-        if self.data.is_empty() || self.data.len() == n {
+        if self.present && self.data.len() == n {
             Ok(())
         } else {
             Err(Fail::Status(CL_INVALID_VALUE))
@@ -684,7 +689,9 @@ impl<'a> Session<'a> {
 
     pub fn blobs(r: &mut Reader<'_>) -> Result<Blobs, Fail> {
         let mut data = Vec::new();
-        if r.flag()? {
+        let mut lens = Vec::new();
+        let present = r.flag()?;
+        if present {
             let n = r.count(MAX_ARRAY)?;
             let mut total = 0usize;
             for _ in 0..n {
@@ -693,12 +700,20 @@ impl<'a> Session<'a> {
                 if total > MAX_FRAME_BODY {
                     return Err(Fail::Status(CL_INVALID_VALUE));
                 }
-                data.push(b.to_vec());
+                let mut v = Vec::with_capacity(b.len() + 1);
+                v.extend_from_slice(b);
+                v.push(0);
+                lens.push(b.len());
+                data.push(v);
             }
         }
         let ptrs = data.iter().map(|d| d.as_ptr()).collect();
-        let lens = data.iter().map(Vec::len).collect();
-        Ok(Blobs { data, ptrs, lens })
+        Ok(Blobs {
+            present,
+            data,
+            ptrs,
+            lens,
+        })
     }
 
     /// An optional array of at most three `size_t`.
@@ -1289,6 +1304,24 @@ mod tests {
         let mut w = Writer::new();
         w.u8(1).u32(3).u64(0x1093).u64(0).u64(5);
         assert!(Session::zlist(&mut Reader::new(w.as_slice())).is_err());
+    }
+
+    #[test]
+    fn empty_source_is_a_valid_empty_string_and_a_missing_array_is_invalid() {
+        let mut w = Writer::new();
+        w.u8(1).u32(2).bytes(b"").bytes(b"ab");
+        let b = Session::blobs(&mut Reader::new(w.as_slice())).unwrap();
+        assert!(b.check_count(2).is_ok());
+        // SAFETY: `ptrs` holds two pointers to NUL-terminated storage.
+        let first = unsafe { std::ffi::CStr::from_ptr((*b.ptrs()).cast()) };
+        assert_eq!(first.to_bytes(), b"");
+        let mut w = Writer::new();
+        w.u8(0);
+        let absent = Session::blobs(&mut Reader::new(w.as_slice())).unwrap();
+        assert!(matches!(
+            absent.check_count(3),
+            Err(Fail::Status(CL_INVALID_VALUE))
+        ));
     }
 
     #[test]

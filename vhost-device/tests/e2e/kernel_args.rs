@@ -181,3 +181,27 @@ fn a_failed_call_forwarded_without_reply_is_reported_to_the_guest() {
         "CL_INVALID_ARG_INDEX reaches the guest"
     );
 }
+
+#[test]
+fn missing_or_empty_program_sources_do_not_crash_the_api_server() {
+    // Found by the `api_server_calls` fuzz target: PoCL 3.1 reads through a NULL
+    // source array, and runs strlen on an empty source's pointer.
+    let daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    kernel_session(&mut g, "__kernel void k(__global int *out) { out[0] = 1; }");
+    let mut w = Writer::new();
+    w.u64(20).u64(1).u32(3).u8(0);
+    let (_, p) = g.call(op::clCreateProgramWithSource, w.as_slice());
+    assert_eq!(status(&p), -30, "a NULL source array is CL_INVALID_VALUE");
+    let mut w = Writer::new();
+    w.u64(21)
+        .u64(1)
+        .u32(2)
+        .u8(1)
+        .u32(2)
+        .bytes(b"")
+        .bytes(b"__kernel void e() {}");
+    let (_, p) = g.call(op::clCreateProgramWithSource, w.as_slice());
+    assert_eq!(status(&p), 0, "an empty source string is a valid source");
+    assert_eq!(daemon.api_servers().len(), 1, "the API server is alive");
+}
