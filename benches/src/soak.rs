@@ -57,6 +57,22 @@ impl ProcUsage {
     }
 }
 
+/// The daemon's usage once the control connection just used has closed: the least
+/// of a few samples.
+fn settled(pid: u32) -> ProcUsage {
+    let mut least = ProcUsage::of(pid);
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(200));
+        let u = ProcUsage::of(pid);
+        least = ProcUsage {
+            threads: least.threads.min(u.threads),
+            fds: least.fds.min(u.fds),
+            rss_kib: least.rss_kib.min(u.rss_kib),
+        };
+    }
+    least
+}
+
 /// Everything one soak run reports.
 #[derive(Debug, Default)]
 struct Tally {
@@ -382,7 +398,29 @@ pub fn soak(seconds: u64, guests: usize, out: &Path) -> Result<()> {
         .collect::<Result<_>>()?;
     let soak = Arc::new(start(&bin, &programs)?);
     let daemon = soak.daemon.id();
-    let at_start = ProcUsage::of(daemon);
+    let at_launch = ProcUsage::of(daemon);
+    // Warm-up: every program once on every VM and one round of every hostile class,
+    // so that what the daemon allocates once (per-VM state, logger, records of ended
+    // sessions) is in the baseline; then wait until it is idle.
+    let never = AtomicBool::new(false);
+    for vm in 0..VMS {
+        for (name, args) in PROGRAMS {
+            let out = soak.guest(vm, name, args).output()?;
+            ensure!(
+                out.status.success(),
+                "{name} fails through Hira in the warm-up"
+            );
+        }
+    }
+    for class in 0..6 {
+        let _ = hostile_round(&soak, class, 0, &never);
+    }
+    let idle = soak.control("{\"cmd\":\"wait_idle\",\"timeout_ms\":120000}")?;
+    ensure!(
+        idle.contains("\"reached\":true"),
+        "the daemon did not become idle: {idle}"
+    );
+    let at_start = settled(daemon);
     let stop = Arc::new(AtomicBool::new(false));
     let hostile = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
@@ -440,18 +478,7 @@ pub fn soak(seconds: u64, guests: usize, out: &Path) -> Result<()> {
         idle.contains("\"reached\":true"),
         "the daemon did not become idle: {idle}"
     );
-    // The control connection just used may still be closing: take the least of a
-    // few samples.
-    let mut at_end = ProcUsage::of(daemon);
-    for _ in 0..5 {
-        std::thread::sleep(Duration::from_millis(200));
-        let u = ProcUsage::of(daemon);
-        at_end = ProcUsage {
-            threads: at_end.threads.min(u.threads),
-            fds: at_end.fds.min(u.fds),
-            rss_kib: at_end.rss_kib.min(u.rss_kib),
-        };
-    }
+    let at_end = settled(daemon);
     let servers_end = soak.api_servers();
     let status = soak.control("{\"cmd\":\"status\"}")?;
     let crashes = status
@@ -478,7 +505,8 @@ pub fn soak(seconds: u64, guests: usize, out: &Path) -> Result<()> {
          | sync call p99 (µs), median over `rtt` runs, quiet half | {:.1} |\n\
          | sync call p99 (µs), median over `rtt` runs, with hostile guests | {:.1} |\n\n\
          | daemon | threads | fds | RSS (MiB) |\n|---|---|---|---|\n\
-         | start (idle) | {} | {} | {:.1} |\n\
+         | launched | {} | {} | {:.1} |\n\
+         | start (idle after a warm-up round) | {} | {} | {:.1} |\n\
          | peak | {} | {} | {:.1} |\n\
          | end (idle, hostile guests gone) | {} | {} | {:.1} |\n\n\
          | API servers | count | threads | fds | RSS (MiB) |\n|---|---|---|---|---|\n\
@@ -490,6 +518,9 @@ pub fn soak(seconds: u64, guests: usize, out: &Path) -> Result<()> {
         tally.hostile_actions.load(Ordering::Relaxed),
         med(&tally.p99_quiet),
         med(&tally.p99_hostile),
+        at_launch.threads,
+        at_launch.fds,
+        at_launch.rss_kib as f64 / 1024.0,
         at_start.threads,
         at_start.fds,
         at_start.rss_kib as f64 / 1024.0,

@@ -509,6 +509,24 @@ pub(crate) unsafe fn clEnqueueTask(
     check_launch(command_queue, kernel, 1, Some(&[1]), Some(&[1]))
 }
 
+const CL_INVALID_OPERATION: cl_int = -59;
+const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
+const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
+const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
+
+/// Whether the host-access flags `mem` was created with forbid the host from
+/// writing (`write`) or reading it.
+fn host_access_denied(mem: cl_mem, write: bool) -> Result<bool, cl_int> {
+    let id = id_of(mem.cast(), Kind::Mem)?;
+    let flags = rt::mem_extra(id).map_or(0, |m| m.flags);
+    let denied = if write {
+        CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS
+    } else {
+        CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS
+    };
+    Ok(flags & denied != 0)
+}
+
 /// The size of buffer `mem` if the guest knows it.
 fn buffer_size(mem: cl_mem) -> Result<Option<usize>, cl_int> {
     let id = id_of(mem.cast(), Kind::Mem)?;
@@ -546,6 +564,9 @@ pub(crate) unsafe fn clEnqueueWriteBuffer(
     if ptr.is_null() || size == 0 {
         return Err(CL_INVALID_VALUE);
     }
+    if host_access_denied(buffer, true)? {
+        return Err(CL_INVALID_OPERATION);
+    }
     Ok(unknown)
 }
 
@@ -566,6 +587,9 @@ pub(crate) unsafe fn clEnqueueReadBuffer(
     let unknown = check_range(buffer, offset, size)?;
     if ptr.is_null() || size == 0 {
         return Err(CL_INVALID_VALUE);
+    }
+    if host_access_denied(buffer, false)? {
+        return Err(CL_INVALID_OPERATION);
     }
     Ok(unknown)
 }

@@ -13,6 +13,8 @@
 //!   info queries (with the cache of immutable ones).
 //! - [`rt`]: the process-wide runtime: the connection, the guest objects that stand
 //!   for host objects, reference counts, callbacks, panic containment.
+//! - `checks`: the argument checks of calls forwarded without waiting, so they return
+//!   the host's error codes themselves (the `check` flag of the API description).
 //! - [`local`]: calls the guest implements itself on top of remoted ones (map/unmap,
 //!   extension lookups).
 //! - [`sizes`]: byte counts of arguments, as the API defines them.

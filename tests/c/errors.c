@@ -99,6 +99,17 @@ int main(int argc, char **argv) {
     REPORT("fill: past the end", clEnqueueFillBuffer(q, buf, &pattern, 4, 252, 8, 0, NULL, NULL));
     REPORT("fill: ok", clEnqueueFillBuffer(q, buf, &pattern, 4, 0, 64, 0, NULL, NULL));
 
+    /* Host access flags. */
+    cl_mem ro = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_HOST_READ_ONLY, 64, NULL, &err);
+    REPORT("create buffer: host read only", err);
+    cl_mem wo = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_HOST_WRITE_ONLY, 64, NULL, &err);
+    REPORT("create buffer: host write only", err);
+    REPORT("write: host-read-only buffer", clEnqueueWriteBuffer(q, ro, CL_FALSE, 0, 16, data, 0, NULL, NULL));
+    REPORT("read: host-write-only buffer", clEnqueueReadBuffer(q, wo, CL_TRUE, 0, 16, data, 0, NULL, NULL));
+    REPORT("write: host-write-only buffer", clEnqueueWriteBuffer(q, wo, CL_TRUE, 0, 16, data, 0, NULL, NULL));
+    if (ro) clReleaseMemObject(ro);
+    if (wo) clReleaseMemObject(wo);
+
     /* Property lists whose values are zero. */
     cl_queue_properties qp[] = {CL_QUEUE_PROPERTIES, 0, 0};
     cl_command_queue q2 = clCreateCommandQueueWithProperties(ctx, device, qp, &err);

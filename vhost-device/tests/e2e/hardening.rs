@@ -75,8 +75,13 @@ fn a_guest_that_stops_reading_slows_only_itself() {
         sent += 1;
         assert!(sent < 10_000_000, "the host never pushed back");
     }
-    // Another guest of the same VM is served while this one is stalled.
+    // A second guest of the same VM stops in the middle of a frame.
+    let mut partial = RawGuest::session(&daemon.socket("vm1"));
+    let h = FrameHeader::new(FrameKind::Request, op::clGetPlatformIDs, 1, 1, 64);
+    partial.s.write_all(&h.encode()[..10]).unwrap();
+    // Another guest of the same VM is served while these two are stalled.
     vecadd_runs(&daemon);
+    drop(partial);
     assert!(
         rss_kib(server) < 512 * 1024,
         "the stalled session's API server stays bounded: {} KiB after {sent} requests",
