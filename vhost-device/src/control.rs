@@ -8,7 +8,8 @@
 //! - `{"cmd":"wait_idle","timeout_ms":N}`: answers once no session is live (or the
 //!   timeout passes) with `{"reached":true|false}` and the status, so a caller waits
 //!   for an event rather than polling. `{"cmd":"wait_live","count":N,...}` waits for
-//!   exactly N live sessions whose API servers have started.
+//!   exactly N live sessions whose API servers have started (`"started":false`: in
+//!   their handshake or later).
 //!
 //! The socket gets the same owner and mode as the guest sockets.
 
@@ -89,7 +90,9 @@ pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
                     None => return json!({ "error": "wait_live needs \"count\"" }),
                 },
             };
-            let reached = life.wait_live(count, Duration::from_millis(ms).min(MAX_WAIT));
+            let started = req.get("started").and_then(Value::as_bool).unwrap_or(true);
+            let reached =
+                life.wait_sessions(count, started, Duration::from_millis(ms).min(MAX_WAIT));
             json!({ "reached": reached, "status": status(life, router) })
         }
         Some(other) => json!({

@@ -129,17 +129,19 @@ impl Lifecycle {
     }
 
     /// Registers session `id` of VM `vm` with (a clone of) its guest connection;
-    /// `None` when the daemon is stopping.
+    /// refused when the daemon is stopping or out of descriptors.
     pub fn register(
         self: &Arc<Self>,
         id: u64,
         vm: &str,
         guest: &UnixStream,
-    ) -> Option<Registration> {
-        let clone = guest.try_clone().ok()?;
+    ) -> Result<Registration, &'static str> {
+        let clone = guest
+            .try_clone()
+            .map_err(|_| "the host is out of resources; try again")?;
         let mut s = self.lock();
         if self.stopping() {
-            return None;
+            return Err("the daemon is stopping");
         }
         let live = LiveSession {
             id,
@@ -149,7 +151,7 @@ impl Lifecycle {
         s.live.insert(id, (clone, live));
         drop(s);
         self.changed.notify_all();
-        Some(Registration {
+        Ok(Registration {
             life: self.clone(),
             id,
             ended: None,
@@ -177,15 +179,21 @@ impl Lifecycle {
     /// Waits until exactly `n` sessions are live, each with its API server started;
     /// false on timeout.
     pub fn wait_live(&self, n: usize, timeout: Duration) -> bool {
+        self.wait_sessions(n, true, timeout)
+    }
+
+    /// Waits until exactly `n` sessions are live (with their API servers started if
+    /// `started`; a session still in its handshake has none); false on timeout.
+    pub fn wait_sessions(&self, n: usize, started: bool, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut s = self.lock();
         loop {
-            let started = s
+            let with_server = s
                 .live
                 .values()
                 .filter(|(_, l)| l.api_server_pid.is_some())
                 .count();
-            if s.live.len() == n && started == n {
+            if s.live.len() == n && (!started || with_server == n) {
                 return true;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -233,7 +241,7 @@ mod tests {
         session.join().unwrap();
         assert_eq!(life.sessions(), 0);
         assert!(
-            life.register(2, "vm", &ours).is_none(),
+            life.register(2, "vm", &ours).is_err(),
             "no new sessions once stopping"
         );
     }

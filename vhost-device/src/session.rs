@@ -97,9 +97,12 @@ pub fn run(
     queue: &Arc<VmQueue>,
     life: &Arc<Lifecycle>,
 ) {
-    let Some(mut registration) = life.register(id, vm, &guest) else {
-        crate::listener::refuse(&guest, error_code::SERVER_GONE, "the daemon is stopping");
-        return;
+    let mut registration = match life.register(id, vm, &guest) {
+        Ok(r) => r,
+        Err(why) => {
+            crate::listener::refuse(&guest, error_code::SERVER_GONE, why);
+            return;
+        }
     };
     if let Err(e) = serve(guest, id, vm, config, queue, life, &mut registration) {
         warn!("VM {vm:?} session {id}: {e}");
