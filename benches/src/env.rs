@@ -58,6 +58,19 @@ pub fn compile(src: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Blocks until `hira-vhost` reports `READY=1` on its sd_notify socket.
+pub fn wait_ready(notify: &std::os::unix::net::UnixDatagram) -> Result<()> {
+    let mut buf = [0u8; 256];
+    loop {
+        let n = notify
+            .recv(&mut buf)
+            .context("hira-vhost did not report readiness")?;
+        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+            return Ok(());
+        }
+    }
+}
+
 /// A private daemon and the two ICD views.
 pub struct BenchEnv {
     pub native: tempfile::TempDir,
@@ -122,15 +135,7 @@ impl BenchEnv {
             .stderr(Stdio::null())
             .spawn()
             .context("hira-vhost starts")?;
-        let mut buf = [0u8; 256];
-        loop {
-            let n = notify
-                .recv(&mut buf)
-                .context("hira-vhost did not report readiness")?;
-            if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-                break;
-            }
-        }
+        wait_ready(&notify)?;
         Ok(BenchEnv {
             native,
             hira,

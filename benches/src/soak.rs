@@ -23,7 +23,7 @@ use hira_protocol::handshake::{ApiKind, Hello};
 use hira_protocol::opencl::{op, tag};
 use hira_protocol::{FrameHeader, FrameKind, Writer};
 
-use crate::env::{build_components, compile, workspace};
+use crate::env::{build_components, compile, wait_ready, workspace};
 
 /// VMs the well-behaved guests (and most hostile ones) use.
 const VMS: usize = 4;
@@ -182,15 +182,7 @@ fn start(bin: &Path, programs: &Path) -> Result<Soak> {
         .env_remove("OCL_ICD_VENDORS")
         .stderr(std::fs::File::create(dir.path().join("daemon.log"))?);
     let daemon = cmd.spawn().context("hira-vhost starts")?;
-    let mut buf = [0u8; 256];
-    loop {
-        let n = notify
-            .recv(&mut buf)
-            .context("hira-vhost did not report readiness")?;
-        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-            break;
-        }
-    }
+    wait_ready(&notify)?;
     Ok(Soak {
         bin: bin.to_path_buf(),
         programs: programs.to_path_buf(),

@@ -546,6 +546,27 @@ fn check_range(mem: cl_mem, offset: usize, size: usize) -> Result<bool, cl_int> 
     }
 }
 
+/// A transfer between host memory and a buffer: range, pointer and the buffer's
+/// host-access flags (`write`: the host writes the buffer).
+fn check_transfer(
+    queue: cl_command_queue,
+    buffer: cl_mem,
+    offset: usize,
+    size: usize,
+    ptr_is_null: bool,
+    write: bool,
+) -> Result<bool, cl_int> {
+    id_of(queue.cast(), Kind::Queue)?;
+    let unknown = check_range(buffer, offset, size)?;
+    if ptr_is_null || size == 0 {
+        return Err(CL_INVALID_VALUE);
+    }
+    if host_access_denied(buffer, write)? {
+        return Err(CL_INVALID_OPERATION);
+    }
+    Ok(unknown)
+}
+
 /// `clEnqueueWriteBuffer`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn clEnqueueWriteBuffer(
@@ -559,15 +580,7 @@ pub(crate) unsafe fn clEnqueueWriteBuffer(
     _event_wait_list: *const cl_event,
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
-    id_of(command_queue.cast(), Kind::Queue)?;
-    let unknown = check_range(buffer, offset, size)?;
-    if ptr.is_null() || size == 0 {
-        return Err(CL_INVALID_VALUE);
-    }
-    if host_access_denied(buffer, true)? {
-        return Err(CL_INVALID_OPERATION);
-    }
-    Ok(unknown)
+    check_transfer(command_queue, buffer, offset, size, ptr.is_null(), true)
 }
 
 /// `clEnqueueReadBuffer`.
@@ -583,15 +596,7 @@ pub(crate) unsafe fn clEnqueueReadBuffer(
     _event_wait_list: *const cl_event,
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
-    id_of(command_queue.cast(), Kind::Queue)?;
-    let unknown = check_range(buffer, offset, size)?;
-    if ptr.is_null() || size == 0 {
-        return Err(CL_INVALID_VALUE);
-    }
-    if host_access_denied(buffer, false)? {
-        return Err(CL_INVALID_OPERATION);
-    }
-    Ok(unknown)
+    check_transfer(command_queue, buffer, offset, size, ptr.is_null(), false)
 }
 
 /// `clEnqueueCopyBuffer`.

@@ -191,39 +191,13 @@ fn sigterm_ends_sessions_removes_sockets_and_exits_zero() {
     drop(g);
 }
 
-#[test]
-fn api_servers_die_with_a_killed_daemon() {
-    let mut daemon = Daemon::start(&["vm1"]);
-    // An API server busy in an endless kernel does not notice its socket closing.
+/// A guest whose kernel never ends, once it has launched it.
+fn endless_guest(daemon: &Daemon) -> std::process::Child {
     let vendors = Vendors::hira();
     let mut guest = daemon
         .guest(&vendors, "vm1", &c_program("endless"))
         .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(guest.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "launched", "{}", daemon.log_text());
-    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
-    daemon.child.kill().unwrap();
-    daemon.child.wait().unwrap();
-    assert!(
-        wait_exit(server, Duration::from_secs(30)),
-        "the API server is not orphaned"
-    );
-    let _ = guest.kill();
-    let _ = guest.wait();
-}
-
-#[test]
-fn an_api_server_stuck_in_a_kernel_is_ended_after_its_guest_leaves() {
-    let daemon = Daemon::start_with(&["vm1"], &[], &["--teardown-grace-ms", "1000"]);
-    let vendors = Vendors::hira();
-    let mut guest = daemon
-        .guest(&vendors, "vm1", &c_program("endless"))
-        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -239,6 +213,29 @@ fn an_api_server_stuck_in_a_kernel_is_ended_after_its_guest_leaves() {
             daemon.log_text()
         );
     }
+    guest
+}
+
+#[test]
+fn api_servers_die_with_a_killed_daemon() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    // An API server busy in an endless kernel does not notice its socket closing.
+    let mut guest = endless_guest(&daemon);
+    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    assert!(
+        wait_exit(server, Duration::from_secs(30)),
+        "the API server is not orphaned"
+    );
+    let _ = guest.kill();
+    let _ = guest.wait();
+}
+
+#[test]
+fn an_api_server_stuck_in_a_kernel_is_ended_after_its_guest_leaves() {
+    let daemon = Daemon::start_with(&["vm1"], &[], &["--teardown-grace-ms", "1000"]);
+    let mut guest = endless_guest(&daemon);
     let server = daemon.api_servers()[0];
     guest.kill().unwrap();
     guest.wait().unwrap();
@@ -362,10 +359,20 @@ fn running_out_of_descriptors_backs_off_instead_of_spinning() {
     // A guest in its handshake: its session ends (freeing descriptors) at the
     // deadline, which bounds how long the daemon runs out of them below.
     let mut first = UnixStream::connect(daemon.socket("vm1")).unwrap();
-    let a = daemon.control(serde_json::json!({
-        "cmd": "wait_live", "count": 1, "started": false, "timeout_ms": 30000
-    }));
-    assert_eq!(a["reached"], true, "{a}");
+    // The control connection stays open, so that its descriptor in the daemon does
+    // not free up while the daemon is to have none.
+    let mut control = UnixStream::connect(daemon.dir.path().join("control.sock")).unwrap();
+    writeln!(
+        control,
+        "{}",
+        serde_json::json!({"cmd": "wait_live", "count": 1, "started": false, "timeout_ms": 30000})
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::BufReader::new(control.try_clone().unwrap())
+        .read_line(&mut answer)
+        .unwrap();
+    assert!(answer.contains("\"reached\":true"), "{answer}");
     // From now on the daemon cannot open a descriptor: its limit is its lowest free
     // descriptor number.
     let open: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -412,5 +419,6 @@ fn running_out_of_descriptors_backs_off_instead_of_spinning() {
         "the accept loop does not spin: {spent} ticks of CPU in 1.5 s out of descriptors"
     );
     assert!(daemon.alive());
+    drop(control);
     vecadd_runs(&daemon);
 }
