@@ -4,7 +4,8 @@
 //!
 //! - `{"cmd":"status"}`: the live sessions (VM, process, guest pid, API-server pid),
 //!   the most recently ended ones (how the API server ended, what it released), the
-//!   per-VM counters and the count of API servers that crashed.
+//!   per-VM counters, the count of API servers that crashed, and how each layer of
+//!   the API servers' sandbox went on this machine.
 //! - `{"cmd":"wait_idle","timeout_ms":N}`: answers once no session is live (or the
 //!   timeout passes) with `{"reached":true|false}` and the status, so a caller waits
 //!   for an event rather than polling. `{"cmd":"wait_live","count":N,...}` waits for
@@ -47,6 +48,8 @@ pub struct Status {
     pub ended: Vec<EndedSession>,
     pub vms: Vec<VmStatus>,
     pub api_server_crashes: u64,
+    /// How each layer of the API servers' sandbox went on this machine.
+    pub sandbox: Vec<String>,
 }
 
 /// The daemon's state as the control socket reports it.
@@ -67,6 +70,10 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
         ended,
         vms,
         api_server_crashes: life.api_server_crashes.load(Ordering::Relaxed),
+        sandbox: crate::spawn::SANDBOX_REPORT
+            .get()
+            .cloned()
+            .unwrap_or_default(),
     }
 }
 

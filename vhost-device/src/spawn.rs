@@ -152,6 +152,10 @@ fn sandbox_args(cmd: &mut Command, config: &Config) {
     cmd.arg("--cache-dir").arg(&config.sandbox.cache_dir);
 }
 
+/// How each sandbox layer went on this machine, from the probe at start (shown on the
+/// control socket).
+pub static SANDBOX_REPORT: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
 /// Creates the API servers' kernel cache (owned by their user, private to it), then
 /// asks the API-server executable to enter its sandbox once and logs, once, how each
 /// layer went: a layer this machine cannot apply is reported with its reason.
@@ -167,13 +171,18 @@ pub fn prepare_sandbox(config: &Config) -> std::io::Result<()> {
     cmd.arg("--sandbox-check");
     sandbox_args(&mut cmd, config);
     let out = cmd.output()?;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    let report: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    for line in &report {
         if line.contains("NOT applied") {
             warn!("API-server sandbox: {line}");
         } else {
             log::info!("API-server sandbox: {line}");
         }
     }
+    let _ = SANDBOX_REPORT.set(report);
     if !out.status.success() {
         warn!(
             "API-server sandbox check failed: {}",
