@@ -42,6 +42,11 @@ int main(int argc, char **argv) {
     cl_mem cbuf = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, 256, data, &err);
     REPORT("create constant buffer", err);
 
+    /* An info value of no size: the context was made without properties. */
+    size_t props_size = 99;
+    REPORT("context properties: size query", clGetContextInfo(ctx, CL_CONTEXT_PROPERTIES, 0, NULL, &props_size));
+    printf("context properties: size %zu\n", props_size);
+
     /* Buffer creation. */
     cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, data, &err);
     REPORT("create buffer: host_ptr without USE or COPY", err);

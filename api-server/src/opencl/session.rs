@@ -1132,6 +1132,13 @@ impl<'a> Session<'a> {
             w.i32(CL_OUT_OF_RESOURCES);
             return Ok(());
         }
+        if size == 0 {
+            // Nothing to fetch: a second call would ask the host for a value of no
+            // size, a call the guest never made (PoCL 3.1 crashes on it for
+            // CL_CONTEXT_PROPERTIES of a context made without properties).
+            w.i32(CL_SUCCESS).bytes(&[]);
+            return Ok(());
+        }
         let mut buf = vec![0u8; size];
         let status = query(param, size, buf.as_mut_ptr().cast(), std::ptr::null_mut())
             .ok_or(Fail::Status(-59))?;
