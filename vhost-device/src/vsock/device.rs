@@ -21,9 +21,6 @@ use crate::lifecycle::Lifecycle;
 use crate::listener::{ConnectionSlot, start_session};
 use crate::router::VmQueue;
 
-/// Most connections one VM may hold open.
-pub const MAX_CONNECTIONS: usize = 256;
-
 /// A packet for the guest's RX queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet {
@@ -70,7 +67,8 @@ impl VsockDevice {
         life: Arc<Lifecycle>,
     ) -> Self {
         VsockDevice {
-            mux: Mux::new(guest_cid, MAX_CONNECTIONS),
+            // The VM's device is its listener: the same cap on open connections.
+            mux: Mux::new(guest_cid, config.limits.max_connections_per_listener),
             vm: vm.to_string(),
             config,
             queue,
