@@ -792,22 +792,32 @@ fn translate_handles(function: &str, param: u32, b: &mut [u8]) -> Result<(), cl_
     Ok(())
 }
 
-/// The platform's identity strings as the guest sees them.
-fn platform_string(param: u32, host: &str) -> Option<String> {
-    match param {
-        0x0902 => Some(format!("Hira remote OpenCL ({host})")),
-        0x0903 => Some("Hira".to_string()),
-        0x0901 => Some(format!("{host} Hira/{}", env!("CARGO_PKG_VERSION"))),
-        0x0920 => Some("HIRA".to_string()),
+/// The platform's identity strings as the guest sees them. By default they are the
+/// host's, so that libraries select platforms and per-vendor paths as natively; Hira
+/// shows itself only in the ICD suffix (`CL_PLATFORM_ICD_SUFFIX_KHR` = `HIRA`), which
+/// no application selects by. `tagged` (`HIRA_IDENTITY=tagged`) also names Hira in
+/// the platform's name, vendor and version.
+fn platform_string(param: u32, host: &str, tagged: bool) -> Option<String> {
+    match (param, tagged) {
+        (0x0920, _) => Some("HIRA".to_string()),
+        (0x0902, true) => Some(format!("Hira remote OpenCL ({host})")),
+        (0x0903, true) => Some("Hira".to_string()),
+        (0x0901, true) => Some(format!("{host} Hira/{}", env!("CARGO_PKG_VERSION"))),
         _ => None,
     }
+}
+
+/// Whether the platform names Hira (`HIRA_IDENTITY=tagged`).
+fn tagged_identity() -> bool {
+    static TAGGED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TAGGED.get_or_init(|| std::env::var("HIRA_IDENTITY").is_ok_and(|v| v == "tagged"))
 }
 
 fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {
     match function {
         "clGetPlatformInfo" => {
             let host = String::from_utf8_lossy(b.strip_suffix(&[0]).unwrap_or(b)).into_owned();
-            if let Some(s) = platform_string(param, &host) {
+            if let Some(s) = platform_string(param, &host, tagged_identity()) {
                 *b = s.into_bytes();
                 b.push(0);
             }
@@ -831,12 +841,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn platform_name_names_hira_and_the_host() {
+    fn platform_identity_is_the_hosts_unless_tagged() {
+        assert_eq!(platform_string(0x0902, "PoCL", false), None);
+        assert_eq!(platform_string(0x0920, "POCL", false).unwrap(), "HIRA");
         assert_eq!(
-            platform_string(0x0902, "PoCL").unwrap(),
+            platform_string(0x0902, "PoCL", true).unwrap(),
             "Hira remote OpenCL (PoCL)"
         );
-        assert_eq!(platform_string(0x0904, "PoCL"), None);
+        assert_eq!(platform_string(0x0904, "PoCL", true), None);
     }
 
     #[test]
