@@ -43,6 +43,8 @@ pub struct EndedSession {
     pub commands: u64,
     pub bytes: u64,
     pub rejected: u64,
+    /// The last call forwarded to the API server.
+    pub last_call: Option<String>,
 }
 
 #[derive(Debug, Default)]

@@ -36,6 +36,8 @@ pub struct SessionStats {
     pub bytes: u64,
     /// Frames refused by the router.
     pub rejected: u64,
+    /// The last command forwarded, for the record of a session whose API server died.
+    pub last_call: Option<&'static str>,
 }
 
 /// Why a session ended.
@@ -275,6 +277,10 @@ fn serve(
     if crashed {
         life.api_server_crashes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        warn!(
+            "VM {vm:?} session {id}: API server {child_id} {how} after {} (last call forwarded)",
+            stats.last_call.unwrap_or("no call")
+        );
     }
     let (result, report) = match result {
         Ok((res, relay)) => (res, relay.join().ok().flatten()),
@@ -301,6 +307,7 @@ fn serve(
         commands: stats.commands,
         bytes: stats.bytes,
         rejected: stats.rejected,
+        last_call: stats.last_call.map(str::to_string),
         ..EndedSession::default()
     });
     result
@@ -473,6 +480,7 @@ fn relay_to_server(
             continue;
         }
         queue.admit(h.len as u64);
+        stats.last_call = op_info(h.opcode).map(|o| o.name);
         stats.commands += 1;
         stats.bytes += h.len as u64;
         forward(guest, server, &hb, &spans, rest, &mut buf)?;

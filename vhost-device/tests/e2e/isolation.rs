@@ -277,3 +277,32 @@ fn config_file_sets_up_listeners_and_bad_files_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn an_api_server_that_crashes_is_recorded_with_its_signal_and_last_call() {
+    let daemon = Daemon::start(&["vm1"]);
+    let mut g = crate::support::RawGuest::session(&daemon.socket("vm1"));
+    let mut w = hira_protocol::Writer::new();
+    w.u32(1).u8(1).u8(1);
+    let (_, p) = g.call(hira_protocol::opencl::op::clGetPlatformIDs, w.as_slice());
+    assert_eq!(crate::support::status(&p), 0);
+    let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
+    // As a host library's failed assertion would (a SIGSEGV sent by kill() is taken
+    // by Rust's stack-overflow handler and survived).
+    // SAFETY: signalling the API server this test's daemon started.
+    unsafe { libc::kill(server as i32, libc::SIGABRT) };
+    let codes = g.drain_until_closed();
+    assert_eq!(
+        codes,
+        vec![hira_protocol::handshake::error_code::SERVER_GONE],
+        "the guest is told its API server is gone"
+    );
+    let ended = daemon.wait_idle(Duration::from_secs(30));
+    let end = ended.last().unwrap();
+    assert!(
+        end["api_server_end"].as_str().unwrap().contains("signal 6"),
+        "{end}"
+    );
+    assert_eq!(end["last_call"], "clGetPlatformIDs", "{end}");
+    assert_eq!(daemon.status()["api_server_crashes"], 1);
+}
