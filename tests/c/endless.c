@@ -1,7 +1,6 @@
 /* Launches a kernel that never ends, says so on stdout, then waits for it forever:
  * the test kills this guest and expects its API server to be ended anyway. */
-#define CL_TARGET_OPENCL_VERSION 300
-#include <CL/cl.h>
+#include "cl30.h"
 #include <stdio.h>
 
 static const char *src =
@@ -11,9 +10,7 @@ int main(void) {
     cl_platform_id platform;
     cl_device_id device;
     cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS) return 2;
-    if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) return 2;
-    cl_context ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+    cl_context ctx = first_context(&platform, &device);
     cl_command_queue q = clCreateCommandQueueWithProperties(ctx, device, NULL, &err);
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     if (clBuildProgram(prog, 1, &device, NULL, NULL, NULL) != CL_SUCCESS) return 2;

@@ -2,8 +2,7 @@
  * Hira: every line is "case: status". Run with "sync" as the first argument to end
  * with a clFinish, which must also match. Each case is independent of the others'
  * outcome, so one wrong code does not hide the next. */
-#define CL_TARGET_OPENCL_VERSION 300
-#include <CL/cl.h>
+#include "cl30.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -23,10 +22,7 @@ int main(int argc, char **argv) {
     cl_platform_id platform;
     cl_device_id device;
     cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS) return 2;
-    if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) return 2;
-    cl_context ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
-    if (err != CL_SUCCESS) return 2;
+    cl_context ctx = first_context(&platform, &device);
     cl_command_queue q = clCreateCommandQueueWithProperties(ctx, device, NULL, &err);
     if (err != CL_SUCCESS) return 2;
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);

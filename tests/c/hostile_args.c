@@ -2,8 +2,7 @@
  * pointers): arbitrary bytes, a released buffer and a sampler where the kernel takes a
  * buffer. Through Hira each must fail with the API's error and leave the session
  * working: a correct launch afterwards still computes the right result. */
-#define CL_TARGET_OPENCL_VERSION 300
-#include <CL/cl.h>
+#include "cl30.h"
 #include <stdint.h>
 #include <stdio.h>
 
@@ -14,9 +13,7 @@ int main(void) {
     cl_platform_id platform;
     cl_device_id device;
     cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS) return 2;
-    if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) return 2;
-    cl_context ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+    cl_context ctx = first_context(&platform, &device);
     cl_command_queue q = clCreateCommandQueueWithProperties(ctx, device, NULL, &err);
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     if (clBuildProgram(prog, 1, &device, NULL, NULL, NULL) != CL_SUCCESS) return 2;

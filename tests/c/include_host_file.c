@@ -1,8 +1,7 @@
 /* Builds a kernel that includes a host file by absolute path and prints whether the
  * build log contains MARKER (such as "PATH:1:", an error inside the file: it was read). Through Hira the API server's Landlock
  * ruleset keeps the compiler from opening it. Usage: include_host_file PATH MARKER */
-#define CL_TARGET_OPENCL_VERSION 300
-#include <CL/cl.h>
+#include "cl30.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -14,9 +13,7 @@ int main(int argc, char **argv) {
     cl_platform_id platform;
     cl_device_id device;
     cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS) return 2;
-    if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) return 2;
-    cl_context ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+    cl_context ctx = first_context(&platform, &device);
     cl_program p = clCreateProgramWithSource(ctx, 1, &s, NULL, &err);
     cl_int built = clBuildProgram(p, 1, &device, NULL, NULL, NULL);
     static char log[65536];

@@ -1,17 +1,13 @@
 /* Calls dispatch entries Hira does not remote: each must fail cleanly with
  * CL_INVALID_OPERATION (NULL for functions returning objects), never crash. */
-#define CL_TARGET_OPENCL_VERSION 300
-#include <CL/cl.h>
+#include "cl30.h"
 #include <stdio.h>
 
 int main(void) {
     cl_platform_id platform;
     cl_device_id device;
     cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS) return 2;
-    if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) return 2;
-    cl_context ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
-    if (err != CL_SUCCESS) return 2;
+    cl_context ctx = first_context(&platform, &device);
     cl_device_partition_property props[] = {CL_DEVICE_PARTITION_EQUALLY, 1, 0};
     cl_device_id sub[4];
     cl_uint nsub = 0;
