@@ -16,4 +16,15 @@ static inline cl_context first_context(cl_platform_id *platform, cl_device_id *d
     return ctx;
 }
 
+/* Kernel `name` of `src`, built for `device`; exits with 2 if it does not build. */
+static inline cl_kernel build_kernel(cl_context ctx, cl_device_id device, const char *src,
+                                     const char *name) {
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+    if (err != CL_SUCCESS || clBuildProgram(prog, 1, &device, NULL, NULL, NULL) != CL_SUCCESS) exit(2);
+    cl_kernel k = clCreateKernel(prog, name, &err);
+    if (err != CL_SUCCESS) exit(2);
+    return k;
+}
+
 #endif

@@ -12,9 +12,7 @@ int main(void) {
     cl_int err;
     cl_context ctx = first_context(&platform, &device);
     cl_command_queue q = clCreateCommandQueueWithProperties(ctx, device, NULL, &err);
-    cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
-    if (clBuildProgram(prog, 1, &device, NULL, NULL, NULL) != CL_SUCCESS) return 2;
-    cl_kernel k = clCreateKernel(prog, "spin", &err);
+    cl_kernel k = build_kernel(ctx, device, src, "spin");
     int zero[2] = {0, 0};
     cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, zero, &err);
     clSetKernelArg(k, 0, sizeof m, &m);

@@ -15,9 +15,7 @@ int main(void) {
     cl_int err;
     cl_context ctx = first_context(&platform, &device);
     cl_command_queue q = clCreateCommandQueueWithProperties(ctx, device, NULL, &err);
-    cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
-    if (clBuildProgram(prog, 1, &device, NULL, NULL, NULL) != CL_SUCCESS) return 2;
-    cl_kernel k = clCreateKernel(prog, "k", &err);
+    cl_kernel k = build_kernel(ctx, device, src, "k");
     cl_mem out = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 16 * sizeof(int), NULL, &err);
     cl_mem gone = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &err);
     clReleaseMemObject(gone);
