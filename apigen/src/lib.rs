@@ -145,7 +145,12 @@ fn detached_write(f: &Func) -> Option<(String, String, String)> {
     let find = |m: fn(&Kind) -> bool| f.args.iter().find(|a| m(&a.kind)).map(|a| a.name.clone());
     Some((
         find(|k| matches!(k, Kind::Blocking))?,
-        find(|k| matches!(k, Kind::In(_) | Kind::RectIn { .. } | Kind::ImageIn { .. }))?,
+        find(|k| {
+            matches!(
+                k,
+                Kind::In(_) | Kind::Data(_) | Kind::RectIn { .. } | Kind::ImageIn { .. }
+            )
+        })?,
         find(|k| matches!(k, Kind::NewHandle(_)))?,
     ))
 }
@@ -165,6 +170,15 @@ fn handle_array(k: &Kind) -> (String, String, String) {
         ),
         _ => unreachable!("handle_array is called for handle arrays only"),
     }
+}
+
+/// The function's argument names, comma-separated, to pass them on.
+fn arg_names(f: &Func) -> String {
+    f.args
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn signature(f: &Func) -> String {
@@ -235,7 +249,7 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             }
             Kind::Err | Kind::Lens | Kind::CbData | Kind::InfoSize | Kind::InfoRet => {}
             Kind::InfoVal => {}
-            Kind::In(size) | Kind::HostPtr { size, .. } => {
+            Kind::In(size) | Kind::Data(size) | Kind::HostPtr { size, .. } => {
                 let cond = match &a.kind {
                     Kind::HostPtr { flags, .. } => {
                         format!("crate::rt::sends_host_ptr({flags} as u64)")
@@ -253,9 +267,9 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     enc,
                     "if {cond} {{ c.bytes_in({n} as *const u8, ({size}) as usize)?; }} else {{ c.bytes_in(std::ptr::null(), 0)?; }}"
                 );
-                if let Kind::HostPtr { flags, .. } = &a.kind {
+                if let Kind::HostPtr { flags, buffer, .. } = &a.kind {
                     // Buffers remember their size, so that transfers are checked locally.
-                    let bytes = if f.name.starts_with("clCreateBuffer") {
+                    let bytes = if *buffer {
                         format!("Some(({size}) as usize)")
                     } else {
                         "None".into()
@@ -436,12 +450,11 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         }
     }
     if f.check {
-        let names: Vec<&str> = f.args.iter().map(|a| a.name.as_str()).collect();
         let _ = writeln!(
             s,
             "            let check__sync = crate::checks::{}({})?;",
             f.name,
-            names.join(", ")
+            arg_names(f)
         );
     }
     s.push_str(&indent(&enc, pad));
@@ -478,11 +491,10 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         None => s.push_str("            Ok(status)\n        }\n    })\n}\n\n"),
         Some(kind) => {
             let created = if f.check {
-                let names: Vec<&str> = f.args.iter().map(|a| a.name.as_str()).collect();
                 format!(
                     "            crate::checks::{}_created(ret__obj, {});\n",
                     f.name,
-                    names.join(", ")
+                    arg_names(f)
                 )
             } else {
                 String::new()
@@ -587,12 +599,11 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 );
             }
             Kind::Lens | Kind::CbData | Kind::InfoSize | Kind::InfoVal | Kind::InfoRet => {}
-            Kind::In(size) | Kind::HostPtr { size, .. } => {
+            Kind::In(size) | Kind::Data(size) | Kind::HostPtr { size, .. } => {
                 // Transfer data and initial contents are opaque bytes the host only
                 // copies, so they may stay in the shared window; anything the host
                 // interprets (structs, IL) is copied out of guest reach first.
-                let opaque =
-                    matches!(a.kind, Kind::HostPtr { .. }) || f.name.starts_with("clEnqueue");
+                let opaque = matches!(a.kind, Kind::Data(_) | Kind::HostPtr { .. });
                 let _ = writeln!(
                     dec,
                     "let {n}__b = s.bytes_in(r, frame, {opaque})?;\nlet {n} = {n}__b.ptr() as {ct};"

@@ -21,7 +21,6 @@ impl std::error::Error for ParseError {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     Val,
-    /// A kernel argument index, checked by the guest against the kernel's count.
     MemFlags,
     Blocking,
     Handle {
@@ -43,9 +42,13 @@ pub enum Kind {
     },
     Err,
     In(String),
+    /// Bytes of a transfer that the host copies without interpreting them.
+    Data(String),
     HostPtr {
         flags: String,
         size: String,
+        /// The object is a buffer of `size` bytes (the guest remembers its size).
+        buffer: bool,
     },
     Out(String),
     OutVal,
@@ -245,11 +248,13 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
         }
         "err" => Kind::Err,
         "in" => Kind::In(p(0)?),
-        "hostptr" => {
+        "data" => Kind::Data(p(0)?),
+        "hostptr" | "bufhostptr" => {
             want(2)?;
             Kind::HostPtr {
                 flags: p(0)?,
                 size: p(1)?,
+                buffer: head == "bufhostptr",
             }
         }
         "out" => Kind::Out(p(0)?),

@@ -40,6 +40,15 @@ pub struct ProcUsage {
 }
 
 impl ProcUsage {
+    /// Field by field, `f` of the two (sum, least, greatest).
+    fn combine(self, other: ProcUsage, f: fn(u64, u64) -> u64) -> ProcUsage {
+        ProcUsage {
+            threads: f(self.threads, other.threads),
+            fds: f(self.fds, other.fds),
+            rss_kib: f(self.rss_kib, other.rss_kib),
+        }
+    }
+
     pub fn of(pid: u32) -> ProcUsage {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let field = |name: &str| {
@@ -64,11 +73,7 @@ fn settled(pid: u32) -> ProcUsage {
     for _ in 0..5 {
         std::thread::sleep(Duration::from_millis(200));
         let u = ProcUsage::of(pid);
-        least = ProcUsage {
-            threads: least.threads.min(u.threads),
-            fds: least.fds.min(u.fds),
-            rss_kib: least.rss_kib.min(u.rss_kib),
-        };
+        least = least.combine(u, u64::min);
     }
     least
 }
@@ -85,7 +90,6 @@ struct Tally {
 }
 
 struct Soak {
-    bin: PathBuf,
     programs: PathBuf,
     dir: tempfile::TempDir,
     hira_icd: tempfile::TempDir,
@@ -126,13 +130,9 @@ impl Soak {
                     .collect()
             })
             .unwrap_or_default();
-        let mut sum = ProcUsage::default();
-        for p in &pids {
-            let u = ProcUsage::of(*p);
-            sum.threads += u.threads;
-            sum.fds += u.fds;
-            sum.rss_kib += u.rss_kib;
-        }
+        let sum = pids.iter().fold(ProcUsage::default(), |sum, &p| {
+            sum.combine(ProcUsage::of(p), u64::saturating_add)
+        });
         (pids.len(), sum)
     }
 
@@ -184,7 +184,6 @@ fn start(bin: &Path, programs: &Path) -> Result<Soak> {
     let daemon = cmd.spawn().context("hira-vhost starts")?;
     wait_ready(&notify)?;
     Ok(Soak {
-        bin: bin.to_path_buf(),
         programs: programs.to_path_buf(),
         dir,
         hira_icd,
@@ -454,11 +453,7 @@ pub fn soak(seconds: u64, guests: usize, out: &Path) -> Result<()> {
         if servers.1.rss_kib > servers_peak.1.rss_kib {
             servers_peak = servers;
         }
-        peak = ProcUsage {
-            threads: peak.threads.max(now.threads),
-            fds: peak.fds.max(now.fds),
-            rss_kib: peak.rss_kib.max(now.rss_kib),
-        };
+        peak = peak.combine(now, u64::max);
     }
     stop_hostile.store(true, Ordering::Release);
     stop.store(true, Ordering::Release);
@@ -536,7 +531,6 @@ pub fn soak(seconds: u64, guests: usize, out: &Path) -> Result<()> {
     }
     std::fs::write(out, &report)?;
     println!("{report}");
-    let _ = &soak.bin;
     ensure!(
         tally.failed.load(Ordering::Relaxed) == 0 && tally.wrong.load(Ordering::Relaxed) == 0,
         "well-behaved guests failed"

@@ -42,9 +42,6 @@ const CL_INVALID_KERNEL_ARGS: cl_int = -52;
 const CL_INVALID_WORK_DIMENSION: cl_int = -53;
 const CL_INVALID_WORK_GROUP_SIZE: cl_int = -54;
 const CL_INVALID_WORK_ITEM_SIZE: cl_int = -55;
-const CL_INVALID_MEM_OBJECT: cl_int = -38;
-const CL_INVALID_SAMPLER: cl_int = -41;
-const CL_INVALID_DEVICE_QUEUE: cl_int = -70;
 
 const CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS: u32 = 0x1003;
 const CL_DEVICE_MAX_WORK_ITEM_SIZES: u32 = 0x1005;
@@ -55,7 +52,7 @@ const CL_KERNEL_WORK_GROUP_SIZE: u32 = 0x11B0;
 const CL_KERNEL_COMPILE_WORK_GROUP_SIZE: u32 = 0x11B1;
 
 /// What the guest knows about one kernel.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct KernelMeta {
     /// Argument kinds; `None` when the host could not tell them.
     kinds: Option<Vec<ArgKind>>,
@@ -65,11 +62,20 @@ struct KernelMeta {
     limits: HashMap<usize, (usize, [usize; 3])>,
 }
 
+/// A device's work-item limits, fetched once.
+#[derive(Debug, Clone, Copy)]
+struct DeviceLimits {
+    max_dims: cl_uint,
+    /// Largest work-group size in each dimension (unused dimensions are 0).
+    item_sizes: [usize; 3],
+}
+
 #[derive(Default)]
 struct State {
     kernels: HashMap<u64, KernelMeta>,
     /// Device of each queue.
     queue_device: HashMap<u64, usize>,
+    devices: HashMap<usize, DeviceLimits>,
     /// Build options each program was last built or compiled with.
     build_options: HashMap<u64, String>,
 }
@@ -199,20 +205,29 @@ fn kernel_program(kernel: cl_kernel) -> Result<cl_program, cl_int> {
     })
 }
 
-/// Runs `f` on the kernel's record, fetching the kinds first if needed.
-fn with_kernel<R>(kernel: cl_kernel, f: impl FnOnce(&mut KernelMeta) -> R) -> Result<R, cl_int> {
+/// The id of `kernel`, whose record exists once this returns (the kinds are fetched
+/// from the host the first time, without holding the state lock).
+fn kernel_record(kernel: cl_kernel) -> Result<u64, cl_int> {
     let id = id_of(kernel.cast(), Kind::Kernel)?;
-    if let Some(m) = state().kernels.get_mut(&id) {
-        return Ok(f(m));
+    if state().kernels.contains_key(&id) {
+        return Ok(id);
     }
     let kinds = kernel_kinds(kernel)?;
     let n = kinds.as_ref().map_or(0, Vec::len);
-    let mut st = state();
-    let m = st.kernels.entry(id).or_insert(KernelMeta {
+    state().kernels.entry(id).or_insert(KernelMeta {
         kinds,
         set: vec![false; n],
         limits: HashMap::new(),
     });
+    Ok(id)
+}
+
+/// Runs `f` on the kernel's record, fetching the kinds first if needed.
+fn with_kernel<R>(kernel: cl_kernel, f: impl FnOnce(&mut KernelMeta) -> R) -> Result<R, cl_int> {
+    let id = kernel_record(kernel)?;
+    let mut st = state();
+    // Gone only if another thread released the kernel meanwhile.
+    let m = st.kernels.get_mut(&id).ok_or(Kind::Kernel.invalid_code())?;
     Ok(f(m))
 }
 
@@ -223,44 +238,19 @@ pub(crate) unsafe fn clSetKernelArg(
     arg_size: usize,
     arg_value: *const c_void,
 ) -> Result<bool, cl_int> {
-    let kind = with_kernel(kernel, |m| {
-        m.kinds.as_ref().map(|k| k.get(arg_index as usize).copied())
-    })?;
+    let id = kernel_record(kernel)?;
+    let kind = state()
+        .kernels
+        .get(&id)
+        .and_then(|m| m.kinds.as_ref())
+        .map(|k| k.get(arg_index as usize).copied());
     let kind = match kind {
         // The host could not tell the kinds: let it answer.
         None => return Ok(true),
         Some(None) => return Err(CL_INVALID_ARG_INDEX),
         Some(Some(k)) => k,
     };
-    let object = |want: Kind, code: cl_int| -> Result<(), cl_int> {
-        if arg_size != size_of::<*mut c_void>() {
-            return Err(CL_INVALID_ARG_SIZE);
-        }
-        if arg_value.is_null() {
-            return Ok(());
-        }
-        // SAFETY: the application passes `arg_size` (pointer-size) readable bytes.
-        let p = unsafe { (arg_value as *const *mut c_void).read_unaligned() };
-        if p.is_null() {
-            return Ok(());
-        }
-        match rt::lookup(p) {
-            Some((_, k)) if k == want => Ok(()),
-            _ => Err(code),
-        }
-    };
-    let mut sync = false;
-    match kind {
-        ArgKind::Buffer | ArgKind::Image | ArgKind::Pipe => {
-            object(Kind::Mem, CL_INVALID_MEM_OBJECT)?
-        }
-        ArgKind::Sampler => {
-            if arg_value.is_null() {
-                return Err(CL_INVALID_ARG_VALUE);
-            }
-            object(Kind::Sampler, CL_INVALID_SAMPLER)?
-        }
-        ArgKind::Queue => object(Kind::Queue, CL_INVALID_DEVICE_QUEUE)?,
+    let sync = match kind {
         ArgKind::Local => {
             if !arg_value.is_null() {
                 return Err(CL_INVALID_ARG_VALUE);
@@ -268,6 +258,7 @@ pub(crate) unsafe fn clSetKernelArg(
             if arg_size == 0 {
                 return Err(CL_INVALID_ARG_SIZE);
             }
+            false
         }
         ArgKind::Value(n) => {
             if arg_value.is_null() {
@@ -276,14 +267,37 @@ pub(crate) unsafe fn clSetKernelArg(
             if arg_size != n {
                 return Err(CL_INVALID_ARG_SIZE);
             }
+            false
         }
-        ArgKind::OpaqueValue | ArgKind::Unknown => sync = true,
+        ArgKind::OpaqueValue | ArgKind::Unknown => true,
+        object => {
+            let (want, code) = object.object().ok_or(CL_INVALID_ARG_VALUE)?;
+            // A sampler cannot be NULL; a buffer, image, pipe or queue can.
+            if object == ArgKind::Sampler && arg_value.is_null() {
+                return Err(CL_INVALID_ARG_VALUE);
+            }
+            if arg_size != size_of::<*mut c_void>() {
+                return Err(CL_INVALID_ARG_SIZE);
+            }
+            let p = if arg_value.is_null() {
+                std::ptr::null_mut()
+            } else {
+                // SAFETY: the application passes `arg_size` (pointer-size) readable bytes.
+                unsafe { (arg_value as *const *mut c_void).read_unaligned() }
+            };
+            if !p.is_null() && !matches!(rt::lookup(p), Some((_, k)) if k == want) {
+                return Err(code);
+            }
+            false
+        }
+    };
+    if let Some(s) = state()
+        .kernels
+        .get_mut(&id)
+        .and_then(|m| m.set.get_mut(arg_index as usize))
+    {
+        *s = true;
     }
-    with_kernel(kernel, |m| {
-        if let Some(s) = m.set.get_mut(arg_index as usize) {
-            *s = true;
-        }
-    })?;
     Ok(sync)
 }
 
@@ -309,12 +323,7 @@ pub(crate) unsafe fn clCloneKernel_created(
         return;
     };
     let mut st = state();
-    if let Some(m) = st.kernels.get(&src) {
-        let copy = KernelMeta {
-            kinds: m.kinds.clone(),
-            set: m.set.clone(),
-            limits: m.limits.clone(),
-        };
+    if let Some(copy) = st.kernels.get(&src).cloned() {
         st.kernels.insert(dst, copy);
     }
 }
@@ -370,6 +379,34 @@ fn queue_device(queue: cl_command_queue) -> Result<cl_device_id, cl_int> {
     Ok(d)
 }
 
+fn device_limits(device: cl_device_id) -> Result<DeviceLimits, cl_int> {
+    if let Some(&l) = state().devices.get(&(device as usize)) {
+        return Ok(l);
+    }
+    let max_dims: cl_uint = device_info(device, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS)?;
+    let mut item_sizes = [0usize; 3];
+    // SAFETY: at most three size_t into a three-element array.
+    let status = unsafe {
+        generated::clGetDeviceInfo(
+            device,
+            CL_DEVICE_MAX_WORK_ITEM_SIZES,
+            size_of::<[usize; 3]>().min(max_dims as usize * size_of::<usize>()),
+            item_sizes.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if status != 0 {
+        // Unknown: no dimension is refused for its size.
+        item_sizes = [usize::MAX; 3];
+    }
+    let l = DeviceLimits {
+        max_dims,
+        item_sizes,
+    };
+    state().devices.insert(device as usize, l);
+    Ok(l)
+}
+
 fn kernel_limits(kernel: cl_kernel, device: cl_device_id) -> Result<(usize, [usize; 3]), cl_int> {
     if let Some(l) = with_kernel(kernel, |m| m.limits.get(&(device as usize)).copied())? {
         return Ok(l);
@@ -416,8 +453,8 @@ fn check_launch(
         return Err(CL_INVALID_KERNEL_ARGS);
     }
     let device = queue_device(queue)?;
-    let max_dims: cl_uint = device_info(device, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS)?;
-    if work_dim == 0 || work_dim > max_dims {
+    let limits = device_limits(device)?;
+    if work_dim == 0 || work_dim > limits.max_dims {
         return Err(CL_INVALID_WORK_DIMENSION);
     }
     let (Some(global), Some(local)) = (global, local) else {
@@ -440,18 +477,11 @@ fn check_launch(
     if product > max_wg {
         return Err(CL_INVALID_WORK_GROUP_SIZE);
     }
-    let mut item = [0usize; 3];
-    // SAFETY: a three-element array of size_t for CL_DEVICE_MAX_WORK_ITEM_SIZES.
-    let status = unsafe {
-        generated::clGetDeviceInfo(
-            device,
-            CL_DEVICE_MAX_WORK_ITEM_SIZES,
-            size_of::<[usize; 3]>().min(max_dims as usize * size_of::<usize>()),
-            item.as_mut_ptr().cast(),
-            std::ptr::null_mut(),
-        )
-    };
-    if status == 0 && local.iter().zip(item.iter()).any(|(&l, &m)| l > m) {
+    if local
+        .iter()
+        .zip(limits.item_sizes.iter())
+        .any(|(&l, &m)| l > m)
+    {
         return Err(CL_INVALID_WORK_ITEM_SIZE);
     }
     let uneven = global.iter().zip(local).any(|(&g, &l)| g % l != 0);
@@ -514,30 +544,28 @@ const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
 const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
 const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
 
-/// Whether the host-access flags `mem` was created with forbid the host from
-/// writing (`write`) or reading it.
-fn host_access_denied(mem: cl_mem, write: bool) -> Result<bool, cl_int> {
+/// What the guest knows of memory object `mem` (one lookup for all the checks).
+fn mem_of(mem: cl_mem) -> Result<rt::MemExtra, cl_int> {
     let id = id_of(mem.cast(), Kind::Mem)?;
-    let flags = rt::mem_extra(id).map_or(0, |m| m.flags);
+    Ok(rt::mem_extra(id).unwrap_or_default())
+}
+
+/// Whether the host-access flags forbid the host from writing (`write`) or reading
+/// the object.
+fn host_access_denied(m: &rt::MemExtra, write: bool) -> bool {
     let denied = if write {
         CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS
     } else {
         CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS
     };
-    Ok(flags & denied != 0)
-}
-
-/// The size of buffer `mem` if the guest knows it.
-fn buffer_size(mem: cl_mem) -> Result<Option<usize>, cl_int> {
-    let id = id_of(mem.cast(), Kind::Mem)?;
-    Ok(rt::mem_extra(id).and_then(|m| m.size))
+    m.flags & denied != 0
 }
 
 /// Checks `offset..offset + size` against the buffer; `Ok(true)` when the guest does
 /// not know the object's size (a sub-buffer, or not a buffer at all), so the call
 /// goes synchronously and the host's answer is returned.
-fn check_range(mem: cl_mem, offset: usize, size: usize) -> Result<bool, cl_int> {
-    match buffer_size(mem)? {
+fn check_range(m: &rt::MemExtra, offset: usize, size: usize) -> Result<bool, cl_int> {
+    match m.size {
         Some(total) if offset.checked_add(size).is_none_or(|end| end > total) => {
             Err(CL_INVALID_VALUE)
         }
@@ -557,11 +585,12 @@ fn check_transfer(
     write: bool,
 ) -> Result<bool, cl_int> {
     id_of(queue.cast(), Kind::Queue)?;
-    let unknown = check_range(buffer, offset, size)?;
+    let m = mem_of(buffer)?;
+    let unknown = check_range(&m, offset, size)?;
     if ptr_is_null || size == 0 {
         return Err(CL_INVALID_VALUE);
     }
-    if host_access_denied(buffer, write)? {
+    if host_access_denied(&m, write) {
         return Err(CL_INVALID_OPERATION);
     }
     Ok(unknown)
@@ -613,8 +642,8 @@ pub(crate) unsafe fn clEnqueueCopyBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     id_of(command_queue.cast(), Kind::Queue)?;
-    let unknown =
-        check_range(src_buffer, src_offset, size)? | check_range(dst_buffer, dst_offset, size)?;
+    let unknown = check_range(&mem_of(src_buffer)?, src_offset, size)?
+        | check_range(&mem_of(dst_buffer)?, dst_offset, size)?;
     if size == 0 {
         return Err(CL_INVALID_VALUE);
     }
@@ -640,7 +669,7 @@ pub(crate) unsafe fn clEnqueueFillBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     id_of(command_queue.cast(), Kind::Queue)?;
-    let unknown = check_range(buffer, offset, size)?;
+    let unknown = check_range(&mem_of(buffer)?, offset, size)?;
     let valid_pattern = pattern_size.is_power_of_two() && pattern_size <= 128;
     if pattern.is_null()
         || !valid_pattern

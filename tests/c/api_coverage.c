@@ -3,7 +3,9 @@
  * build and destructor callbacks. Prints one deterministic line per check. */
 #define CL_USE_DEPRECATED_OPENCL_1_1_APIS
 #include "common.h"
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 static const char *IMG_SRC =
     "__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP_TO_EDGE | CLK_FILTER_NEAREST;\n"
@@ -36,10 +38,31 @@ static void CL_CALLBACK on_build(cl_program p, void *user) {
     (void)p;
     build_callbacks += *(int *)user;
 }
+/* The destructor callback may run on another thread once the object is deleted
+ * (natively inside clReleaseMemObject, through Hira when the host has deleted it):
+ * main waits for it, with a deadline, before it prints the count. */
 static int destructor_calls = 0;
+static pthread_mutex_t destroy_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t destroyed = PTHREAD_COND_INITIALIZER;
 static void CL_CALLBACK on_destroy(cl_mem m, void *user) {
     (void)m;
+    pthread_mutex_lock(&destroy_lock);
     destructor_calls += *(int *)user;
+    pthread_cond_broadcast(&destroyed);
+    pthread_mutex_unlock(&destroy_lock);
+}
+
+static int wait_for_destructor(void) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 30;
+    pthread_mutex_lock(&destroy_lock);
+    while (destructor_calls == 0 &&
+           pthread_cond_timedwait(&destroyed, &destroy_lock, &deadline) == 0) {
+    }
+    int n = destructor_calls;
+    pthread_mutex_unlock(&destroy_lock);
+    return n;
 }
 
 int main(void) {
@@ -334,7 +357,7 @@ int main(void) {
     clReleaseMemObject(sub);
     clReleaseMemObject(buf);
     clFinish(q);
-    printf("destructor callbacks=%d\n", destructor_calls);
+    printf("destructor callbacks=%d\n", wait_for_destructor());
     clReleaseCommandQueue(q);
     clReleaseContext(ctx);
     return 0;

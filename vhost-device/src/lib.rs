@@ -52,7 +52,9 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
         created.push(l.path.clone());
         info!("VM {:?}: listening on {}", l.vm, l.path.display());
     }
-    let mut vhost_listeners = std::collections::HashMap::new();
+    // Each vhost-user VM's socket is bound now, so it exists with its access before
+    // the daemon reports readiness.
+    let mut devices = Vec::new();
     for vm in &config.vhost_user_vms {
         if let config::VmTransport::VhostUser(socket) = &vm.transport {
             listener::claim(socket)?;
@@ -64,7 +66,7 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             })?;
             listener::apply_access(socket, &config.access)?;
             created.push(socket.clone());
-            vhost_listeners.insert(vm.name.clone(), l);
+            devices.push((vm.clone(), socket.clone(), l));
         }
     }
     if let Some(path) = &config.control {
@@ -78,19 +80,8 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
         let (config, router, life) = (config.clone(), router.clone(), life.clone());
         std::thread::spawn(move || listener::accept_loop(l, vm, config, router, life));
     }
-    for vm in &config.vhost_user_vms {
-        let config::VmTransport::VhostUser(socket) = vm.transport.clone() else {
-            continue;
-        };
-        let Some(vhost_listener) = vhost_listeners.remove(&vm.name) else {
-            continue;
-        };
-        let (config, queue, vm, life) = (
-            config.clone(),
-            router.vm(&vm.name),
-            vm.clone(),
-            life.clone(),
-        );
+    for (vm, socket, vhost_listener) in devices {
+        let (config, queue, life) = (config.clone(), router.vm(&vm.name), life.clone());
         if let Some((path, size)) = &vm.window {
             let w = window::VmWindow::create(path, *size)
                 .map_err(|e| listener::ListenError::Bind(path.display().to_string(), e))?;

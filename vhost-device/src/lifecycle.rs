@@ -69,6 +69,9 @@ pub struct Registration {
     life: Arc<Lifecycle>,
     id: u64,
     ended: Option<EndedSession>,
+    /// Released before the session leaves the registry, so that whoever waits for it
+    /// to end finds what it held (a listener's connection slot) free already.
+    held: Option<Box<dyn std::fmt::Debug + Send>>,
 }
 
 impl Registration {
@@ -82,6 +85,11 @@ impl Registration {
         self.life.changed.notify_all();
     }
 
+    /// Keeps `guard` (a connection slot) until the session ends.
+    pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send>) {
+        self.held = Some(guard);
+    }
+
     /// Records how the session ended; kept when the registration drops.
     pub fn ended(&mut self, e: EndedSession) {
         self.ended = Some(e);
@@ -90,6 +98,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        drop(self.held.take());
         let mut s = self.life.lock();
         let live = s.live.remove(&self.id);
         let mut e = self.ended.take().unwrap_or_default();
@@ -157,6 +166,7 @@ impl Lifecycle {
             life: self.clone(),
             id,
             ended: None,
+            held: None,
         })
     }
 

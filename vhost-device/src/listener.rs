@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hira_protocol::handshake::{ErrorPayload, error_code};
-use hira_protocol::{FrameHeader, FrameKind};
+use hira_protocol::handshake::error_code;
 use log::{error, warn};
 
 use crate::config::{Config, SocketAccess};
@@ -109,10 +108,7 @@ pub fn start_session(
     let (config, queue, vm, life) = (config.clone(), queue.clone(), vm.to_string(), life.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("session-{id}"))
-        .spawn(move || {
-            let _slot = slot;
-            session::run(stream, id, &vm, &config, &queue, &life)
-        });
+        .spawn(move || session::run(stream, slot, id, &vm, &config, &queue, &life));
     if let Err(e) = spawned {
         error!("cannot start a thread for session {id}: {e}");
     }
@@ -120,16 +116,8 @@ pub fn start_session(
 
 /// Tells a guest it was refused, without ever blocking on it.
 pub fn refuse(mut stream: &UnixStream, code: u32, message: &str) {
-    let payload = ErrorPayload {
-        code,
-        message: message.to_string(),
-    }
-    .encode();
-    let header = FrameHeader::new(FrameKind::Error, 0, 0, 0, payload.len());
     let _ = stream.set_nonblocking(true);
-    let _ = stream
-        .write_all(&header.encode())
-        .and_then(|_| stream.write_all(&payload));
+    let _ = stream.write_all(&session::error_frame(None, code, message));
 }
 
 /// Logs at most one line per interval, counting what it held back.

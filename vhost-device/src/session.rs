@@ -57,6 +57,15 @@ pub enum SessionError {
 
 /// Sends an `Error` frame.
 fn send_error(w: &Mutex<UnixStream>, h: Option<&FrameHeader>, code: u32, message: &str) {
+    let frame = error_frame(h, code, message);
+    let _ = w
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .write_all(&frame);
+}
+
+/// An `Error` frame answering `h` (or the session, without one).
+pub(crate) fn error_frame(h: Option<&FrameHeader>, code: u32, message: &str) -> Vec<u8> {
     let payload = ErrorPayload {
         code,
         message: message.to_string(),
@@ -69,10 +78,9 @@ fn send_error(w: &Mutex<UnixStream>, h: Option<&FrameHeader>, code: u32, message
         h.map_or(0, |h| h.call_id),
         payload.len(),
     );
-    let mut s = w.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = s
-        .write_all(&header.encode())
-        .and_then(|_| s.write_all(&payload));
+    let mut frame = header.encode().to_vec();
+    frame.extend_from_slice(&payload);
+    frame
 }
 
 /// Size of the window memfd, which must match what the guest announced.
@@ -91,28 +99,49 @@ fn sealed_against_shrinking(fd: &OwnedFd) -> bool {
 }
 
 /// Runs a session to its end. Never panics on guest input; logs why it ended.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     guest: UnixStream,
+    slot: crate::listener::ConnectionSlot,
     id: u64,
     vm: &str,
     config: &Config,
     queue: &Arc<VmQueue>,
     life: &Arc<Lifecycle>,
 ) {
-    let mut registration = match life.register(id, vm, &guest) {
+    // The session is registered (visible as live) once it holds every descriptor its
+    // handshake needs.
+    let registered = guest
+        .try_clone()
+        .map_err(|_| "the host is out of resources; try again")
+        .and_then(|w| Ok((w, life.register(id, vm, &guest)?)));
+    let (guest_w, mut registration) = match registered {
         Ok(r) => r,
         Err(why) => {
             crate::listener::refuse(&guest, error_code::SERVER_GONE, why);
             return;
         }
     };
-    if let Err(e) = serve(guest, id, vm, config, queue, life, &mut registration) {
+    registration.hold(Box::new(slot));
+    let guest_w = Arc::new(Mutex::new(guest_w));
+    if let Err(e) = serve(
+        guest,
+        guest_w,
+        id,
+        vm,
+        config,
+        queue,
+        life,
+        &mut registration,
+    ) {
         warn!("VM {vm:?} session {id}: {e}");
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     mut guest: UnixStream,
+    guest_w: Arc<Mutex<UnixStream>>,
     id: u64,
     vm: &str,
     config: &Config,
@@ -120,7 +149,6 @@ fn serve(
     life: &Lifecycle,
     registration: &mut Registration,
 ) -> Result<(), SessionError> {
-    let guest_w = Arc::new(Mutex::new(guest.try_clone()?));
     // A guest that connects and says nothing, or sends part of a hello, is cut off.
     let deadline = config.limits.handshake_timeout;
     guest.set_read_timeout(Some(deadline))?;
@@ -465,22 +493,25 @@ fn relay_to_server(
                     error_code::MALFORMED,
                     format!("{} may not be forwarded asynchronously", op.name),
                 )),
-                Some(_) => frame::decode_spans(&spans, h.span_count as usize, window_len)
-                    .map(|_| ())
+                Some(op) => frame::decode_spans(&spans, h.span_count as usize, window_len)
+                    .map(|_| op.name)
                     .map_err(|e| (error_code::BAD_SPAN, e.to_string())),
             }
         };
-        if let Err((code, message)) = verdict {
-            debug!("rejected frame: {message}");
-            stats.rejected += 1;
-            skip(guest, rest, &mut buf)?;
-            if !h.no_reply() {
-                send_error(guest_w, Some(&h), code, &message);
+        let name = match verdict {
+            Ok(name) => name,
+            Err((code, message)) => {
+                debug!("rejected frame: {message}");
+                stats.rejected += 1;
+                skip(guest, rest, &mut buf)?;
+                if !h.no_reply() {
+                    send_error(guest_w, Some(&h), code, &message);
+                }
+                continue;
             }
-            continue;
-        }
+        };
         queue.admit(h.len as u64);
-        stats.last_call = op_info(h.opcode).map(|o| o.name);
+        stats.last_call = Some(name);
         stats.commands += 1;
         stats.bytes += h.len as u64;
         forward(guest, server, &hb, &spans, rest, &mut buf)?;

@@ -32,7 +32,6 @@ const CL_OUT_OF_RESOURCES: cl_int = -5;
 const CL_INVALID_VALUE: cl_int = -30;
 const CL_INVALID_ARG_SIZE: cl_int = -51;
 const CL_INVALID_ARG_VALUE: cl_int = -50;
-const CL_INVALID_DEVICE_QUEUE: cl_int = -70;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
 const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 /// Largest info value the server will fetch.
@@ -525,31 +524,35 @@ impl<'a> Session<'a> {
                 std::ptr::null_mut(),
             ) == Some(CL_SUCCESS)
         };
-        let mut kinds = Vec::with_capacity(n as usize);
-        for i in 0..n {
-            let (mut address, mut qualifier) = ([0u8; 4], [0u8; 8]);
-            let mut name = [0u8; 256];
-            let mut name_len = 0usize;
-            let named = rt.clGetKernelArgInfo(
+        let type_name = |i: u32| -> Option<String> {
+            let mut len = 0usize;
+            let sized = rt.clGetKernelArgInfo(
                 kernel,
                 i,
                 CL_KERNEL_ARG_TYPE_NAME,
-                name.len(),
-                name.as_mut_ptr().cast(),
-                &mut name_len,
+                0,
+                std::ptr::null_mut(),
+                &mut len,
             ) == Some(CL_SUCCESS);
-            if !named
-                || !scalar(i, CL_KERNEL_ARG_ADDRESS_QUALIFIER, &mut address)
-                || !scalar(i, CL_KERNEL_ARG_TYPE_QUALIFIER, &mut qualifier)
-            {
+            let mut name = vec![0u8; len];
+            (sized && scalar(i, CL_KERNEL_ARG_TYPE_NAME, &mut name)).then(|| {
+                std::ffi::CStr::from_bytes_until_nul(&name)
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
+        };
+        let mut kinds = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let (mut address, mut qualifier) = ([0u8; 4], [0u8; 8]);
+            let name = type_name(i);
+            let described = scalar(i, CL_KERNEL_ARG_ADDRESS_QUALIFIER, &mut address)
+                && scalar(i, CL_KERNEL_ARG_TYPE_QUALIFIER, &mut qualifier);
+            let (Some(name), true) = (name, described) else {
                 warn!(
                     "the host cannot describe the arguments of a kernel; pointer-sized values are refused"
                 );
                 return None;
-            }
-            let name = std::ffi::CStr::from_bytes_until_nul(&name)
-                .map(|c| c.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            };
             kinds.push(ArgKind::classify(
                 u32::from_le_bytes(address),
                 &name,
@@ -889,15 +892,7 @@ impl<'a> Session<'a> {
             },
             _ => ArgKind::Unknown,
         };
-        let want = match kind {
-            ArgKind::Buffer | ArgKind::Image | ArgKind::Pipe => {
-                Some((Kind::Mem, Kind::Mem.invalid_code()))
-            }
-            ArgKind::Sampler => Some((Kind::Sampler, Kind::Sampler.invalid_code())),
-            ArgKind::Queue => Some((Kind::Queue, CL_INVALID_DEVICE_QUEUE)),
-            _ => None,
-        };
-        match (want, k) {
+        match (kind.object(), k) {
             (Some(_), _) if arg_size != size_of::<usize>() => {
                 Err(Fail::Status(CL_INVALID_ARG_SIZE))
             }

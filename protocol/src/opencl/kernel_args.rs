@@ -7,6 +7,8 @@
 //! guest shim uses the same classification to return the native error codes of
 //! `clSetKernelArg` and `clEnqueueNDRangeKernel` without waiting for the host.
 
+use super::Kind;
+
 /// `CL_KERNEL_ARG_ADDRESS_QUALIFIER` values.
 pub const ADDRESS_GLOBAL: u32 = 0x119B;
 pub const ADDRESS_LOCAL: u32 = 0x119C;
@@ -77,29 +79,22 @@ impl ArgKind {
         }
     }
 
-    /// Whether the argument names an OpenCL object (a handle on the wire).
-    pub fn is_object(self) -> bool {
-        matches!(
-            self,
-            ArgKind::Buffer | ArgKind::Image | ArgKind::Pipe | ArgKind::Sampler | ArgKind::Queue
-        )
-    }
-
-    /// Encodes the kind in one byte and a size, for replies and logs.
-    pub fn code(self) -> (u8, u64) {
+    /// For an argument that names an OpenCL object (a handle on the wire): the kind of
+    /// object it takes and the API's error code for anything else.
+    pub fn object(self) -> Option<(Kind, i32)> {
         match self {
-            ArgKind::Buffer => (1, 0),
-            ArgKind::Local => (2, 0),
-            ArgKind::Image => (3, 0),
-            ArgKind::Pipe => (4, 0),
-            ArgKind::Sampler => (5, 0),
-            ArgKind::Queue => (6, 0),
-            ArgKind::Value(n) => (7, n as u64),
-            ArgKind::OpaqueValue => (8, 0),
-            ArgKind::Unknown => (0, 0),
+            ArgKind::Buffer | ArgKind::Image | ArgKind::Pipe => {
+                Some((Kind::Mem, Kind::Mem.invalid_code()))
+            }
+            ArgKind::Sampler => Some((Kind::Sampler, Kind::Sampler.invalid_code())),
+            ArgKind::Queue => Some((Kind::Queue, CL_INVALID_DEVICE_QUEUE)),
+            ArgKind::Local | ArgKind::Value(_) | ArgKind::OpaqueValue | ArgKind::Unknown => None,
         }
     }
 }
+
+/// `CL_INVALID_DEVICE_QUEUE`: a `queue_t` argument given something else.
+pub const CL_INVALID_DEVICE_QUEUE: i32 = -70;
 
 fn is_image(name: &str) -> bool {
     name.starts_with("image") && name.ends_with("_t")
@@ -164,7 +159,9 @@ mod tests {
             ArgKind::classify(ADDRESS_GLOBAL, "int", TYPE_PIPE, 64),
             ArgKind::Pipe
         );
-        assert!(ArgKind::Image.is_object() && !ArgKind::Local.is_object());
+        assert_eq!(ArgKind::Image.object(), Some((Kind::Mem, -38)));
+        assert_eq!(ArgKind::Sampler.object(), Some((Kind::Sampler, -41)));
+        assert_eq!(ArgKind::Local.object(), None);
     }
 
     #[test]

@@ -141,6 +141,11 @@ fn connections_and_sessions_over_their_caps_are_refused() {
     assert_eq!(error_code_of(second.recv()), error_code::POLICY);
     assert!(second.recv().is_none());
     drop(second);
+    // Its session has left (and freed its connection slot): only the first is live.
+    let a = daemon.control(serde_json::json!({
+        "cmd": "wait_live", "count": 1, "started": false, "timeout_ms": 30000
+    }));
+    assert_eq!(a["reached"], true, "{a}");
     // Two connections open: a third is over the listener's cap.
     let _idle = UnixStream::connect(daemon.socket("vm1")).unwrap();
     let mut third = UnixStream::connect(daemon.socket("vm1")).unwrap();
