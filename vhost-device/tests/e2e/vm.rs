@@ -346,11 +346,13 @@ fn hostile_guest_traffic_does_not_stop_the_daemon_serving_vms() {
         let mut q = qemu(&hostile, &daemon.vhost_socket("hostile"));
         move || run_with_timeout(&mut q, Duration::from_secs(300))
     });
-    let g = run_with_timeout(
-        &mut qemu(&good, &daemon.vhost_socket("good")),
-        Duration::from_secs(300),
-    );
-    let h = h.join().unwrap();
+    let g = std::thread::spawn({
+        let mut q = qemu(&good, &daemon.vhost_socket("good"));
+        move || run_with_timeout(&mut q, Duration::from_secs(300))
+    });
+    let hung = |vm: &str| panic!("the {vm} VM hung; daemon log:\n{}", daemon.log_text());
+    let g = g.join().unwrap_or_else(|_| hung("good"));
+    let h = h.join().unwrap_or_else(|_| hung("hostile"));
     let hostile_out = guest_output(&String::from_utf8_lossy(&h.stdout));
     let good_out = guest_output(&String::from_utf8_lossy(&g.stdout));
     assert!(
