@@ -77,12 +77,15 @@ impl VsockBackend {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Watches every current session socket (new ones appear as guests connect).
+    /// Watches every current session socket (new ones appear as guests connect): for
+    /// output to move to the guest, and for room to move guest input that the socket
+    /// could not take yet. Without the second, input left over when the socket was
+    /// full would wait for an event that never comes (the guest, out of credit,
+    /// sends nothing more), stalling the session.
     fn watch_sessions(&self, st: &mut State) {
         let now: HashSet<RawFd> = st.device.streams().map(AsRawFd::as_raw_fd).collect();
         for &fd in now.difference(&st.watched) {
-            let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, fd as u64);
-            if let Err(e) = self.sessions.ctl(ControlOperation::Add, fd, ev) {
+            if let Err(e) = watch(&self.sessions, fd) {
                 warn!("cannot watch a session socket: {e}");
             }
         }
@@ -199,6 +202,15 @@ impl VsockBackend {
     }
 }
 
+/// Adds a session socket to `epoll`, edge-triggered for input and for room.
+fn watch(epoll: &Epoll, fd: RawFd) -> io::Result<()> {
+    let ev = EpollEvent::new(
+        EventSet::IN | EventSet::OUT | EventSet::EDGE_TRIGGERED,
+        fd as u64,
+    );
+    epoll.ctl(ControlOperation::Add, fd, ev)
+}
+
 impl VhostUserBackend for VsockBackend {
     type Bitmap = ();
     type Vring = VringRwLock;
@@ -305,5 +317,40 @@ pub fn serve(
         // The VMM is gone (or reset the device): every connection of this VM ends now,
         // so its sessions tear down, whoever still holds the backend.
         backend.reset_device();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    /// A session socket that was full (guest input left waiting) wakes the backend
+    /// once the session reads from it, so the waiting input moves on.
+    #[test]
+    fn a_full_session_socket_that_drains_wakes_the_backend() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let mut writer = &ours;
+        let chunk = [0u8; 4096];
+        while writer.write(&chunk).is_ok() {}
+        let epoll = Epoll::new().unwrap();
+        watch(&epoll, ours.as_raw_fd()).unwrap();
+        let mut events = [EpollEvent::default(); 4];
+        while epoll.wait(0, &mut events).unwrap() > 0 {}
+        assert_eq!(
+            epoll.wait(0, &mut events).unwrap(),
+            0,
+            "nothing to do while full"
+        );
+        let mut buf = vec![0u8; 256 * 1024];
+        let _ = theirs.read(&mut buf).unwrap();
+        assert_eq!(
+            epoll.wait(1000, &mut events).unwrap(),
+            1,
+            "room in the socket is an event"
+        );
     }
 }
