@@ -8,7 +8,7 @@ use std::sync::{Condvar, Mutex};
 
 use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
 use hira_protocol::handshake::{
-    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, Welcome,
+    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Welcome,
 };
 use hira_protocol::{FrameHeader, FrameKind, Span, unix};
 use log::{debug, warn};
@@ -70,19 +70,37 @@ impl Read for Stream {
     }
 }
 
+// Writes go through `send`/`sendmsg` with MSG_NOSIGNAL: a host that closed the
+// connection must give the application an error code, not a SIGPIPE that kills it.
 impl std::io::Write for Stream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Vsock(s) => s.write(buf),
+        // SAFETY: `buf` is valid for `buf.len()` reads; the fd is this stream's socket.
+        let n = unsafe {
+            libc::send(
+                self.raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        Ok(n as usize)
     }
 
     fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write_vectored(bufs),
-            Stream::Vsock(s) => s.write_vectored(bufs),
+        // SAFETY: an all-zero msghdr is valid; the fields set below describe `bufs`,
+        // whose IoSlices are ABI-compatible with iovec.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len() as _;
+        // SAFETY: `msg` points to `bufs.len()` valid iovecs for the call's duration.
+        let n = unsafe { libc::sendmsg(self.raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        Ok(n as usize)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -108,6 +126,17 @@ struct Demux {
     dead: Option<TransportError>,
 }
 
+/// What to do with a deferred output when it arrives: called with the command's
+/// status and, when the bytes travelled in the frame, those bytes.
+pub type Delivery = Box<dyn FnOnce(i32, Option<&[u8]>) + Send>;
+
+enum Deferred {
+    /// The request was sent; its output has not arrived.
+    Waiting(Delivery),
+    /// The output arrived before the caller registered what to do with it.
+    Arrived(i32, Option<Vec<u8>>),
+}
+
 /// The process's connection to the host.
 pub struct Connection {
     writer: Mutex<Stream>,
@@ -116,6 +145,9 @@ pub struct Connection {
     cv: Condvar,
     next_call: AtomicU64,
     next_channel: AtomicU32,
+    next_token: AtomicU64,
+    /// Outputs of non-blocking reads, by token.
+    deferred: Mutex<HashMap<u64, Deferred>>,
     window: Option<Window>,
     /// How long a caller spins for its reply before it blocks.
     spin: std::time::Duration,
@@ -296,6 +328,8 @@ impl Connection {
             cv: Condvar::new(),
             next_call: AtomicU64::new(1),
             next_channel: AtomicU32::new(1),
+            next_token: AtomicU64::new(1),
+            deferred: Mutex::new(HashMap::new()),
             window,
             spin: crate::endpoint::spin(),
             recent_us: (0..256)
@@ -441,6 +475,24 @@ impl Connection {
                 }
                 read_frame(&mut *r)
             };
+            // A deferred output is delivered while this thread is still the reader, so
+            // no frame sent after it (a reply that shows the command complete, an event
+            // callback) is seen before the application's memory holds the data.
+            let res = match res {
+                Ok(f) if f.header.kind == FrameKind::Notify && f.header.opcode == OUTPUT_DONE => {
+                    match OutputDone::decode(&f.payload) {
+                        Ok(o) => {
+                            self.output_arrived(o);
+                            d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                            d.reading = false;
+                            self.cv.notify_all();
+                            continue;
+                        }
+                        Err(e) => Err(TransportError::Malformed(format!("output frame: {e}"))),
+                    }
+                }
+                other => other,
+            };
             d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
             d.reading = false;
             match res {
@@ -502,6 +554,39 @@ impl Connection {
     /// caller of [`Connection::call`] to pass notifications on.
     pub fn next_notification(&self, may_read: &dyn Fn() -> bool) -> Result<Frame, TransportError> {
         self.wait_for(None, std::time::Duration::ZERO, may_read)
+    }
+
+    /// A fresh token for a deferred output.
+    pub fn next_token(&self) -> u64 {
+        self.next_token.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers what to do with the deferred output `token`; runs it at once if the
+    /// output has already arrived.
+    pub fn on_output(&self, token: u64, f: Delivery) {
+        let mut m = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        match m.remove(&token) {
+            Some(Deferred::Arrived(status, data)) => {
+                drop(m);
+                f(status, data.as_deref());
+            }
+            _ => {
+                m.insert(token, Deferred::Waiting(f));
+            }
+        }
+    }
+
+    fn output_arrived(&self, o: OutputDone) {
+        let mut m = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        match m.remove(&o.token) {
+            Some(Deferred::Waiting(f)) => {
+                drop(m);
+                f(o.status, o.data.as_deref());
+            }
+            Some(Deferred::Arrived(..)) | None => {
+                m.insert(o.token, Deferred::Arrived(o.status, o.data));
+            }
+        }
     }
 
     /// The first asynchronous call that failed since the last time this was asked.
