@@ -135,6 +135,9 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
     };
     writer.send(FrameKind::Welcome, 0, 0, 0, &welcome.encode());
     let window = Arc::new(window);
+    // The window stays mapped until the process exits: the host may still be writing
+    // the output of a non-blocking read into it while objects are released.
+    std::mem::forget(window.clone());
     serve(
         &mut std::io::BufReader::with_capacity(64 * 1024, reader),
         backend.clone(),

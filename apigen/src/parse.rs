@@ -134,6 +134,8 @@ pub struct Func {
     /// The call reports the failure of an earlier call forwarded without a reply
     /// (`clFinish`, `clWaitForEvents`).
     pub reports: bool,
+    /// A call of Hira's own, made by the guest shim and not an OpenCL entry point.
+    pub internal: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -379,6 +381,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         local: false,
         check: false,
         reports: false,
+        internal: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -388,6 +391,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "local" => f.local = true,
             "check" => f.check = true,
             "reports" => f.reports = true,
+            "internal" => f.internal = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

@@ -26,8 +26,8 @@ use hira_protocol::opencl::kernel_args::{
     CL_KERNEL_ARG_TYPE_QUALIFIER, CL_KERNEL_NUM_ARGS,
 };
 use opencl_sys::{
-    cl_bool, cl_command_queue, cl_device_id, cl_event, cl_int, cl_kernel, cl_mem, cl_program,
-    cl_uint,
+    cl_bool, cl_command_queue, cl_context, cl_device_id, cl_event, cl_int, cl_kernel, cl_mem,
+    cl_program, cl_uint,
 };
 
 use crate::generated;
@@ -78,6 +78,8 @@ struct State {
     devices: HashMap<usize, DeviceLimits>,
     /// Build options each program was last built or compiled with.
     build_options: HashMap<u64, String>,
+    /// Sources of programs made from source, whose includes a build resolves.
+    sources: HashMap<u64, Vec<String>>,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
@@ -92,6 +94,7 @@ pub(crate) fn forget(id: u64) {
     st.kernels.remove(&id);
     st.queue_device.remove(&id);
     st.build_options.remove(&id);
+    st.sources.remove(&id);
 }
 
 /// The guest id of `ptr` if it is a live object of `kind`.
@@ -310,6 +313,43 @@ pub(crate) unsafe fn clCloneKernel(
     Ok(false)
 }
 
+/// `clCreateSubBuffer`: nothing to check beyond the parent's id.
+pub(crate) unsafe fn clCreateSubBuffer(
+    buffer: cl_mem,
+    _flags: u64,
+    _buffer_create_type: cl_uint,
+    _buffer_create_info: *const c_void,
+    _errcode_ret: *mut cl_int,
+) -> Result<bool, cl_int> {
+    id_of(buffer.cast(), Kind::Mem)?;
+    Ok(false)
+}
+
+/// A sub-buffer inherits its parent's host-pointer use and host access, as natively:
+/// mapping a sub-buffer of a `CL_MEM_USE_HOST_PTR` buffer returns the application's
+/// memory at the sub-buffer's origin.
+pub(crate) unsafe fn clCreateSubBuffer_created(
+    sub: *mut c_void,
+    buffer: cl_mem,
+    flags: u64,
+    _buffer_create_type: cl_uint,
+    buffer_create_info: *const c_void,
+    _errcode_ret: *mut cl_int,
+) {
+    let (Ok(parent), Ok(id)) = (id_of(buffer.cast(), Kind::Mem), id_of(sub, Kind::Mem)) else {
+        return;
+    };
+    let Some(p) = rt::mem_extra(parent) else {
+        return;
+    };
+    // SAFETY: the host accepted the call, so the region (origin, size) was readable.
+    let (origin, size) = unsafe {
+        let r = buffer_create_info as *const usize;
+        (*r, *r.add(1))
+    };
+    rt::note_sub_buffer(id, &p, flags, origin, size);
+}
+
 /// A clone has its source's arguments, and so which of them are set.
 pub(crate) unsafe fn clCloneKernel_created(
     clone: *mut c_void,
@@ -328,8 +368,109 @@ pub(crate) unsafe fn clCloneKernel_created(
     }
 }
 
+/// `clCreateProgramWithSource`: nothing to check here (the host checks the strings).
+pub(crate) unsafe fn clCreateProgramWithSource(
+    _context: cl_context,
+    _count: cl_uint,
+    _strings: *mut *const c_char,
+    _lengths: *const usize,
+    _errcode_ret: *mut cl_int,
+) -> Result<bool, cl_int> {
+    Ok(false)
+}
+
+/// Keeps a program's sources, so that its builds can ship the headers they include.
+pub(crate) unsafe fn clCreateProgramWithSource_created(
+    program: *mut c_void,
+    _context: cl_context,
+    count: cl_uint,
+    strings: *mut *const c_char,
+    lengths: *const usize,
+    _errcode_ret: *mut cl_int,
+) {
+    let Ok(id) = id_of(program, Kind::Program) else {
+        return;
+    };
+    let mut sources = Vec::new();
+    for i in 0..count as usize {
+        // SAFETY: the host accepted the call, so `strings` holds `count` valid strings,
+        // each `lengths[i]` bytes long or NUL-terminated.
+        let text = unsafe {
+            let s = *strings.add(i);
+            let len = if lengths.is_null() {
+                0
+            } else {
+                *lengths.add(i)
+            };
+            if len == 0 {
+                CStr::from_ptr(s).to_bytes().to_vec()
+            } else {
+                std::slice::from_raw_parts(s.cast::<u8>(), len).to_vec()
+            }
+        };
+        sources.push(String::from_utf8_lossy(&text).into_owned());
+    }
+    state().sources.insert(id, sources);
+}
+
+/// Ships the headers `program`'s sources include, resolved on the guest, before a
+/// build or compilation with `options`.
+fn ship_headers(program: u64, handle: cl_program, options: &str) -> Result<(), cl_int> {
+    let Some(sources) = state().sources.get(&program).cloned() else {
+        return Ok(());
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let found = crate::includes::resolve(&sources, options, &cwd);
+    if found.files.is_empty() {
+        return Ok(());
+    }
+    let blob = found.encode();
+    let Ok(cwd) = std::ffi::CString::new(found.cwd) else {
+        return Ok(());
+    };
+    // SAFETY: `cwd` is NUL-terminated and `blob` holds `blob.len()` bytes.
+    let status = unsafe {
+        generated::hiraBuildFiles(handle, cwd.as_ptr(), blob.len(), blob.as_ptr().cast())
+    };
+    if status != 0 {
+        return Err(status);
+    }
+    Ok(())
+}
+
+fn options_text(options: *const c_char) -> String {
+    if options.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the application passes a NUL-terminated string.
+        unsafe { CStr::from_ptr(options) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// `clCompileProgram`: remembers the options and ships the headers.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clCompileProgram(
+    program: cl_program,
+    _num_devices: cl_uint,
+    _device_list: *const cl_device_id,
+    options: *const c_char,
+    _num_input_headers: cl_uint,
+    _input_headers: *const cl_program,
+    _header_include_names: *mut *const c_char,
+    _pfn_notify: Option<unsafe extern "C" fn(cl_program, *mut c_void)>,
+    _user_data: *mut c_void,
+) -> Result<bool, cl_int> {
+    let id = id_of(program.cast(), Kind::Program)?;
+    let options = options_text(options);
+    ship_headers(id, program, &options)?;
+    state().build_options.insert(id, options);
+    Ok(false)
+}
+
 /// `clBuildProgram`: remembers the options, which decide whether work-groups may be
-/// non-uniform.
+/// non-uniform, and ships the headers.
 pub(crate) unsafe fn clBuildProgram(
     program: cl_program,
     _num_devices: cl_uint,
@@ -339,14 +480,8 @@ pub(crate) unsafe fn clBuildProgram(
     _user_data: *mut c_void,
 ) -> Result<bool, cl_int> {
     let id = id_of(program.cast(), Kind::Program)?;
-    let options = if options.is_null() {
-        String::new()
-    } else {
-        // SAFETY: the application passes a NUL-terminated string.
-        unsafe { CStr::from_ptr(options) }
-            .to_string_lossy()
-            .into_owned()
-    };
+    let options = options_text(options);
+    ship_headers(id, program, &options)?;
     state().build_options.insert(id, options);
     Ok(false)
 }
@@ -610,6 +745,55 @@ pub(crate) unsafe fn clEnqueueWriteBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     check_transfer(command_queue, buffer, offset, size, ptr.is_null(), true)
+}
+
+/// A write forwarded without waiting must still fail at once where the host-access
+/// flags forbid it, as natively.
+fn check_host_write(queue: cl_command_queue, mem: cl_mem) -> Result<bool, cl_int> {
+    id_of(queue.cast(), Kind::Queue)?;
+    if host_access_denied(&mem_of(mem)?, true) {
+        return Err(CL_INVALID_OPERATION);
+    }
+    Ok(false)
+}
+
+/// `clEnqueueWriteBufferRect`: the buffer's host-access flags.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueWriteBufferRect(
+    command_queue: cl_command_queue,
+    buffer: cl_mem,
+    _blocking_write: cl_bool,
+    _buffer_origin: *const usize,
+    _host_origin: *const usize,
+    _region: *const usize,
+    _buffer_row_pitch: usize,
+    _buffer_slice_pitch: usize,
+    _host_row_pitch: usize,
+    _host_slice_pitch: usize,
+    _ptr: *const c_void,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    check_host_write(command_queue, buffer)
+}
+
+/// `clEnqueueWriteImage`: the image's host-access flags.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueWriteImage(
+    command_queue: cl_command_queue,
+    image: cl_mem,
+    _blocking_write: cl_bool,
+    _origin: *const usize,
+    _region: *const usize,
+    _input_row_pitch: usize,
+    _input_slice_pitch: usize,
+    _ptr: *const c_void,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    check_host_write(command_queue, image)
 }
 
 /// `clEnqueueReadBuffer`.

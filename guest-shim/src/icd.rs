@@ -12,6 +12,7 @@ use crate::icd_slots::{SLOT_COUNT, SLOTS};
 
 const CL_INVALID_OPERATION: cl_int = -59;
 const CL_INVALID_VALUE: cl_int = -30;
+const CL_INVALID_MEM_OBJECT: cl_int = -38;
 const CL_PLATFORM_NOT_FOUND_KHR: cl_int = -1001;
 
 /// The dispatch table every object's first field points to.
@@ -29,31 +30,40 @@ const _: () =
 /// Whether each unsupported slot has already been logged.
 static LOGGED: [AtomicBool; SLOT_COUNT] = [const { AtomicBool::new(false) }; SLOT_COUNT];
 
-/// What an unsupported slot does: logs the function's name once, reports
-/// `CL_INVALID_OPERATION` through `errcode_ret` when it has one, and returns NULL or
-/// `CL_INVALID_OPERATION`. The arguments are read as eight machine words; reading words
+/// What an unsupported slot does: logs the function's name once, reports its
+/// [`unsupported_code`] through `errcode_ret` when it has one, and returns NULL or
+/// that code. The arguments are read as eight machine words; reading words
 /// the caller did not pass is harmless on the System V x86-64 and AArch64 ABIs, whose
 /// argument registers and caller stack are always readable.
 fn unsupported(slot: usize, args: [usize; 8]) -> usize {
     let s = &SLOTS[slot];
+    let code = unsupported_code(s.name);
     if !LOGGED[slot].swap(true, Ordering::Relaxed) {
-        warn!(
-            "{} is not supported by Hira; returning CL_INVALID_OPERATION",
-            s.name
-        );
+        warn!("{} is not supported by Hira; returning {code}", s.name);
     }
     if let Some(i) = s.errcode_arg {
         let p = args[i] as *mut cl_int;
         if !p.is_null() {
             // SAFETY: the API defines this argument as `cl_int *errcode_ret`, which the
             // application passes null or valid.
-            unsafe { p.write_unaligned(CL_INVALID_OPERATION) };
+            unsafe { p.write_unaligned(code) };
         }
     }
     if s.returns_pointer {
         0
     } else {
-        CL_INVALID_OPERATION as u32 as usize
+        code as u32 as usize
+    }
+}
+
+/// The code an unsupported entry point returns: the one the specification gives for
+/// what Hira reports (no pipes, no SVM, no native kernels), else
+/// `CL_INVALID_OPERATION`.
+fn unsupported_code(name: &str) -> cl_int {
+    match name {
+        // No pipe object can exist, so whatever the application passes is not one.
+        "clGetPipeInfo" => CL_INVALID_MEM_OBJECT,
+        _ => CL_INVALID_OPERATION,
     }
 }
 

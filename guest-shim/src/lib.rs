@@ -15,6 +15,8 @@
 //!   for host objects, reference counts, callbacks, panic containment.
 //! - `checks`: the argument checks of calls forwarded without waiting, so they return
 //!   the host's error codes themselves (the `check` flag of the API description).
+//! - `includes`: `#include` resolution against the guest's files; builds ship the
+//!   headers they need.
 //! - [`local`]: calls the guest implements itself on top of remoted ones (map/unmap,
 //!   extension lookups).
 //! - [`sizes`]: byte counts of arguments, as the API defines them.
@@ -23,6 +25,7 @@
 mod checks;
 pub mod icd;
 mod icd_slots;
+mod includes;
 pub mod local;
 pub mod marshal;
 pub mod rt;

@@ -22,6 +22,71 @@ const CL_MAP_WRITE: u64 = 1 << 1;
 const CL_MAP_WRITE_INVALIDATE_REGION: u64 = 1 << 2;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
 const CL_INVALID_MEM_OBJECT: cl_int = -38;
+const CL_INVALID_OPERATION: cl_int = -59;
+const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
+const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
+const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
+const CL_MEM_TYPE: u32 = 0x1100;
+const CL_MEM_OBJECT_IMAGE2D_ARRAY: u32 = 0x10F3;
+const CL_MEM_OBJECT_IMAGE3D: u32 = 0x10F2;
+const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
+
+/// Checks a mapping against the object's host access flags, as the API does, and
+/// says whether the mapped memory is filled from the device: not for a host that may
+/// only write (the device cannot be read for it; the application must write what it
+/// maps) nor for a mapping that invalidates the region.
+fn map_access(id: u64, map_flags: u64) -> Result<bool, cl_int> {
+    let flags = rt::mem_extra(id).unwrap_or_default().flags;
+    let reads = map_flags & CL_MAP_READ != 0;
+    let writes = map_flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
+    if (reads && flags & (CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS) != 0)
+        || (writes && flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS) != 0)
+    {
+        return Err(CL_INVALID_OPERATION);
+    }
+    Ok(map_flags & (CL_MAP_READ | CL_MAP_WRITE) != 0 && flags & CL_MEM_HOST_WRITE_ONLY == 0)
+}
+
+const CL_IMAGE_ROW_PITCH: u32 = 0x1112;
+const CL_IMAGE_SLICE_PITCH: u32 = 0x1113;
+
+/// A `size_t` image property.
+fn image_info_size(image: cl_mem, param: u32) -> Result<usize, cl_int> {
+    let mut v: usize = 0;
+    // SAFETY: a size_t property into a local size_t.
+    let status = unsafe {
+        g::clGetImageInfo(
+            image,
+            param,
+            std::mem::size_of::<usize>(),
+            (&mut v as *mut usize).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if status != 0 {
+        return Err(status);
+    }
+    Ok(v)
+}
+
+/// The image's type (`CL_MEM_TYPE`), asked once and cached like every constant query.
+fn image_type(image: cl_mem) -> Result<u32, cl_int> {
+    let mut t: u32 = 0;
+    // SAFETY: a cl_mem_object_type (u32) into a local u32.
+    let status = unsafe {
+        g::clGetMemObjectInfo(
+            image,
+            CL_MEM_TYPE,
+            std::mem::size_of::<u32>(),
+            (&mut t as *mut u32).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if status != 0 {
+        return Err(status);
+    }
+    Ok(t)
+}
 
 enum Region {
     Buffer {
@@ -62,7 +127,7 @@ fn mem_id(mem: cl_mem) -> Result<u64, cl_int> {
 pub unsafe extern "C" fn clEnqueueMapBuffer(
     command_queue: cl_command_queue,
     buffer: cl_mem,
-    _blocking_map: cl_bool,
+    blocking_map: cl_bool,
     map_flags: cl_map_flags,
     offset: usize,
     size: usize,
@@ -73,6 +138,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
 ) -> *mut c_void {
     rt::handle_call("clEnqueueMapBuffer", errcode_ret, || {
         let id = mem_id(buffer)?;
+        let fill = map_access(id, map_flags)?;
         let extra = rt::mem_extra(id).unwrap_or_default();
         let (ptr, shadow) = if extra.flags & CL_MEM_USE_HOST_PTR != 0 && extra.host_ptr != 0 {
             ((extra.host_ptr + offset) as *mut u8, None)
@@ -83,11 +149,11 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         // SAFETY: `ptr` covers `size` bytes (the shadow, or the application's host
         // memory which the API requires to cover the buffer); the rest is forwarded.
         let status = unsafe {
-            if map_flags & (CL_MAP_READ | CL_MAP_WRITE) != 0 {
+            if fill {
                 g::clEnqueueReadBuffer(
                     command_queue,
                     buffer,
-                    1,
+                    blocking_map,
                     offset,
                     size,
                     ptr.cast(),
@@ -129,7 +195,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
 pub unsafe extern "C" fn clEnqueueMapImage(
     command_queue: cl_command_queue,
     image: cl_mem,
-    _blocking_map: cl_bool,
+    blocking_map: cl_bool,
     map_flags: cl_map_flags,
     origin: *const usize,
     region: *const usize,
@@ -141,10 +207,12 @@ pub unsafe extern "C" fn clEnqueueMapImage(
     errcode_ret: *mut cl_int,
 ) -> *mut c_void {
     rt::handle_call("clEnqueueMapImage", errcode_ret, || {
-        mem_id(image)?;
+        let id = mem_id(image)?;
         if origin.is_null() || region.is_null() || image_row_pitch.is_null() {
             return Err(CL_INVALID_VALUE);
         }
+        let fill = map_access(id, map_flags)?;
+        let kind = image_type(image)?;
         // SAFETY: both point to three size_t per the API.
         let (o, r) = unsafe {
             (
@@ -153,18 +221,59 @@ pub unsafe extern "C" fn clEnqueueMapImage(
             )
         };
         let elem = rt::image_elem_size(image)?;
-        let row = r[0].checked_mul(elem).ok_or(CL_INVALID_VALUE)?;
-        let slice = row.checked_mul(r[1]).ok_or(CL_INVALID_VALUE)?;
-        let total = slice.checked_mul(r[2]).ok_or(CL_INVALID_VALUE)?;
-        let mut shadow = vec![0u8; total.max(1)].into_boxed_slice();
-        let ptr = shadow.as_mut_ptr();
-        // SAFETY: the shadow holds `total` bytes laid out with the pitches we pass.
+        let extra = rt::mem_extra(id).unwrap_or_default();
+        let arrayed = matches!(
+            kind,
+            CL_MEM_OBJECT_IMAGE1D_ARRAY | CL_MEM_OBJECT_IMAGE2D_ARRAY | CL_MEM_OBJECT_IMAGE3D
+        );
+        let (ptr, row, slice, shadow) =
+            if extra.flags & CL_MEM_USE_HOST_PTR != 0 && extra.host_ptr != 0 {
+                // The application's own memory, laid out with the image's pitches.
+                let row = image_info_size(image, CL_IMAGE_ROW_PITCH)?;
+                let slice = if arrayed {
+                    image_info_size(image, CL_IMAGE_SLICE_PITCH)?
+                } else {
+                    0
+                };
+                // A 1D array's second coordinate picks the slice.
+                let steps = if kind == CL_MEM_OBJECT_IMAGE1D_ARRAY {
+                    [elem, slice, 0]
+                } else {
+                    [elem, row, slice]
+                };
+                let at = o
+                    .iter()
+                    .zip(steps)
+                    .try_fold(0usize, |acc, (&c, step)| {
+                        acc.checked_add(c.checked_mul(step)?)
+                    })
+                    .ok_or(CL_INVALID_VALUE)?;
+                ((extra.host_ptr + at) as *mut u8, row, slice, None)
+            } else {
+                let row = r[0].checked_mul(elem).ok_or(CL_INVALID_VALUE)?;
+                // The slices of a 1D image array are its rows.
+                let slice = match kind {
+                    CL_MEM_OBJECT_IMAGE1D_ARRAY => row,
+                    CL_MEM_OBJECT_IMAGE2D_ARRAY | CL_MEM_OBJECT_IMAGE3D => {
+                        row.checked_mul(r[1]).ok_or(CL_INVALID_VALUE)?
+                    }
+                    _ => 0,
+                };
+                let total = row
+                    .checked_mul(r[1])
+                    .and_then(|v| v.checked_mul(r[2]))
+                    .ok_or(CL_INVALID_VALUE)?;
+                let mut shadow = vec![0u8; total.max(1)].into_boxed_slice();
+                (shadow.as_mut_ptr(), row, slice, Some(shadow))
+            };
+        // SAFETY: `ptr` (the shadow, or the application's memory, which the API
+        // requires to hold the whole image) covers the region with the pitches passed.
         let status = unsafe {
-            if map_flags & (CL_MAP_READ | CL_MAP_WRITE) != 0 {
+            if fill {
                 g::clEnqueueReadImage(
                     command_queue,
                     image,
-                    1,
+                    blocking_map,
                     origin,
                     region,
                     row,
@@ -190,7 +299,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         unsafe {
             *image_row_pitch = row;
             if !image_slice_pitch.is_null() {
-                *image_slice_pitch = if r[2] > 1 { slice } else { 0 };
+                *image_slice_pitch = if arrayed { slice } else { 0 };
             }
         }
         MAPPINGS
@@ -206,7 +315,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
                     row_pitch: row,
                     slice_pitch: slice,
                 },
-                shadow: Some(shadow),
+                shadow,
             });
         Ok(ptr.cast())
     })

@@ -48,10 +48,13 @@ pub struct Call {
     /// Bytes placed in the window for the host, and reserved there for its results.
     window_in: usize,
     window_out: usize,
+    /// Token of a non-blocking read, whose output arrives after the reply.
+    defer: Option<u64>,
 }
 
 impl Call {
     pub fn new(op: u16) -> Self {
+        rt::revive(op);
         Call {
             op,
             w: Writer::with_capacity(128),
@@ -59,7 +62,20 @@ impl Call {
             regions: Vec::new(),
             window_in: 0,
             window_out: 0,
+            defer: None,
         }
+    }
+
+    /// The blocking flag of a read. A non-blocking read names a token; its output is
+    /// delivered when the host completes the command.
+    pub fn blocking_read(&mut self, blocking: bool) -> Result<(), cl_int> {
+        self.w.u32(u32::from(blocking));
+        if !blocking {
+            let t = rt::conn()?.next_token();
+            self.w.u64(t);
+            self.defer = Some(t);
+        }
+        Ok(())
     }
 
     /// A handle argument.
@@ -464,6 +480,7 @@ impl Call {
                     pos: 0,
                 },
                 regions: self.regions,
+                defer: self.defer,
             }),
             Ok(Some(frame)) => match frame.header.kind {
                 FrameKind::Reply => {
@@ -477,6 +494,7 @@ impl Call {
                         status,
                         r,
                         regions: self.regions,
+                        defer: self.defer,
                     })
                 }
                 _ => {
@@ -562,9 +580,69 @@ pub struct Reply {
     pub status: cl_int,
     pub r: ReplyReader,
     regions: Vec<WindowRegion<'static>>,
+    defer: Option<u64>,
+}
+
+/// Where a deferred output goes in application memory.
+#[derive(Clone, Copy)]
+enum Dest {
+    Bytes(usize),
+    Rect(usize, RectLayout),
 }
 
 impl Reply {
+    /// Registers the copy of a deferred output into application memory, run when the
+    /// host reports the command complete. The window regions stay reserved until then.
+    fn defer_out(&mut self, token: u64, slot: &OutSlot, dest: Dest) -> Result<(), cl_int> {
+        let slot_len = match *slot {
+            OutSlot::Null => return Ok(()),
+            OutSlot::Inline(len) | OutSlot::Window(_, len) => len,
+        };
+        let window = match *slot {
+            OutSlot::Window(i, _) => Some(i),
+            _ => None,
+        };
+        let regions = std::mem::take(&mut self.regions);
+        let conn = rt::conn()?;
+        conn.on_output(
+            token,
+            Box::new(move |status, data| {
+                if status != 0 {
+                    return;
+                }
+                let src: &[u8] = match (window, data) {
+                    // SAFETY: the region holds `slot_len` bytes the host wrote before
+                    // it reported the command complete, and stays reserved until here.
+                    (Some(i), _) => unsafe {
+                        std::slice::from_raw_parts(regions[i].ptr(), slot_len)
+                    },
+                    (None, Some(d)) if d.len() == slot_len => d,
+                    _ => {
+                        warn!("deferred output of the wrong size");
+                        return;
+                    }
+                };
+                match dest {
+                    // SAFETY: the application passed memory valid for the output's
+                    // length and may not touch it until the read completes.
+                    Dest::Bytes(p) => unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), p as *mut u8, slot_len)
+                    },
+                    Dest::Rect(p, layout) => {
+                        let Some(extent) = layout.extent() else {
+                            return;
+                        };
+                        // SAFETY: as above, for the rectangle's extent.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, extent) };
+                        layout.unpack(src, dst);
+                    }
+                }
+                drop(regions);
+            }),
+        );
+        Ok(())
+    }
+
     fn take_out(&mut self, slot: &OutSlot) -> Result<Option<Vec<u8>>, cl_int> {
         match *slot {
             OutSlot::Null => Ok(None),
@@ -592,6 +670,9 @@ impl Reply {
     /// # Safety
     /// `ptr` must be valid for the slot's length in writes.
     pub unsafe fn bytes_out(&mut self, slot: &OutSlot, ptr: *mut u8) -> Result<(), cl_int> {
+        if let Some(token) = self.defer {
+            return self.defer_out(token, slot, Dest::Bytes(ptr as usize));
+        }
         if let OutSlot::Window(i, len) = *slot {
             // SAFETY: the region holds `len` bytes; `ptr` is valid for `len` writes.
             unsafe { std::ptr::copy_nonoverlapping(self.regions[i].ptr(), ptr, len) };
@@ -614,6 +695,9 @@ impl Reply {
         ptr: *mut u8,
         layout: &RectLayout,
     ) -> Result<(), cl_int> {
+        if let Some(token) = self.defer {
+            return self.defer_out(token, slot, Dest::Rect(ptr as usize, *layout));
+        }
         if let Some(b) = self.take_out(slot)? {
             let extent = layout.extent().ok_or(CL_INVALID_VALUE)?;
             // SAFETY: valid for `extent` writes per the contract.
@@ -821,6 +905,21 @@ fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {
                 *b = s.into_bytes();
                 b.push(0);
             }
+            mask_extensions(
+                param,
+                CL_PLATFORM_EXTENSIONS,
+                CL_PLATFORM_EXTENSIONS_WITH_VERSION,
+                b,
+            );
+        }
+        "clGetDeviceInfo" => {
+            mask_device(param, b);
+            mask_extensions(
+                param,
+                CL_DEVICE_EXTENSIONS,
+                CL_DEVICE_EXTENSIONS_WITH_VERSION,
+                b,
+            );
         }
         "clGetMemObjectInfo" => {
             let Some(extra) = rt::mem_extra(obj_id) else {
@@ -836,9 +935,64 @@ fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {
     }
 }
 
+const CL_PLATFORM_EXTENSIONS: u32 = 0x0904;
+const CL_PLATFORM_EXTENSIONS_WITH_VERSION: u32 = 0x0907;
+const CL_DEVICE_EXTENSIONS: u32 = 0x1030;
+const CL_DEVICE_EXTENSIONS_WITH_VERSION: u32 = 0x1060;
+
+/// Extension lists without the extensions whose entry points Hira does not forward
+/// (`hira_protocol::opencl::extensions`).
+fn mask_extensions(param: u32, names: u32, versioned: u32, b: &mut Vec<u8>) {
+    use hira_protocol::opencl::extensions;
+    if param == names {
+        let host = String::from_utf8_lossy(b.strip_suffix(&[0]).unwrap_or(b)).into_owned();
+        *b = extensions::mask_list(&host).into_bytes();
+        b.push(0);
+    } else if param == versioned {
+        *b = extensions::mask_name_versions(b);
+    }
+}
+
+/// `CL_DEVICE_EXECUTION_CAPABILITIES` and its `CL_EXEC_NATIVE_KERNEL` bit.
+const CL_DEVICE_EXECUTION_CAPABILITIES: u32 = 0x1029;
+const CL_EXEC_NATIVE_KERNEL: u64 = 1 << 1;
+/// `CL_DEVICE_SVM_CAPABILITIES`.
+const CL_DEVICE_SVM_CAPABILITIES: u32 = 0x1053;
+
+/// What Hira cannot honour across the VM boundary is masked from device properties,
+/// so that applications never select it: shared virtual memory (guest and host
+/// address spaces differ) and native kernels (a guest function pointer cannot run on
+/// the host). The matching entry points return the specification's codes for a device
+/// without them (see `icd::unsupported_code`).
+fn mask_device(param: u32, b: &mut [u8]) {
+    let Ok(bytes) = <[u8; 8]>::try_from(&b[..]) else {
+        return;
+    };
+    let v = u64::from_le_bytes(bytes);
+    let masked = match param {
+        CL_DEVICE_EXECUTION_CAPABILITIES => v & !CL_EXEC_NATIVE_KERNEL,
+        CL_DEVICE_SVM_CAPABILITIES => 0,
+        _ => return,
+    };
+    b.copy_from_slice(&masked.to_le_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn svm_and_native_kernels_are_masked_from_devices() {
+        let mut caps = 3u64.to_le_bytes().to_vec();
+        mask_device(CL_DEVICE_EXECUTION_CAPABILITIES, &mut caps);
+        assert_eq!(caps, 1u64.to_le_bytes());
+        let mut svm = 7u64.to_le_bytes().to_vec();
+        mask_device(CL_DEVICE_SVM_CAPABILITIES, &mut svm);
+        assert_eq!(svm, 0u64.to_le_bytes());
+        let mut other = 7u64.to_le_bytes().to_vec();
+        mask_device(0x1000, &mut other);
+        assert_eq!(other, 7u64.to_le_bytes());
+    }
 
     #[test]
     fn platform_identity_is_the_hosts_unless_tagged() {

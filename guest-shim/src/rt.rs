@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use hira_guest_driver::{Connection, TransportError, endpoint};
 use hira_protocol::codec::Reader;
@@ -24,6 +24,8 @@ use crate::icd::DISPATCH;
 pub(crate) const CL_OUT_OF_RESOURCES: cl_int = -5;
 pub(crate) const CL_OUT_OF_HOST_MEMORY: cl_int = -6;
 pub(crate) const CL_INVALID_VALUE: cl_int = -30;
+pub(crate) const CL_INVALID_CONTEXT: cl_int = -34;
+pub(crate) const CL_INVALID_EVENT_WAIT_LIST: cl_int = -57;
 pub(crate) const CL_INVALID_HOST_PTR: cl_int = -37;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
 const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
@@ -58,10 +60,20 @@ struct Objects {
     by_id: HashMap<u64, usize>,
     by_ptr: HashMap<usize, (u64, Kind)>,
     mem: HashMap<u64, MemExtra>,
+    /// The context of each queue and event.
+    context_of: HashMap<u64, u64>,
 }
 
 struct Runtime {
-    conn: Result<Connection, TransportError>,
+    /// The current connection (null when there is none). Connections are leaked: the
+    /// application may hold window regions and callbacks of a lost one, and a process
+    /// makes at most [`MAX_SESSIONS`] of them.
+    conn: AtomicPtr<Connection>,
+    /// Serialises reconnection; counts the sessions made.
+    sessions: Mutex<u32>,
+    /// Bumped at each new connection; the callback thread waits on it.
+    generation: Mutex<u64>,
+    generation_cv: Condvar,
     objects: Mutex<Objects>,
     next_id: AtomicU64,
     callbacks: Mutex<HashMap<u64, (Callback, usize)>>,
@@ -85,11 +97,18 @@ fn runtime() -> &'static Runtime {
                 endpoint::window_len(),
             )
         };
-        if let Err(e) = &conn {
-            warn!("Hira OpenCL is unavailable: {e}");
-        }
+        let ptr = match conn {
+            Ok(c) => Box::into_raw(Box::new(c)),
+            Err(e) => {
+                warn!("Hira OpenCL is unavailable: {e}");
+                std::ptr::null_mut()
+            }
+        };
         Runtime {
-            conn,
+            conn: AtomicPtr::new(ptr),
+            sessions: Mutex::new(1),
+            generation: Mutex::new(0),
+            generation_cv: Condvar::new(),
             objects: Mutex::new(Objects::default()),
             next_id: AtomicU64::new(1),
             callbacks: Mutex::new(HashMap::new()),
@@ -129,9 +148,66 @@ fn env_logger_init() -> Result<(), log::SetLoggerError> {
     Ok(())
 }
 
+/// Most sessions (API servers) one process starts: the first, then one after each
+/// loss of its API server.
+const MAX_SESSIONS: u32 = 16;
+
 /// The connection to the host, or the error code every call returns without one.
 pub(crate) fn conn() -> Result<&'static Connection, cl_int> {
-    runtime().conn.as_ref().map_err(|_| CL_OUT_OF_RESOURCES)
+    let p = runtime().conn.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer was made by `Box::into_raw` and is never freed.
+    unsafe { p.as_ref() }.ok_or(CL_OUT_OF_RESOURCES)
+}
+
+/// Calls that need no object of a session: after the API server was lost, these
+/// start a new session (a new API server), so that an application that finds its
+/// device again and recreates its context recovers. Platform and device handles stay
+/// valid, because every session names them alike; every other object of the lost
+/// session is unknown to the new one and fails with the API's invalid-object code.
+fn starts_session(op: u16) -> bool {
+    use hira_protocol::opencl::op;
+    [
+        op::clGetPlatformIDs,
+        op::clGetPlatformInfo,
+        op::clGetDeviceIDs,
+        op::clGetDeviceInfo,
+        op::clCreateContext,
+        op::clCreateContextFromType,
+    ]
+    .contains(&op)
+}
+
+/// Before a call `op` is encoded: if the API server was lost and `op` may start a new
+/// session, connects again.
+pub(crate) fn revive(op: u16) {
+    let rt = runtime();
+    let Ok(c) = conn() else { return };
+    if !c.is_dead() || !starts_session(op) {
+        return;
+    }
+    let mut sessions = rt.sessions.lock().unwrap_or_else(|e| e.into_inner());
+    let still_dead = conn().is_ok_and(Connection::is_dead);
+    if !still_dead || *sessions >= MAX_SESSIONS {
+        return;
+    }
+    *sessions += 1;
+    match Connection::connect_any(
+        &endpoint::endpoints(),
+        ApiKind::OpenCl,
+        endpoint::window_len(),
+    ) {
+        Ok(new) => {
+            warn!(
+                "the Hira API server was lost; objects made before stay invalid, new ones use session {}",
+                new.welcome.session
+            );
+            rt.conn
+                .store(Box::into_raw(Box::new(new)), Ordering::Release);
+            *rt.generation.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            rt.generation_cv.notify_all();
+        }
+        Err(e) => warn!("cannot start a new Hira session: {e}"),
+    }
 }
 
 /// `status`, or, if it is a success, the status of the first call forwarded without a
@@ -219,10 +295,63 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.by_ptr.remove(&(ptr as usize));
         o.by_id.remove(&id);
         o.mem.remove(&id);
+        o.context_of.remove(&id);
         crate::checks::forget(id);
         // SAFETY: made by `Box::into_raw` in `adopt` and now unreachable from the tables.
         drop(unsafe { Box::from_raw(ptr as *mut Obj) });
     }
+}
+
+/// Remembers the context of queue or event `id`: `parent` is its context, or the
+/// queue that made the event.
+pub(crate) fn note_context_of(id: u64, parent: *mut c_void) {
+    let mut o = objects();
+    let context = match o.by_ptr.get(&(parent as usize)).copied() {
+        Some((pid, Kind::Context)) => pid,
+        Some((pid, Kind::Queue)) => match o.context_of.get(&pid) {
+            Some(&c) => c,
+            None => return,
+        },
+        _ => return,
+    };
+    o.context_of.insert(id, context);
+}
+
+/// The wait list of an enqueue on `queue`: `CL_INVALID_EVENT_WAIT_LIST` when `list`
+/// and `n` disagree, `CL_INVALID_CONTEXT` when an event belongs to another context than
+/// `queue` (as far as the guest knows; the host checks whatever it does not).
+pub(crate) fn check_wait_context(
+    queue: *mut c_void,
+    list: *const *mut c_void,
+    n: usize,
+) -> Result<(), cl_int> {
+    if list.is_null() != (n == 0) {
+        return Err(CL_INVALID_EVENT_WAIT_LIST);
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let o = objects();
+    let Some(&ctx) = o
+        .by_ptr
+        .get(&(queue as usize))
+        .and_then(|(qid, _)| o.context_of.get(qid))
+    else {
+        return Ok(());
+    };
+    for i in 0..n {
+        // SAFETY: the caller checked `list` holds `n` handles.
+        let e = unsafe { *list.add(i) };
+        if let Some(&ec) = o
+            .by_ptr
+            .get(&(e as usize))
+            .and_then(|(eid, _)| o.context_of.get(eid))
+            && ec != ctx
+        {
+            return Err(CL_INVALID_CONTEXT);
+        }
+    }
+    Ok(())
 }
 
 /// Whether `flags` make the host read `host_ptr` at creation.
@@ -244,6 +373,36 @@ pub(crate) fn note_mem(id: u64, flags: u64, host_ptr: *mut c_void, size: Option<
             host_ptr,
             elem_size: 0,
             size,
+        },
+    );
+}
+
+/// Remembers sub-buffer `id` of a parent described by `parent`: its flags as the API
+/// reports them (its own, plus the access and host-pointer flags it inherits) and,
+/// under a `CL_MEM_USE_HOST_PTR` parent, its part of the application's memory.
+pub(crate) fn note_sub_buffer(id: u64, parent: &MemExtra, flags: u64, origin: usize, size: usize) {
+    const DEVICE_ACCESS: u64 = 0x7;
+    const HOST_ACCESS: u64 = (1 << 7) | (1 << 8) | (1 << 9);
+    const HOST_PTR: u64 = (1 << 3) | (1 << 4) | (1 << 5);
+    let mut f = flags;
+    for group in [DEVICE_ACCESS, HOST_ACCESS] {
+        if f & group == 0 {
+            f |= parent.flags & group;
+        }
+    }
+    f |= parent.flags & HOST_PTR;
+    let host_ptr = if parent.host_ptr != 0 {
+        parent.host_ptr + origin
+    } else {
+        0
+    };
+    objects().mem.insert(
+        id,
+        MemExtra {
+            flags: f,
+            host_ptr,
+            elem_size: 0,
+            size: Some(size),
         },
     );
 }
@@ -309,6 +468,11 @@ pub enum Callback {
     Program(Option<unsafe extern "C" fn(cl_program, *mut c_void)>),
     Event(Option<unsafe extern "C" fn(cl_event, cl_int, *mut c_void)>),
     Mem(Option<unsafe extern "C" fn(cl_mem, *mut c_void)>),
+    /// A context destructor callback, with the context handle the application had.
+    Destructor(
+        Option<unsafe extern "C" fn(opencl_sys::cl_context, *mut c_void)>,
+        usize,
+    ),
 }
 
 impl Callback {
@@ -318,6 +482,7 @@ impl Callback {
             Callback::Program(f) => f.is_some(),
             Callback::Event(f) => f.is_some(),
             Callback::Mem(f) => f.is_some(),
+            Callback::Destructor(f, _) => f.is_some(),
         }
     }
 
@@ -360,13 +525,22 @@ pub(crate) fn register_callback(cb: Callback, user_data: *mut c_void) -> u64 {
 /// waits in its own code.
 fn callback_loop() {
     let rt = runtime();
-    let Ok(c) = conn() else { return };
     loop {
-        let may_read = || rt.outstanding.load(Ordering::Acquire) > 0;
-        let Ok(frame) = c.next_notification(&may_read) else {
-            return;
-        };
-        deliver(frame.header.opcode, &frame.payload);
+        let seen = *rt.generation.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(c) = conn() else { return };
+        loop {
+            let may_read = || rt.outstanding.load(Ordering::Acquire) > 0;
+            let Ok(frame) = c.next_notification(&may_read) else {
+                break;
+            };
+            deliver(frame.header.opcode, &frame.payload);
+        }
+        // The connection failed: callbacks of its session will never come; wait for
+        // a new session's.
+        let mut g = rt.generation.lock().unwrap_or_else(|e| e.into_inner());
+        while *g == seen {
+            g = rt.generation_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
@@ -420,6 +594,11 @@ fn deliver(kind: u16, payload: &[u8]) {
                 let status = r.i32().ok()?;
                 // SAFETY: as above.
                 unsafe { f(e as cl_event, status, data) };
+            }
+            (notify::DESTRUCTOR, Callback::Destructor(Some(f), ctx)) => {
+                // SAFETY: as above; the handle is the one the application registered
+                // the callback on (natively, the context being destroyed).
+                unsafe { f(ctx as opencl_sys::cl_context, data) };
             }
             (notify::MEM, Callback::Mem(Some(f))) => {
                 let m = r.u64().ok()?;

@@ -355,3 +355,67 @@ impl AsyncFailure {
         Ok(AsyncFailure { opcode, status })
     }
 }
+
+/// Opcode of the `Notify` frame an API server sends the guest when a deferred output
+/// (a non-blocking read, whose request named a guest-chosen token) has completed on the
+/// host. Sent before the reply to any synchronous call that could observe the
+/// command complete, and before any event callback of the command's event.
+pub const OUTPUT_DONE: u16 = 0xFFFD;
+
+/// The payload of an [`OUTPUT_DONE`] frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputDone {
+    /// The token the guest put in the request.
+    pub token: u64,
+    /// The command's execution status: 0 when it completed, else the API's error.
+    pub status: i32,
+    /// The output bytes when they travel in the frame; `None` when they were written
+    /// to the data window the request named, or when the command failed.
+    pub data: Option<Vec<u8>>,
+}
+
+impl OutputDone {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u64(self.token).i32(self.status);
+        match &self.data {
+            Some(d) => w.u8(1).bytes(d),
+            None => w.u8(0),
+        };
+        w.into_vec()
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let token = r.u64()?;
+        let status = r.i32()?;
+        let data = match r.u8()? {
+            0 => None,
+            _ => Some(r.bytes(crate::frame::MAX_FRAME_BODY)?.to_vec()),
+        };
+        r.finish()?;
+        Ok(OutputDone {
+            token,
+            status,
+            data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod output_done_tests {
+    use super::*;
+
+    #[test]
+    fn output_done_round_trips_with_and_without_data() {
+        for data in [None, Some(vec![1u8, 2, 3])] {
+            let o = OutputDone {
+                token: 7,
+                status: -14,
+                data,
+            };
+            assert_eq!(OutputDone::decode(&o.encode()), Ok(o));
+        }
+        assert!(OutputDone::decode(&[0u8; 5]).is_err());
+    }
+}

@@ -7,6 +7,7 @@
 //! the host assigns (devices, platforms, kernels made by `clCreateKernelsInProgram`)
 //! have it set. 0 is the null handle.
 
+pub mod extensions;
 pub mod kernel_args;
 
 /// Top bit of a host-assigned id.
@@ -95,6 +96,8 @@ pub mod notify {
     pub const EVENT: u16 = 3;
     /// `u64` callback id, `u64` memory object id (0 once it is gone).
     pub const MEM: u16 = 4;
+    /// `u64` callback id: a context is being destroyed.
+    pub const DESTRUCTOR: u16 = 5;
 }
 
 /// Argument tags for byte arguments.

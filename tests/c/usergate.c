@@ -1,9 +1,25 @@
 /* Non-blocking transfers gated by a user event that the application completes only
- * after enqueueing them: a native run never waits, so neither may a remote one. */
+ * after enqueueing them: a native run never waits, so neither may a remote one. The
+ * data of a gated read must be in application memory once the read shows complete:
+ * after clWaitForEvents, after clFinish, after polling its status, and inside its
+ * event callback. */
 #include "common.h"
+#include <string.h>
+
+enum { N = 1024 };
+static int cb_dst[N];
+static volatile int cb_seen = -1;
+
+/* Runs when the gated read completes: its data must already be there. */
+static void CL_CALLBACK on_read(cl_event e, cl_int status, void *data) {
+    (void)e;
+    const int *src = data;
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += cb_dst[i] != src[i];
+    cb_seen = status == CL_COMPLETE ? bad : -2;
+}
 
 int main(void) {
-    enum { N = 1024 };
     static int src[N], dst[N];
     for (int i = 0; i < N; i++) src[i] = i * 3;
     cl_platform_id platform;
@@ -28,10 +44,75 @@ int main(void) {
     int bad = 0;
     for (int i = 0; i < N; i++) bad += dst[i] != src[i];
     printf("gated write landed: mismatches=%d\n", bad);
+
+    /* A read behind a second gate, waited for with clWaitForEvents. */
+    cl_event gate2 = clCreateUserEvent(ctx, &err);
+    CHECK_ERR(err, "clCreateUserEvent");
+    memset(dst, 0, sizeof dst);
+    cl_event read;
+    CHECK(clEnqueueReadBuffer(q, buf, CL_FALSE, 0, sizeof dst, dst, 1, &gate2, &read));
+    CHECK(clSetEventCallback(read, CL_COMPLETE, on_read, src));
+    CHECK(clGetEventInfo(read, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+    printf("read waits for the gate: %d\n", st != CL_COMPLETE);
+    CHECK(clSetUserEventStatus(gate2, CL_COMPLETE));
+    CHECK(clWaitForEvents(1, &read));
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += dst[i] != src[i];
+    printf("gated read after clWaitForEvents: mismatches=%d\n", bad);
+
+    /* The same read into the callback's buffer; the callback checks it. */
+    cl_event gate3 = clCreateUserEvent(ctx, &err);
+    CHECK_ERR(err, "clCreateUserEvent");
+    cl_event read2;
+    CHECK(clEnqueueReadBuffer(q, buf, CL_FALSE, 0, sizeof cb_dst, cb_dst, 1, &gate3, &read2));
+    CHECK(clSetEventCallback(read2, CL_COMPLETE, on_read, src));
+    CHECK(clSetUserEventStatus(gate3, CL_COMPLETE));
+    /* Polling the status, as programs that never wait do. */
+    do {
+        CHECK(clGetEventInfo(read2, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+    } while (st != CL_COMPLETE);
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += cb_dst[i] != src[i];
+    printf("gated read after polling: mismatches=%d\n", bad);
+    CHECK(clFinish(q));
+    while (cb_seen == -1) {
+    }
+    printf("callback saw the read's data: mismatches=%d\n", cb_seen);
+
+    /* A rectangle read and a non-blocking map behind a gate, then clFinish. */
+    cl_event gate4 = clCreateUserEvent(ctx, &err);
+    CHECK_ERR(err, "clCreateUserEvent");
+    static int rect[16 * 8];
+    memset(rect, 0, sizeof rect);
+    size_t origin[3] = {4 * sizeof(int), 2, 0}, host_origin[3] = {0, 0, 0};
+    size_t region[3] = {16 * sizeof(int), 8, 1};
+    CHECK(clEnqueueReadBufferRect(q, buf, CL_FALSE, origin, host_origin, region,
+                                  32 * sizeof(int), 0, 16 * sizeof(int), 0, rect, 1, &gate4,
+                                  NULL));
+    int *mapped = clEnqueueMapBuffer(q, buf, CL_FALSE, CL_MAP_READ, 0, sizeof src, 1, &gate4,
+                                     NULL, &err);
+    CHECK_ERR(err, "clEnqueueMapBuffer");
+    CHECK(clSetUserEventStatus(gate4, CL_COMPLETE));
+    CHECK(clFinish(q));
+    bad = 0;
+    for (int y = 0; y < 8; y++)
+        for (int x = 0; x < 16; x++) bad += rect[y * 16 + x] != src[(2 + y) * 32 + 4 + x];
+    printf("gated rect read after clFinish: mismatches=%d\n", bad);
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += mapped[i] != src[i];
+    printf("gated map after clFinish: mismatches=%d\n", bad);
+    CHECK(clEnqueueUnmapMemObject(q, buf, mapped, 0, NULL, NULL));
+    CHECK(clFinish(q));
+
+    clReleaseEvent(read);
+    clReleaseEvent(read2);
+    clReleaseEvent(gate2);
+    clReleaseEvent(gate3);
+    clReleaseEvent(gate4);
     clReleaseEvent(wrote);
     clReleaseEvent(gate);
     clReleaseMemObject(buf);
     clReleaseCommandQueue(q);
     clReleaseContext(ctx);
-    return bad != 0;
+    return bad != 0 || cb_seen != 0;
 }

@@ -5,7 +5,9 @@
 
 #![allow(non_snake_case)]
 
-use opencl_sys::{cl_device_id, cl_device_type, cl_int, cl_platform_id, cl_uint};
+use std::ffi::{CStr, c_char, c_void};
+
+use opencl_sys::{cl_device_id, cl_device_type, cl_int, cl_platform_id, cl_program, cl_uint};
 
 use super::Session;
 
@@ -56,4 +58,96 @@ pub unsafe fn clGetDeviceIDs(
     }
     s.rt()
         .clGetDeviceIDs(s.platform(), device_type, num_entries, devices, num_devices)
+}
+
+type ProgramNotify = Option<unsafe extern "C" fn(cl_program, *mut c_void)>;
+
+/// Keeps the headers the guest ships for `program`'s next build.
+///
+/// # Safety
+/// `cwd` must be null or NUL-terminated; `files` valid for `files_len` reads.
+pub unsafe fn hiraBuildFiles(
+    s: &mut Session<'_>,
+    program: cl_program,
+    cwd: *const c_char,
+    files_len: usize,
+    files: *const c_void,
+) -> Option<cl_int> {
+    if cwd.is_null() || files.is_null() {
+        return Some(CL_INVALID_VALUE);
+    }
+    // SAFETY: NUL-terminated per the contract.
+    let cwd = unsafe { CStr::from_ptr(cwd) }.to_string_lossy();
+    // SAFETY: valid for `files_len` reads per the contract.
+    let blob = unsafe { std::slice::from_raw_parts(files.cast::<u8>(), files_len) };
+    match super::builds::parse(&cwd, blob) {
+        Ok(staged) => {
+            s.builds().stage(program as usize, staged);
+            Some(0)
+        }
+        Err(code) => Some(code),
+    }
+}
+
+/// `clBuildProgram` with the headers the guest shipped, if any.
+///
+/// # Safety
+/// As `clBuildProgram`.
+pub unsafe fn clBuildProgram(
+    s: &mut Session<'_>,
+    program: cl_program,
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    options: *const c_char,
+    pfn_notify: ProgramNotify,
+    user_data: *mut c_void,
+) -> Option<cl_int> {
+    let rt = s.rt();
+    // SAFETY: null or NUL-terminated, as decoded.
+    let guest = (!options.is_null()).then(|| unsafe { CStr::from_ptr(options) });
+    s.builds().run(program as usize, guest, |opts| {
+        rt.clBuildProgram(
+            program,
+            num_devices,
+            device_list,
+            opts,
+            pfn_notify,
+            user_data,
+        )
+    })
+}
+
+/// `clCompileProgram` with the headers the guest shipped, if any.
+///
+/// # Safety
+/// As `clCompileProgram`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn clCompileProgram(
+    s: &mut Session<'_>,
+    program: cl_program,
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    options: *const c_char,
+    num_input_headers: cl_uint,
+    input_headers: *const cl_program,
+    header_include_names: *mut *const c_char,
+    pfn_notify: ProgramNotify,
+    user_data: *mut c_void,
+) -> Option<cl_int> {
+    let rt = s.rt();
+    // SAFETY: null or NUL-terminated, as decoded.
+    let guest = (!options.is_null()).then(|| unsafe { CStr::from_ptr(options) });
+    s.builds().run(program as usize, guest, |opts| {
+        rt.clCompileProgram(
+            program,
+            num_devices,
+            device_list,
+            opts,
+            num_input_headers,
+            input_headers,
+            header_include_names as _,
+            pfn_notify,
+            user_data,
+        )
+    })
 }

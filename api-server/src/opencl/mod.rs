@@ -5,10 +5,14 @@
 //! - `generated`: one function per remoted call, generated from
 //!   `protocol/api/opencl.api`.
 //! - [`custom`]: host calls that need more than a direct call (platform selection).
+//! - [`builds`]: program builds with the headers the guest shipped.
+//! - [`deferred`]: outputs of non-blocking reads, delivered when the host completes them.
 //! - [`sizes`]: byte counts of image arguments, recomputed from decoded arguments so
 //!   that the host never reads past what the guest sent.
 
+pub mod builds;
 pub mod custom;
+pub mod deferred;
 pub mod session;
 pub(crate) mod sizes;
 
@@ -20,6 +24,8 @@ use hira_protocol::opencl::op_info;
 use hira_protocol::{Reader, Writer};
 use log::{info, warn};
 use opencl_sys::{cl_platform_id, cl_uint};
+
+const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
 
 use crate::backend::{Backend, Fail, FrameData, TeardownReport};
 use crate::server::FrameWriter;
@@ -52,6 +58,8 @@ pub struct OpenClBackend {
     pub(crate) platform: cl_platform_id,
     pub(crate) handles: Arc<Mutex<Handles>>,
     pub(crate) writer: Arc<FrameWriter>,
+    pub(crate) deferred: Arc<deferred::Deferred>,
+    pub(crate) builds: builds::Builds,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -127,10 +135,40 @@ impl OpenClBackend {
             None => "the only host platform is Hira itself".to_string(),
         })?;
         info!("serving host platform {:?}", platform_name(rt, platform));
+        // The platform and its devices get the same ids in every session, in the host's
+        // order, so that a guest whose API server was lost keeps using its platform
+        // and device handles with the next one.
+        let mut handles = Handles::default();
+        handles.found(hira_protocol::opencl::Kind::Platform, platform as usize);
+        let mut n: cl_uint = 0;
+        if rt.clGetDeviceIDs(
+            platform,
+            CL_DEVICE_TYPE_ALL,
+            0,
+            std::ptr::null_mut(),
+            &mut n,
+        ) == Some(0)
+        {
+            let mut devices = vec![std::ptr::null_mut(); n as usize];
+            if rt.clGetDeviceIDs(
+                platform,
+                CL_DEVICE_TYPE_ALL,
+                n,
+                devices.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ) == Some(0)
+            {
+                for d in devices {
+                    handles.found(hira_protocol::opencl::Kind::Device, d as usize);
+                }
+            }
+        }
         Ok(OpenClBackend {
             rt,
             platform,
-            handles: Arc::new(Mutex::new(Handles::default())),
+            handles: Arc::new(Mutex::new(handles)),
+            deferred: Arc::new(deferred::Deferred::new(rt, writer.clone())),
+            builds: builds::Builds::default(),
             writer,
         })
     }
@@ -146,7 +184,10 @@ impl Backend for OpenClBackend {
     ) -> Result<(), Fail> {
         let mut r = Reader::new(payload);
         let mut s = Session::new(self);
-        generated::dispatch(&mut s, opcode, &mut r, frame, w)
+        let res = generated::dispatch(&mut s, opcode, &mut r, frame, w);
+        // Whatever this call showed complete, the guest must hold its data first.
+        self.deferred.settle();
+        res
     }
 
     fn name(&self, opcode: u16) -> &'static str {

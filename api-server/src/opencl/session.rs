@@ -21,7 +21,7 @@ use hira_protocol::opencl::{
 };
 use hira_protocol::{FrameKind, Reader, Writer};
 use log::warn;
-use opencl_sys::{cl_event, cl_image_desc, cl_int, cl_mem, cl_platform_id, cl_program};
+use opencl_sys::{cl_context, cl_event, cl_image_desc, cl_int, cl_mem, cl_platform_id, cl_program};
 
 use super::OpenClBackend;
 use crate::backend::{Fail, FrameData};
@@ -35,6 +35,10 @@ const CL_INVALID_ARG_VALUE: cl_int = -50;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
 const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 /// Largest info value the server will fetch.
+/// `clGetProgramBuildInfo`: the build log.
+const CL_PROGRAM_BUILD_LOG: u32 = 0x1183;
+/// `clGetProgramBuildInfo`: the options of the last build.
+const CL_PROGRAM_BUILD_OPTIONS: u32 = 0x1182;
 const MAX_INFO: usize = 64 * 1024 * 1024;
 /// Largest zero-terminated property list accepted.
 const MAX_PROPERTIES: usize = 128;
@@ -91,6 +95,11 @@ impl Handles {
         let id = self.fresh_host_id();
         self.insert(id, kind, host, 0);
         id
+    }
+
+    /// Gives host object `host` the next host-assigned id, as if the guest had found it.
+    pub(crate) fn found(&mut self, kind: Kind, host: usize) -> u64 {
+        self.id_for_host(kind, host)
     }
 
     fn fresh_host_id(&mut self) -> u64 {
@@ -317,6 +326,7 @@ struct CallbackContext {
     id: u64,
     handles: Arc<Mutex<Handles>>,
     writer: Arc<FrameWriter>,
+    deferred: Arc<super::deferred::Deferred>,
 }
 
 impl CallbackContext {
@@ -370,6 +380,8 @@ extern "C" fn program_trampoline(program: cl_program, user_data: *mut c_void) {
 extern "C" fn event_trampoline(event: cl_event, status: cl_int, user_data: *mut c_void) {
     // SAFETY: as in `program_trampoline`.
     let ctx = unsafe { Box::from_raw(user_data as *mut CallbackContext) };
+    // A read's data reaches the guest before any callback of its event.
+    ctx.deferred.settle_event(event, status);
     ctx.notify(notify::EVENT, |w, h| {
         w.u64(h.id_for_host(Kind::Event, event as usize))
             .i32(status);
@@ -384,6 +396,12 @@ extern "C" fn mem_trampoline(mem: cl_mem, user_data: *mut c_void) {
     });
 }
 
+extern "C" fn destructor_trampoline(_context: cl_context, user_data: *mut c_void) {
+    // SAFETY: as in `program_trampoline`.
+    let ctx = unsafe { Box::from_raw(user_data as *mut CallbackContext) };
+    ctx.notify(notify::DESTRUCTOR, |_, _| {});
+}
+
 extern "C" fn free_trampoline(_event: cl_event, _status: cl_int, user_data: *mut c_void) {
     // SAFETY: `user_data` is the box leaked by `free_when_complete` for this one call.
     drop(unsafe { Box::from_raw(user_data as *mut Box<[u8]>) });
@@ -393,6 +411,7 @@ type ContextFn = unsafe extern "C" fn(*const libc::c_char, *const c_void, usize,
 type ProgramFn = unsafe extern "C" fn(cl_program, *mut c_void);
 type EventFn = unsafe extern "C" fn(cl_event, cl_int, *mut c_void);
 type MemFn = unsafe extern "C" fn(cl_mem, *mut c_void);
+type DestructorFn = unsafe extern "C" fn(cl_context, *mut c_void);
 
 /// The per-call view of the backend that the generated code works on.
 #[derive(Debug)]
@@ -545,11 +564,12 @@ impl<'a> Session<'a> {
         for i in 0..n {
             let (mut address, mut qualifier) = ([0u8; 4], [0u8; 8]);
             let name = type_name(i);
+            let named = name.is_some();
             let described = scalar(i, CL_KERNEL_ARG_ADDRESS_QUALIFIER, &mut address)
                 && scalar(i, CL_KERNEL_ARG_TYPE_QUALIFIER, &mut qualifier);
             let (Some(name), true) = (name, described) else {
                 warn!(
-                    "the host cannot describe the arguments of a kernel; pointer-sized values are refused"
+                    "the host cannot describe argument {i} of a kernel (type name known: {named}); pointer-sized values are refused"
                 );
                 return None;
             };
@@ -906,6 +926,12 @@ impl<'a> Session<'a> {
                     .map_err(|_| Fail::Status(code))?;
                 Ok(KernelArg::Handle(Box::new(host as usize)))
             }
+            // "arg_value ... can point to a NULL value": a NULL buffer, as natively.
+            (Some(_), KernelArg::Bytes(words, len))
+                if kind == ArgKind::Buffer && len == size_of::<usize>() && words[0] == 0 =>
+            {
+                Ok(KernelArg::Handle(Box::new(0)))
+            }
             (Some((_, code)), KernelArg::Bytes(..)) => Err(Fail::Status(code)),
             (None, KernelArg::Object(obj, id))
                 if kind == ArgKind::Unknown
@@ -1059,11 +1085,27 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Headers shipped for builds.
+    pub fn builds(&self) -> &super::builds::Builds {
+        &self.b.builds
+    }
+
+    /// Whether another non-blocking read may be in flight.
+    pub fn may_defer(&self) -> Result<(), Fail> {
+        self.b.deferred.may_defer()
+    }
+
+    /// Delivers `out` to the guest as `token` when host event `event` completes.
+    pub fn defer_output(&self, token: u64, event: cl_event, owned: bool, out: OutBuffer) {
+        self.b.deferred.add(token, event, owned, out);
+    }
+
     fn callback_context(&self, id: u64) -> *mut c_void {
         Box::into_raw(Box::new(CallbackContext {
             id,
             handles: self.b.handles.clone(),
             writer: self.b.writer.clone(),
+            deferred: self.b.deferred.clone(),
         }))
         .cast()
     }
@@ -1096,6 +1138,13 @@ impl<'a> Session<'a> {
             return (None, std::ptr::null_mut());
         }
         (Some(event_trampoline), self.callback_context(id))
+    }
+
+    pub fn callback_destructor(&self, id: u64) -> (Option<DestructorFn>, *mut c_void) {
+        if id == 0 {
+            return (None, std::ptr::null_mut());
+        }
+        (Some(destructor_trampoline), self.callback_context(id))
     }
 
     pub fn callback_mem(&self, id: u64) -> (Option<MemFn>, *mut c_void) {
@@ -1143,6 +1192,12 @@ impl<'a> Session<'a> {
         }
         if let Some(how) = opencl::info_handles(function, param) {
             self.host_to_ids(how, &mut buf);
+        }
+        if function == "clGetProgramBuildInfo" && param == CL_PROGRAM_BUILD_LOG {
+            self.b.builds.guest_log(&mut buf);
+        }
+        if function == "clGetProgramBuildInfo" && param == CL_PROGRAM_BUILD_OPTIONS {
+            self.b.builds.guest_options(&mut buf);
         }
         w.i32(CL_SUCCESS).bytes(&buf);
         Ok(())

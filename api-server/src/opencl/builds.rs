@@ -1,0 +1,357 @@
+//! Program builds with the guest's headers.
+//!
+//! The guest ships the headers its sources include (`hiraBuildFiles`) with their guest
+//! paths. A build then runs in a private directory that mirrors those paths and holds
+//! only those files: in the mirror of the guest's working directory, with `-I`
+//! directories that could climb out rewritten to their mirrors, so the host compiler
+//! never searches a directory the guest named on the host. Absolute `#include` names
+//! in a source are the exception: the compiler opens them as written, so the sandbox
+//! (Landlock) is what keeps them from host files. The directory is removed when the build returns, and its path is
+//! taken out of build logs, which therefore name the guest's own paths.
+//!
+//! Every path is untrusted: only absolute paths of plain components are accepted
+//! (no `.`, `..`, empty or NUL components), so nothing is written outside the mirror.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hira_protocol::Reader;
+use log::warn;
+
+const CL_INVALID_VALUE: i32 = -30;
+const CL_OUT_OF_RESOURCES: i32 = -5;
+/// Most headers accepted for one build.
+const MAX_FILES: u32 = 4096;
+/// Most header bytes accepted for one build.
+const MAX_BYTES: usize = 64 << 20;
+
+/// Headers shipped for one program.
+#[derive(Debug, Default)]
+pub struct Staged {
+    /// The guest's working directory, as relative components.
+    cwd: PathBuf,
+    files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+/// An absolute guest path as components to put under the mirror.
+fn relative(p: &str) -> Option<PathBuf> {
+    if p.contains('\0') {
+        return None;
+    }
+    let mut comps = Path::new(p).components();
+    if comps.next() != Some(Component::RootDir) {
+        return None;
+    }
+    let mut out = PathBuf::new();
+    for c in comps {
+        match c {
+            Component::Normal(n) => out.push(n),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Parses a `hiraBuildFiles` payload.
+pub fn parse(cwd: &str, blob: &[u8]) -> Result<Staged, i32> {
+    let cwd = relative(cwd).ok_or(CL_INVALID_VALUE)?;
+    let mut r = Reader::new(blob);
+    let n = r.u32().map_err(|_| CL_INVALID_VALUE)?;
+    if n > MAX_FILES {
+        return Err(CL_OUT_OF_RESOURCES);
+    }
+    let mut files = Vec::new();
+    let mut bytes = 0usize;
+    for _ in 0..n {
+        let path = r.bytes(4096).map_err(|_| CL_INVALID_VALUE)?;
+        let path = std::str::from_utf8(path).map_err(|_| CL_INVALID_VALUE)?;
+        let rel = relative(path).ok_or(CL_INVALID_VALUE)?;
+        if rel.as_os_str().is_empty() {
+            return Err(CL_INVALID_VALUE);
+        }
+        let content = r.bytes(MAX_BYTES).map_err(|_| CL_INVALID_VALUE)?;
+        bytes += content.len();
+        if bytes > MAX_BYTES {
+            return Err(CL_OUT_OF_RESOURCES);
+        }
+        files.push((rel, content.to_vec()));
+    }
+    r.finish().map_err(|_| CL_INVALID_VALUE)?;
+    Ok(Staged { cwd, files })
+}
+
+/// Staged headers by host program, and the mirrors used so far (for build logs).
+#[derive(Debug, Default)]
+pub struct Builds {
+    staged: Mutex<HashMap<usize, Staged>>,
+    roots: Mutex<Vec<String>>,
+    next: AtomicU64,
+    /// Options the host was given, and the guest's options they stand for.
+    options: Mutex<HashMap<String, String>>,
+}
+
+/// A mirror directory, removed when dropped.
+struct Mirror(PathBuf);
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            warn!("cannot remove build directory {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// `options` with each `-I` directory that could leave the mirror made absolute
+/// against the guest's `cwd` (lexically, so it stays inside), every other word kept.
+fn rewrite_options(options: &str, cwd: &Path, root: &Path) -> String {
+    let guest_cwd = Path::new("/").join(cwd);
+    let mirror = |d: &str| -> String {
+        let mut abs = PathBuf::from("/");
+        for c in guest_cwd.join(d).components() {
+            match c {
+                Component::ParentDir => {
+                    abs.pop();
+                }
+                Component::Normal(n) => abs.push(n),
+                _ => {}
+            }
+        }
+        root.join(abs.strip_prefix("/").unwrap_or(&abs))
+            .to_string_lossy()
+            .into_owned()
+    };
+    // A relative directory that does not climb is kept as written (the build runs in
+    // the mirror of the working directory), so logs name it as natively.
+    let dir = |d: &str| -> String {
+        let climbs = Path::new(d)
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+        if climbs { mirror(d) } else { d.to_string() }
+    };
+    let mut out = Vec::new();
+    let mut words = options.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "-I" {
+            if let Some(d) = words.next() {
+                out.push("-I".into());
+                out.push(dir(d));
+            }
+        } else if let Some(d) = w.strip_prefix("-I") {
+            out.push("-I".into());
+            out.push(dir(d));
+        } else {
+            out.push(w.to_string());
+        }
+    }
+    out.join(" ")
+}
+
+/// The option that makes the host describe kernel arguments.
+const ARG_INFO: &str = "-cl-kernel-arg-info";
+
+/// `options` with [`ARG_INFO`] added if missing. The API server needs every kernel's
+/// argument types to refuse guest bytes where the host would read a pointer; without
+/// the option some hosts (PoCL when options are given) describe none, and pointer-sized
+/// values would have to be refused for every argument.
+fn with_arg_info(options: &str) -> String {
+    if options.split_whitespace().any(|w| w == ARG_INFO) {
+        options.to_string()
+    } else if options.trim().is_empty() {
+        ARG_INFO.to_string()
+    } else {
+        format!("{options} {ARG_INFO}")
+    }
+}
+
+impl Builds {
+    /// Keeps `staged` for the next build of `program`.
+    pub fn stage(&self, program: usize, staged: Staged) {
+        self.staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(program, staged);
+    }
+
+    /// Runs `build(options)` for `program`, with its staged headers mirrored when the
+    /// guest shipped any; otherwise with the guest's options unchanged.
+    pub fn run(
+        &self,
+        program: usize,
+        options: Option<&CStr>,
+        build: impl FnOnce(*const libc::c_char) -> Option<i32>,
+    ) -> Option<i32> {
+        let staged = self
+            .staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&program);
+        let guest = options
+            .map(|o| o.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(staged) = staged else {
+            let Ok(opts) = CString::new(self.host_options(&guest, with_arg_info(&guest))) else {
+                return Some(CL_INVALID_VALUE);
+            };
+            return build(opts.as_ptr());
+        };
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let root = base.join(format!(
+            "hira-build-{}-{}",
+            std::process::id(),
+            self.next.fetch_add(1, Ordering::Relaxed)
+        ));
+        if let Err(e) = std::fs::create_dir(&root) {
+            warn!("cannot create build directory {}: {e}", root.display());
+            return Some(CL_OUT_OF_RESOURCES);
+        }
+        let mirror = Mirror(root.clone());
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(root.join(&staged.cwd))?;
+            for (rel, bytes) in &staged.files {
+                let p = root.join(rel);
+                if let Some(dir) = p.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                std::fs::write(p, bytes)?;
+            }
+            Ok(())
+        };
+        if let Err(e) = write() {
+            warn!("cannot write shipped headers: {e}");
+            return Some(CL_OUT_OF_RESOURCES);
+        }
+        let host = with_arg_info(&rewrite_options(&guest, &staged.cwd, &root));
+        let Ok(opts) = CString::new(self.host_options(&guest, host)) else {
+            return Some(CL_INVALID_VALUE);
+        };
+        self.roots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(root.to_string_lossy().into_owned());
+        // The host driver searches the working directory, as natively: the build runs
+        // in the mirror of the guest's. The working directory is the process's, so
+        // builds take turns.
+        static CWD: Mutex<()> = Mutex::new(());
+        let _turn = CWD.lock().unwrap_or_else(|e| e.into_inner());
+        let before = std::env::current_dir().ok();
+        if let Err(e) = std::env::set_current_dir(root.join(&staged.cwd)) {
+            warn!("cannot enter the build directory: {e}");
+            return Some(CL_OUT_OF_RESOURCES);
+        }
+        let status = build(opts.as_ptr());
+        if let Some(d) = before {
+            let _ = std::env::set_current_dir(d);
+        }
+        drop(mirror);
+        status
+    }
+
+    fn host_options(&self, guest: &str, host: String) -> String {
+        if host != guest {
+            self.options
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(host.clone(), guest.to_string());
+        }
+        host
+    }
+
+    /// `CL_PROGRAM_BUILD_OPTIONS` as the guest gave them, from what the host reports.
+    pub fn guest_options(&self, value: &mut Vec<u8>) {
+        let text = String::from_utf8_lossy(value);
+        let host = text.trim_end_matches('\0');
+        let options = self.options.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(guest) = options.get(host) {
+            let mut v = guest.clone().into_bytes();
+            v.push(0);
+            *value = v;
+        }
+    }
+
+    /// A build log with the mirror directories taken out of its paths.
+    pub fn guest_log(&self, log: &mut Vec<u8>) {
+        let roots = self.roots.lock().unwrap_or_else(|e| e.into_inner());
+        if roots.is_empty() {
+            return;
+        }
+        let mut text = String::from_utf8_lossy(log).into_owned();
+        for r in roots.iter() {
+            text = text.replace(r.as_str(), "");
+        }
+        *log = text.into_bytes();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut w = hira_protocol::Writer::new();
+        w.u32(files.len() as u32);
+        for (p, b) in files {
+            w.bytes(p.as_bytes()).bytes(b);
+        }
+        w.into_vec()
+    }
+
+    #[test]
+    fn paths_that_could_leave_the_mirror_are_rejected() {
+        for bad in ["/a/../../etc/x", "rel/x.h", "/", "/a\0b"] {
+            assert_eq!(
+                parse("/w", &payload(&[(bad, b"x")])).err(),
+                Some(CL_INVALID_VALUE),
+                "{bad:?}"
+            );
+        }
+        assert!(parse("/w/../x", &payload(&[])).is_err());
+        let s = parse("/w", &payload(&[("/w/inc/a.h", b"#define A")])).unwrap();
+        assert_eq!(s.files[0].0, PathBuf::from("w/inc/a.h"));
+    }
+
+    #[test]
+    fn include_directories_point_into_the_mirror() {
+        let o = rewrite_options(
+            "-DX=1 -I inc -I/abs/dir -Irel/../up -cl-std=CL3.0",
+            Path::new("home/u"),
+            Path::new("/m"),
+        );
+        assert_eq!(
+            o,
+            "-DX=1 -I inc -I /m/abs/dir -I /m/home/u/up -cl-std=CL3.0"
+        );
+        // Climbing above the root stays inside the mirror.
+        assert_eq!(
+            rewrite_options("-I ../../../../etc", Path::new("a"), Path::new("/m")),
+            "-I /m/etc"
+        );
+    }
+
+    #[test]
+    fn a_build_sees_the_headers_and_they_are_gone_after() {
+        let b = Builds::default();
+        let staged = parse("/w", &payload(&[("/w/h.h", b"#define V 3")])).unwrap();
+        b.stage(7, staged);
+        let mut seen_root = String::new();
+        let status = b.run(7, None, |_| {
+            // The build runs in the mirror of the guest's working directory.
+            let here = std::env::current_dir().unwrap();
+            assert_eq!(std::fs::read(here.join("h.h")).unwrap(), b"#define V 3");
+            seen_root = here.to_string_lossy().into_owned();
+            Some(0)
+        });
+        assert_eq!(status, Some(0));
+        assert!(!Path::new(&seen_root).exists());
+        let mut opts = b"-cl-kernel-arg-info\0".to_vec();
+        b.guest_options(&mut opts);
+        assert_eq!(opts, b"\0", "the guest sees the options it gave");
+        let mut log = format!("{seen_root}/h.h:1: warning").into_bytes();
+        b.guest_log(&mut log);
+        assert_eq!(log, b"/w/h.h:1: warning");
+    }
+}
