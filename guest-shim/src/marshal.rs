@@ -37,6 +37,55 @@ pub enum OutSlot {
     Inline(usize),
     /// Index into the call's window regions, and length.
     Window(usize, usize),
+    /// Kept by the host under a token, fetched in chunks after the reply.
+    Staged(u64, usize),
+}
+
+/// Bytes per `hiraStage`/`hiraFetch` chunk: well inside a frame.
+const STAGE_CHUNK: usize = 64 << 20;
+
+/// Sends `src` ahead in chunks; returns the token that names it.
+fn stage(src: &[u8]) -> Result<u64, cl_int> {
+    let token = rt::conn()?.next_token();
+    let mut offset = 0;
+    for chunk in src.chunks(STAGE_CHUNK) {
+        // SAFETY: `chunk` is valid for `chunk.len()` reads.
+        let status = unsafe {
+            crate::generated::hiraStage(
+                token,
+                src.len() as u64,
+                offset as u64,
+                chunk.len(),
+                chunk.as_ptr().cast(),
+            )
+        };
+        if status != 0 {
+            return Err(status);
+        }
+        offset += chunk.len();
+    }
+    Ok(token)
+}
+
+/// Fetches staged output `token` into `dst`, in chunks.
+fn fetch(token: u64, dst: &mut [u8]) -> Result<(), cl_int> {
+    let mut offset = 0;
+    for chunk in dst.chunks_mut(STAGE_CHUNK) {
+        // SAFETY: `chunk` is valid for `chunk.len()` writes.
+        let status = unsafe {
+            crate::generated::hiraFetch(
+                token,
+                offset as u64,
+                chunk.len(),
+                chunk.as_mut_ptr().cast(),
+            )
+        };
+        if status != 0 {
+            return Err(status);
+        }
+        offset += chunk.len();
+    }
+    Ok(())
 }
 
 /// A request under construction.
@@ -175,7 +224,9 @@ impl Call {
             return Ok(());
         }
         if src.len() > MAX_FRAME_BODY - 64 * 1024 {
-            return Err(CL_OUT_OF_RESOURCES);
+            let token = stage(src)?;
+            self.w.u8(tag::STAGED).u64(token).u64(src.len() as u64);
+            return Ok(());
         }
         self.w.u8(tag::INLINE).bytes(src);
         Ok(())
@@ -197,7 +248,9 @@ impl Call {
             return Ok(OutSlot::Window(i, len));
         }
         if len > MAX_FRAME_BODY - 64 * 1024 {
-            return Err(CL_OUT_OF_RESOURCES);
+            let token = rt::conn()?.next_token();
+            self.w.u8(tag::STAGED).u64(token);
+            return Ok(OutSlot::Staged(token, len));
         }
         self.w.u8(tag::INLINE);
         Ok(OutSlot::Inline(len))
@@ -596,6 +649,18 @@ impl Reply {
     fn defer_out(&mut self, token: u64, slot: &OutSlot, dest: Dest) -> Result<(), cl_int> {
         let slot_len = match *slot {
             OutSlot::Null => return Ok(()),
+            // The host completed a staged read before replying.
+            OutSlot::Staged(..) => {
+                self.defer = None;
+                return match dest {
+                    // SAFETY: the application passed memory valid for the output.
+                    Dest::Bytes(p) => unsafe { self.bytes_out(slot, p as *mut u8) },
+                    // SAFETY: as above, for the rectangle's extent.
+                    Dest::Rect(p, layout) => unsafe {
+                        self.unpack_out(slot, p as *mut u8, &layout)
+                    },
+                };
+            }
             OutSlot::Inline(len) | OutSlot::Window(_, len) => len,
         };
         let window = match *slot {
@@ -646,6 +711,11 @@ impl Reply {
     fn take_out(&mut self, slot: &OutSlot) -> Result<Option<Vec<u8>>, cl_int> {
         match *slot {
             OutSlot::Null => Ok(None),
+            OutSlot::Staged(token, len) => {
+                let mut v = vec![0u8; len];
+                fetch(token, &mut v)?;
+                Ok(Some(v))
+            }
             OutSlot::Inline(len) => {
                 let b = self.r.bytes()?;
                 if b.len() != len {
@@ -677,6 +747,10 @@ impl Reply {
             // SAFETY: the region holds `len` bytes; `ptr` is valid for `len` writes.
             unsafe { std::ptr::copy_nonoverlapping(self.regions[i].ptr(), ptr, len) };
             return Ok(());
+        }
+        if let OutSlot::Staged(token, len) = *slot {
+            // SAFETY: `ptr` is valid for the slot's length in writes.
+            return fetch(token, unsafe { std::slice::from_raw_parts_mut(ptr, len) });
         }
         if let Some(b) = self.take_out(slot)? {
             // SAFETY: `ptr` is valid for the slot's length, which `b` has.

@@ -110,6 +110,10 @@ pub mod tag {
     pub const NULL: u8 = 2;
     /// A kernel argument naming an object: `u8` kind, `u64` id.
     pub const HANDLE: u8 = 3;
+    /// Bytes too large for a frame or the window: `u64` token (inputs: then `u64`
+    /// length) of bytes staged before the call with `hiraStage`, or, for an output,
+    /// kept by the host after it for `hiraFetch`.
+    pub const STAGED: u8 = 4;
 }
 
 /// One function of the API as the wire knows it.

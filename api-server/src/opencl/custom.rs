@@ -151,3 +151,52 @@ pub unsafe fn clCompileProgram(
         )
     })
 }
+
+/// Stages a chunk of an input too large for a frame or the window.
+///
+/// # Safety
+/// `data` must be valid for `len` reads.
+pub unsafe fn hiraStage(
+    s: &mut Session<'_>,
+    token: u64,
+    total: u64,
+    offset: u64,
+    len: usize,
+    data: *const c_void,
+) -> Option<cl_int> {
+    let (Ok(total), Ok(offset)) = (usize::try_from(total), usize::try_from(offset)) else {
+        return Some(CL_INVALID_VALUE);
+    };
+    if data.is_null() && len != 0 {
+        return Some(CL_INVALID_VALUE);
+    }
+    let chunk = if len == 0 {
+        &[][..]
+    } else {
+        // SAFETY: valid for `len` reads per the contract.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
+    };
+    Some(s.staging().stage(token, total, offset, chunk))
+}
+
+/// Copies a chunk of a staged output.
+///
+/// # Safety
+/// `data` must be valid for `len` writes.
+pub unsafe fn hiraFetch(
+    s: &mut Session<'_>,
+    token: u64,
+    offset: u64,
+    len: usize,
+    data: *mut c_void,
+) -> Option<cl_int> {
+    let Ok(offset) = usize::try_from(offset) else {
+        return Some(CL_INVALID_VALUE);
+    };
+    if data.is_null() {
+        return Some(CL_INVALID_VALUE);
+    }
+    // SAFETY: valid for `len` writes per the contract.
+    let dst = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), len) };
+    Some(s.staging().fetch(token, offset, dst))
+}

@@ -129,6 +129,19 @@ impl Deferred {
     /// Follows the read enqueued with host event `event` (which this record now holds
     /// a reference to: the one given when `owned`, else a new one).
     pub fn add(&self, token: u64, event: cl_event, owned: bool, out: OutBuffer) {
+        if let OutBuffer::Staged(o) = out {
+            // An output too large for the window is fetched by the guest after the
+            // reply, so this read completes before it (documented: a read that large
+            // gated by a user event the application sets later would wait forever).
+            let status = self.rt.clWaitForEvents(1, &event);
+            if status == Some(0) {
+                o.keep();
+            }
+            if owned {
+                self.rt.clReleaseEvent(event);
+            }
+            return;
+        }
         if !owned {
             self.rt.clRetainEvent(event);
         }

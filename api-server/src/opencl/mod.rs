@@ -7,6 +7,7 @@
 //! - [`custom`]: host calls that need more than a direct call (platform selection).
 //! - [`builds`]: program builds with the headers the guest shipped.
 //! - [`deferred`]: outputs of non-blocking reads, delivered when the host completes them.
+//! - [`staging`]: transfers larger than a frame or the data window.
 //! - [`sizes`]: byte counts of image arguments, recomputed from decoded arguments so
 //!   that the host never reads past what the guest sent.
 
@@ -15,6 +16,7 @@ pub mod custom;
 pub mod deferred;
 pub mod session;
 pub(crate) mod sizes;
+pub mod staging;
 
 use std::ffi::{CStr, c_void};
 use std::sync::{Arc, Mutex};
@@ -60,6 +62,7 @@ pub struct OpenClBackend {
     pub(crate) writer: Arc<FrameWriter>,
     pub(crate) deferred: Arc<deferred::Deferred>,
     pub(crate) builds: builds::Builds,
+    pub(crate) staging: Arc<staging::Staging>,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -169,6 +172,7 @@ impl OpenClBackend {
             handles: Arc::new(Mutex::new(handles)),
             deferred: Arc::new(deferred::Deferred::new(rt, writer.clone())),
             builds: builds::Builds::default(),
+            staging: Arc::new(staging::Staging::default()),
             writer,
         })
     }

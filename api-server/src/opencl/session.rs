@@ -192,6 +192,8 @@ pub enum OutRequest {
     Null,
     Inline,
     Window(*mut u8, usize),
+    /// Kept after the call under this token, for `hiraFetch`.
+    Staged(u64),
 }
 
 /// Storage for an output while the host call runs.
@@ -200,6 +202,35 @@ pub enum OutBuffer {
     Null,
     Inline(Vec<u8>),
     Window(*mut u8),
+    /// Too large for a frame or the window: kept for the guest to fetch.
+    Staged(StagedOut),
+}
+
+/// An output written into process memory and kept, after the call, for `hiraFetch`.
+#[derive(Debug)]
+pub struct StagedOut {
+    token: u64,
+    words: Option<Vec<u64>>,
+    len: usize,
+    staging: Arc<super::staging::Staging>,
+}
+
+impl StagedOut {
+    /// Hands the output to the stage, for the guest to fetch.
+    pub fn keep(mut self) {
+        if let Some(words) = self.words.take() {
+            self.staging.keep_output(self.token, words, self.len);
+        }
+    }
+}
+
+impl Drop for StagedOut {
+    fn drop(&mut self) {
+        if self.words.is_some() {
+            // Never produced (the call failed): its room goes back.
+            self.staging.drop_output(self.len);
+        }
+    }
 }
 
 impl OutBuffer {
@@ -208,13 +239,22 @@ impl OutBuffer {
             OutBuffer::Null => std::ptr::null_mut(),
             OutBuffer::Inline(v) => v.as_mut_ptr().cast(),
             OutBuffer::Window(p) => p.cast(),
+            OutBuffer::Staged(o) => o
+                .words
+                .as_mut()
+                .map_or(std::ptr::null_mut(), |w| w.as_mut_ptr().cast()),
         }
     }
 
-    /// Appends the output to the reply (window outputs are already in place).
-    pub fn reply(&self, w: &mut Writer) {
-        if let OutBuffer::Inline(v) = self {
-            w.bytes(v);
+    /// Appends the output to the reply (window outputs are already in place, staged
+    /// ones are kept for the guest to fetch).
+    pub fn reply(self, w: &mut Writer) {
+        match self {
+            OutBuffer::Inline(v) => {
+                w.bytes(&v);
+            }
+            OutBuffer::Staged(o) => o.keep(),
+            OutBuffer::Null | OutBuffer::Window(_) => {}
         }
     }
 }
@@ -809,6 +849,16 @@ impl<'a> Session<'a> {
                     Ok(BytesIn::Slice(b))
                 }
             }
+            tag::STAGED => {
+                let token = r.u64()?;
+                let len = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
+                let staged = self
+                    .b
+                    .staging
+                    .take_input(token, len)
+                    .map_err(Fail::Status)?;
+                Ok(BytesIn::Aligned(staged.words, staged.len))
+            }
             tag::WINDOW => {
                 let (p, len) = Self::span(r, frame)?;
                 if opaque {
@@ -848,6 +898,7 @@ impl<'a> Session<'a> {
         match r.u8()? {
             tag::NULL => Ok(OutRequest::Null),
             tag::INLINE => Ok(OutRequest::Inline),
+            tag::STAGED => Ok(OutRequest::Staged(r.u64()?)),
             tag::WINDOW => {
                 let (p, len) = Self::span(r, frame)?;
                 Ok(OutRequest::Window(p, len))
@@ -865,6 +916,15 @@ impl<'a> Session<'a> {
                     return Err(Fail::Status(CL_OUT_OF_RESOURCES));
                 }
                 Ok(OutBuffer::Inline(vec![0u8; len]))
+            }
+            OutRequest::Staged(token) => {
+                let words = self.b.staging.output_room(len).map_err(Fail::Status)?;
+                Ok(OutBuffer::Staged(StagedOut {
+                    token,
+                    words: Some(words),
+                    len,
+                    staging: self.b.staging.clone(),
+                }))
             }
             OutRequest::Window(p, span_len) => {
                 if span_len != len {
@@ -1014,7 +1074,7 @@ impl<'a> Session<'a> {
             Some(&[w, h, d]) => w
                 .checked_mul(h)
                 .and_then(|x| x.checked_mul(d))
-                .filter(|&n| n <= MAX_FRAME_BODY)
+                .filter(|&n| n <= super::staging::MAX_STAGED)
                 .ok_or(Fail::Status(CL_INVALID_VALUE)),
             _ => Err(Fail::Status(CL_INVALID_VALUE)),
         }
@@ -1039,7 +1099,7 @@ impl<'a> Session<'a> {
             return Err(Fail::Status(status.unwrap_or(CL_OUT_OF_RESOURCES)));
         }
         px.checked_mul(elem)
-            .filter(|&n| n <= MAX_FRAME_BODY)
+            .filter(|&n| n <= super::staging::MAX_STAGED)
             .ok_or(Fail::Status(CL_INVALID_VALUE))
     }
 
@@ -1083,6 +1143,11 @@ impl<'a> Session<'a> {
         if release {
             self.rt().clReleaseEvent(ev);
         }
+    }
+
+    /// Transfers too large for a frame or the window.
+    pub fn staging(&self) -> &super::staging::Staging {
+        &self.b.staging
     }
 
     /// Headers shipped for builds.

@@ -216,3 +216,8 @@ fn invalid_arguments_return_the_native_error_codes() {
 fn kernels_include_the_applications_own_headers_as_natively() {
     same_as_native("includes", &[]);
 }
+
+#[test]
+fn transfers_larger_than_the_data_window_match_native() {
+    same_as_native("large", &[]);
+}
