@@ -57,12 +57,14 @@ fn unsupported(slot: usize, args: [usize; 8]) -> usize {
 }
 
 /// The code an unsupported entry point returns: the one the specification gives for
-/// what Hira reports (no pipes, no SVM, no native kernels), else
+/// what Hira reports (no pipes, no SVM, no native kernels, no partitioning), else
 /// `CL_INVALID_OPERATION`.
 fn unsupported_code(name: &str) -> cl_int {
     match name {
         // No pipe object can exist, so whatever the application passes is not one.
         "clGetPipeInfo" => CL_INVALID_MEM_OBJECT,
+        // No partition type is reported, so whatever is asked is not supported.
+        "clCreateSubDevices" => CL_INVALID_VALUE,
         _ => CL_INVALID_OPERATION,
     }
 }
@@ -194,4 +196,79 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
     func_name: *const c_char,
 ) -> *mut c_void {
     crate::rt::guard_raw(|| extension_function(func_name) as usize) as *mut c_void
+}
+
+#[cfg(test)]
+mod coverage {
+    use super::*;
+
+    /// The coverage table of `docs/coverage.md`: every entry point of the ICD dispatch
+    /// table (all of OpenCL 3.0 and the extensions the loader dispatches) as forwarded,
+    /// emulated or unsupported, from the API description and the dispatch table; then
+    /// the extension policy.
+    fn table() -> String {
+        let api = hira_apigen::Api::load(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../protocol/api/opencl.api"
+        ))
+        .unwrap();
+        let mut out = String::from(
+            "# OpenCL coverage\n\n\
+             Generated from `protocol/api/opencl.api` and the ICD dispatch table by\n\
+             `cargo test -p hira-opencl coverage` (set `HIRA_WRITE_COVERAGE=1` to rewrite\n\
+             it). *Forwarded*: the call reaches the host as the application made it;\n\
+             *emulated*: the guest implements it on forwarded calls; *unsupported*: it\n\
+             fails with the code shown, and what would advertise it is masked.\n\n\
+             | Entry point | Status |\n|---|---|\n",
+        );
+        let (mut fwd, mut emu, mut none) = (0, 0, 0);
+        for s in SLOTS.iter() {
+            let status = match api.funcs.iter().find(|f| f.name == s.name) {
+                Some(f) if f.local => {
+                    emu += 1;
+                    "emulated".to_string()
+                }
+                Some(_) => {
+                    fwd += 1;
+                    "forwarded".to_string()
+                }
+                None => {
+                    none += 1;
+                    format!("unsupported ({})", unsupported_code(s.name))
+                }
+            };
+            out.push_str(&format!("| `{}` | {status} |\n", s.name));
+        }
+        out.push_str(&format!(
+            "\n{fwd} forwarded, {emu} emulated, {none} unsupported.\n\n\
+             ## Extensions\n\n\
+             Host extensions pass through when they add no entry points (or only ones\n\
+             Hira implements); every other host extension is masked from platform and\n\
+             device extension lists (`protocol/src/opencl/extensions.rs`). Passed\n\
+             through:\n\n"
+        ));
+        for e in hira_protocol::opencl::extensions::PASSED_THROUGH {
+            out.push_str(&format!("- `{e}`\n"));
+        }
+        out.push_str(
+            "\nMasked device properties: `CL_DEVICE_SVM_CAPABILITIES` (0: no shared virtual\n\
+             memory across the VM boundary) and the `CL_EXEC_NATIVE_KERNEL` bit of\n\
+             `CL_DEVICE_EXECUTION_CAPABILITIES`.\n",
+        );
+        out
+    }
+
+    #[test]
+    fn coverage_table_in_the_docs_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/coverage.md");
+        let want = table();
+        if std::env::var_os("HIRA_WRITE_COVERAGE").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            have == want,
+            "docs/coverage.md is stale: HIRA_WRITE_COVERAGE=1 cargo test -p hira-opencl coverage"
+        );
+    }
 }

@@ -1032,13 +1032,32 @@ const CL_DEVICE_EXECUTION_CAPABILITIES: u32 = 0x1029;
 const CL_EXEC_NATIVE_KERNEL: u64 = 1 << 1;
 /// `CL_DEVICE_SVM_CAPABILITIES`.
 const CL_DEVICE_SVM_CAPABILITIES: u32 = 0x1053;
+const CL_DEVICE_PARTITION_MAX_SUB_DEVICES: u32 = 0x1043;
+const CL_DEVICE_PARTITION_PROPERTIES: u32 = 0x1044;
+const CL_DEVICE_PARTITION_AFFINITY_DOMAIN: u32 = 0x1045;
 
-/// What Hira cannot honour across the VM boundary is masked from device properties,
-/// so that applications never select it: shared virtual memory (guest and host
-/// address spaces differ) and native kernels (a guest function pointer cannot run on
-/// the host). The matching entry points return the specification's codes for a device
+/// What Hira cannot honour across the VM boundary, or does not forward yet, is masked
+/// from device properties, so that applications never select it: shared virtual
+/// memory (guest and host address spaces differ), native kernels (a guest function
+/// pointer cannot run on the host) and partitioning into sub-devices. The matching entry points return the specification's codes for a device
 /// without them (see `icd::unsupported_code`).
-fn mask_device(param: u32, b: &mut [u8]) {
+fn mask_device(param: u32, b: &mut Vec<u8>) {
+    match param {
+        // No sub-devices: `clCreateSubDevices` is not forwarded.
+        CL_DEVICE_PARTITION_MAX_SUB_DEVICES => {
+            *b = 0u32.to_le_bytes().to_vec();
+            return;
+        }
+        CL_DEVICE_PARTITION_PROPERTIES => {
+            *b = 0u64.to_le_bytes().to_vec();
+            return;
+        }
+        CL_DEVICE_PARTITION_AFFINITY_DOMAIN => {
+            *b = 0u64.to_le_bytes().to_vec();
+            return;
+        }
+        _ => {}
+    }
     let Ok(bytes) = <[u8; 8]>::try_from(&b[..]) else {
         return;
     };

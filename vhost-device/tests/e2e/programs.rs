@@ -166,19 +166,45 @@ fn clinfo_reports_every_device_property_as_native() {
 fn as_hira_masks(native: &str) -> String {
     use hira_protocol::opencl::extensions::{mask_list, passed_through};
     let mut svm_block = 0u32;
+    let mut command_buffer_block = 0u32;
     native
         .lines()
         // What clinfo prints only for the command-buffer extension.
-        .filter(|l| !l.contains("ommand buffer"))
+        .filter(|l| {
+            if l.contains("Required queue properties for command buffer") {
+                command_buffer_block = 2;
+                return false;
+            }
+            if command_buffer_block > 0 {
+                command_buffer_block -= 1;
+                return false;
+            }
+            !l.contains("ommand buffer")
+        })
+        // No sub-devices.
+        .map(|l| {
+            let t = l.trim_start();
+            let value_at = |label: &str| {
+                let end = l.find(label).unwrap_or(0) + label.len();
+                l.len() - l[end..].trim_start().len()
+            };
+            if t.starts_with("Max number of sub-devices") {
+                format!("{}0", &l[..value_at("Max number of sub-devices")])
+            } else if t.starts_with("Supported partition types") {
+                format!("{}None", &l[..value_at("Supported partition types")])
+            } else {
+                l.to_string()
+            }
+        })
         .filter_map(|l| {
             let Some(at) = l.find(" cl_").map(|i| i + 1) else {
-                return Some(l.to_string());
+                return Some(l);
             };
             let (head, list) = l.split_at(at);
             let first = list.split_whitespace().next().unwrap_or("");
             if list.contains(" 0x") {
                 // One entry of an extensions-with-version list.
-                return passed_through(first).then(|| l.to_string());
+                return passed_through(first).then_some(l);
             }
             Some(format!("{head}{}", mask_list(list)))
         })
