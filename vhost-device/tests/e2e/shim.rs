@@ -56,7 +56,7 @@ fn unsupported_entries_fail_cleanly_and_are_logged_once() {
     assert!(out.status.success(), "{stdout}{stderr}");
     assert_eq!(
         stdout,
-        "clCreateSubDevices: CL_INVALID_OPERATION\nclCreateSubDevices: CL_INVALID_OPERATION\n\
+        "clCreateSubDevices: CL_INVALID_VALUE\nclCreateSubDevices: CL_INVALID_VALUE\n\
          clCreatePipe: null=1 CL_INVALID_OPERATION\nclSVMAlloc: null=1\n"
     );
     assert_eq!(
