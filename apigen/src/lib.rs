@@ -297,16 +297,35 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     }
                     _ => "true".into(),
                 };
-                if let Kind::HostPtr { flags, .. } = &a.kind {
+                if let Kind::HostPtr { flags, buffer, .. } = &a.kind {
                     // A pointer the host would ignore is an error natively.
                     let _ = writeln!(
                         enc,
                         "if !{n}.is_null() && !crate::rt::sends_host_ptr({flags} as u64) {{ return Err(crate::rt::CL_INVALID_HOST_PTR); }}"
                     );
+                    if *buffer {
+                        // A buffer on SVM memory may not reach past its allocation.
+                        let _ = writeln!(
+                            enc,
+                            "crate::svm::check_buffer_host_ptr({n} as *const c_void, ({size}) as usize)?;"
+                        );
+                    }
                 }
+                let svm = match &a.kind {
+                    // A buffer over SVM memory aliases the host allocation (the host
+                    // gets CL_MEM_USE_HOST_PTR with the SVM address), as natively.
+                    Kind::HostPtr {
+                        flags,
+                        buffer: true,
+                        ..
+                    } => format!(
+                        "if let Some((svm_id, svm_off)) = crate::svm::aliased({flags} as u64, {n} as *const c_void) {{ c.svm_ref(svm_id, svm_off); }} else "
+                    ),
+                    _ => String::new(),
+                };
                 let _ = writeln!(
                     enc,
-                    "if {cond} {{ c.bytes_in({n} as *const u8, ({size}) as usize)?; }} else {{ c.bytes_in(std::ptr::null(), 0)?; }}"
+                    "{svm}if {cond} {{ c.bytes_in({n} as *const u8, ({size}) as usize)?; }} else {{ c.bytes_in(std::ptr::null(), 0)?; }}"
                 );
                 if let Kind::HostPtr { flags, buffer, .. } = &a.kind {
                     // Buffers remember their size, so that transfers are checked locally.
@@ -612,7 +631,10 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let _ = writeln!(dec, "let {n}__guest = r.u32()?;\nlet {n}: {ct} = CL_TRUE;");
             }
             Kind::MemFlags => {
-                let _ = writeln!(dec, "let {n} = Session::host_mem_flags(r.u64()?) as {ct};");
+                let _ = writeln!(
+                    dec,
+                    "let {n}__guest = r.u64()?;\nlet {n} = Session::host_mem_flags({n}__guest) as {ct};"
+                );
             }
             Kind::Handle { kind, nullable } => {
                 let _ = writeln!(dec, "let {n}__id = r.u64()?;");
@@ -684,6 +706,13 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     "let {n}__b = s.bytes_in(r, frame, {opaque})?;\nlet {n} = {n}__b.ptr() as {ct};"
                 );
                 let _ = writeln!(chk, "{n}__b.expect_len(({size}) as usize)?;");
+                if let Kind::HostPtr { flags, .. } = &a.kind {
+                    // An SVM host pointer is the host's own memory: used, not copied.
+                    let _ = writeln!(
+                        chk,
+                        "let {flags} = if {n}__b.is_svm() {{ {flags}__guest as _ }} else {{ {flags} }};"
+                    );
+                }
             }
             Kind::Out(size) => {
                 let _ = writeln!(dec, "let {n}__req = s.out_request(r, frame)?;");

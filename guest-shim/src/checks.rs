@@ -304,6 +304,16 @@ pub(crate) unsafe fn clSetKernelArg(
     Ok(sync)
 }
 
+/// Records that argument `index` of `kernel` was set by other means than
+/// `clSetKernelArg` (an SVM pointer).
+pub(crate) fn arg_was_set(kernel: cl_kernel, index: cl_uint) {
+    let _ = with_kernel(kernel, |m| {
+        if let Some(s) = m.set.get_mut(index as usize) {
+            *s = true;
+        }
+    });
+}
+
 /// `clCloneKernel`: nothing to check before the call.
 pub(crate) unsafe fn clCloneKernel(
     source_kernel: cl_kernel,

@@ -251,9 +251,11 @@ mod coverage {
             out.push_str(&format!("- `{e}`\n"));
         }
         out.push_str(
-            "\nMasked device properties: `CL_DEVICE_SVM_CAPABILITIES` (0: no shared virtual\n\
-             memory across the VM boundary) and the `CL_EXEC_NATIVE_KERNEL` bit of\n\
-             `CL_DEVICE_EXECUTION_CAPABILITIES`.\n",
+            "\nMasked device properties: `CL_DEVICE_SVM_CAPABILITIES` keeps only\n\
+             `CL_DEVICE_SVM_COARSE_GRAIN_BUFFER` (fine-grained sharing and SVM atomics\n\
+             cannot cross the VM boundary), the `CL_EXEC_NATIVE_KERNEL` bit of\n\
+             `CL_DEVICE_EXECUTION_CAPABILITIES` is cleared, and no partition type is\n\
+             reported (`CL_DEVICE_PARTITION_*`).\n",
         );
         out
     }

@@ -19,6 +19,7 @@
 //!   headers they need.
 //! - [`local`]: calls the guest implements itself on top of remoted ones (map/unmap,
 //!   extension lookups).
+//! - [`svm`]: coarse-grained buffer SVM on guest memory and host allocations.
 //! - [`sizes`]: byte counts of arguments, as the API defines them.
 //! - [`stats`]: per-call statistics printed at exit (`HIRA_STATS=1`).
 
@@ -31,6 +32,7 @@ pub mod marshal;
 pub mod rt;
 pub mod sizes;
 pub mod stats;
+pub mod svm;
 
 /// The remoted functions, generated from the API description.
 #[allow(clippy::missing_safety_doc)]

@@ -16,6 +16,11 @@ use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_map_flags, cl_m
 use crate::generated as g;
 pub use crate::icd::{clGetExtensionFunctionAddress, clGetExtensionFunctionAddressForPlatform};
 use crate::rt::{self, CL_INVALID_VALUE};
+pub use crate::svm::{
+    clEnqueueSVMFree, clEnqueueSVMMap, clEnqueueSVMMemFill, clEnqueueSVMMemcpy,
+    clEnqueueSVMMigrateMem, clEnqueueSVMUnmap, clSVMAlloc, clSVMFree, clSetKernelArgSVMPointer,
+    clSetKernelExecInfo,
+};
 
 const CL_MAP_READ: u64 = 1;
 const CL_MAP_WRITE: u64 = 1 << 1;
@@ -27,6 +32,9 @@ const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
 const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
 const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
 const CL_MEM_TYPE: u32 = 0x1100;
+const CL_COMMAND_MAP_BUFFER: u32 = 0x11FB;
+const CL_COMMAND_MAP_IMAGE: u32 = 0x11FC;
+const CL_COMMAND_UNMAP_MEM_OBJECT: u32 = 0x11FD;
 const CL_MEM_OBJECT_IMAGE2D_ARRAY: u32 = 0x10F3;
 const CL_MEM_OBJECT_IMAGE3D: u32 = 0x10F2;
 const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
@@ -173,6 +181,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         if status != 0 {
             return Err(status);
         }
+        rt::note_command_type(event, CL_COMMAND_MAP_BUFFER);
         MAPPINGS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -295,6 +304,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         if status != 0 {
             return Err(status);
         }
+        rt::note_command_type(event, CL_COMMAND_MAP_IMAGE);
         // SAFETY: checked non-null above / optional per the API.
         unsafe {
             *image_row_pitch = row;
@@ -390,6 +400,9 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
             }
         };
         drop(m.shadow);
+        if status == 0 {
+            rt::note_command_type(event, CL_COMMAND_UNMAP_MEM_OBJECT);
+        }
         Ok(status)
     })
 }

@@ -232,6 +232,11 @@ impl Call {
         Ok(())
     }
 
+    /// A pointer into SVM allocation `id`, in place of bytes.
+    pub fn svm_ref(&mut self, id: u64, offset: usize) {
+        self.w.u8(tag::SVM).u64(id).u64(offset as u64);
+    }
+
     /// Requests an output of `len` bytes for `ptr`.
     pub fn bytes_out(&mut self, ptr: *mut u8, len: usize) -> Result<OutSlot, cl_int> {
         if ptr.is_null() {
@@ -986,6 +991,11 @@ fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {
                 b,
             );
         }
+        "clGetEventInfo" if param == CL_EVENT_COMMAND_TYPE => {
+            if let Some(t) = rt::command_type(obj_id) {
+                *b = t.to_le_bytes().to_vec();
+            }
+        }
         "clGetDeviceInfo" => {
             mask_device(param, b);
             mask_extensions(
@@ -1009,6 +1019,7 @@ fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {
     }
 }
 
+const CL_EVENT_COMMAND_TYPE: u32 = 0x11D1;
 const CL_PLATFORM_EXTENSIONS: u32 = 0x0904;
 const CL_PLATFORM_EXTENSIONS_WITH_VERSION: u32 = 0x0907;
 const CL_DEVICE_EXTENSIONS: u32 = 0x1030;
@@ -1032,14 +1043,16 @@ const CL_DEVICE_EXECUTION_CAPABILITIES: u32 = 0x1029;
 const CL_EXEC_NATIVE_KERNEL: u64 = 1 << 1;
 /// `CL_DEVICE_SVM_CAPABILITIES`.
 const CL_DEVICE_SVM_CAPABILITIES: u32 = 0x1053;
+const CL_DEVICE_SVM_COARSE_GRAIN_BUFFER: u64 = 1;
 const CL_DEVICE_PARTITION_MAX_SUB_DEVICES: u32 = 0x1043;
 const CL_DEVICE_PARTITION_PROPERTIES: u32 = 0x1044;
 const CL_DEVICE_PARTITION_AFFINITY_DOMAIN: u32 = 0x1045;
 
 /// What Hira cannot honour across the VM boundary, or does not forward yet, is masked
-/// from device properties, so that applications never select it: shared virtual
-/// memory (guest and host address spaces differ), native kernels (a guest function
-/// pointer cannot run on the host) and partitioning into sub-devices. The matching entry points return the specification's codes for a device
+/// from device properties, so that applications never select it: fine-grained shared
+/// virtual memory and SVM atomics (guest and host address spaces differ; coarse-grained
+/// buffers are supported, `crate::svm`), native kernels (a guest function pointer
+/// cannot run on the host) and partitioning into sub-devices. The matching entry points return the specification's codes for a device
 /// without them (see `icd::unsupported_code`).
 fn mask_device(param: u32, b: &mut Vec<u8>) {
     match param {
@@ -1064,7 +1077,7 @@ fn mask_device(param: u32, b: &mut Vec<u8>) {
     let v = u64::from_le_bytes(bytes);
     let masked = match param {
         CL_DEVICE_EXECUTION_CAPABILITIES => v & !CL_EXEC_NATIVE_KERNEL,
-        CL_DEVICE_SVM_CAPABILITIES => 0,
+        CL_DEVICE_SVM_CAPABILITIES => v & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER,
         _ => return,
     };
     b.copy_from_slice(&masked.to_le_bytes());
@@ -1075,13 +1088,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn svm_and_native_kernels_are_masked_from_devices() {
+    fn fine_grained_svm_and_native_kernels_are_masked_from_devices() {
         let mut caps = 3u64.to_le_bytes().to_vec();
         mask_device(CL_DEVICE_EXECUTION_CAPABILITIES, &mut caps);
         assert_eq!(caps, 1u64.to_le_bytes());
         let mut svm = 7u64.to_le_bytes().to_vec();
         mask_device(CL_DEVICE_SVM_CAPABILITIES, &mut svm);
-        assert_eq!(svm, 0u64.to_le_bytes());
+        assert_eq!(svm, 1u64.to_le_bytes(), "coarse-grained buffers only");
         let mut other = 7u64.to_le_bytes().to_vec();
         mask_device(0x1000, &mut other);
         assert_eq!(other, 7u64.to_le_bytes());

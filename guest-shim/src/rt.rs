@@ -62,6 +62,9 @@ struct Objects {
     mem: HashMap<u64, MemExtra>,
     /// The context of each queue and event.
     context_of: HashMap<u64, u64>,
+    /// Command types of events whose command the guest carries out with other calls
+    /// (maps, SVM operations), as the application must see them.
+    command_type: HashMap<u64, u32>,
 }
 
 struct Runtime {
@@ -296,10 +299,30 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.by_id.remove(&id);
         o.mem.remove(&id);
         o.context_of.remove(&id);
+        o.command_type.remove(&id);
         crate::checks::forget(id);
         // SAFETY: made by `Box::into_raw` in `adopt` and now unreachable from the tables.
         drop(unsafe { Box::from_raw(ptr as *mut Obj) });
     }
+}
+
+/// Records that the event the application got in `*event` (if it asked for one)
+/// stands for a command of type `command_type`.
+pub(crate) fn note_command_type(event: *mut cl_event, command_type: u32) {
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: the application's event slot, written by the call that just succeeded.
+    let e = unsafe { *event };
+    let mut o = objects();
+    if let Some(&(id, Kind::Event)) = o.by_ptr.get(&(e as usize)) {
+        o.command_type.insert(id, command_type);
+    }
+}
+
+/// The command type the application sees for event `id`, if the guest decides it.
+pub(crate) fn command_type(id: u64) -> Option<u32> {
+    objects().command_type.get(&id).copied()
 }
 
 /// Remembers the context of queue or event `id`: `parent` is its context, or the

@@ -114,6 +114,9 @@ pub mod tag {
     /// length) of bytes staged before the call with `hiraStage`, or, for an output,
     /// kept by the host after it for `hiraFetch`.
     pub const STAGED: u8 = 4;
+    /// A `host_ptr` inside a shared-virtual-memory allocation: `u64` allocation id,
+    /// `u64` offset; the host uses its own allocation.
+    pub const SVM: u8 = 5;
 }
 
 /// One function of the API as the wire knows it.

@@ -7,12 +7,17 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-use opencl_sys::{cl_device_id, cl_device_type, cl_int, cl_platform_id, cl_program, cl_uint};
+use opencl_sys::{
+    cl_bool, cl_command_queue, cl_context, cl_device_id, cl_device_type, cl_event, cl_int,
+    cl_kernel, cl_platform_id, cl_program, cl_uint,
+};
 
 use super::Session;
 
 const CL_INVALID_VALUE: cl_int = -30;
 const CL_INVALID_PLATFORM: cl_int = -32;
+const CL_INVALID_ARG_VALUE: cl_int = -50;
+const CL_KERNEL_EXEC_INFO_SVM_PTRS: u32 = 0x11B6;
 
 /// Lists the one platform this server exposes.
 ///
@@ -199,4 +204,293 @@ pub unsafe fn hiraFetch(
     // SAFETY: valid for `len` writes per the contract.
     let dst = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), len) };
     Some(s.staging().fetch(token, offset, dst))
+}
+
+/// `clSVMAlloc` for the guest's allocation `id`.
+///
+/// # Safety
+/// As `clSVMAlloc`.
+pub unsafe fn hiraSVMAlloc(
+    s: &mut Session<'_>,
+    context: cl_context,
+    flags: u64,
+    size: usize,
+    alignment: cl_uint,
+    id: u64,
+    address: *mut u64,
+) -> Option<cl_int> {
+    match s.svm().alloc(s.rt(), context, flags, size, alignment, id) {
+        Ok(a) => {
+            if !address.is_null() {
+                // SAFETY: the decoded output slot, valid for one write.
+                unsafe { *address = a };
+            }
+            Some(0)
+        }
+        Err(code) => Some(code),
+    }
+}
+
+/// `clSVMFree` of the guest's allocation `id`.
+///
+/// # Safety
+/// As `clSVMFree`.
+pub unsafe fn hiraSVMFree(s: &mut Session<'_>, _context: cl_context, id: u64) -> Option<cl_int> {
+    Some(s.svm().free(s.rt(), id))
+}
+
+/// `clEnqueueSVMMemcpy` from allocation `id` into an output.
+///
+/// # Safety
+/// As `clEnqueueSVMMemcpy`; `ptr` valid for `size` writes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn hiraSVMRead(
+    s: &mut Session<'_>,
+    command_queue: cl_command_queue,
+    blocking_read: cl_bool,
+    id: u64,
+    offset: usize,
+    size: usize,
+    ptr: *mut c_void,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+) -> Option<cl_int> {
+    let src = match s.svm().ptr(id, offset, size) {
+        Ok(p) => p,
+        Err(code) => return Some(code),
+    };
+    s.rt().clEnqueueSVMMemcpy(
+        command_queue,
+        blocking_read,
+        ptr,
+        src,
+        size,
+        num_events_in_wait_list,
+        event_wait_list,
+        event,
+    )
+}
+
+/// `clEnqueueSVMMemcpy` of guest data into allocation `id`.
+///
+/// # Safety
+/// As `clEnqueueSVMMemcpy`; `ptr` valid for `size` reads until the copy completes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn hiraSVMWrite(
+    s: &mut Session<'_>,
+    command_queue: cl_command_queue,
+    blocking_write: cl_bool,
+    id: u64,
+    offset: usize,
+    size: usize,
+    ptr: *const c_void,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+) -> Option<cl_int> {
+    let dst = match s.svm().ptr(id, offset, size) {
+        Ok(p) => p,
+        Err(code) => return Some(code),
+    };
+    s.rt().clEnqueueSVMMemcpy(
+        command_queue,
+        blocking_write,
+        dst,
+        ptr,
+        size,
+        num_events_in_wait_list,
+        event_wait_list,
+        event,
+    )
+}
+
+/// `clEnqueueSVMMemcpy` between two allocations.
+///
+/// # Safety
+/// As `clEnqueueSVMMemcpy`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn hiraSVMCopy(
+    s: &mut Session<'_>,
+    command_queue: cl_command_queue,
+    blocking_copy: cl_bool,
+    dst_id: u64,
+    dst_offset: usize,
+    src_id: u64,
+    src_offset: usize,
+    size: usize,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+) -> Option<cl_int> {
+    let (dst, src) = match (
+        s.svm().ptr(dst_id, dst_offset, size),
+        s.svm().ptr(src_id, src_offset, size),
+    ) {
+        (Ok(d), Ok(p)) => (d, p),
+        (Err(code), _) | (_, Err(code)) => return Some(code),
+    };
+    s.rt().clEnqueueSVMMemcpy(
+        command_queue,
+        blocking_copy,
+        dst,
+        src,
+        size,
+        num_events_in_wait_list,
+        event_wait_list,
+        event,
+    )
+}
+
+/// `clEnqueueSVMMemFill` of allocation `id`.
+///
+/// # Safety
+/// As `clEnqueueSVMMemFill`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn hiraSVMFill(
+    s: &mut Session<'_>,
+    command_queue: cl_command_queue,
+    id: u64,
+    offset: usize,
+    pattern: *const c_void,
+    pattern_size: usize,
+    size: usize,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+) -> Option<cl_int> {
+    let dst = match s.svm().ptr(id, offset, size) {
+        Ok(p) => p,
+        Err(code) => return Some(code),
+    };
+    s.rt().clEnqueueSVMMemFill(
+        command_queue,
+        dst,
+        pattern,
+        pattern_size,
+        size,
+        num_events_in_wait_list,
+        event_wait_list,
+        event,
+    )
+}
+
+/// `clSetKernelArgSVMPointer` with a pointer into allocation `id` (0: NULL), for a
+/// pointer argument only.
+///
+/// # Safety
+/// As `clSetKernelArgSVMPointer`.
+pub unsafe fn hiraSetKernelArgSVM(
+    s: &mut Session<'_>,
+    kernel: cl_kernel,
+    arg_index: cl_uint,
+    id: u64,
+    offset: usize,
+) -> Option<cl_int> {
+    if let Err(code) = s.svm_arg_allowed(kernel, arg_index) {
+        return Some(code);
+    }
+    let ptr = if id == 0 {
+        std::ptr::null_mut()
+    } else {
+        match s.svm().ptr(id, offset, 0) {
+            Ok(p) => p,
+            Err(_) => return Some(CL_INVALID_ARG_VALUE),
+        }
+    };
+    s.rt().clSetKernelArgSVMPointer(kernel, arg_index, ptr)
+}
+
+/// `clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)` with `count` (id, offset) pairs.
+///
+/// # Safety
+/// `ids` must be valid for `count * 16` reads.
+pub unsafe fn hiraSetKernelExecInfoSVM(
+    s: &mut Session<'_>,
+    kernel: cl_kernel,
+    count: cl_uint,
+    ids: *const c_void,
+) -> Option<cl_int> {
+    if count == 0 {
+        return s.rt().clSetKernelExecInfo(
+            kernel,
+            CL_KERNEL_EXEC_INFO_SVM_PTRS,
+            0,
+            std::ptr::null(),
+        );
+    }
+    // SAFETY: valid for `count * 16` reads per the contract.
+    let raw = unsafe { std::slice::from_raw_parts(ids.cast::<u8>(), count as usize * 16) };
+    let mut ptrs = Vec::with_capacity(count as usize);
+    for pair in raw.chunks_exact(16) {
+        let id = u64::from_le_bytes(pair[..8].try_into().unwrap_or_default());
+        let off = u64::from_le_bytes(pair[8..].try_into().unwrap_or_default()) as usize;
+        match s.svm().ptr(id, off, 0) {
+            Ok(p) => ptrs.push(p),
+            Err(code) => return Some(code),
+        }
+    }
+    s.rt().clSetKernelExecInfo(
+        kernel,
+        CL_KERNEL_EXEC_INFO_SVM_PTRS,
+        ptrs.len() * size_of::<*mut c_void>(),
+        ptrs.as_ptr().cast(),
+    )
+}
+
+/// `clEnqueueSVMFree` of `count` allocations; the host frees them once the command
+/// runs.
+///
+/// # Safety
+/// `ids` must be valid for `count * 8` reads; the rest as `clEnqueueSVMFree`.
+pub unsafe fn hiraSVMEnqueueFree(
+    s: &mut Session<'_>,
+    command_queue: cl_command_queue,
+    count: cl_uint,
+    ids: *const c_void,
+    num_events_in_wait_list: cl_uint,
+    event_wait_list: *const cl_event,
+    event: *mut cl_event,
+) -> Option<cl_int> {
+    // SAFETY: valid for `count * 8` reads per the contract.
+    let raw = unsafe { std::slice::from_raw_parts(ids.cast::<u8>(), count as usize * 8) };
+    let mut ptrs = Vec::with_capacity(count as usize);
+    for id in raw.chunks_exact(8) {
+        let id = u64::from_le_bytes(id.try_into().unwrap_or_default());
+        if s.svm().ptr(id, 0, 0).is_err() {
+            return Some(CL_INVALID_VALUE);
+        }
+        ptrs.push(id);
+    }
+    let mut host: Vec<*mut c_void> = Vec::with_capacity(ptrs.len());
+    for id in ptrs {
+        match s.svm().take(id) {
+            Ok(p) => host.push(p),
+            Err(code) => return Some(code),
+        }
+    }
+    // The host may read the array when the command runs: it is kept until then, on
+    // an event of the server's own when the guest asked for none.
+    let mut bytes: Box<[u8]> = host
+        .iter()
+        .flat_map(|p| (*p as usize).to_ne_bytes())
+        .collect();
+    let mut own: cl_event = std::ptr::null_mut();
+    let ev: *mut cl_event = if event.is_null() { &mut own } else { event };
+    let status = s.rt().clEnqueueSVMFree(
+        command_queue,
+        count,
+        bytes.as_mut_ptr().cast(),
+        None,
+        std::ptr::null_mut(),
+        num_events_in_wait_list,
+        event_wait_list,
+        ev,
+    );
+    if let Some(st) = status {
+        // SAFETY: `ev` points to the event slot the host just wrote (or left null).
+        let e = unsafe { *ev };
+        s.free_when_complete(st, e, bytes, event.is_null());
+    }
+    status
 }

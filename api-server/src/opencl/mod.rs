@@ -7,6 +7,7 @@
 //! - [`custom`]: host calls that need more than a direct call (platform selection).
 //! - [`builds`]: program builds with the headers the guest shipped.
 //! - [`deferred`]: outputs of non-blocking reads, delivered when the host completes them.
+//! - [`svm`]: coarse-grained buffer SVM allocations.
 //! - [`staging`]: transfers larger than a frame or the data window.
 //! - [`sizes`]: byte counts of image arguments, recomputed from decoded arguments so
 //!   that the host never reads past what the guest sent.
@@ -17,6 +18,7 @@ pub mod deferred;
 pub mod session;
 pub(crate) mod sizes;
 pub mod staging;
+pub mod svm;
 
 use std::ffi::{CStr, c_void};
 use std::sync::{Arc, Mutex};
@@ -63,6 +65,7 @@ pub struct OpenClBackend {
     pub(crate) deferred: Arc<deferred::Deferred>,
     pub(crate) builds: builds::Builds,
     pub(crate) staging: Arc<staging::Staging>,
+    pub(crate) svm: svm::Svm,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -173,6 +176,7 @@ impl OpenClBackend {
             deferred: Arc::new(deferred::Deferred::new(rt, writer.clone())),
             builds: builds::Builds::default(),
             staging: Arc::new(staging::Staging::default()),
+            svm: svm::Svm::default(),
             writer,
         })
     }
@@ -199,12 +203,17 @@ impl Backend for OpenClBackend {
     }
 
     fn teardown(&self) -> TeardownReport {
+        // SVM allocations go first, while their contexts are alive.
+        let svm_freed = self.svm.free_all(self.rt);
         let leftovers = self
             .handles
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain_owned();
-        let mut report = TeardownReport::default();
+        let mut report = TeardownReport {
+            released: svm_freed,
+            ..TeardownReport::default()
+        };
         for (kind, host, refs) in leftovers {
             for _ in 0..refs {
                 let ptr = host as *mut c_void;

@@ -31,6 +31,8 @@ const CL_SUCCESS: cl_int = 0;
 const CL_OUT_OF_RESOURCES: cl_int = -5;
 const CL_INVALID_VALUE: cl_int = -30;
 const CL_INVALID_ARG_SIZE: cl_int = -51;
+const CL_INVALID_ARG_INDEX: cl_int = -49;
+const CL_INVALID_BUFFER_SIZE: cl_int = -61;
 const CL_INVALID_ARG_VALUE: cl_int = -50;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
 const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
@@ -158,6 +160,8 @@ pub enum BytesIn<'a> {
     /// Small inline data copied into aligned storage (the host may read structs).
     Aligned(Vec<u64>, usize),
     Window(*mut u8, usize),
+    /// A host SVM address with this many bytes of its allocation after it.
+    Svm(*mut u8, usize),
 }
 
 impl BytesIn<'_> {
@@ -166,8 +170,13 @@ impl BytesIn<'_> {
             BytesIn::Null => std::ptr::null_mut(),
             BytesIn::Slice(s) => s.as_ptr() as *mut c_void,
             BytesIn::Aligned(v, _) => v.as_ptr() as *mut c_void,
-            BytesIn::Window(p, _) => p.cast(),
+            BytesIn::Window(p, _) | BytesIn::Svm(p, _) => p.cast(),
         }
+    }
+
+    /// Whether this is the host's own SVM memory (used in place, never copied).
+    pub fn is_svm(&self) -> bool {
+        matches!(self, BytesIn::Svm(..))
     }
 
     /// Checks the guest sent exactly `n` bytes (nothing to check for NULL).
@@ -176,6 +185,8 @@ impl BytesIn<'_> {
             BytesIn::Null => return Ok(()),
             BytesIn::Slice(s) => s.len(),
             BytesIn::Aligned(_, l) | BytesIn::Window(_, l) => *l,
+            BytesIn::Svm(_, avail) if n <= *avail => return Ok(()),
+            BytesIn::Svm(..) => return Err(Fail::Status(CL_INVALID_BUFFER_SIZE)),
         };
         if len == n {
             Ok(())
@@ -849,6 +860,12 @@ impl<'a> Session<'a> {
                     Ok(BytesIn::Slice(b))
                 }
             }
+            tag::SVM if opaque => {
+                let id = r.u64()?;
+                let off = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
+                let (p, avail) = self.b.svm.span(id, off).map_err(Fail::Status)?;
+                Ok(BytesIn::Svm(p.cast(), avail))
+            }
             tag::STAGED => {
                 let token = r.u64()?;
                 let len = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
@@ -1109,7 +1126,7 @@ impl<'a> Session<'a> {
             BytesIn::Null => return (std::ptr::null_mut(), None),
             BytesIn::Slice(s) => (s.as_ptr(), s.len()),
             BytesIn::Aligned(v, len) => (v.as_ptr().cast(), *len),
-            BytesIn::Window(p, len) => (*p, *len),
+            BytesIn::Window(p, len) | BytesIn::Svm(p, len) => (*p, *len),
         };
         let mut owned: Box<[u8]> = vec![0u8; len].into_boxed_slice();
         // SAFETY: `src` is valid for `len` reads (a private buffer, or a span checked to
@@ -1142,6 +1159,28 @@ impl<'a> Session<'a> {
         }
         if release {
             self.rt().clReleaseEvent(ev);
+        }
+    }
+
+    /// Coarse-grained SVM allocations.
+    pub fn svm(&self) -> &super::svm::Svm {
+        &self.b.svm
+    }
+
+    /// Whether argument `index` of `kernel` may take an SVM pointer: a `__global` or
+    /// `__constant` pointer (or an argument the host could not describe).
+    pub fn svm_arg_allowed(&self, kernel: opencl_sys::cl_kernel, index: u32) -> Result<(), i32> {
+        let id = self.handles().by_host.get(&(kernel as usize)).copied();
+        let Some(id) = id else {
+            return Ok(());
+        };
+        match self.handles().kernels.get(&id).cloned() {
+            Some(Some(kinds)) => match kinds.get(index as usize) {
+                Some(ArgKind::Buffer | ArgKind::Unknown) => Ok(()),
+                Some(_) => Err(CL_INVALID_ARG_VALUE),
+                None => Err(CL_INVALID_ARG_INDEX),
+            },
+            _ => Ok(()),
         }
     }
 

@@ -161,8 +161,9 @@ fn clinfo_reports_every_device_property_as_native() {
     );
 }
 
-/// The native clinfo report with what Hira masks (shared virtual memory, native
-/// kernels, extensions with entry points Hira does not forward) reported absent.
+/// The native clinfo report with what Hira masks (fine-grained shared virtual memory
+/// and SVM atomics, native kernels, sub-devices, extensions with entry points Hira
+/// does not forward) reported absent.
 fn as_hira_masks(native: &str) -> String {
     use hira_protocol::opencl::extensions::{mask_list, passed_through};
     let mut svm_block = 0u32;
@@ -218,9 +219,7 @@ fn as_hira_masks(native: &str) -> String {
             svm_block = svm_block.saturating_sub(1);
             let masked = t.starts_with("Run native kernels")
                 || (in_svm
-                    && (t.starts_with("Coarse-grained buffer sharing")
-                        || t.starts_with("Fine-grained buffer sharing")
-                        || t.starts_with("Atomics")));
+                    && (t.starts_with("Fine-grained buffer sharing") || t.starts_with("Atomics")));
             match l.strip_suffix("Yes") {
                 Some(head) if masked => format!("{head}No"),
                 _ => l.to_string(),
@@ -246,4 +245,9 @@ fn kernels_include_the_applications_own_headers_as_natively() {
 #[test]
 fn transfers_larger_than_the_data_window_match_native() {
     same_as_native("large", &[]);
+}
+
+#[test]
+fn coarse_grained_svm_with_pointers_in_svm_memory_matches_native() {
+    same_as_native("svm", &[]);
 }
