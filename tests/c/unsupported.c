@@ -19,8 +19,9 @@ int main(void) {
     err = 0;
     cl_mem pipe = clCreatePipe(ctx, 0, 4, 16, NULL, &err);
     printf("clCreatePipe: null=%d %s\n", pipe == NULL, err == CL_INVALID_OPERATION ? "CL_INVALID_OPERATION" : "other");
-    void *svm = clSVMAlloc(ctx, CL_MEM_READ_WRITE, 64, 0);
-    printf("clSVMAlloc: null=%d\n", svm == NULL);
+    /* Fine-grained SVM is not reported, so cannot be allocated. */
+    void *svm = clSVMAlloc(ctx, CL_MEM_READ_WRITE | CL_MEM_SVM_FINE_GRAIN_BUFFER, 64, 0);
+    printf("clSVMAlloc fine-grained: null=%d\n", svm == NULL);
     clReleaseContext(ctx);
     return 0;
 }

@@ -57,7 +57,7 @@ fn unsupported_entries_fail_cleanly_and_are_logged_once() {
     assert_eq!(
         stdout,
         "clCreateSubDevices: CL_INVALID_VALUE\nclCreateSubDevices: CL_INVALID_VALUE\n\
-         clCreatePipe: null=1 CL_INVALID_OPERATION\nclSVMAlloc: null=1\n"
+         clCreatePipe: null=1 CL_INVALID_OPERATION\nclSVMAlloc fine-grained: null=1\n"
     );
     assert_eq!(
         stderr
@@ -67,7 +67,7 @@ fn unsupported_entries_fail_cleanly_and_are_logged_once() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("clSVMAlloc is not supported by Hira"),
+        stderr.contains("clCreatePipe is not supported by Hira"),
         "{stderr}"
     );
 }
