@@ -39,11 +39,22 @@ const CL_MEM_OBJECT_IMAGE2D_ARRAY: u32 = 0x10F3;
 const CL_MEM_OBJECT_IMAGE3D: u32 = 0x10F2;
 const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
 
+/// How a mapping's memory is filled from the device.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// Not at all (`CL_MAP_WRITE_INVALIDATE_REGION`).
+    None,
+    /// By reading the object.
+    Read,
+    /// Through a device-side copy into a scratch buffer, for an object the host may
+    /// only write (`CL_MEM_HOST_WRITE_ONLY`): the host cannot read it, yet mapping it
+    /// for writing shows its contents natively.
+    Copy,
+}
+
 /// Checks a mapping against the object's host access flags, as the API does, and
-/// says whether the mapped memory is filled from the device: not for a host that may
-/// only write (the device cannot be read for it; the application must write what it
-/// maps) nor for a mapping that invalidates the region.
-fn map_access(id: u64, map_flags: u64) -> Result<bool, cl_int> {
+/// says how the mapped memory is filled from the device.
+fn map_access(id: u64, map_flags: u64) -> Result<Fill, cl_int> {
     let flags = rt::mem_extra(id).unwrap_or_default().flags;
     let reads = map_flags & CL_MAP_READ != 0;
     let writes = map_flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
@@ -52,7 +63,40 @@ fn map_access(id: u64, map_flags: u64) -> Result<bool, cl_int> {
     {
         return Err(CL_INVALID_OPERATION);
     }
-    Ok(map_flags & (CL_MAP_READ | CL_MAP_WRITE) != 0 && flags & CL_MEM_HOST_WRITE_ONLY == 0)
+    Ok(if map_flags & (CL_MAP_READ | CL_MAP_WRITE) == 0 {
+        Fill::None
+    } else if flags & CL_MEM_HOST_WRITE_ONLY != 0 {
+        Fill::Copy
+    } else {
+        Fill::Read
+    })
+}
+
+const CL_MEM_CONTEXT: u32 = 0x1106;
+
+/// A scratch buffer of `len` bytes in `mem`'s context.
+fn scratch(mem: cl_mem, len: usize) -> Result<cl_mem, cl_int> {
+    let mut ctx: opencl_sys::cl_context = std::ptr::null_mut();
+    // SAFETY: a cl_context into a local one.
+    let st = unsafe {
+        g::clGetMemObjectInfo(
+            mem,
+            CL_MEM_CONTEXT,
+            size_of::<opencl_sys::cl_context>(),
+            (&mut ctx as *mut opencl_sys::cl_context).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if st != 0 {
+        return Err(st);
+    }
+    let mut err = 0;
+    // SAFETY: a context handle just returned by the host.
+    let tmp = unsafe { g::clCreateBuffer(ctx, 1, len.max(1), std::ptr::null_mut(), &mut err) };
+    if err != 0 {
+        return Err(err);
+    }
+    Ok(tmp)
 }
 
 const CL_IMAGE_ROW_PITCH: u32 = 0x1112;
@@ -157,7 +201,38 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         // SAFETY: `ptr` covers `size` bytes (the shadow, or the application's host
         // memory which the API requires to cover the buffer); the rest is forwarded.
         let status = unsafe {
-            if fill {
+            if fill == Fill::Copy {
+                let tmp = scratch(buffer, size)?;
+                let mut copied: cl_event = std::ptr::null_mut();
+                let mut st = g::clEnqueueCopyBuffer(
+                    command_queue,
+                    buffer,
+                    tmp,
+                    offset,
+                    0,
+                    size,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    &mut copied,
+                );
+                if st == 0 {
+                    st = g::clEnqueueReadBuffer(
+                        command_queue,
+                        tmp,
+                        blocking_map,
+                        0,
+                        size,
+                        ptr.cast(),
+                        1,
+                        &copied,
+                        event,
+                    );
+                    g::clReleaseEvent(copied);
+                }
+                // Released now, freed once the commands using it are done.
+                g::clReleaseMemObject(tmp);
+                st
+            } else if fill == Fill::Read {
                 g::clEnqueueReadBuffer(
                     command_queue,
                     buffer,
@@ -278,7 +353,56 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         // SAFETY: `ptr` (the shadow, or the application's memory, which the API
         // requires to hold the whole image) covers the region with the pitches passed.
         let status = unsafe {
-            if fill {
+            if fill == Fill::Copy {
+                // The region, tight, into a scratch buffer; from there into the mapping
+                // with its pitches (a 1D array's slices are rows).
+                let tight_row = r[0].checked_mul(elem).ok_or(CL_INVALID_VALUE)?;
+                let tight = tight_row
+                    .checked_mul(r[1])
+                    .and_then(|v| v.checked_mul(r[2]))
+                    .ok_or(CL_INVALID_VALUE)?;
+                let tmp = scratch(image, tight)?;
+                let mut copied: cl_event = std::ptr::null_mut();
+                let mut st = g::clEnqueueCopyImageToBuffer(
+                    command_queue,
+                    image,
+                    tmp,
+                    origin,
+                    region,
+                    0,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    &mut copied,
+                );
+                if st == 0 {
+                    let (host_row, host_slice) = if kind == CL_MEM_OBJECT_IMAGE1D_ARRAY {
+                        (slice, 0)
+                    } else {
+                        (row, slice)
+                    };
+                    let zero = [0usize; 3];
+                    let rect = [tight_row, r[1], r[2]];
+                    st = g::clEnqueueReadBufferRect(
+                        command_queue,
+                        tmp,
+                        blocking_map,
+                        zero.as_ptr(),
+                        zero.as_ptr(),
+                        rect.as_ptr(),
+                        tight_row,
+                        tight_row * r[1],
+                        host_row,
+                        host_slice,
+                        ptr.cast(),
+                        1,
+                        &copied,
+                        event,
+                    );
+                    g::clReleaseEvent(copied);
+                }
+                g::clReleaseMemObject(tmp);
+                st
+            } else if fill == Fill::Read {
                 g::clEnqueueReadImage(
                     command_queue,
                     image,

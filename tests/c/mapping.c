@@ -66,6 +66,30 @@ int main(void) {
     err = clEnqueueUnmapMemObject(q, alloc, out, 0, NULL, NULL);
     printf("unmap of unmapped pointer rejected=%d\n", err == CL_INVALID_VALUE);
     clReleaseMemObject(alloc);
+
+    /* A buffer the host may only write: mapping it for writing shows its contents,
+     * reading it is refused, and what was written lands. */
+    cl_mem wo = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_HOST_WRITE_ONLY, 64 * sizeof(int), NULL, &err);
+    CHECK_ERR(err, "HOST_WRITE_ONLY buffer");
+    int seven = 7;
+    CHECK(clEnqueueFillBuffer(q, wo, &seven, sizeof seven, 0, 64 * sizeof(int), 0, NULL, NULL));
+    int *wm = (int *)clEnqueueMapBuffer(q, wo, CL_TRUE, CL_MAP_WRITE, 0, 64 * sizeof(int), 0,
+                                        NULL, NULL, &err);
+    CHECK_ERR(err, "map write-only buffer for writing");
+    printf("write-only map shows contents: %d %d\n", wm[0], wm[63]);
+    wm[5] = 50;
+    CHECK(clEnqueueUnmapMemObject(q, wo, wm, 0, NULL, NULL));
+    clEnqueueMapBuffer(q, wo, CL_TRUE, CL_MAP_READ, 0, 4, 0, NULL, NULL, &err);
+    printf("write-only map for reading refused: %d\n", err == CL_INVALID_OPERATION);
+    CHECK(clSetKernelArg(k, 0, sizeof wo, &wo));
+    global = 64;
+    CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &global, NULL, 0, NULL, NULL));
+    cl_mem plain = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64 * sizeof(int), NULL, &err);
+    CHECK(clEnqueueCopyBuffer(q, wo, plain, 0, 0, 64 * sizeof(int), 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, plain, CL_TRUE, 0, 64 * sizeof(int), out, 0, NULL, NULL));
+    printf("write-only buffer after map and kernel: %d %d %d\n", out[0], out[5], out[63]);
+    clReleaseMemObject(plain);
+    clReleaseMemObject(wo);
     clReleaseMemObject(use);
     clReleaseKernel(k);
     clReleaseProgram(prog);
