@@ -183,9 +183,12 @@ fn starts_session(op: u16) -> bool {
 /// Before a call `op` is encoded: if the API server was lost and `op` may start a new
 /// session, connects again.
 pub(crate) fn revive(op: u16) {
+    if !starts_session(op) {
+        return;
+    }
     let rt = runtime();
     let Ok(c) = conn() else { return };
-    if !c.is_dead() || !starts_session(op) {
+    if !c.is_dead() {
         return;
     }
     let mut sessions = rt.sessions.lock().unwrap_or_else(|e| e.into_inner());
