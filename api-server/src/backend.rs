@@ -50,6 +50,11 @@ pub trait Backend: Send + Sync {
     /// The function named by `opcode`, for logs.
     fn name(&self, opcode: u16) -> &'static str;
 
+    /// Whether call `opcode` may wait for the device or for the guest (a user event it
+    /// sets from another thread): such a call never runs on the thread that reads the
+    /// guest's requests.
+    fn may_block(&self, opcode: u16) -> bool;
+
     /// Releases every object the guest still holds.
     fn teardown(&self) -> TeardownReport;
 }

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -165,6 +166,8 @@ fn refuse(writer: &FrameWriter, message: &str) {
 struct Worker {
     jobs: SyncSender<Frame>,
     thread: JoinHandle<()>,
+    /// Requests sent to the worker and not yet answered.
+    pending: Arc<AtomicUsize>,
 }
 
 /// Executes requests until hira-vhost closes the socket.
@@ -182,15 +185,28 @@ fn serve(
         // reader, then its own socket; nothing queues without limit.
         let (tx, rx) = sync_channel::<Frame>(CHANNEL_DEPTH);
         let (backend, writer, window) = (backend.clone(), writer.clone(), window.clone());
+        let pending = Arc::new(AtomicUsize::new(0));
+        let done = pending.clone();
         let thread = std::thread::Builder::new()
             .name(format!("channel-{id}"))
             .spawn(move || {
                 let mut reply = Writer::with_capacity(4096);
                 for f in rx {
                     execute(&*backend, &writer, (*window).as_ref(), &f, &mut reply);
+                    done.fetch_sub(1, Ordering::AcqRel);
                 }
             })?;
-        Ok(Worker { jobs: tx, thread })
+        Ok(Worker {
+            jobs: tx,
+            thread,
+            pending,
+        })
+    };
+    let send = |w: &Worker, f: Frame| {
+        w.pending.fetch_add(1, Ordering::AcqRel);
+        if w.jobs.send(f).is_err() {
+            w.pending.fetch_sub(1, Ordering::AcqRel);
+        }
     };
     loop {
         let f = match read_frame(reader) {
@@ -206,14 +222,31 @@ fn serve(
             continue;
         }
         let channel = f.header.channel;
-        if workers.is_empty() {
-            if inline_channel.is_none_or(|c| c == channel) {
-                inline_channel = Some(channel);
+        if inline_channel.is_none_or(|c| c == channel) && workers.len() <= 1 {
+            inline_channel = Some(channel);
+            // One guest thread: its calls run here, without a thread hop, except those
+            // that may wait (another thread of the guest could be about to end the
+            // wait, and this thread must stay free to read its request); after one of
+            // those, calls run here again once the worker has finished.
+            let worker_idle = workers
+                .get(&channel)
+                .is_none_or(|w| w.pending.load(Ordering::Acquire) == 0);
+            if worker_idle && !backend.may_block(f.header.opcode) {
                 execute(&*backend, &writer, (*window).as_ref(), &f, &mut reply);
                 continue;
             }
+            if !workers.contains_key(&channel) {
+                workers.insert(channel, spawn(channel)?);
+            }
+            if let Some(w) = workers.get(&channel) {
+                send(w, f);
+            }
+            continue;
+        }
+        if let Some(first) = inline_channel.take()
+            && !workers.contains_key(&first)
+        {
             // A second guest thread: from now on each channel has a worker.
-            let first = inline_channel.expect("set while there are no workers");
             workers.insert(first, spawn(first)?);
         }
         if !workers.contains_key(&channel) {
@@ -229,7 +262,7 @@ fn serve(
             workers.insert(channel, spawn(channel)?);
         }
         if let Some(w) = workers.get(&channel) {
-            let _ = w.jobs.send(f);
+            send(w, f);
         }
     }
     for (_, w) in workers.drain() {

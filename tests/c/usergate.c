@@ -4,6 +4,7 @@
  * after clWaitForEvents, after clFinish, after polling its status, and inside its
  * event callback. */
 #include "common.h"
+#include <pthread.h>
 #include <string.h>
 
 enum { N = 1024 };
@@ -17,6 +18,16 @@ static void CL_CALLBACK on_read(cl_event e, cl_int status, void *data) {
     int bad = 0;
     for (int i = 0; i < N; i++) bad += cb_dst[i] != src[i];
     cb_seen = status == CL_COMPLETE ? bad : -2;
+}
+
+/* Sets the gate from a second thread while the first waits on what it gates. */
+static void *open_gate(void *arg) {
+    cl_event gate = arg;
+    cl_int st;
+    /* Some calls first, so that the other thread is usually waiting by now. */
+    for (int i = 0; i < 200; i++) clGetEventInfo(gate, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL);
+    clSetUserEventStatus(gate, CL_COMPLETE);
+    return NULL;
 }
 
 int main(void) {
@@ -103,6 +114,22 @@ int main(void) {
     printf("gated map after clFinish: mismatches=%d\n", bad);
     CHECK(clEnqueueUnmapMemObject(q, buf, mapped, 0, NULL, NULL));
     CHECK(clFinish(q));
+
+    /* One thread waits on a read behind a gate that another thread opens. */
+    cl_event gate5 = clCreateUserEvent(ctx, &err);
+    CHECK_ERR(err, "clCreateUserEvent");
+    cl_event read5;
+    memset(dst, 0, sizeof dst);
+    CHECK(clEnqueueReadBuffer(q, buf, CL_FALSE, 0, sizeof dst, dst, 1, &gate5, &read5));
+    pthread_t opener;
+    pthread_create(&opener, NULL, open_gate, gate5);
+    CHECK(clWaitForEvents(1, &read5));
+    pthread_join(opener, NULL);
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += dst[i] != src[i];
+    printf("read gated by another thread: mismatches=%d\n", bad);
+    clReleaseEvent(read5);
+    clReleaseEvent(gate5);
 
     clReleaseEvent(read);
     clReleaseEvent(read2);

@@ -202,6 +202,14 @@ impl Backend for OpenClBackend {
         op_info(opcode).map_or("unknown call", |o| o.name)
     }
 
+    fn may_block(&self, opcode: u16) -> bool {
+        let name = self.name(opcode);
+        matches!(name, "clFinish" | "clWaitForEvents")
+            || name.starts_with("clEnqueueRead")
+            || name.starts_with("clEnqueueWrite")
+            || name.starts_with("hiraSVM")
+    }
+
     fn teardown(&self) -> TeardownReport {
         // SVM allocations go first, while their contexts are alive.
         let svm_freed = self.svm.free_all(self.rt);
