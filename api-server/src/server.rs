@@ -235,12 +235,11 @@ fn serve(
                 execute(&*backend, &writer, (*window).as_ref(), &f, &mut reply);
                 continue;
             }
-            if !workers.contains_key(&channel) {
-                workers.insert(channel, spawn(channel)?);
-            }
-            if let Some(w) = workers.get(&channel) {
-                send(w, f);
-            }
+            let w = match workers.entry(channel) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(spawn(channel)?),
+            };
+            send(w, f);
             continue;
         }
         if let Some(first) = inline_channel.take()
