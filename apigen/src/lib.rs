@@ -88,9 +88,13 @@ impl Api {
             "/// Every remoted function, sorted by opcode.\npub const OPS: &[OpInfo] = &[\n",
         );
         for f in &funcs {
+            // A call may wait for the device when it reports earlier failures (the
+            // synchronising calls), has a blocking flag, or is marked `waits`.
+            let may_block =
+                f.reports || f.waits || f.args.iter().any(|a| matches!(a.kind, Kind::Blocking));
             let _ = writeln!(
                 s,
-                "    OpInfo {{ opcode: {}, name: \"{}\", may_async: {} }},",
+                "    OpInfo {{ opcode: {}, name: \"{}\", may_async: {}, may_block: {may_block} }},",
                 f.opcode, f.name, f.is_async
             );
         }
@@ -1012,7 +1016,7 @@ mod tests {
     fn opcode_table_lists_each_function() {
         let api = Api::parse(ONE).unwrap();
         let t = api.opcode_table();
-        assert!(t.contains("opcode: 7, name: \"clFlush\", may_async: true"));
+        assert!(t.contains("opcode: 7, name: \"clFlush\", may_async: true, may_block: false"));
         assert!(t.contains("pub const clFlush: u16 = 7;"));
     }
 

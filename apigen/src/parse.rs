@@ -136,6 +136,8 @@ pub struct Func {
     pub reports: bool,
     /// A call of Hira's own, made by the guest shim and not an OpenCL entry point.
     pub internal: bool,
+    /// The call may wait for the device without a blocking-flag argument saying so.
+    pub waits: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -382,6 +384,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         check: false,
         reports: false,
         internal: false,
+        waits: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -392,6 +395,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "check" => f.check = true,
             "reports" => f.reports = true,
             "internal" => f.internal = true,
+            "waits" => f.waits = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

@@ -126,6 +126,9 @@ pub struct OpInfo {
     pub name: &'static str,
     /// The description allows forwarding this call without waiting for its reply.
     pub may_async: bool,
+    /// The call may wait for the device (or for a user event another guest thread
+    /// sets): a blocking flag, a synchronising call, or the `waits` flag.
+    pub may_block: bool,
 }
 
 include!(concat!(env!("OUT_DIR"), "/opencl_ops.rs"));

@@ -203,11 +203,7 @@ impl Backend for OpenClBackend {
     }
 
     fn may_block(&self, opcode: u16) -> bool {
-        let name = self.name(opcode);
-        matches!(name, "clFinish" | "clWaitForEvents")
-            || name.starts_with("clEnqueueRead")
-            || name.starts_with("clEnqueueWrite")
-            || name.starts_with("hiraSVM")
+        op_info(opcode).is_some_and(|o| o.may_block)
     }
 
     fn teardown(&self) -> TeardownReport {
