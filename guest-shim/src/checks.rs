@@ -459,6 +459,16 @@ fn options_text(options: *const c_char) -> String {
     }
 }
 
+/// Before a build or a compilation: ships the headers the sources include and
+/// remembers the options.
+fn before_build(program: cl_program, options: *const c_char) -> Result<bool, cl_int> {
+    let id = id_of(program.cast(), Kind::Program)?;
+    let options = options_text(options);
+    ship_headers(id, program, &options)?;
+    state().build_options.insert(id, options);
+    Ok(false)
+}
+
 /// `clCompileProgram`: remembers the options and ships the headers.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn clCompileProgram(
@@ -472,11 +482,7 @@ pub(crate) unsafe fn clCompileProgram(
     _pfn_notify: Option<unsafe extern "C" fn(cl_program, *mut c_void)>,
     _user_data: *mut c_void,
 ) -> Result<bool, cl_int> {
-    let id = id_of(program.cast(), Kind::Program)?;
-    let options = options_text(options);
-    ship_headers(id, program, &options)?;
-    state().build_options.insert(id, options);
-    Ok(false)
+    before_build(program, options)
 }
 
 /// `clBuildProgram`: remembers the options, which decide whether work-groups may be
@@ -489,11 +495,7 @@ pub(crate) unsafe fn clBuildProgram(
     _pfn_notify: Option<unsafe extern "C" fn(cl_program, *mut c_void)>,
     _user_data: *mut c_void,
 ) -> Result<bool, cl_int> {
-    let id = id_of(program.cast(), Kind::Program)?;
-    let options = options_text(options);
-    ship_headers(id, program, &options)?;
-    state().build_options.insert(id, options);
-    Ok(false)
+    before_build(program, options)
 }
 
 /// Whether the program was built so that the host may accept non-uniform

@@ -76,20 +76,7 @@ const CL_MEM_CONTEXT: u32 = 0x1106;
 
 /// A scratch buffer of `len` bytes in `mem`'s context.
 fn scratch(mem: cl_mem, len: usize) -> Result<cl_mem, cl_int> {
-    let mut ctx: opencl_sys::cl_context = std::ptr::null_mut();
-    // SAFETY: a cl_context into a local one.
-    let st = unsafe {
-        g::clGetMemObjectInfo(
-            mem,
-            CL_MEM_CONTEXT,
-            size_of::<opencl_sys::cl_context>(),
-            (&mut ctx as *mut opencl_sys::cl_context).cast(),
-            std::ptr::null_mut(),
-        )
-    };
-    if st != 0 {
-        return Err(st);
-    }
+    let ctx: opencl_sys::cl_context = mem_query(g::clGetMemObjectInfo, mem, CL_MEM_CONTEXT)?;
     let mut err = 0;
     // SAFETY: a context handle just returned by the host.
     let tmp = unsafe { g::clCreateBuffer(ctx, 1, len.max(1), std::ptr::null_mut(), &mut err) };
@@ -102,42 +89,37 @@ fn scratch(mem: cl_mem, len: usize) -> Result<cl_mem, cl_int> {
 const CL_IMAGE_ROW_PITCH: u32 = 0x1112;
 const CL_IMAGE_SLICE_PITCH: u32 = 0x1113;
 
-/// A `size_t` image property.
-fn image_info_size(image: cl_mem, param: u32) -> Result<usize, cl_int> {
-    let mut v: usize = 0;
-    // SAFETY: a size_t property into a local size_t.
+type MemInfoFn = unsafe extern "C" fn(cl_mem, u32, usize, *mut c_void, *mut usize) -> cl_int;
+
+/// A fixed-size property of a memory object (`clGetMemObjectInfo`, `clGetImageInfo`).
+fn mem_query<T: Copy>(query: MemInfoFn, mem: cl_mem, param: u32) -> Result<T, cl_int> {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: the property `param` is a `T`, written into local storage of its size.
     let status = unsafe {
-        g::clGetImageInfo(
-            image,
+        query(
+            mem,
             param,
-            std::mem::size_of::<usize>(),
-            (&mut v as *mut usize).cast(),
+            size_of::<T>(),
+            v.as_mut_ptr().cast(),
             std::ptr::null_mut(),
         )
     };
     if status != 0 {
         return Err(status);
     }
-    Ok(v)
+    // SAFETY: zero-initialised, then written by the host; the callers' types (integers,
+    // handles) are valid for any bytes.
+    Ok(unsafe { v.assume_init() })
+}
+
+/// A `size_t` image property.
+fn image_info_size(image: cl_mem, param: u32) -> Result<usize, cl_int> {
+    mem_query(g::clGetImageInfo, image, param)
 }
 
 /// The image's type (`CL_MEM_TYPE`), asked once and cached like every constant query.
 fn image_type(image: cl_mem) -> Result<u32, cl_int> {
-    let mut t: u32 = 0;
-    // SAFETY: a cl_mem_object_type (u32) into a local u32.
-    let status = unsafe {
-        g::clGetMemObjectInfo(
-            image,
-            CL_MEM_TYPE,
-            std::mem::size_of::<u32>(),
-            (&mut t as *mut u32).cast(),
-            std::ptr::null_mut(),
-        )
-    };
-    if status != 0 {
-        return Err(status);
-    }
-    Ok(t)
+    mem_query(g::clGetMemObjectInfo, image, CL_MEM_TYPE)
 }
 
 enum Region {
