@@ -9,6 +9,8 @@
 //! - [`report`]: JSON, Markdown and SVG renderings of the results.
 //! - [`overhead`]: the call round-trip and launch-loop measurements.
 //! - [`soak`]: a bounded soak of the daemon with well-behaved and hostile guests.
+//! - [`rodinia`]: the Rodinia OpenCL programs from a checkout, compared natively and
+//!   through Hira output for output.
 //!
 //! All figures are ratios against native runs made in the same invocation.
 
@@ -16,6 +18,7 @@ pub mod env;
 pub mod measure;
 pub mod overhead;
 pub mod report;
+pub mod rodinia;
 pub mod soak;
 pub mod suite;
 

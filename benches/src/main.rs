@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, ensure};
 use clap::{Parser, Subcommand};
-use hira_benches::{env, measure, overhead, report, suite};
+use hira_benches::{env, measure, overhead, report, rodinia, suite};
 
 /// Hira's benchmark harness: every figure is a ratio against native runs made in the
 /// same invocation, alternating native and Hira so that machine noise hits both.
@@ -61,6 +61,24 @@ enum Cmd {
         guests: usize,
         /// Where to write the Markdown report.
         #[arg(long, default_value = "target/hira-bench/soak.md")]
+        out: PathBuf,
+    },
+    /// Rodinia's OpenCL programs from your checkout: each is built with its own
+    /// Makefile, run natively and through Hira on the same inputs, and compared
+    /// (exit status, output with timings masked, every file it writes).
+    Rodinia {
+        /// Root of a Rodinia 3.1 checkout (opencl/, common/, data/); default
+        /// $HIRA_RODINIA.
+        #[arg(long, env = "HIRA_RODINIA")]
+        src: PathBuf,
+        /// Only these programs (directory names under opencl/, comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Seconds one run may take before it is killed and reported as a timeout.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// Directory for the private build, the runs and results.{json,md}.
+        #[arg(long, default_value = "target/hira-bench/rodinia")]
         out: PathBuf,
     },
     /// Call round trip, asynchronous call cost and a launch-and-wait loop.
@@ -143,6 +161,43 @@ fn main() -> Result<()> {
             calls,
             json,
         } => overhead::overhead(repeats, iterations, calls, &json),
+        Cmd::Rodinia {
+            src,
+            only,
+            timeout,
+            out,
+        } => {
+            let bin = env::build_components()?;
+            let bench = env::BenchEnv::start(&bin)?;
+            std::fs::create_dir_all(&out)?;
+            let out = out.canonicalize()?;
+            let rows = rodinia::run(
+                &src.canonicalize()?,
+                &out.join("work"),
+                &bench,
+                &only,
+                std::time::Duration::from_secs(timeout),
+            )?;
+            let md = rodinia::markdown(&rows);
+            std::fs::write(out.join("results.md"), &md)?;
+            std::fs::write(
+                out.join("results.json"),
+                serde_json::to_string_pretty(&rodinia::json(&rows))?,
+            )?;
+            print!("{md}");
+            eprintln!("wrote {}/results.{{json,md}}", out.display());
+            let bad: Vec<&str> = rows
+                .iter()
+                .filter(|r| !r.identical())
+                .map(|r| r.name)
+                .collect();
+            ensure!(
+                bad.is_empty(),
+                "not built or not identical: {}",
+                bad.join(", ")
+            );
+            Ok(())
+        }
         Cmd::Soak {
             seconds,
             guests,

@@ -1,6 +1,8 @@
 /* Builds a kernel that includes a host file by absolute path and prints whether the
- * build log contains MARKER (such as "PATH:1:", an error inside the file: it was read). Through Hira the API server's Landlock
- * ruleset keeps the compiler from opening it. Usage: include_host_file PATH MARKER */
+ * build log contains MARKER (such as "PATH:1:", an error inside the file: it was read).
+ * Through Hira the name is moved into the API server's private build directory, which
+ * holds only what the guest shipped, and Landlock keeps the compiler from the rest.
+ * Usage: include_host_file PATH MARKER */
 #include "cl30.h"
 #include <stdio.h>
 #include <string.h>

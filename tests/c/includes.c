@@ -1,5 +1,5 @@
 /* Kernels that include the application's own headers: next to the program (quoted and
- * angle forms), through -I, nested relative to the including header, and embedded
+ * angle forms), through -I, by absolute path, nested relative to the including header, and embedded
  * headers of clCompileProgram. Builds natively and through Hira must see the same
  * files; a build error inside a header names the application's path in the log. */
 #include "cl30.h"
@@ -64,6 +64,19 @@ int main(void) {
     err = build(ctx, dev, "#include \"./main.h\"\n__kernel void k(__global int *o) { o[0] = MAIN; }\n",
                 NULL, &p);
     printf("build with ./main.h: %d, kernel computes %d\n", err, err ? 0 : run(ctx, dev, p));
+    clReleaseProgram(p);
+
+    /* An absolute include of the application's own file; the program's source reads
+     * back as written. */
+    char asrc[512], back[512] = "";
+    snprintf(asrc, sizeof asrc,
+             "#include \"%s/main.h\"\n__kernel void k(__global int *o) { o[0] = MAIN; }\n", dir);
+    err = build(ctx, dev, asrc, NULL, &p);
+    size_t back_size = 0;
+    clGetProgramInfo(p, CL_PROGRAM_SOURCE, sizeof back, back, &back_size);
+    printf("build with an absolute include: %d, kernel computes %d, source reads back: %d %d\n",
+           err, err ? 0 : run(ctx, dev, p), strcmp(back, asrc) == 0,
+           back_size == strlen(asrc) + 1);
     clReleaseProgram(p);
 
     err = build(ctx, dev, "#include \"bad.h\"\n__kernel void k(__global int *o) { o[0] = OK; }\n",

@@ -5,9 +5,13 @@
 //! only those files: in the mirror of the guest's working directory, with `-I`
 //! directories that could climb out rewritten to their mirrors, so the host compiler
 //! never searches a directory the guest named on the host. Absolute `#include` names
-//! in a source are the exception: the compiler opens them as written, so the sandbox
-//! (Landlock) is what keeps them from host files. The directory is removed when the build returns, and its path is
-//! taken out of build logs, which therefore name the guest's own paths.
+//! are moved into the mirror too: the compiler would open them as written, so a
+//! program's sources are created on the host with each `#include "/x"` (or `</x>`)
+//! rewritten to the mirror's `/x` ([`rewrite_absolute_includes`]), and so are the
+//! shipped headers; the guest reads its sources back as it wrote them. The mirror's
+//! path is therefore fixed for the process ([`mirror_root`]); builds take turns in it.
+//! It is emptied when the build returns, and its path is taken out of build logs,
+//! which therefore name the guest's own paths.
 //!
 //! Every path is untrusted: only absolute paths of plain components are accepted
 //! (no `.`, `..`, empty or NUL components), so nothing is written outside the mirror.
@@ -15,8 +19,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use hira_protocol::Reader;
 use log::warn;
@@ -83,14 +86,84 @@ pub fn parse(cwd: &str, blob: &[u8]) -> Result<Staged, i32> {
     Ok(Staged { cwd, files })
 }
 
-/// Staged headers by host program, and the mirrors used so far (for build logs).
+/// Staged headers by host program.
 #[derive(Debug, Default)]
 pub struct Builds {
     staged: Mutex<HashMap<usize, Staged>>,
-    roots: Mutex<Vec<String>>,
-    next: AtomicU64,
     /// Options the host was given, and the guest's options they stand for.
     options: Mutex<HashMap<String, String>>,
+}
+
+/// The directory this process's builds run in: under `XDG_CACHE_HOME` (set to the
+/// API server's private cache by the daemon) or the temporary directory, named after
+/// the process, so that API servers never share one.
+pub fn mirror_root() -> &'static str {
+    static ROOT: OnceLock<String> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        base.join(format!("hira-build-{}", std::process::id()))
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
+/// `text` with every absolute `#include` name (`"/..."` or `</...>`) moved under
+/// `root`; `None` when it has none. Only the directive's name changes, so line
+/// numbers stay the guest's.
+pub fn rewrite_absolute_includes(text: &[u8], root: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut changed = false;
+    for line in text.split_inclusive(|c| *c == b'\n') {
+        let at = include_name_at(line);
+        match at {
+            Some(i) if line.get(i + 1) == Some(&b'/') => {
+                out.extend_from_slice(&line[..=i]);
+                out.extend_from_slice(root.as_bytes());
+                out.extend_from_slice(&line[i + 1..]);
+                changed = true;
+            }
+            _ => out.extend_from_slice(line),
+        }
+    }
+    changed.then_some(out)
+}
+
+/// Where the opening `"` or `<` of an `#include` line's name is.
+fn include_name_at(line: &[u8]) -> Option<usize> {
+    let blank = |c: &u8| *c == b' ' || *c == b'\t';
+    let mut i = line.iter().position(|c| !blank(c))?;
+    if line[i] != b'#' {
+        return None;
+    }
+    i += 1;
+    i += line[i..].iter().take_while(|c| blank(c)).count();
+    if !line[i..].starts_with(b"include") {
+        return None;
+    }
+    i += "include".len();
+    i += line[i..].iter().take_while(|c| blank(c)).count();
+    matches!(line.get(i), Some(b'"' | b'<')).then_some(i)
+}
+
+/// `CL_PROGRAM_SOURCE` as the guest wrote it, from the rewritten host source.
+pub fn guest_source(value: &mut Vec<u8>) {
+    let root = mirror_root().as_bytes();
+    if !value.windows(root.len()).any(|w| w == root) {
+        return;
+    }
+    let mut out = Vec::with_capacity(value.len());
+    for line in value.split_inclusive(|c| *c == b'\n') {
+        match include_name_at(line) {
+            Some(i) if line[i + 1..].starts_with(root) => {
+                out.extend_from_slice(&line[..=i]);
+                out.extend_from_slice(&line[i + 1 + root.len()..]);
+            }
+            _ => out.extend_from_slice(line),
+        }
+    }
+    *value = out;
 }
 
 /// A mirror directory, removed when dropped.
@@ -197,14 +270,14 @@ impl Builds {
             };
             return build(opts.as_ptr());
         };
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let root = base.join(format!(
-            "hira-build-{}-{}",
-            std::process::id(),
-            self.next.fetch_add(1, Ordering::Relaxed)
-        ));
+        // The host driver searches the working directory, as natively: the build runs
+        // in the mirror of the guest's. The working directory is the process's, and
+        // the mirror's path is fixed, so builds take turns.
+        static TURN: Mutex<()> = Mutex::new(());
+        let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        let root = PathBuf::from(mirror_root());
+        // A directory left by an earlier process of the same id goes first.
+        let _ = std::fs::remove_dir_all(&root);
         if let Err(e) = std::fs::create_dir(&root) {
             warn!("cannot create build directory {}: {e}", root.display());
             return Some(CL_OUT_OF_RESOURCES);
@@ -217,7 +290,10 @@ impl Builds {
                 if let Some(dir) = p.parent() {
                     std::fs::create_dir_all(dir)?;
                 }
-                std::fs::write(p, bytes)?;
+                match rewrite_absolute_includes(bytes, mirror_root()) {
+                    Some(b) => std::fs::write(p, b)?,
+                    None => std::fs::write(p, bytes)?,
+                }
             }
             Ok(())
         };
@@ -229,15 +305,6 @@ impl Builds {
         let Ok(opts) = CString::new(self.host_options(&guest, host)) else {
             return Some(CL_INVALID_VALUE);
         };
-        self.roots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(root.to_string_lossy().into_owned());
-        // The host driver searches the working directory, as natively: the build runs
-        // in the mirror of the guest's. The working directory is the process's, so
-        // builds take turns.
-        static CWD: Mutex<()> = Mutex::new(());
-        let _turn = CWD.lock().unwrap_or_else(|e| e.into_inner());
         let before = std::env::current_dir().ok();
         if let Err(e) = std::env::set_current_dir(root.join(&staged.cwd)) {
             warn!("cannot enter the build directory: {e}");
@@ -273,17 +340,13 @@ impl Builds {
         }
     }
 
-    /// A build log with the mirror directories taken out of its paths.
+    /// A build log with the mirror directory taken out of its paths.
     pub fn guest_log(&self, log: &mut Vec<u8>) {
-        let roots = self.roots.lock().unwrap_or_else(|e| e.into_inner());
-        if roots.is_empty() {
-            return;
+        let root = mirror_root();
+        let text = String::from_utf8_lossy(log);
+        if text.contains(root) {
+            *log = text.replace(root, "").into_bytes();
         }
-        let mut text = String::from_utf8_lossy(log).into_owned();
-        for r in roots.iter() {
-            text = text.replace(r.as_str(), "");
-        }
-        *log = text.into_bytes();
     }
 }
 
@@ -330,6 +393,50 @@ mod tests {
             rewrite_options("-I ../../../../etc", Path::new("a"), Path::new("/m")),
             "-I /m/etc"
         );
+    }
+
+    #[test]
+    fn absolute_includes_move_under_the_root_and_back() {
+        let src = b"#include \"/g/a.h\"\n  #  include </g/b.h>\n#include \"rel.h\"\nint x; // #include \"/no\"\n";
+        let host = rewrite_absolute_includes(src, "/R").unwrap();
+        assert_eq!(
+            host,
+            b"#include \"/R/g/a.h\"\n  #  include </R/g/b.h>\n#include \"rel.h\"\nint x; // #include \"/no\"\n"
+        );
+        assert_eq!(
+            rewrite_absolute_includes(b"#include \"rel.h\"\n", "/R"),
+            None
+        );
+        assert_eq!(rewrite_absolute_includes(b"", "/R"), None);
+        // The guest reads back what it wrote.
+        let mut back = rewrite_absolute_includes(src, mirror_root()).unwrap();
+        guest_source(&mut back);
+        assert_eq!(back, src);
+        let mut untouched = b"#include \"/g/a.h\"\n".to_vec();
+        guest_source(&mut untouched);
+        assert_eq!(untouched, b"#include \"/g/a.h\"\n");
+    }
+
+    #[test]
+    fn shipped_headers_with_absolute_includes_resolve_in_the_mirror() {
+        let b = Builds::default();
+        let staged = parse(
+            "/w",
+            &payload(&[
+                ("/w/h.h", b"#include \"/abs/i.h\"\n"),
+                ("/abs/i.h", b"#define I 1"),
+            ]),
+        )
+        .unwrap();
+        b.stage(8, staged);
+        let status = b.run(8, None, |_| {
+            let h = std::fs::read_to_string("h.h").unwrap();
+            let name = h.trim().trim_start_matches("#include ").trim_matches('"');
+            assert!(name.starts_with(mirror_root()), "{h}");
+            assert_eq!(std::fs::read(name).unwrap(), b"#define I 1");
+            Some(0)
+        });
+        assert_eq!(status, Some(0));
     }
 
     #[test]

@@ -67,6 +67,63 @@ pub unsafe fn clGetDeviceIDs(
 
 type ProgramNotify = Option<unsafe extern "C" fn(cl_program, *mut c_void)>;
 
+/// `clCreateProgramWithSource`, with absolute `#include` names moved into the build
+/// mirror (see [`super::builds`]): the host compiler never opens a path the guest
+/// named. Sources without one are passed as they came.
+///
+/// # Safety
+/// `strings` must be null or hold `count` pointers, each valid for `lengths[i]` bytes
+/// (`lengths` non-null whenever `strings` is, as decoded from the frame).
+pub unsafe fn clCreateProgramWithSource(
+    s: &mut Session<'_>,
+    context: cl_context,
+    count: cl_uint,
+    strings: *mut *const c_char,
+    lengths: *const usize,
+    errcode_ret: *mut cl_int,
+) -> Option<cl_program> {
+    let rt = s.rt();
+    let root = super::builds::mirror_root();
+    let mut rewritten = false;
+    let mut texts: Vec<Vec<u8>> = Vec::new();
+    if !strings.is_null() && !lengths.is_null() {
+        for i in 0..count as usize {
+            // SAFETY: per the contract, `count` pointers and lengths.
+            let (p, len) = unsafe { (*strings.add(i), *lengths.add(i)) };
+            if p.is_null() {
+                rewritten = false;
+                break;
+            }
+            // SAFETY: valid for `len` bytes per the contract.
+            let text = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+            match super::builds::rewrite_absolute_includes(text, root) {
+                Some(t) => {
+                    rewritten = true;
+                    texts.push(t);
+                }
+                None => texts.push(text.to_vec()),
+            }
+        }
+    }
+    if !rewritten {
+        return rt.clCreateProgramWithSource(context, count, strings, lengths, errcode_ret);
+    }
+    let lens: Vec<usize> = texts.iter().map(Vec::len).collect();
+    // Each text NUL-terminated as the decoded ones are, so that a length of 0 (an
+    // empty string) still points at a string.
+    for t in &mut texts {
+        t.push(0);
+    }
+    let ptrs: Vec<*const c_char> = texts.iter().map(|t| t.as_ptr().cast()).collect();
+    rt.clCreateProgramWithSource(
+        context,
+        count,
+        ptrs.as_ptr().cast_mut(),
+        lens.as_ptr(),
+        errcode_ret,
+    )
+}
+
 /// Keeps the headers the guest ships for `program`'s next build.
 ///
 /// # Safety

@@ -39,6 +39,7 @@ const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 /// Largest info value the server will fetch.
 /// `clGetProgramBuildInfo`: the build log.
 const CL_PROGRAM_BUILD_LOG: u32 = 0x1183;
+const CL_PROGRAM_SOURCE: u32 = 0x1164;
 /// `clGetProgramBuildInfo`: the options of the last build.
 const CL_PROGRAM_BUILD_OPTIONS: u32 = 0x1182;
 const MAX_INFO: usize = 64 * 1024 * 1024;
@@ -1296,6 +1297,9 @@ impl<'a> Session<'a> {
         }
         if let Some(how) = opencl::info_handles(function, param) {
             self.host_to_ids(how, &mut buf);
+        }
+        if function == "clGetProgramInfo" && param == CL_PROGRAM_SOURCE {
+            super::builds::guest_source(&mut buf);
         }
         if function == "clGetProgramBuildInfo" && param == CL_PROGRAM_BUILD_LOG {
             self.b.builds.guest_log(&mut buf);

@@ -1,0 +1,1162 @@
+//! `hira-bench rodinia`: the OpenCL programs of the Rodinia suite, built from a
+//! checkout the operator provides, run natively and through Hira on the same inputs,
+//! and compared: exit status, standard output and error with timings masked, and every
+//! file a program writes, byte for byte.
+//!
+//! Rodinia is not vendored (its licence and size), and its 3.1 layout is assumed:
+//! `opencl/<program>/` built by the program's own Makefile, `opencl/util/`,
+//! `common/make.config`, and `data/`. Inputs that the checkout lacks (large inputs are
+//! kept out of most public copies) are generated here, deterministically and small
+//! enough for a CPU device.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use regex::Regex;
+
+use crate::env::BenchEnv;
+
+/// An input the harness writes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Generated {
+    /// b+tree: a count, then that many distinct keys in a shuffled order.
+    BTreeKeys,
+    /// cfd: an unstructured mesh in the Rodinia domain format.
+    CfdMesh,
+    /// heartwall and leukocyte: an uncompressed 8-bit AVI of moving bright rings.
+    Video {
+        width: u32,
+        height: u32,
+        frames: u32,
+    },
+}
+
+/// One Rodinia OpenCL program: where it lives, how it is run, what is a timing.
+#[derive(Debug, Clone, Copy)]
+pub struct Program {
+    /// Directory under `opencl/`.
+    pub dir: &'static str,
+    /// Executable the Makefile produces.
+    pub exe: &'static str,
+    /// Arguments; `{data}` is the checkout's `data/`, `{gen}` the generated inputs.
+    pub args: &'static [&'static str],
+    /// Inputs generated before the run, as `(file name under {gen}, what)`.
+    pub generated: &'static [(&'static str, Generated)],
+    /// The program seeds its random input from `time()`: run it with a fixed clock
+    /// (an `LD_PRELOAD` of `time()` only; elapsed-time measurement is untouched).
+    pub clock_seeded: bool,
+    /// Regular expressions of further output lines whose numbers are timings.
+    pub timing_lines: &'static [&'static str],
+    /// Edits made to the private copy before building, as `(file, from, to)`: only
+    /// to let a program run at all here (a GPU-only device query, a bug that today's
+    /// compilers turn into a crash); both sides run the same edited binary.
+    pub edits: &'static [(&'static str, &'static str, &'static str)],
+}
+
+/// The suite, in Rodinia's alphabetical order. Sizes are the small end of what each
+/// program accepts, so that a CPU device runs the whole suite in minutes.
+pub const PROGRAMS: &[Program] = &[
+    Program {
+        dir: "b+tree",
+        exe: "b+tree.out",
+        args: &[
+            "file",
+            "{gen}/btree.txt",
+            "command",
+            "{data}/b+tree/command.txt",
+        ],
+        generated: &[("btree.txt", Generated::BTreeKeys)],
+        clock_seeded: false,
+        timing_lines: &[r"(?i)took"],
+        edits: &[],
+    },
+    Program {
+        dir: "backprop",
+        exe: "backprop.out",
+        args: &["-n", "65536"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "bfs",
+        exe: "bfs.out",
+        args: &["{data}/bfs/graph4096.txt"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "cfd",
+        exe: "euler3d.out",
+        args: &["{gen}/cfd.domn"],
+        generated: &[("cfd.domn", Generated::CfdMesh)],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "dwt2d",
+        exe: "dwt2d.out",
+        args: &[
+            "192.bmp",
+            "-i",
+            "{data}/dwt2d",
+            "-D",
+            "192x192",
+            "-f",
+            "-5",
+            "-l",
+            "3",
+        ],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "gaussian",
+        exe: "gaussian.out",
+        args: &["-f", "{data}/gaussian/matrix208.txt"],
+        generated: &[],
+        clock_seeded: false,
+        // The row under "Matrix Size Write(s) ... Total(s)" is all timings.
+        timing_lines: &[r"^\d+x\d+\s"],
+        edits: &[],
+    },
+    Program {
+        dir: "heartwall",
+        exe: "heartwall.out",
+        args: &[
+            "-f",
+            "{gen}/heart.avi",
+            "-i",
+            "{data}/heartwall/input.txt",
+            "-n",
+            "3",
+        ],
+        generated: &[(
+            "heart.avi",
+            Generated::Video {
+                width: 609,
+                height: 590,
+                frames: 4,
+            },
+        )],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "hotspot",
+        exe: "hotspot.out",
+        args: &[
+            "64",
+            "2",
+            "20",
+            "{data}/hotspot/temp_64",
+            "{data}/hotspot/power_64",
+            "output.txt",
+        ],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "hotspot3D",
+        exe: "hotspot3D.out",
+        args: &[
+            "-n",
+            "64",
+            "-l",
+            "8",
+            "-i",
+            "20",
+            "-f",
+            "{data}/hotspot3D/power_64x8",
+            "{data}/hotspot3D/temp_64x8",
+            "output.txt",
+        ],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "hybridsort",
+        exe: "hybridsort.out",
+        args: &["r"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "kmeans",
+        exe: "kmeans.out",
+        args: &["-o", "-i", "{data}/kmeans/100", "-p", "0", "-d", "0"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        // `allocate` is declared `int` and falls off its end: today's g++ takes that
+        // path as unreachable and runs into the next function (a jump to 0 natively).
+        edits: &[(
+            "kmeans.cpp",
+            "membership_OCL = (int*) malloc(n_points * sizeof(int));",
+            "membership_OCL = (int*) malloc(n_points * sizeof(int)); return 0;",
+        )],
+    },
+    Program {
+        dir: "lavaMD",
+        exe: "lavaMD.out",
+        args: &["-boxes1d", "4"],
+        generated: &[],
+        clock_seeded: true,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "leukocyte",
+        exe: "leukocyte.out",
+        args: &["{gen}/leuko.avi", "2"],
+        // It insists on a GPU; any device will do for comparing outputs.
+        generated: &[(
+            "leuko.avi",
+            Generated::Video {
+                width: 640,
+                height: 480,
+                frames: 3,
+            },
+        )],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[(
+            "OpenCL/find_ellipse_opencl.c",
+            "CL_DEVICE_TYPE_GPU",
+            "CL_DEVICE_TYPE_ALL",
+        )],
+    },
+    Program {
+        dir: "lud",
+        exe: "lud.out",
+        args: &["-i", "{data}/lud/256.dat", "-v"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "myocyte",
+        exe: "myocyte.out",
+        args: &["-time", "10", "-r", "{data}/myocyte"],
+        generated: &[],
+        clock_seeded: false,
+        // The time table: "0.000528 s, 0.0577 % : GPU: OTHER", then the total alone.
+        timing_lines: &[r"\bs,\s.*%\s*:", r"^\s*[0-9.]+ s$"],
+        edits: &[],
+    },
+    Program {
+        dir: "nn",
+        exe: "nn.out",
+        args: &[
+            "{data}/nn/filelist.txt",
+            "-r",
+            "5",
+            "-lat",
+            "30",
+            "-lng",
+            "90",
+            "-f",
+            "{data}/nn",
+            "-p",
+            "0",
+            "-d",
+            "0",
+        ],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "nw",
+        exe: "nw.out",
+        args: &["256", "10", "./nw.cl"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "particlefilter",
+        exe: "OCL_particlefilter_double.out",
+        args: &["-x", "128", "-y", "128", "-z", "10", "-np", "1000"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "pathfinder",
+        exe: "pathfinder.out",
+        args: &["-c", "1000", "-r", "100", "-h", "20"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "srad",
+        exe: "srad.out",
+        args: &["-n", "20", "-l", "0.5", "-s", "502", "458"],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+    Program {
+        dir: "streamcluster",
+        exe: "streamcluster.out",
+        args: &[
+            "10",
+            "20",
+            "16",
+            "1024",
+            "1024",
+            "100",
+            "none",
+            "output.txt",
+            "1",
+            "-p",
+            "0",
+            "-d",
+            "0",
+        ],
+        generated: &[],
+        clock_seeded: false,
+        timing_lines: &[],
+        edits: &[],
+    },
+];
+
+/// Lines whose numbers are timings in every Rodinia program: the suite's common
+/// `Init: ... Total:` breakdown, and lines that speak of time.
+const COMMON_TIMING_LINES: &[&str] = &[
+    r"^\s*(Init|MemAlloc|HtoD|Exec|DtoH|DtoD|Close|Total|Compile|Kernel|GPU Execution)\s*:",
+    r"(?i)\btime\b|\btook\b|\belapsed\b|\bseconds?\b|\bms\b|\(s\)|\bsec\b",
+];
+
+/// Masks the numbers of timing lines, so that outputs compare on results only.
+#[derive(Debug)]
+pub struct Normalizer {
+    timing: Vec<Regex>,
+    number: Regex,
+}
+
+impl Normalizer {
+    pub fn new(extra: &[&str]) -> Result<Normalizer> {
+        let timing = COMMON_TIMING_LINES
+            .iter()
+            .chain(extra)
+            .map(|r| Regex::new(r).with_context(|| format!("timing pattern {r}")))
+            .collect::<Result<_>>()?;
+        Ok(Normalizer {
+            timing,
+            number: Regex::new(r"[-+]?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?")?,
+        })
+    }
+
+    /// `text` with the numbers of its timing lines replaced by `#` and their spacing
+    /// made single.
+    pub fn normalize(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        for line in text.lines() {
+            if self.timing.iter().any(|r| r.is_match(line)) {
+                // Numbers go, and so does the padding printf gave them.
+                let masked = self.number.replace_all(line, "#");
+                out.push_str(&masked.split_whitespace().collect::<Vec<_>>().join(" "));
+            } else {
+                out.push_str(line);
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// A deterministic generator (SplitMix64), so that generated inputs are the same on
+/// every machine without a dependency for a dozen lines.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// b+tree's input: the key count, then keys 1..=n shuffled.
+pub fn btree_keys(n: u32) -> String {
+    let mut keys: Vec<u32> = (1..=n).collect();
+    let mut rng = SplitMix(0x0062_7472_6565);
+    for i in (1..keys.len()).rev() {
+        keys.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut s = format!("{n}\n");
+    for k in keys {
+        let _ = writeln!(s, "{k}");
+    }
+    s
+}
+
+/// cfd's input: `nel` elements on a ring, each with four faces: its two ring
+/// neighbours, a wall (-1) and the far field (-2), as in Rodinia's meshes (element
+/// numbers from 1, Fortran style), with an area and one normal per face.
+pub fn cfd_mesh(nel: u32) -> String {
+    let mut rng = SplitMix(0x0063_6664);
+    let mut s = format!("{nel}\n");
+    for i in 0..nel {
+        let prev = (i + nel - 1) % nel + 1;
+        let next = (i + 1) % nel + 1;
+        let area = 0.5 + rng.unit();
+        let _ = write!(s, "{area:.6}");
+        for nb in [prev as i64, next as i64, -1, -2] {
+            let (x, y, z) = (rng.unit() - 0.5, rng.unit() - 0.5, (rng.unit() - 0.5) * 0.1);
+            let _ = write!(s, " {nb} {x:.6} {y:.6} {z:.6}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The C source of the video generator, compiled against the program's own avilib
+/// (so the file is what that reader expects): 8-bit frames of a dim gradient with
+/// bright rings that move a little from frame to frame, for the trackers to follow.
+const VIDEO_GENERATOR: &str = r#"
+#include <stdlib.h>
+#include <math.h>
+#include "avilib.h"
+int main(int argc, char **argv) {
+    int w = atoi(argv[2]), h = atoi(argv[3]), n = atoi(argv[4]);
+    avi_t *avi = AVI_open_output_file(argv[1]);
+    if (!avi) return 1;
+    AVI_set_video(avi, w, h, 30.0, "RGB");
+    unsigned char *f = malloc((size_t)w * h);
+    for (int k = 0; k < n; k++) {
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++) {
+                double v = 40.0 + 40.0 * x / w;
+                for (int c = 0; c < 6; c++) {
+                    double cx = w * (0.2 + 0.12 * c) + 2.0 * k, cy = h * (0.3 + 0.07 * c) + k;
+                    double r = hypot(x - cx, y - cy);
+                    if (fabs(r - 12.0) < 2.5) v = 220.0;
+                }
+                f[(size_t)y * w + x] = (unsigned char)v;
+            }
+        if (AVI_write_frame(avi, (char *)f, (long)w * h, 1)) return 2;
+    }
+    return AVI_close(avi) ? 3 : 0;
+}
+"#;
+
+/// A `time()` that always answers 2020-01-01, for programs that seed from the clock.
+const FIXED_TIME: &str = r#"
+#include <time.h>
+time_t time(time_t *t) { if (t) *t = 1577836800; return 1577836800; }
+"#;
+
+/// Where the suite is prepared and run.
+#[derive(Debug)]
+pub struct Workspace {
+    /// The checkout.
+    pub src: PathBuf,
+    /// A private copy of `opencl/`, `common/` and the build products.
+    pub build: PathBuf,
+    /// Generated inputs.
+    pub inputs: PathBuf,
+    /// The compiler wrappers (flags that let 2009-era code build with today's gcc).
+    pub tools: PathBuf,
+    pub fixed_time: PathBuf,
+}
+
+fn write_exec(path: &Path, body: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, body)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .context("cp runs")?;
+    ensure!(st.success(), "copying {} failed", from.display());
+    Ok(())
+}
+
+impl Workspace {
+    /// Copies the checkout's sources into `work` and writes the compiler wrappers.
+    pub fn prepare(src: &Path, work: &Path) -> Result<Workspace> {
+        for need in ["opencl", "common", "data"] {
+            ensure!(
+                src.join(need).is_dir(),
+                "{} has no {need}/: give the root of a Rodinia 3.1 checkout",
+                src.display()
+            );
+        }
+        if work.exists() {
+            std::fs::remove_dir_all(work)?;
+        }
+        let build = work.join("tree");
+        let inputs = work.join("gen");
+        let tools = work.join("tools");
+        for d in [&build, &inputs, &tools] {
+            std::fs::create_dir_all(d)?;
+        }
+        copy_tree(&src.join("opencl"), &build)?;
+        copy_tree(&src.join("common"), &build)?;
+        std::os::unix::fs::symlink(src.join("data").canonicalize()?, build.join("data"))?;
+        // Rodinia's code predates C++11 and GCC 10: dynamic exception
+        // specifications, `ifstream == NULL`, tentative definitions in headers, and a
+        // prebuilt non-PIC meschach archive. These flags restore the compilers it
+        // was written for; warnings are silenced because they are not ours to fix.
+        write_exec(
+            &tools.join("gcc"),
+            "#!/bin/sh\nexec /usr/bin/gcc -fcommon -no-pie -w \"$@\"\n",
+        )?;
+        std::fs::copy(tools.join("gcc"), tools.join("cc"))?;
+        write_exec(
+            &tools.join("g++"),
+            "#!/bin/sh\nexec /usr/bin/g++ -std=gnu++98 -fcommon -no-pie -w \"$@\"\n",
+        )?;
+        let fixed_time = tools.join("fixed_time.so");
+        let c = tools.join("fixed_time.c");
+        std::fs::write(&c, FIXED_TIME)?;
+        let st = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&fixed_time)
+            .arg(&c)
+            .status()?;
+        ensure!(st.success(), "building the fixed clock failed");
+        Ok(Workspace {
+            src: src.to_path_buf(),
+            build,
+            inputs,
+            tools,
+            fixed_time,
+        })
+    }
+
+    fn program_dir(&self, p: &Program) -> PathBuf {
+        self.build.join("opencl").join(p.dir)
+    }
+
+    /// Builds one program with its own Makefile, serially (several Makefiles have
+    /// rules that race under `-j`). Returns the build log on failure.
+    pub fn build(&self, p: &Program) -> Result<(), String> {
+        let path = format!(
+            "{}:{}",
+            self.tools.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        for (file, from, to) in p.edits {
+            let path = self.program_dir(p).join(file);
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{file}: {e}"))?;
+            if text.contains(to) {
+                continue;
+            }
+            if !text.contains(from) {
+                return Err(format!("{file} has no `{from}` to replace"));
+            }
+            std::fs::write(&path, text.replace(from, to)).map_err(|e| e.to_string())?;
+        }
+        let mut cmd = Command::new("make");
+        cmd.current_dir(self.program_dir(p))
+            .env("PATH", path)
+            .env("CPATH", self.build.join("opencl/util"))
+            .stdin(Stdio::null());
+        // The Makefiles look for NVIDIA's or Intel's SDK; the ICD loader and the
+        // Khronos headers are where Debian puts them.
+        for var in ["NV_OPENCL", "INTEL_OPENCL", "OPENCL"] {
+            cmd.arg(format!("{var}_INC=/usr/include"))
+                .arg(format!("{var}_LIB=/usr/lib/x86_64-linux-gnu"));
+        }
+        let out = cmd.output().map_err(|e| format!("make: {e}"))?;
+        let exe = self.program_dir(p).join(p.exe);
+        if out.status.success() && exe.is_file() {
+            Ok(())
+        } else {
+            let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
+            log.push_str(&String::from_utf8_lossy(&out.stderr));
+            Err(log)
+        }
+    }
+
+    /// Writes the program's generated inputs.
+    pub fn generate(&self, p: &Program) -> Result<()> {
+        for (name, what) in p.generated {
+            let path = self.inputs.join(name);
+            if path.exists() {
+                continue;
+            }
+            match *what {
+                Generated::BTreeKeys => std::fs::write(&path, btree_keys(10_000))?,
+                Generated::CfdMesh => std::fs::write(&path, cfd_mesh(4096))?,
+                Generated::Video {
+                    width,
+                    height,
+                    frames,
+                } => self.video(p, &path, width, height, frames)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn video(&self, p: &Program, path: &Path, w: u32, h: u32, n: u32) -> Result<()> {
+        let dir = self.program_dir(p);
+        let avilib = ["util/avi/avilib.c", "OpenCL/avilib.c"]
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|f| f.is_file())
+            .with_context(|| format!("no avilib.c in {}", dir.display()))?;
+        let c = self.inputs.join("videogen.c");
+        std::fs::write(&c, VIDEO_GENERATOR)?;
+        let exe = self.inputs.join(format!("videogen-{}", p.dir));
+        let st = Command::new("gcc")
+            .args(["-O2", "-w", "-o"])
+            .arg(&exe)
+            .arg(&c)
+            .arg(&avilib)
+            .arg("-I")
+            .arg(avilib.parent().expect("avilib.c has a directory"))
+            .arg("-lm")
+            .status()?;
+        ensure!(st.success(), "building the video generator failed");
+        let st = Command::new(&exe)
+            .arg(path)
+            .args([w.to_string(), h.to_string(), n.to_string()])
+            .status()?;
+        ensure!(st.success(), "writing {} failed", path.display());
+        Ok(())
+    }
+
+    /// The program's arguments with `{data}` and `{gen}` filled in.
+    pub fn args(&self, p: &Program) -> Vec<String> {
+        let data = self.src.join("data");
+        p.args
+            .iter()
+            .map(|a| {
+                a.replace("{data}", &data.to_string_lossy())
+                    .replace("{gen}", &self.inputs.to_string_lossy())
+            })
+            .collect()
+    }
+}
+
+/// What one run left behind.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// "exit 0", "signal 11", "timeout".
+    pub status: String,
+    pub seconds: f64,
+    pub stdout: String,
+    pub stderr: String,
+    /// Files the run created or changed in the program's directory.
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+fn snapshot(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let ty = e.file_type()?;
+            if ty.is_dir() {
+                stack.push(e.path());
+            } else if ty.is_file() {
+                let rel = e.path().strip_prefix(dir)?.to_string_lossy().into_owned();
+                out.insert(rel, std::fs::read(e.path())?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Which run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Native,
+    /// Native with `MALLOC_PERTURB_`, to tell what the program leaves undetermined.
+    Perturbed,
+    Hira,
+}
+
+/// Runs the built program once in a fresh copy of its directory (so outputs of one
+/// side never meet the other's), laid out like the checkout so that relative paths
+/// such as srad's `../../data/` resolve.
+pub fn run_once(
+    ws: &Workspace,
+    env: &BenchEnv,
+    p: &Program,
+    side: Side,
+    scratch: &Path,
+    timeout: Duration,
+) -> Result<Outcome> {
+    let root = scratch.join(match side {
+        Side::Native => "native",
+        Side::Perturbed => "perturbed",
+        Side::Hira => "hira",
+    });
+    if root.exists() {
+        std::fs::remove_dir_all(&root)?;
+    }
+    std::fs::create_dir_all(root.join("opencl"))?;
+    std::os::unix::fs::symlink(ws.build.join("data"), root.join("data"))?;
+    let dir = root.join("opencl").join(p.dir);
+    copy_tree(&ws.program_dir(p), &dir)?;
+    let before = snapshot(&dir)?;
+
+    let out_path = root.join("stdout");
+    let err_path = root.join("stderr");
+    let mut cmd = env.command(side == Side::Hira, &dir.join(p.exe), &ws.args(p));
+    if side == Side::Perturbed {
+        // glibc fills every allocation with this byte: a program whose output
+        // depends on memory it never wrote shows it here.
+        cmd.env("MALLOC_PERTURB_", "165");
+    }
+    cmd.current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::fs::File::create(&err_path)?);
+    if p.clock_seeded {
+        cmd.env("LD_PRELOAD", &ws.fixed_time);
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("{} starts", p.exe))?;
+    let pid = child.id();
+    // Bounded wait on the child's exit (a pidfd would do; std's wait with a watchdog
+    // thread that kills a hung program is enough and portable).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let watchdog = std::thread::spawn(move || {
+        if rx.recv_timeout(timeout).is_err() {
+            // SAFETY: `pid` is our child, not yet reaped: the main thread reaps it
+            // only after this thread is told to stop or has sent the signal.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            return true;
+        }
+        false
+    });
+    let status = child.wait()?;
+    let _ = tx.send(());
+    let timed_out = watchdog.join().unwrap_or(false);
+    let seconds = start.elapsed().as_secs_f64();
+
+    let status = if timed_out {
+        "timeout".to_string()
+    } else if let Some(code) = status.code() {
+        format!("exit {code}")
+    } else {
+        use std::os::unix::process::ExitStatusExt;
+        format!("signal {}", status.signal().unwrap_or(0))
+    };
+    let mut files = snapshot(&dir)?;
+    files.retain(|name, data| before.get(name) != Some(data));
+    Ok(Outcome {
+        status,
+        seconds,
+        stdout: String::from_utf8_lossy(&std::fs::read(&out_path)?).into_owned(),
+        stderr: String::from_utf8_lossy(&std::fs::read(&err_path)?).into_owned(),
+        files,
+    })
+}
+
+/// One program's row.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub name: &'static str,
+    /// `None` when it built; the tail of the build log otherwise.
+    pub build_error: Option<String>,
+    /// The plain native run, and the one with glibc's `MALLOC_PERTURB_`.
+    pub native: Option<Outcome>,
+    pub hira: Option<Outcome>,
+    pub comparison: Comparison,
+}
+
+impl Row {
+    pub fn identical(&self) -> bool {
+        self.build_error.is_none() && self.native.is_some() && self.comparison.same()
+    }
+}
+
+/// Hira's run against the native runs.
+#[derive(Debug, Clone, Default)]
+pub struct Comparison {
+    /// What differs between Hira's run and what the native runs agree on.
+    pub differences: Vec<String>,
+    /// What the two native runs did not agree on, so that no run can be held to it:
+    /// the program reads memory it never wrote (the perturbed run fills fresh
+    /// allocations with a pattern) or prints something else that varies.
+    pub undetermined: Vec<String>,
+}
+
+impl Comparison {
+    pub fn same(&self) -> bool {
+        self.differences.is_empty()
+    }
+}
+
+fn split_lines(b: &[u8]) -> Vec<&[u8]> {
+    b.split(|c| *c == b'\n').collect()
+}
+
+/// Compares `hira` with native runs `a` and `b` line by line; lines on which the
+/// native runs differ are not compared but counted.
+fn compare_text(what: &str, a: &[u8], b: &[u8], hira: &[u8], c: &mut Comparison) {
+    if a == b {
+        if a != hira {
+            let (la, lh) = (split_lines(a), split_lines(hira));
+            let detail = la.iter().zip(&lh).position(|(x, y)| x != y).map_or_else(
+                || format!("{} lines natively, {} through Hira", la.len(), lh.len()),
+                |i| {
+                    format!(
+                        "line {}: `{}` / `{}`",
+                        i + 1,
+                        String::from_utf8_lossy(la[i]).trim(),
+                        String::from_utf8_lossy(lh[i]).trim()
+                    )
+                },
+            );
+            c.differences.push(format!("{what}: {detail}"));
+        }
+        return;
+    }
+    let (la, lb, lh) = (split_lines(a), split_lines(b), split_lines(hira));
+    if la.len() != lb.len() {
+        c.undetermined
+            .push(format!("{what}: native runs differ in length"));
+        return;
+    }
+    let varying = la.iter().zip(&lb).filter(|(x, y)| x != y).count();
+    c.undetermined.push(format!(
+        "{what}: {varying} of {} lines vary natively",
+        la.len()
+    ));
+    // When most of an output varies natively, the lines that happen to agree were
+    // computed from the same undetermined values: nothing in it can be held to.
+    if varying * 2 > la.len() {
+        return;
+    }
+    if lh.len() != la.len() {
+        c.differences.push(format!(
+            "{what}: {} lines natively, {} through Hira",
+            la.len(),
+            lh.len()
+        ));
+        return;
+    }
+    if let Some(i) = (0..la.len()).find(|&i| la[i] == lb[i] && la[i] != lh[i]) {
+        c.differences.push(format!(
+            "{what}: line {}: `{}` / `{}`",
+            i + 1,
+            String::from_utf8_lossy(la[i]).trim(),
+            String::from_utf8_lossy(lh[i]).trim()
+        ));
+    }
+}
+
+/// Compares Hira's run of `p` with two native runs.
+pub fn compare(p: &Program, a: &Outcome, b: &Outcome, hira: &Outcome) -> Result<Comparison> {
+    let norm = Normalizer::new(p.timing_lines)?;
+    let mut c = Comparison::default();
+    if a.status != b.status {
+        c.undetermined
+            .push(format!("status: {} / {} natively", a.status, b.status));
+    } else if a.status != hira.status {
+        c.differences
+            .push(format!("status: {} / {}", a.status, hira.status));
+    }
+    for (what, x, y, h) in [
+        ("stdout", &a.stdout, &b.stdout, &hira.stdout),
+        ("stderr", &a.stderr, &b.stderr, &hira.stderr),
+    ] {
+        let (x, y, h) = (norm.normalize(x), norm.normalize(y), norm.normalize(h));
+        compare_text(what, x.as_bytes(), y.as_bytes(), h.as_bytes(), &mut c);
+    }
+    let names: std::collections::BTreeSet<&String> = a
+        .files
+        .keys()
+        .chain(b.files.keys())
+        .chain(hira.files.keys())
+        .collect();
+    for name in names {
+        match (a.files.get(name), b.files.get(name), hira.files.get(name)) {
+            (Some(x), Some(y), Some(h)) => compare_text(name, x, y, h, &mut c),
+            (Some(_), Some(_), None) => c.differences.push(format!("{name}: only natively")),
+            (None, None, Some(_)) => c.differences.push(format!("{name}: only through Hira")),
+            _ => c
+                .undetermined
+                .push(format!("{name}: written by one native run only")),
+        }
+    }
+    Ok(c)
+}
+
+/// Builds, runs and compares the programs named in `only` (all when empty).
+pub fn run(
+    src: &Path,
+    work: &Path,
+    env: &BenchEnv,
+    only: &[String],
+    timeout: Duration,
+) -> Result<Vec<Row>> {
+    for name in only {
+        if !PROGRAMS.iter().any(|p| p.dir == name) {
+            bail!("no Rodinia program {name}");
+        }
+    }
+    let ws = Workspace::prepare(src, work)?;
+    let selected: Vec<&Program> = PROGRAMS
+        .iter()
+        .filter(|p| only.is_empty() || only.iter().any(|o| o == p.dir))
+        .collect();
+    let total = selected.len();
+    let mut rows = vec![];
+    for (i, p) in selected.into_iter().enumerate() {
+        eprint!("\r\x1b[2K[{}/{total}] {}: building", i + 1, p.dir);
+        let mut row = Row {
+            name: p.dir,
+            build_error: None,
+            native: None,
+            hira: None,
+            comparison: Comparison::default(),
+        };
+        if let Err(log) = ws.build(p) {
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            row.build_error = Some(tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            rows.push(row);
+            continue;
+        }
+        ws.generate(p)?;
+        let scratch = work.join("runs").join(p.dir);
+        eprint!("\r\x1b[2K[{}/{total}] {}: native", i + 1, p.dir);
+        let native = run_once(&ws, env, p, Side::Native, &scratch, timeout)?;
+        eprint!("\r\x1b[2K[{}/{total}] {}: native, perturbed", i + 1, p.dir);
+        let perturbed = run_once(&ws, env, p, Side::Perturbed, &scratch, timeout)?;
+        eprint!("\r\x1b[2K[{}/{total}] {}: through Hira", i + 1, p.dir);
+        let hira = run_once(&ws, env, p, Side::Hira, &scratch, timeout)?;
+        row.comparison = compare(p, &native, &perturbed, &hira)?;
+        row.native = Some(native);
+        row.hira = Some(hira);
+        rows.push(row);
+    }
+    eprint!("\r\x1b[2K");
+    Ok(rows)
+}
+
+/// The Markdown table.
+pub fn markdown(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| program | builds | native | through Hira | output | not determined natively | native s | Hira s |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let (ns, hs, nt, ht) = match (&r.native, &r.hira) {
+            (Some(n), Some(h)) => (
+                n.status.clone(),
+                h.status.clone(),
+                format!("{:.2}", n.seconds),
+                format!("{:.2}", h.seconds),
+            ),
+            _ => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        let output = if r.build_error.is_some() {
+            "-".to_string()
+        } else if r.comparison.same() {
+            let files = r.native.as_ref().map_or(0, |n| n.files.len());
+            let scope = if r.comparison.undetermined.is_empty() {
+                ""
+            } else {
+                " where determined natively"
+            };
+            format!("identical{scope} (stdout, stderr, {files} files)")
+        } else {
+            format!("differs: {}", r.comparison.differences.join("; "))
+        };
+        let undetermined = if r.comparison.undetermined.is_empty() {
+            "-".to_string()
+        } else {
+            r.comparison.undetermined.join("; ")
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {ns} | {hs} | {output} | {undetermined} | {nt} | {ht} |",
+            r.name,
+            if r.build_error.is_some() { "no" } else { "yes" },
+        );
+    }
+    s
+}
+
+/// The results as JSON (without outputs).
+pub fn json(rows: &[Row]) -> serde_json::Value {
+    serde_json::Value::Array(
+        rows.iter()
+            .map(|r| {
+                let side = |o: &Option<Outcome>| {
+                    o.as_ref().map(|o| {
+                        serde_json::json!({
+                            "status": o.status,
+                            "seconds": o.seconds,
+                            "files": o.files.keys().collect::<Vec<_>>(),
+                        })
+                    })
+                };
+                serde_json::json!({
+                    "program": r.name,
+                    "builds": r.build_error.is_none(),
+                    "build_log_tail": r.build_error,
+                    "native": side(&r.native),
+                    "hira": side(&r.hira),
+                    "identical": r.identical(),
+                    "differences": r.comparison.differences,
+                    "undetermined_natively": r.comparison.undetermined,
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_are_masked_and_results_are_not() {
+        let n = Normalizer::new(&[r"^\d+x\d+\s"]).unwrap();
+        let a =
+            "Init: 609.375977\nresult 1.5 2.5\nKernel time: 3.2 ms\n208x208  0.02 [0.35MB] 3.5\n";
+        let b = "Init: 11.0\nresult 1.5 2.5\nKernel time: 9.9 ms\n208x208  0.03 [0.35MB] 4.5\n";
+        assert_eq!(n.normalize(a), n.normalize(b));
+        let c = "Init: 11.0\nresult 1.5 2.6\nKernel time: 9.9 ms\n208x208  0.03 [0.35MB] 4.5\n";
+        // printf's padding of a timing follows its width.
+        let m = Normalizer::new(&[r"\bs,\s.*%\s*:"]).unwrap();
+        assert_eq!(
+            m.normalize(" 0.0475 s,  4.14 % : GPU: OTHER\n"),
+            m.normalize(" 0.0475 s, 23.87 % : GPU: OTHER\n")
+        );
+        assert_ne!(n.normalize(a), n.normalize(c));
+        // A result that merely follows a colon is still compared.
+        assert_ne!(
+            n.normalize("Distance=0.41\n"),
+            n.normalize("Distance=0.42\n")
+        );
+    }
+
+    #[test]
+    fn generated_inputs_are_deterministic_and_well_formed() {
+        let keys = btree_keys(100);
+        assert_eq!(keys, btree_keys(100));
+        let mut nums: Vec<u32> = keys.lines().skip(1).map(|l| l.parse().unwrap()).collect();
+        assert_eq!(keys.lines().next(), Some("100"));
+        assert_ne!(nums, (1..=100).collect::<Vec<_>>(), "keys are shuffled");
+        nums.sort_unstable();
+        assert_eq!(nums, (1..=100).collect::<Vec<_>>());
+
+        let mesh = cfd_mesh(8);
+        assert_eq!(mesh, cfd_mesh(8));
+        let lines: Vec<&str> = mesh.lines().collect();
+        assert_eq!(lines[0], "8");
+        assert_eq!(lines.len(), 9);
+        for l in &lines[1..] {
+            // area + 4 faces x (neighbour + 3 normal components)
+            assert_eq!(l.split_whitespace().count(), 1 + 4 * 4);
+        }
+        // Element 1's neighbours are 8 and 2 (numbered from 1).
+        let f: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!((f[1], f[5], f[9], f[13]), ("8", "2", "-1", "-2"));
+    }
+
+    fn outcome(status: &str, stdout: &str, file: &[u8]) -> Outcome {
+        Outcome {
+            status: status.into(),
+            seconds: 1.0,
+            stdout: stdout.into(),
+            stderr: String::new(),
+            files: BTreeMap::from([("output.txt".to_string(), file.to_vec())]),
+        }
+    }
+
+    #[test]
+    fn comparison_reports_status_output_and_files() {
+        let p = &PROGRAMS[0];
+        let base = outcome("exit 0", "Total: 1.0\nfound 42\n", b"1 2 3");
+        let same = outcome("exit 0", "Total: 7.0\nfound 42\n", b"1 2 3");
+        let c = compare(p, &base, &base, &same).unwrap();
+        assert!(c.same() && c.undetermined.is_empty(), "{c:?}");
+
+        let mut other = outcome("signal 11", "Total: 1.0\nfound 43\n", b"1 2 4");
+        other.files.insert("extra".into(), vec![]);
+        let c = compare(p, &base, &base, &other).unwrap();
+        assert_eq!(c.differences.len(), 4, "{c:?}");
+    }
+
+    #[test]
+    fn lines_that_vary_natively_are_not_held_against_hira() {
+        let p = &PROGRAMS[0];
+        let a = outcome("exit 0", "ok\n", b"1\n2 garbage 77\n3\n");
+        let b = outcome("exit 0", "ok\n", b"1\n2 garbage 91\n3\n");
+        // Hira's garbage differs too, on the one undetermined line only.
+        let h = outcome("exit 0", "ok\n", b"1\n2 garbage 5\n3\n");
+        let c = compare(p, &a, &b, &h).unwrap();
+        assert!(c.same(), "{c:?}");
+        assert_eq!(c.undetermined, ["output.txt: 1 of 4 lines vary natively"]);
+        // A difference on a line both native runs agree on still counts.
+        let h = outcome("exit 0", "ok\n", b"1\n2 garbage 5\n4\n");
+        let c = compare(p, &a, &b, &h).unwrap();
+        assert_eq!(c.differences, ["output.txt: line 3: `3` / `4`"]);
+        // An output that mostly varies natively is not compared at all.
+        let a = outcome("exit 0", "ok\n", b"1\n2\n3");
+        let b = outcome("exit 0", "ok\n", b"5\n6\n3");
+        let h = outcome("exit 0", "ok\n", b"7\n8\n9");
+        let c = compare(p, &a, &b, &h).unwrap();
+        assert!(c.same(), "{c:?}");
+        assert_eq!(c.undetermined, ["output.txt: 2 of 3 lines vary natively"]);
+        let a = outcome("exit 0", "ok\n", b"1\n2 garbage 77\n3\n");
+        // So does a status the native runs agree on.
+        let h = outcome("signal 6", "ok\n", b"1\n2 garbage 77\n3\n");
+        assert!(!compare(p, &a, &b, &h).unwrap().same());
+    }
+
+    #[test]
+    fn every_program_is_named_once() {
+        let mut dirs: Vec<&str> = PROGRAMS.iter().map(|p| p.dir).collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        assert_eq!(dirs.len(), PROGRAMS.len());
+        for p in PROGRAMS {
+            Normalizer::new(p.timing_lines).unwrap();
+        }
+    }
+}
