@@ -16,6 +16,18 @@ ensure_packages() {
     fi
 }
 
+# Installs piglit (the Mesa project's test suite; its OpenCL tests run natively and
+# through Hira in the compatibility tests). Most of its 2 GB are OpenGL shader tests.
+ensure_piglit() {
+    if ! dpkg-query -W -f='${Status}' piglit 2>/dev/null | grep -q "install ok installed"; then
+        local sudo=""
+        [ "$(id -u)" -ne 0 ] && sudo=sudo
+        echo "installing: piglit"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends piglit >/dev/null
+    fi
+}
+
 # Installs QEMU for the VM tests. bookworm's own qemu-system-x86 would replace the
 # machine's qemu-utils from bookworm-backports, so QEMU comes from backports too.
 ensure_qemu() {

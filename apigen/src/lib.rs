@@ -577,14 +577,15 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             } else {
                 String::new()
             };
-            // Queues and user events remember their context, for wait-list checks.
-            let noted = match (
-                kind.as_str(),
+            // Queues, user events and memory objects remember their context (a
+            // sub-buffer its parent's), for the context checks of enqueues.
+            let parent = |k: &str| {
                 f.args
                     .iter()
-                    .find(|a| matches!(&a.kind, Kind::Handle { kind, .. } if kind == "Context")),
-            ) {
-                ("Queue" | "Event", Some(c)) => format!(
+                    .find(|a| matches!(&a.kind, Kind::Handle { kind, .. } if kind == k))
+            };
+            let noted = match (kind.as_str(), parent("Context"), parent("Mem")) {
+                ("Queue" | "Event" | "Mem", Some(c), _) | ("Mem", None, Some(c)) => format!(
                     "            crate::rt::note_context_of(ret__id, {} as *mut c_void);\n",
                     c.name
                 ),
@@ -637,7 +638,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             Kind::MemFlags => {
                 let _ = writeln!(
                     dec,
-                    "let {n}__guest = r.u64()?;\nlet {n} = Session::host_mem_flags({n}__guest) as {ct};"
+                    "let {n}__guest = r.u64()?;\nlet {n} = Session::host_mem_flags({n}__guest)? as {ct};"
                 );
             }
             Kind::Handle { kind, nullable } => {
@@ -930,6 +931,21 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 _ => a.name.clone(),
             })
             .collect();
+        if f.custom {
+            // A custom info query: a hand-written check that may answer first.
+            let guard_args: Vec<String> = f
+                .args
+                .iter()
+                .filter(|a| !matches!(a.kind, Kind::InfoSize | Kind::InfoVal | Kind::InfoRet))
+                .map(|a| a.name.clone())
+                .collect();
+            let _ = writeln!(
+                s,
+                "    if let Some(code) = crate::opencl::custom::{}(s, {}) {{\n        w.i32(code);\n        return Ok(());\n    }}",
+                f.name,
+                guard_args.join(", ")
+            );
+        }
         let _ = writeln!(
             s,
             "    s.info_query(\"{}\", {pn} as u32, w, |param: u32, size: size_t, value: *mut c_void, size_ret: *mut size_t| {{\n        // SAFETY: `value` is null or points to `size` writable bytes, `size_ret` to a size_t.\n        unsafe {{ rt.{}({}) }}\n    }})\n}}\n",

@@ -721,6 +721,36 @@ fn check_range(m: &rt::MemExtra, offset: usize, size: usize) -> Result<bool, cl_
     }
 }
 
+/// `clEnqueueFillImage`: the host checks the image region against the image, which the
+/// guest does not know, so the call goes synchronously (fills are rare).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueFillImage(
+    _command_queue: cl_command_queue,
+    _image: cl_mem,
+    _fill_color: *const c_void,
+    _origin: *const usize,
+    _region: *const usize,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    Ok(true)
+}
+
+/// `clEnqueueMigrateMemObjects`: its list, flags and contexts are checked by the host,
+/// synchronously (migrations are rare).
+pub(crate) unsafe fn clEnqueueMigrateMemObjects(
+    _command_queue: cl_command_queue,
+    _num_mem_objects: cl_uint,
+    _mem_objects: *const cl_mem,
+    _flags: u64,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    Ok(true)
+}
+
 /// A transfer between host memory and a buffer: range, pointer and the buffer's
 /// host-access flags (`write`: the host writes the buffer).
 fn check_transfer(
@@ -866,6 +896,7 @@ pub(crate) unsafe fn clEnqueueFillBuffer(
 ) -> Result<bool, cl_int> {
     id_of(command_queue.cast(), Kind::Queue)?;
     let unknown = check_range(&mem_of(buffer)?, offset, size)?;
+    rt::check_same_context(command_queue.cast(), &[buffer.cast()])?;
     let valid_pattern = pattern_size.is_power_of_two() && pattern_size <= 128;
     if pattern.is_null()
         || !valid_pattern

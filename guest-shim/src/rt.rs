@@ -328,19 +328,38 @@ pub(crate) fn command_type(id: u64) -> Option<u32> {
     objects().command_type.get(&id).copied()
 }
 
-/// Remembers the context of queue or event `id`: `parent` is its context, or the
-/// queue that made the event.
+/// Remembers the context of queue, event or memory object `id`: `parent` is its
+/// context, the queue that made the event, or the buffer a sub-buffer is part of.
 pub(crate) fn note_context_of(id: u64, parent: *mut c_void) {
     let mut o = objects();
     let context = match o.by_ptr.get(&(parent as usize)).copied() {
         Some((pid, Kind::Context)) => pid,
-        Some((pid, Kind::Queue)) => match o.context_of.get(&pid) {
+        Some((pid, Kind::Queue | Kind::Mem)) => match o.context_of.get(&pid) {
             Some(&c) => c,
             None => return,
         },
         _ => return,
     };
     o.context_of.insert(id, context);
+}
+
+/// `CL_INVALID_CONTEXT` when `queue` and the memory objects `mems` belong to different
+/// contexts, as far as the guest knows (the host checks whatever it does not).
+pub(crate) fn check_same_context(queue: *mut c_void, mems: &[*mut c_void]) -> Result<(), cl_int> {
+    let o = objects();
+    let context = |p: *mut c_void| {
+        o.by_ptr
+            .get(&(p as usize))
+            .and_then(|(id, _)| o.context_of.get(id))
+            .copied()
+    };
+    let Some(ctx) = context(queue) else {
+        return Ok(());
+    };
+    if mems.iter().any(|&m| context(m).is_some_and(|c| c != ctx)) {
+        return Err(CL_INVALID_CONTEXT);
+    }
+    Ok(())
 }
 
 /// The wait list of an enqueue on `queue`: `CL_INVALID_EVENT_WAIT_LIST` when `list`
@@ -520,7 +539,11 @@ impl Callback {
 /// Registers a callback; returns the id the host will name it by (0 for none).
 pub(crate) fn register_callback(cb: Callback, user_data: *mut c_void) -> u64 {
     if !cb.is_set() {
-        return 0;
+        return if user_data.is_null() {
+            0
+        } else {
+            hira_protocol::opencl::CALLBACK_DATA_ONLY
+        };
     }
     let rt = runtime();
     let id = new_id();

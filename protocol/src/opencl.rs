@@ -85,6 +85,12 @@ impl TryFrom<u8> for Kind {
     }
 }
 
+/// The callback id sent for a callback argument when the application passed no
+/// function but a non-null `user_data`: the host sees the same (NULL, non-NULL) pair
+/// and answers it as natively (`CL_INVALID_VALUE` where the API says so). Id 0 is
+/// (NULL, NULL).
+pub const CALLBACK_DATA_ONLY: u64 = u64::MAX;
+
 /// Notification types: the `opcode` of a `Notify` frame, naming which kind of
 /// application callback it delivers.
 pub mod notify {

@@ -92,6 +92,13 @@ pub struct Builds {
     staged: Mutex<HashMap<usize, Staged>>,
     /// Options the host was given, and the guest's options they stand for.
     options: Mutex<HashMap<String, String>>,
+    /// Programs whose last build the guest made without [`ARG_INFO`]: whether it gave
+    /// options at all (hosts differ between none and some, PoCL among them).
+    without_arg_info: Mutex<HashMap<usize, bool>>,
+    /// Per "options given", the kernel-argument queries the host answers with
+    /// `CL_KERNEL_ARG_INFO_NOT_AVAILABLE` without [`ARG_INFO`] (bit `param - 0x1196`),
+    /// found once by building a probe program that way.
+    unavailable: Mutex<HashMap<bool, u8>>,
 }
 
 /// The directory this process's builds run in: under `XDG_CACHE_HOME` (set to the
@@ -264,6 +271,17 @@ impl Builds {
         let guest = options
             .map(|o| o.to_string_lossy().into_owned())
             .unwrap_or_default();
+        {
+            let mut w = self
+                .without_arg_info
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if guest.split_whitespace().any(|o| o == ARG_INFO) {
+                w.remove(&program);
+            } else {
+                w.insert(program, options.is_some());
+            }
+        }
         let Some(staged) = staged else {
             let Ok(opts) = CString::new(self.host_options(&guest, with_arg_info(&guest))) else {
                 return Some(CL_INVALID_VALUE);
@@ -326,6 +344,22 @@ impl Builds {
                 .insert(host.clone(), guest.to_string());
         }
         host
+    }
+
+    /// For a program the guest built without [`ARG_INFO`]: whether it gave options.
+    pub fn built_without_arg_info(&self, program: usize) -> Option<bool> {
+        self.without_arg_info
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&program)
+            .copied()
+    }
+
+    /// The host's unavailable kernel-argument queries without [`ARG_INFO`] (see
+    /// `unavailable`), from `probe` the first time.
+    pub fn unavailable_arg_info(&self, options_given: bool, probe: impl FnOnce() -> u8) -> u8 {
+        let mut u = self.unavailable.lock().unwrap_or_else(|e| e.into_inner());
+        *u.entry(options_given).or_insert_with(probe)
     }
 
     /// `CL_PROGRAM_BUILD_OPTIONS` as the guest gave them, from what the host reports.

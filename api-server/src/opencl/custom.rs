@@ -214,6 +214,127 @@ pub unsafe fn clCompileProgram(
     })
 }
 
+const CL_KERNEL_ARG_INFO_NOT_AVAILABLE: cl_int = -19;
+const CL_KERNEL_CONTEXT: u32 = 0x1193;
+const CL_KERNEL_PROGRAM: u32 = 0x1194;
+const CL_CONTEXT_DEVICES: u32 = 0x1081;
+const CL_KERNEL_ARG_ADDRESS_QUALIFIER: u32 = 0x1196;
+const CL_KERNEL_ARG_NAME: u32 = 0x119A;
+
+/// `clGetKernelArgInfo` as natively for a program the guest built without
+/// `-cl-kernel-arg-info`: the API server always adds the option (it needs argument
+/// types), so where the host would have had no information the guest gets
+/// `CL_KERNEL_ARG_INFO_NOT_AVAILABLE`. Which queries those are is the host's answer
+/// for a probe program built the guest's way, asked once. `None`: ask the host.
+pub fn clGetKernelArgInfo(
+    s: &mut Session<'_>,
+    kernel: cl_kernel,
+    arg_indx: cl_uint,
+    param_name: u32,
+) -> Option<cl_int> {
+    if !(CL_KERNEL_ARG_ADDRESS_QUALIFIER..=CL_KERNEL_ARG_NAME).contains(&param_name) {
+        return None;
+    }
+    let rt = s.rt();
+    let mut program: cl_program = std::ptr::null_mut();
+    // One pointer-sized value written into `program`.
+    let st = rt.clGetKernelInfo(
+        kernel,
+        CL_KERNEL_PROGRAM,
+        size_of::<cl_program>(),
+        (&raw mut program).cast(),
+        std::ptr::null_mut(),
+    );
+    if st != Some(0) {
+        return None;
+    }
+    let options_given = s.builds().built_without_arg_info(program as usize)?;
+    // The host's own errors (an argument index out of range) come first.
+    let mut size = 0usize;
+    let st = rt.clGetKernelArgInfo(
+        kernel,
+        arg_indx,
+        param_name,
+        0,
+        std::ptr::null_mut(),
+        &mut size,
+    );
+    if st != Some(0) {
+        return None;
+    }
+    let unavailable = s
+        .builds()
+        .unavailable_arg_info(options_given, || probe_arg_info(rt, kernel, options_given));
+    (unavailable & (1 << (param_name - CL_KERNEL_ARG_ADDRESS_QUALIFIER)) != 0)
+        .then_some(CL_KERNEL_ARG_INFO_NOT_AVAILABLE)
+}
+
+/// Builds a one-kernel program in `kernel`'s context without `-cl-kernel-arg-info`
+/// (no options, or empty ones) and returns which argument queries the host refuses.
+fn probe_arg_info(rt: &super::OpenCl, kernel: cl_kernel, options_given: bool) -> u8 {
+    let mut context: cl_context = std::ptr::null_mut();
+    let mut device: cl_device_id = std::ptr::null_mut();
+    // One pointer-sized value each; the first device of the context.
+    let ok = rt.clGetKernelInfo(
+        kernel,
+        CL_KERNEL_CONTEXT,
+        size_of::<cl_context>(),
+        (&raw mut context).cast(),
+        std::ptr::null_mut(),
+    ) == Some(0)
+        && rt.clGetContextInfo(
+            context,
+            CL_CONTEXT_DEVICES,
+            size_of::<cl_device_id>(),
+            (&raw mut device).cast(),
+            std::ptr::null_mut(),
+        ) == Some(0);
+    if !ok {
+        return 0;
+    }
+    let src = c"kernel void hira_probe(global int *a) { a[0] = 0; }";
+    let srcs = [src.as_ptr()];
+    let mut err = 0;
+    let mut unavailable = 0u8;
+    // One NUL-terminated source; the program is released below.
+    {
+        let program = rt
+            .clCreateProgramWithSource(
+                context,
+                1,
+                srcs.as_ptr().cast_mut(),
+                std::ptr::null(),
+                &mut err,
+            )
+            .unwrap_or(std::ptr::null_mut());
+        if program.is_null() {
+            return 0;
+        }
+        let options = if options_given {
+            c"".as_ptr()
+        } else {
+            std::ptr::null()
+        };
+        if rt.clBuildProgram(program, 1, &device, options, None, std::ptr::null_mut()) == Some(0) {
+            let k = rt
+                .clCreateKernel(program, c"hira_probe".as_ptr(), &mut err)
+                .unwrap_or(std::ptr::null_mut());
+            if !k.is_null() {
+                for p in CL_KERNEL_ARG_ADDRESS_QUALIFIER..=CL_KERNEL_ARG_NAME {
+                    let mut size = 0usize;
+                    let st = rt.clGetKernelArgInfo(k, 0, p, 0, std::ptr::null_mut(), &mut size);
+                    if st == Some(CL_KERNEL_ARG_INFO_NOT_AVAILABLE) {
+                        unavailable |= 1 << (p - CL_KERNEL_ARG_ADDRESS_QUALIFIER);
+                    }
+                }
+                rt.clReleaseKernel(k);
+            }
+        }
+        rt.clReleaseProgram(program);
+    }
+    unavailable
+}
+
 /// Stages a chunk of an input too large for a frame or the window.
 ///
 /// # Safety

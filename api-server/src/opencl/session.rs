@@ -35,11 +35,19 @@ const CL_INVALID_ARG_INDEX: cl_int = -49;
 const CL_INVALID_BUFFER_SIZE: cl_int = -61;
 const CL_INVALID_ARG_VALUE: cl_int = -50;
 const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
+const CL_MEM_ALLOC_HOST_PTR: u64 = 1 << 4;
 const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 /// Largest info value the server will fetch.
 /// `clGetProgramBuildInfo`: the build log.
 const CL_PROGRAM_BUILD_LOG: u32 = 0x1183;
 const CL_PROGRAM_SOURCE: u32 = 0x1164;
+
+use hira_protocol::opencl::CALLBACK_DATA_ONLY;
+
+/// The `user_data` the host gets when the application passed data but no function:
+/// non-null, as the application's was, and never dereferenced (no function is given
+/// that could receive it).
+const DATA_ONLY: *mut c_void = std::ptr::dangling_mut::<u8>().cast();
 /// `clGetProgramBuildInfo`: the options of the last build.
 const CL_PROGRAM_BUILD_OPTIONS: u32 = 0x1182;
 const MAX_INFO: usize = 64 * 1024 * 1024;
@@ -700,11 +708,16 @@ impl<'a> Session<'a> {
 
     /// The host never sees `CL_MEM_USE_HOST_PTR`: the guest's memory is not the host's,
     /// so the host gets a copy and the guest keeps its pointer coherent at map time.
-    pub fn host_mem_flags(flags: u64) -> u64 {
-        if flags & CL_MEM_USE_HOST_PTR != 0 {
-            (flags & !CL_MEM_USE_HOST_PTR) | CL_MEM_COPY_HOST_PTR
+    /// `CL_MEM_USE_HOST_PTR` with `CL_MEM_ALLOC_HOST_PTR` or `CL_MEM_COPY_HOST_PTR` is
+    /// invalid (the API's `CL_INVALID_VALUE`); it is answered here, because the host
+    /// would see a valid copy instead.
+    pub fn host_mem_flags(flags: u64) -> Result<u64, Fail> {
+        if flags & CL_MEM_USE_HOST_PTR == 0 {
+            Ok(flags)
+        } else if flags & (CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR) != 0 {
+            Err(Fail::Status(CL_INVALID_VALUE))
         } else {
-            flags
+            Ok((flags & !CL_MEM_USE_HOST_PTR) | CL_MEM_COPY_HOST_PTR)
         }
     }
 
@@ -1206,6 +1219,9 @@ impl<'a> Session<'a> {
     }
 
     fn callback_context(&self, id: u64) -> *mut c_void {
+        if id == CALLBACK_DATA_ONLY {
+            return DATA_ONLY;
+        }
         Box::into_raw(Box::new(CallbackContext {
             id,
             handles: self.b.handles.clone(),
@@ -1216,8 +1232,9 @@ impl<'a> Session<'a> {
     }
 
     /// Frees the callback context made for a context that the host did not create.
+    /// (The stand-in for data without a function was never allocated.)
     pub fn drop_callback_context(&self, data: *mut c_void) {
-        if !data.is_null() {
+        if !data.is_null() && data != DATA_ONLY {
             // SAFETY: made by `callback_context` for a call whose object was not
             // created, so the host never got to keep or call it.
             drop(unsafe { Box::from_raw(data as *mut CallbackContext) });
@@ -1225,38 +1242,43 @@ impl<'a> Session<'a> {
     }
 
     pub fn callback_context_fn(&self, id: u64) -> (Option<ContextFn>, *mut c_void) {
-        if id == 0 {
-            return (None, std::ptr::null_mut());
+        match id {
+            0 => (None, std::ptr::null_mut()),
+            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
+            _ => (Some(context_trampoline), self.callback_context(id)),
         }
-        (Some(context_trampoline), self.callback_context(id))
     }
 
     pub fn callback_program(&self, id: u64) -> (Option<ProgramFn>, *mut c_void) {
-        if id == 0 {
-            return (None, std::ptr::null_mut());
+        match id {
+            0 => (None, std::ptr::null_mut()),
+            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
+            _ => (Some(program_trampoline), self.callback_context(id)),
         }
-        (Some(program_trampoline), self.callback_context(id))
     }
 
     pub fn callback_event(&self, id: u64) -> (Option<EventFn>, *mut c_void) {
-        if id == 0 {
-            return (None, std::ptr::null_mut());
+        match id {
+            0 => (None, std::ptr::null_mut()),
+            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
+            _ => (Some(event_trampoline), self.callback_context(id)),
         }
-        (Some(event_trampoline), self.callback_context(id))
     }
 
     pub fn callback_destructor(&self, id: u64) -> (Option<DestructorFn>, *mut c_void) {
-        if id == 0 {
-            return (None, std::ptr::null_mut());
+        match id {
+            0 => (None, std::ptr::null_mut()),
+            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
+            _ => (Some(destructor_trampoline), self.callback_context(id)),
         }
-        (Some(destructor_trampoline), self.callback_context(id))
     }
 
     pub fn callback_mem(&self, id: u64) -> (Option<MemFn>, *mut c_void) {
-        if id == 0 {
-            return (None, std::ptr::null_mut());
+        match id {
+            0 => (None, std::ptr::null_mut()),
+            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
+            _ => (Some(mem_trampoline), self.callback_context(id)),
         }
-        (Some(mem_trampoline), self.callback_context(id))
     }
 
     /// Runs an info query and replies with its whole value, host objects rewritten as
@@ -1437,10 +1459,17 @@ mod tests {
     #[test]
     fn use_host_ptr_becomes_copy_for_the_host() {
         assert_eq!(
-            Session::host_mem_flags(CL_MEM_USE_HOST_PTR | 1),
-            CL_MEM_COPY_HOST_PTR | 1
+            Session::host_mem_flags(CL_MEM_USE_HOST_PTR | 1).ok(),
+            Some(CL_MEM_COPY_HOST_PTR | 1)
         );
-        assert_eq!(Session::host_mem_flags(1), 1);
+        assert_eq!(Session::host_mem_flags(1).ok(), Some(1));
+        // Invalid combinations stay invalid, not a valid copy.
+        for other in [CL_MEM_ALLOC_HOST_PTR, CL_MEM_COPY_HOST_PTR] {
+            assert!(matches!(
+                Session::host_mem_flags(CL_MEM_USE_HOST_PTR | other),
+                Err(Fail::Status(CL_INVALID_VALUE))
+            ));
+        }
     }
 
     #[test]

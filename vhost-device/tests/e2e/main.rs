@@ -5,6 +5,7 @@ mod hardening;
 mod isolation;
 mod kernel_args;
 mod malformed;
+mod piglit;
 mod programs;
 mod shim;
 mod support;
