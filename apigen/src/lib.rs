@@ -932,16 +932,23 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             })
             .collect();
         if f.custom {
-            // A custom info query: a hand-written check that may answer first.
+            // A custom info query: a hand-written check that answers with an error
+            // code or says which parameter to ask the host for.
             let guard_args: Vec<String> = f
                 .args
                 .iter()
                 .filter(|a| !matches!(a.kind, Kind::InfoSize | Kind::InfoVal | Kind::InfoRet))
                 .map(|a| a.name.clone())
                 .collect();
+            let pct = &f
+                .args
+                .iter()
+                .find(|a| a.name == pn)
+                .expect("param_name argument")
+                .ctype;
             let _ = writeln!(
                 s,
-                "    if let Some(code) = crate::opencl::custom::{}(s, {}) {{\n        w.i32(code);\n        return Ok(());\n    }}",
+                "    let {pn} = match crate::opencl::custom::{}(s, {}) {{\n        Ok(p) => p as {pct},\n        Err(code) => {{\n            w.i32(code);\n            return Ok(());\n        }}\n    }};",
                 f.name,
                 guard_args.join(", ")
             );

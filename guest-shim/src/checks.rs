@@ -20,11 +20,11 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use hira_protocol::opencl::Kind;
 use hira_protocol::opencl::kernel_args::{
     ArgKind, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_TYPE_NAME,
     CL_KERNEL_ARG_TYPE_QUALIFIER, CL_KERNEL_NUM_ARGS,
 };
+use hira_protocol::opencl::{ARG_INFO_FOR_SHIM, Kind};
 use opencl_sys::{
     cl_bool, cl_command_queue, cl_context, cl_device_id, cl_event, cl_int, cl_kernel, cl_mem,
     cl_program, cl_uint,
@@ -134,7 +134,8 @@ fn device_info<T: Copy + Default>(device: cl_device_id, param: u32) -> Result<T,
     info(|size, value, ret| unsafe { generated::clGetDeviceInfo(device, param, size, value, ret) })
 }
 
-/// Asks the host for a kernel's argument kinds (once per kernel).
+/// Asks the host for a kernel's argument kinds (once per kernel), as the shim
+/// ([`ARG_INFO_FOR_SHIM`]: answered whatever options the program was built with).
 fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
     // SAFETY: `info` passes a buffer of `size` writable bytes.
     let n: cl_uint = info(|size, value, ret| unsafe {
@@ -148,7 +149,7 @@ fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
             generated::clGetKernelArgInfo(
                 kernel,
                 i,
-                CL_KERNEL_ARG_ADDRESS_QUALIFIER,
+                CL_KERNEL_ARG_ADDRESS_QUALIFIER | ARG_INFO_FOR_SHIM,
                 size,
                 value,
                 ret,
@@ -156,11 +157,25 @@ fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
         });
         // SAFETY: as above.
         let qualifier: Result<u64, _> = info(|size, value, ret| unsafe {
-            generated::clGetKernelArgInfo(kernel, i, CL_KERNEL_ARG_TYPE_QUALIFIER, size, value, ret)
+            generated::clGetKernelArgInfo(
+                kernel,
+                i,
+                CL_KERNEL_ARG_TYPE_QUALIFIER | ARG_INFO_FOR_SHIM,
+                size,
+                value,
+                ret,
+            )
         });
         // SAFETY: `info_bytes` passes a buffer of `size` writable bytes.
         let name = info_bytes(|size, value, ret| unsafe {
-            generated::clGetKernelArgInfo(kernel, i, CL_KERNEL_ARG_TYPE_NAME, size, value, ret)
+            generated::clGetKernelArgInfo(
+                kernel,
+                i,
+                CL_KERNEL_ARG_TYPE_NAME | ARG_INFO_FOR_SHIM,
+                size,
+                value,
+                ret,
+            )
         });
         let (Ok(address), Ok(qualifier), Ok(name)) = (address, qualifier, name) else {
             return Ok(None);

@@ -91,6 +91,12 @@ impl TryFrom<u8> for Kind {
 /// (NULL, NULL).
 pub const CALLBACK_DATA_ONLY: u64 = u64::MAX;
 
+/// Set in `param_name` of `clGetKernelArgInfo` when the shim asks for itself (to learn
+/// argument kinds): the API server answers from the argument information it always
+/// builds with, where the application, whose program was built without
+/// `-cl-kernel-arg-info`, gets `CL_KERNEL_ARG_INFO_NOT_AVAILABLE` as natively.
+pub const ARG_INFO_FOR_SHIM: u32 = 1 << 31;
+
 /// Notification types: the `opcode` of a `Notify` frame, naming which kind of
 /// application callback it delivers.
 pub mod notify {

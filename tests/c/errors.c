@@ -27,11 +27,27 @@ int main(int argc, char **argv) {
     if (err != CL_SUCCESS) return 2;
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     if (err != CL_SUCCESS) return 2;
-    REPORT("build", clBuildProgram(prog, 1, &device, NULL, NULL, NULL));
+    /* Options, but not -cl-kernel-arg-info: the host may withhold argument
+     * information from the application (Hira's API server builds with it). */
+    REPORT("build", clBuildProgram(prog, 1, &device, "-DUNUSED=1", NULL, NULL));
     cl_kernel k = clCreateKernel(prog, "k", &err);
     REPORT("create kernel", err);
     cl_kernel ks = clCreateKernel(prog, "s", &err);
     REPORT("create kernel s", err);
+    char arg_name[64];
+    REPORT("arg info: name", clGetKernelArgInfo(k, 0, CL_KERNEL_ARG_NAME, sizeof arg_name, arg_name, NULL));
+    cl_kernel_arg_address_qualifier aq = 0;
+    REPORT("arg info: address qualifier",
+           clGetKernelArgInfo(k, 0, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof aq, &aq, NULL));
+    REPORT("arg info: index out of range",
+           clGetKernelArgInfo(k, 9, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof aq, &aq, NULL));
+    {
+        /* Enqueued with no argument set: the error comes back from the call. */
+        cl_kernel fresh = clCreateKernel(prog, "k", &err);
+        size_t gws = 16;
+        REPORT("enqueue with no arguments set", clEnqueueNDRangeKernel(q, fresh, 1, NULL, &gws, NULL, 0, NULL, NULL));
+        clReleaseKernel(fresh);
+    }
     float data[64] = {0};
     cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 256, NULL, &err);
     REPORT("create buffer", err);

@@ -12,6 +12,8 @@ use opencl_sys::{
     cl_kernel, cl_platform_id, cl_program, cl_uint,
 };
 
+use hira_protocol::opencl::ARG_INFO_FOR_SHIM;
+
 use super::Session;
 
 const CL_INVALID_VALUE: cl_int = -30;
@@ -223,10 +225,27 @@ const CL_KERNEL_ARG_NAME: u32 = 0x119A;
 
 /// `clGetKernelArgInfo` as natively for a program the guest built without
 /// `-cl-kernel-arg-info`: the API server always adds the option (it needs argument
-/// types), so where the host would have had no information the guest gets
+/// types), so where the host would have had no information the application gets
 /// `CL_KERNEL_ARG_INFO_NOT_AVAILABLE`. Which queries those are is the host's answer
-/// for a probe program built the guest's way, asked once. `None`: ask the host.
+/// for a probe program built the guest's way, asked once. The shim's own queries
+/// ([`ARG_INFO_FOR_SHIM`]) are answered. `Ok`: the parameter to ask the host for.
 pub fn clGetKernelArgInfo(
+    s: &mut Session<'_>,
+    kernel: cl_kernel,
+    arg_indx: cl_uint,
+    param_name: u32,
+) -> Result<u32, cl_int> {
+    if param_name & ARG_INFO_FOR_SHIM != 0 {
+        return Ok(param_name & !ARG_INFO_FOR_SHIM);
+    }
+    match arg_info_withheld(s, kernel, arg_indx, param_name) {
+        Some(code) => Err(code),
+        None => Ok(param_name),
+    }
+}
+
+/// The code the application gets instead of the host's answer, if any.
+fn arg_info_withheld(
     s: &mut Session<'_>,
     kernel: cl_kernel,
     arg_indx: cl_uint,
