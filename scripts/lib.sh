@@ -28,6 +28,28 @@ ensure_piglit() {
     fi
 }
 
+# Installs PyOpenCL (a widely used Python binding, from PyPI) with what its tests need,
+# and puts its own test suite, from its source distribution, under target/pyopencl.
+# The compatibility tests run part of it natively and through Hira.
+PYOPENCL_VERSION=2026.1.4
+ensure_pyopencl() {
+    local dir=target/pyopencl
+    if ! python3 -c "import pyopencl, pytest, mako" 2>/dev/null; then
+        echo "installing: pyopencl $PYOPENCL_VERSION, pytest, mako"
+        python3 -m pip install -q "pyopencl==$PYOPENCL_VERSION" pytest mako
+    fi
+    if [ ! -f "$dir/test/test_wrapper.py" ]; then
+        # The source distribution's metadata step needs these two to be importable.
+        python3 -m pip install -q scikit-build-core nanobind
+        rm -rf "$dir" && mkdir -p "$dir/dl"
+        python3 -m pip download -q --no-binary :all: --no-deps --no-build-isolation \
+            -d "$dir/dl" "pyopencl==$PYOPENCL_VERSION"
+        tar -xzf "$dir"/dl/pyopencl-*.tar.gz -C "$dir/dl"
+        mv "$dir"/dl/pyopencl-*/test "$dir/test"
+        rm -rf "$dir/dl"
+    fi
+}
+
 # Installs QEMU for the VM tests. bookworm's own qemu-system-x86 would replace the
 # machine's qemu-utils from bookworm-backports, so QEMU comes from backports too.
 ensure_qemu() {

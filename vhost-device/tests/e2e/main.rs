@@ -7,6 +7,7 @@ mod kernel_args;
 mod malformed;
 mod piglit;
 mod programs;
+mod pyopencl;
 mod shim;
 mod support;
 mod vm;
