@@ -343,9 +343,10 @@ pub(crate) fn note_context_of(id: u64, parent: *mut c_void) {
     o.context_of.insert(id, context);
 }
 
-/// `CL_INVALID_CONTEXT` when `queue` and the memory objects `mems` belong to different
-/// contexts, as far as the guest knows (the host checks whatever it does not).
-pub(crate) fn check_same_context(queue: *mut c_void, mems: &[*mut c_void]) -> Result<(), cl_int> {
+/// `CL_INVALID_CONTEXT` when `queue` and the objects `objs` (memory objects, events)
+/// belong to different contexts, as far as the guest knows (the host checks whatever
+/// it does not).
+pub(crate) fn check_same_context(queue: *mut c_void, objs: &[*mut c_void]) -> Result<(), cl_int> {
     let o = objects();
     let context = |p: *mut c_void| {
         o.by_ptr
@@ -356,7 +357,7 @@ pub(crate) fn check_same_context(queue: *mut c_void, mems: &[*mut c_void]) -> Re
     let Some(ctx) = context(queue) else {
         return Ok(());
     };
-    if mems.iter().any(|&m| context(m).is_some_and(|c| c != ctx)) {
+    if objs.iter().any(|&m| context(m).is_some_and(|c| c != ctx)) {
         return Err(CL_INVALID_CONTEXT);
     }
     Ok(())
@@ -376,27 +377,8 @@ pub(crate) fn check_wait_context(
     if n == 0 {
         return Ok(());
     }
-    let o = objects();
-    let Some(&ctx) = o
-        .by_ptr
-        .get(&(queue as usize))
-        .and_then(|(qid, _)| o.context_of.get(qid))
-    else {
-        return Ok(());
-    };
-    for i in 0..n {
-        // SAFETY: the caller checked `list` holds `n` handles.
-        let e = unsafe { *list.add(i) };
-        if let Some(&ec) = o
-            .by_ptr
-            .get(&(e as usize))
-            .and_then(|(eid, _)| o.context_of.get(eid))
-            && ec != ctx
-        {
-            return Err(CL_INVALID_CONTEXT);
-        }
-    }
-    Ok(())
+    // SAFETY: the caller checked `list` holds `n` handles.
+    check_same_context(queue, unsafe { std::slice::from_raw_parts(list, n) })
 }
 
 /// Whether `flags` make the host read `host_ptr` at creation.

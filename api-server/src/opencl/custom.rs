@@ -8,8 +8,10 @@
 use std::ffi::{CStr, c_char, c_void};
 
 use opencl_sys::{
-    cl_bool, cl_command_queue, cl_context, cl_device_id, cl_device_type, cl_event, cl_int,
-    cl_kernel, cl_platform_id, cl_program, cl_uint,
+    CL_CONTEXT_DEVICES, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_INFO_NOT_AVAILABLE,
+    CL_KERNEL_ARG_NAME, CL_KERNEL_CONTEXT, CL_KERNEL_PROGRAM, cl_bool, cl_command_queue,
+    cl_context, cl_device_id, cl_device_type, cl_event, cl_int, cl_kernel, cl_platform_id,
+    cl_program, cl_uint,
 };
 
 use hira_protocol::opencl::ARG_INFO_FOR_SHIM;
@@ -85,38 +87,43 @@ pub unsafe fn clCreateProgramWithSource(
     errcode_ret: *mut cl_int,
 ) -> Option<cl_program> {
     let rt = s.rt();
+    let forward = || rt.clCreateProgramWithSource(context, count, strings, lengths, errcode_ret);
+    if strings.is_null() || lengths.is_null() {
+        return forward();
+    }
+    let mut texts = Vec::with_capacity(count as usize);
+    for i in 0..count as usize {
+        // SAFETY: per the contract, `count` pointers and lengths.
+        let (p, len) = unsafe { (*strings.add(i), *lengths.add(i)) };
+        if p.is_null() {
+            return forward();
+        }
+        texts.push((p, len));
+    }
     let root = super::builds::mirror_root();
-    let mut rewritten = false;
-    let mut texts: Vec<Vec<u8>> = Vec::new();
-    if !strings.is_null() && !lengths.is_null() {
-        for i in 0..count as usize {
-            // SAFETY: per the contract, `count` pointers and lengths.
-            let (p, len) = unsafe { (*strings.add(i), *lengths.add(i)) };
-            if p.is_null() {
-                rewritten = false;
-                break;
-            }
+    let rewrites: Vec<Option<Vec<u8>>> = texts
+        .iter()
+        .map(|&(p, len)| {
             // SAFETY: valid for `len` bytes per the contract.
             let text = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
-            match super::builds::rewrite_absolute_includes(text, root) {
-                Some(t) => {
-                    rewritten = true;
-                    texts.push(t);
-                }
-                None => texts.push(text.to_vec()),
-            }
-        }
+            super::builds::rewrite_absolute_includes(text, root).map(|mut t| {
+                // NUL-terminated, as the decoded strings are.
+                t.push(0);
+                t
+            })
+        })
+        .collect();
+    if rewrites.iter().all(Option::is_none) {
+        return forward();
     }
-    if !rewritten {
-        return rt.clCreateProgramWithSource(context, count, strings, lengths, errcode_ret);
-    }
-    let lens: Vec<usize> = texts.iter().map(Vec::len).collect();
-    // Each text NUL-terminated as the decoded ones are, so that a length of 0 (an
-    // empty string) still points at a string.
-    for t in &mut texts {
-        t.push(0);
-    }
-    let ptrs: Vec<*const c_char> = texts.iter().map(|t| t.as_ptr().cast()).collect();
+    let (ptrs, lens): (Vec<*const c_char>, Vec<usize>) = texts
+        .iter()
+        .zip(&rewrites)
+        .map(|(&(p, len), r)| match r {
+            Some(t) => (t.as_ptr().cast(), t.len() - 1),
+            None => (p, len),
+        })
+        .unzip();
     rt.clCreateProgramWithSource(
         context,
         count,
@@ -216,13 +223,6 @@ pub unsafe fn clCompileProgram(
     })
 }
 
-const CL_KERNEL_ARG_INFO_NOT_AVAILABLE: cl_int = -19;
-const CL_KERNEL_CONTEXT: u32 = 0x1193;
-const CL_KERNEL_PROGRAM: u32 = 0x1194;
-const CL_CONTEXT_DEVICES: u32 = 0x1081;
-const CL_KERNEL_ARG_ADDRESS_QUALIFIER: u32 = 0x1196;
-const CL_KERNEL_ARG_NAME: u32 = 0x119A;
-
 /// `clGetKernelArgInfo` as natively for a program the guest built without
 /// `-cl-kernel-arg-info`: the API server always adds the option (it needs argument
 /// types), so where the host would have had no information the application gets
@@ -244,6 +244,12 @@ pub fn clGetKernelArgInfo(
     }
 }
 
+/// A handle-valued info answer: `query(size, value)` writes one pointer.
+fn handle_info<T>(query: impl FnOnce(usize, *mut c_void) -> Option<cl_int>) -> Option<*mut T> {
+    let mut v: *mut T = std::ptr::null_mut();
+    (query(size_of::<*mut T>(), (&raw mut v).cast()) == Some(0)).then_some(v)
+}
+
 /// The code the application gets instead of the host's answer, if any.
 fn arg_info_withheld(
     s: &mut Session<'_>,
@@ -255,18 +261,9 @@ fn arg_info_withheld(
         return None;
     }
     let rt = s.rt();
-    let mut program: cl_program = std::ptr::null_mut();
-    // One pointer-sized value written into `program`.
-    let st = rt.clGetKernelInfo(
-        kernel,
-        CL_KERNEL_PROGRAM,
-        size_of::<cl_program>(),
-        (&raw mut program).cast(),
-        std::ptr::null_mut(),
-    );
-    if st != Some(0) {
-        return None;
-    }
+    let program: cl_program = handle_info(|size, value| {
+        rt.clGetKernelInfo(kernel, CL_KERNEL_PROGRAM, size, value, std::ptr::null_mut())
+    })?;
     let options_given = s.builds().built_without_arg_info(program as usize)?;
     // The host's own errors (an argument index out of range) come first.
     let mut size = 0usize;
@@ -291,66 +288,59 @@ fn arg_info_withheld(
 /// Builds a one-kernel program in `kernel`'s context without `-cl-kernel-arg-info`
 /// (no options, or empty ones) and returns which argument queries the host refuses.
 fn probe_arg_info(rt: &super::OpenCl, kernel: cl_kernel, options_given: bool) -> u8 {
-    let mut context: cl_context = std::ptr::null_mut();
-    let mut device: cl_device_id = std::ptr::null_mut();
-    // One pointer-sized value each; the first device of the context.
-    let ok = rt.clGetKernelInfo(
-        kernel,
-        CL_KERNEL_CONTEXT,
-        size_of::<cl_context>(),
-        (&raw mut context).cast(),
-        std::ptr::null_mut(),
-    ) == Some(0)
-        && rt.clGetContextInfo(
+    let null: *mut c_void = std::ptr::null_mut();
+    let Some(context) = handle_info(|size, value| {
+        rt.clGetKernelInfo(kernel, CL_KERNEL_CONTEXT, size, value, std::ptr::null_mut())
+    }) else {
+        return 0;
+    };
+    // The context's first device.
+    let Some(device) = handle_info(|size, value| {
+        rt.clGetContextInfo(
             context,
             CL_CONTEXT_DEVICES,
-            size_of::<cl_device_id>(),
-            (&raw mut device).cast(),
+            size,
+            value,
             std::ptr::null_mut(),
-        ) == Some(0);
-    if !ok {
+        )
+    }) else {
         return 0;
-    }
-    let src = c"kernel void hira_probe(global int *a) { a[0] = 0; }";
-    let srcs = [src.as_ptr()];
+    };
+    let srcs = [c"kernel void hira_probe(global int *a) { a[0] = 0; }".as_ptr()];
     let mut err = 0;
+    let Some(program) = rt
+        .clCreateProgramWithSource(
+            context,
+            1,
+            srcs.as_ptr().cast_mut(),
+            std::ptr::null(),
+            &mut err,
+        )
+        .filter(|p| !p.is_null())
+    else {
+        return 0;
+    };
+    let options = if options_given {
+        c"".as_ptr()
+    } else {
+        std::ptr::null()
+    };
     let mut unavailable = 0u8;
-    // One NUL-terminated source; the program is released below.
+    if rt.clBuildProgram(program, 1, &device, options, None, null) == Some(0)
+        && let Some(k) = rt
+            .clCreateKernel(program, c"hira_probe".as_ptr(), &mut err)
+            .filter(|k| !k.is_null())
     {
-        let program = rt
-            .clCreateProgramWithSource(
-                context,
-                1,
-                srcs.as_ptr().cast_mut(),
-                std::ptr::null(),
-                &mut err,
-            )
-            .unwrap_or(std::ptr::null_mut());
-        if program.is_null() {
-            return 0;
-        }
-        let options = if options_given {
-            c"".as_ptr()
-        } else {
-            std::ptr::null()
-        };
-        if rt.clBuildProgram(program, 1, &device, options, None, std::ptr::null_mut()) == Some(0) {
-            let k = rt
-                .clCreateKernel(program, c"hira_probe".as_ptr(), &mut err)
-                .unwrap_or(std::ptr::null_mut());
-            if !k.is_null() {
-                for p in CL_KERNEL_ARG_ADDRESS_QUALIFIER..=CL_KERNEL_ARG_NAME {
-                    let mut size = 0usize;
-                    let st = rt.clGetKernelArgInfo(k, 0, p, 0, std::ptr::null_mut(), &mut size);
-                    if st == Some(CL_KERNEL_ARG_INFO_NOT_AVAILABLE) {
-                        unavailable |= 1 << (p - CL_KERNEL_ARG_ADDRESS_QUALIFIER);
-                    }
-                }
-                rt.clReleaseKernel(k);
+        for p in CL_KERNEL_ARG_ADDRESS_QUALIFIER..=CL_KERNEL_ARG_NAME {
+            let mut size = 0usize;
+            let st = rt.clGetKernelArgInfo(k, 0, p, 0, null, &mut size);
+            if st == Some(CL_KERNEL_ARG_INFO_NOT_AVAILABLE) {
+                unavailable |= 1 << (p - CL_KERNEL_ARG_ADDRESS_QUALIFIER);
             }
         }
-        rt.clReleaseProgram(program);
+        rt.clReleaseKernel(k);
     }
+    rt.clReleaseProgram(program);
     unavailable
 }
 

@@ -1219,9 +1219,6 @@ impl<'a> Session<'a> {
     }
 
     fn callback_context(&self, id: u64) -> *mut c_void {
-        if id == CALLBACK_DATA_ONLY {
-            return DATA_ONLY;
-        }
         Box::into_raw(Box::new(CallbackContext {
             id,
             handles: self.b.handles.clone(),
@@ -1241,44 +1238,35 @@ impl<'a> Session<'a> {
         }
     }
 
-    pub fn callback_context_fn(&self, id: u64) -> (Option<ContextFn>, *mut c_void) {
+    /// The host's function and user data for guest callback `id`: none (0), none but a
+    /// non-null stand-in ([`CALLBACK_DATA_ONLY`]), or `trampoline` with a context that
+    /// delivers the callback to the guest.
+    fn callback<F>(&self, id: u64, trampoline: F) -> (Option<F>, *mut c_void) {
         match id {
             0 => (None, std::ptr::null_mut()),
             CALLBACK_DATA_ONLY => (None, DATA_ONLY),
-            _ => (Some(context_trampoline), self.callback_context(id)),
+            _ => (Some(trampoline), self.callback_context(id)),
         }
+    }
+
+    pub fn callback_context_fn(&self, id: u64) -> (Option<ContextFn>, *mut c_void) {
+        self.callback(id, context_trampoline as ContextFn)
     }
 
     pub fn callback_program(&self, id: u64) -> (Option<ProgramFn>, *mut c_void) {
-        match id {
-            0 => (None, std::ptr::null_mut()),
-            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
-            _ => (Some(program_trampoline), self.callback_context(id)),
-        }
+        self.callback(id, program_trampoline as ProgramFn)
     }
 
     pub fn callback_event(&self, id: u64) -> (Option<EventFn>, *mut c_void) {
-        match id {
-            0 => (None, std::ptr::null_mut()),
-            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
-            _ => (Some(event_trampoline), self.callback_context(id)),
-        }
+        self.callback(id, event_trampoline as EventFn)
     }
 
     pub fn callback_destructor(&self, id: u64) -> (Option<DestructorFn>, *mut c_void) {
-        match id {
-            0 => (None, std::ptr::null_mut()),
-            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
-            _ => (Some(destructor_trampoline), self.callback_context(id)),
-        }
+        self.callback(id, destructor_trampoline as DestructorFn)
     }
 
     pub fn callback_mem(&self, id: u64) -> (Option<MemFn>, *mut c_void) {
-        match id {
-            0 => (None, std::ptr::null_mut()),
-            CALLBACK_DATA_ONLY => (None, DATA_ONLY),
-            _ => (Some(mem_trampoline), self.callback_context(id)),
-        }
+        self.callback(id, mem_trampoline as MemFn)
     }
 
     /// Runs an info query and replies with its whole value, host objects rewritten as
