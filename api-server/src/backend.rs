@@ -55,6 +55,10 @@ pub trait Backend: Send + Sync {
     /// guest's requests.
     fn may_block(&self, opcode: u16) -> bool;
 
+    /// Whether `opcode` names a call of this API and may be forwarded without a reply
+    /// (`None`: it names none).
+    fn may_async(&self, opcode: u16) -> Option<bool>;
+
     /// Releases every object the guest still holds.
     fn teardown(&self) -> TeardownReport;
 }

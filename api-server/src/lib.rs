@@ -34,4 +34,6 @@ pub struct Config {
     pub platform: Option<String>,
     /// Session number, for logs.
     pub session: u64,
+    /// The usage page hira-vhost reads this session's counters from.
+    pub usage: Option<hira_protocol::usage::UsagePage>,
 }

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use hira_api_server::Config;
 use hira_api_server::sandbox::{self, SandboxConfig};
+use hira_protocol::usage::UsagePage;
 
 /// Executes one guest application's remoted API calls on the host. Started by
 /// hira-vhost with the session socket as an inherited file descriptor; not meant to be
@@ -20,6 +21,9 @@ struct Args {
     /// first platform that is not Hira itself).
     #[arg(long)]
     platform: Option<String>,
+    /// File descriptor of the usage page hira-vhost reads this session's counters from.
+    #[arg(long)]
+    usage_fd: Option<i32>,
     /// Session number assigned by hira-vhost, for logs.
     #[arg(long, default_value_t = 0)]
     session: u64,
@@ -71,8 +75,21 @@ impl TryFrom<Args> for Config {
         // SAFETY: the descriptor is open (checked above) and was handed to this process
         // for it alone to own.
         let socket = unsafe { OwnedFd::from_raw_fd(a.fd) };
+        let usage = match a.usage_fd {
+            Some(fd) => {
+                anyhow::ensure!(fd >= 3 && fd != a.fd, "--usage-fd {fd} is not usable");
+                // SAFETY: fcntl(F_GETFD) only inspects the descriptor number.
+                let valid = unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
+                anyhow::ensure!(valid, "--usage-fd {fd} is not an open descriptor");
+                // SAFETY: open (checked above), handed to this process alone.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                Some(UsagePage::map(&fd).context("cannot map the usage page")?)
+            }
+            None => None,
+        };
         Ok(Config {
             socket,
+            usage,
             platform: a.platform,
             session: a.session,
         })

@@ -1,7 +1,7 @@
 //! The API server's session loop.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +14,7 @@ use hira_protocol::handshake::{
     ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload,
     Welcome, error_code,
 };
-use hira_protocol::{FrameHeader, FrameKind, Writer, unix};
+use hira_protocol::{FrameHeader, FrameKind, Writer, ring, unix};
 use log::{debug, info, warn};
 use thiserror::Error;
 
@@ -22,6 +22,7 @@ use crate::Config;
 use crate::backend::{Backend, Fail, FrameData, TeardownReport};
 use crate::opencl::OpenClBackend;
 use crate::window::WindowMap;
+use hira_protocol::usage::UsagePage;
 
 /// Most guest threads one session may call from at once.
 pub const MAX_CHANNELS: usize = 64;
@@ -62,14 +63,20 @@ fn read_frame(s: &mut impl Read) -> std::io::Result<Option<Frame>> {
     Ok(Some(Frame { header, body }))
 }
 
-/// Writes whole frames to the socket; shared by workers and callback threads.
-#[derive(Debug)]
-pub struct FrameWriter(Mutex<UnixStream>);
+/// Writes whole frames to the guest (its completion ring, or the socket); shared by
+/// workers and callback threads.
+pub struct FrameWriter(Mutex<Box<dyn Write + Send>>);
+
+impl std::fmt::Debug for FrameWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrameWriter")
+    }
+}
 
 impl FrameWriter {
-    /// A writer of frames to `stream`.
-    pub fn new(stream: UnixStream) -> Self {
-        FrameWriter(Mutex::new(stream))
+    /// A writer of frames to `to`.
+    pub fn new(to: impl Write + Send + 'static) -> Self {
+        FrameWriter(Mutex::new(Box::new(to)))
     }
 
     /// Sends one frame with `payload`.
@@ -78,7 +85,7 @@ impl FrameWriter {
         let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let res = frame::write_parts(&mut *s, &[&header.encode(), payload]);
         if let Err(e) = res {
-            debug!("cannot send to hira-vhost: {e}");
+            debug!("cannot send to the guest: {e}");
         }
     }
 }
@@ -97,35 +104,106 @@ fn receive_hello(s: &mut UnixStream) -> Result<(Hello, Option<OwnedFd>), ServerE
     Ok((hello, fd))
 }
 
+/// How long the API server spins on an empty submission ring (or a full completion
+/// ring) before it sleeps: a guest that calls in a loop is served without a wake-up.
+const RING_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The submission ring as a byte stream: the end of the session reads as the end of
+/// the stream.
+struct Submissions(ring::Consumer);
+
+impl Read for Submissions {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self.0.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+            r => r,
+        }
+    }
+}
+
+/// The data plane of a guest that asked for rings: the region and eventfds to hand it
+/// (through the daemon, with the `Welcome`), and this side's ends.
+struct Rings {
+    region_fd: OwnedFd,
+    eventfds: Vec<OwnedFd>,
+    ends: ring::Ends,
+}
+
+fn setup_rings(live: &UnixStream) -> std::io::Result<Rings> {
+    use std::os::fd::AsRawFd;
+    let (region, region_fd) = ring::Region::create(ring::DEFAULT_CAPACITY)?;
+    let eventfds = ring::eventfds()?;
+    let ours = eventfds
+        .iter()
+        .map(|f| f.try_clone())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ends = ring::server_ends(Arc::new(region), ours, live.as_raw_fd())?;
+    ends.consumer.set_spin(RING_SPIN);
+    ends.producer.set_spin(RING_SPIN);
+    Ok(Rings {
+        region_fd,
+        eventfds,
+        ends,
+    })
+}
+
 /// Runs one session to its end and releases what the guest left behind.
+///
+/// The socket from hira-vhost carries the handshake and, at the end, the teardown
+/// report. The guest's frames travel on the same socket (relayed by the daemon), or,
+/// when the guest asked for them, on shared-memory rings straight to this process.
 pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
-    let mut reader = UnixStream::from(config.socket);
-    let (hello, window_fd) = receive_hello(&mut reader)?;
-    let writer = Arc::new(FrameWriter(Mutex::new(reader.try_clone()?)));
+    let mut control = UnixStream::from(config.socket);
+    let (hello, window_fd) = receive_hello(&mut control)?;
+    let control_writer = FrameWriter::new(control.try_clone()?);
     let window = match window_fd {
         Some(fd) => Some(WindowMap::map(&fd, hello.window_len, hello.window_offset)?),
         None => None,
+    };
+    let rings = if hello.rings {
+        setup_rings(&control)
+            .inspect_err(|e| warn!("no rings, frames go through hira-vhost: {e}"))
+            .ok()
+    } else {
+        None
+    };
+    let (writer, reader, handoff): (Arc<FrameWriter>, Box<dyn Read + Send>, _) = match rings {
+        Some(r) => (
+            Arc::new(FrameWriter::new(r.ends.producer)),
+            Box::new(Submissions(r.ends.consumer)),
+            Some((r.region_fd, r.eventfds)),
+        ),
+        None => (
+            Arc::new(FrameWriter::new(control.try_clone()?)),
+            Box::new(control.try_clone()?),
+            None,
+        ),
     };
     let backend: Arc<dyn Backend> = match hello.api {
         ApiKind::OpenCl => match OpenClBackend::new(config.platform.as_deref(), writer.clone()) {
             Ok(b) => Arc::new(b),
             Err(e) => {
-                refuse(&writer, &e);
+                refuse(&control_writer, &e);
                 return Err(ServerError::Backend(e));
             }
         },
         ApiKind::Cuda => {
             let e = "this API server has no CUDA backend".to_string();
-            refuse(&writer, &e);
+            refuse(&control_writer, &e);
             return Err(ServerError::Backend(e));
         }
     };
     info!(
-        "session {}: {} (pid {}), window {} bytes",
+        "session {}: {} (pid {}), window {} bytes, {}",
         config.session,
         hello.process_name,
         hello.pid,
-        window.as_ref().map_or(0, WindowMap::len)
+        window.as_ref().map_or(0, WindowMap::len),
+        if handoff.is_some() {
+            "shared-memory rings"
+        } else {
+            "frames through hira-vhost"
+        }
     );
     let welcome = Welcome {
         version: hira_protocol::handshake::VERSION,
@@ -133,8 +211,20 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         vm_name: String::new(),
         window_len: window.as_ref().map_or(0, |w| w.len() as u64),
         window_offset: 0,
-    };
-    writer.send(FrameKind::Welcome, 0, 0, 0, &welcome.encode());
+        ring_capacity: if handoff.is_some() {
+            ring::DEFAULT_CAPACITY as u64
+        } else {
+            0
+        },
+    }
+    .encode();
+    let header = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
+    let fds: Vec<&OwnedFd> = handoff
+        .iter()
+        .flat_map(|(region, efds)| std::iter::once(region).chain(efds.iter()))
+        .collect();
+    unix::send_frame_with_fds(&mut control.try_clone()?, &header, &welcome, &fds)?;
+    drop(handoff);
     let window = Arc::new(window);
     // The window stays mapped until the process exits: the host may still be writing
     // the output of a non-blocking read into it while objects are released.
@@ -144,6 +234,7 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         backend.clone(),
         writer.clone(),
         window,
+        config.usage.as_ref(),
     )?;
     let report = backend.teardown();
     // The daemon keeps reading until this process exits, for this report.
@@ -151,7 +242,7 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         released: report.released as u64,
         failed: report.failed as u64,
     };
-    writer.send(FrameKind::Notify, TEARDOWN_REPORT, 0, 0, &payload.encode());
+    control_writer.send(FrameKind::Notify, TEARDOWN_REPORT, 0, 0, &payload.encode());
     Ok(report)
 }
 
@@ -176,7 +267,13 @@ fn serve(
     backend: Arc<dyn Backend>,
     writer: Arc<FrameWriter>,
     window: Arc<Option<WindowMap>>,
+    usage: Option<&UsagePage>,
 ) -> Result<(), ServerError> {
+    let rejected = || {
+        if let Some(u) = usage {
+            u.rejected();
+        }
+    };
     let mut inline_channel: Option<u32> = None;
     let mut workers: HashMap<u32, Worker> = HashMap::new();
     let mut reply = Writer::with_capacity(4096);
@@ -213,13 +310,39 @@ fn serve(
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(e) => {
-                warn!("session socket failed: {e}");
+                // A frame that cannot be decoded (or a corrupt ring) loses the
+                // framing: the session ends, with a word to the guest on why.
+                warn!("the guest's frames failed: {e}; ending the session");
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    let m = format!("malformed frame or ring: {e}");
+                    let e = ErrorPayload {
+                        code: error_code::MALFORMED,
+                        message: m,
+                    };
+                    writer.send(FrameKind::Error, 0, 0, 0, &e.encode());
+                }
                 break;
             }
         };
+        // What the daemon checked when it relayed frames is checked here, where
+        // frames arrive straight from the guest.
         if f.header.kind != FrameKind::Request {
-            warn!("ignoring {:?} frame from the guest", f.header.kind);
+            let m = format!("guests may only send requests, not {:?}", f.header.kind);
+            warn!("{m}");
+            rejected();
+            error_reply(&writer, &f.header, error_code::MALFORMED, &m);
             continue;
+        }
+        if f.header.no_reply() && backend.may_async(f.header.opcode) == Some(false) {
+            warn!(
+                "{} may not be forwarded asynchronously; dropped",
+                backend.name(f.header.opcode)
+            );
+            rejected();
+            continue;
+        }
+        if let Some(u) = usage {
+            u.command(f.header.opcode, u64::from(f.header.len));
         }
         let channel = f.header.channel;
         if inline_channel.is_none_or(|c| c == channel) && workers.len() <= 1 {
@@ -250,6 +373,7 @@ fn serve(
         }
         if !workers.contains_key(&channel) {
             if workers.len() >= MAX_CHANNELS {
+                rejected();
                 error_reply(
                     &writer,
                     &f.header,

@@ -11,16 +11,29 @@ use anyhow::{Context, Result, bail, ensure};
 use crate::env::{BenchEnv, build_components, compile, workspace};
 use crate::median;
 
-/// Runs `exe` natively or through Hira; returns its stdout and wall time.
-fn run(env: &BenchEnv, remote: bool, exe: &Path, args: &[String]) -> Result<(String, Duration)> {
+/// How a program reaches the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Native,
+    /// Through Hira on the shared-memory data plane (the default).
+    Rings,
+    /// Through Hira with every frame relayed by the daemon (`HIRA_RINGS=0`).
+    Relay,
+}
+
+/// Runs `exe` on `side`; returns its stdout and wall time.
+fn run(env: &BenchEnv, side: Side, exe: &Path, args: &[String]) -> Result<(String, Duration)> {
+    let mut cmd = env.command(side != Side::Native, exe, args);
+    if side == Side::Relay {
+        cmd.env("HIRA_RINGS", "0");
+    }
     let t0 = Instant::now();
-    let out = env.command(remote, exe, args).output()?;
+    let out = cmd.output()?;
     let dt = t0.elapsed();
     if !out.status.success() {
         bail!(
-            "{} failed ({}): {}",
+            "{} failed ({side:?}): {}",
             exe.display(),
-            if remote { "Hira" } else { "native" },
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -76,84 +89,86 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     let calls_arg = [calls.to_string()];
     let iters_arg = [iterations.to_string()];
     // Warm-up: PoCL's kernel cache, page cache, the daemon's first spawn.
-    for remote in [false, true] {
-        run(&env, remote, &rtt, &["1000".into()])?;
-        run(&env, remote, &stencil, &["10".into()])?;
+    let sides = [Side::Native, Side::Rings, Side::Relay];
+    for side in sides {
+        run(&env, side, &rtt, &["1000".into()])?;
+        run(&env, side, &stencil, &["10".into()])?;
     }
-    let (mut sync_n, mut sync_h, mut async_n, mut async_h, mut p99_h) =
-        (vec![], vec![], vec![], vec![], vec![]);
-    let (mut st_n, mut st_h, mut floor) = (vec![], vec![], vec![]);
+    // Per side: sync median, sync p99, async mean, stencil seconds.
+    let mut m: [[Vec<f64>; 4]; 3] = Default::default();
+    let mut floor = vec![];
+    let mut stencil_out = None;
     for i in 0..repeats {
         eprint!("\r\x1b[2Krepeat {}/{repeats}", i + 1);
-        let (o, _) = run(&env, false, &rtt, &calls_arg)?;
-        sync_n.push(field(&o, "sync_median_ns")?);
-        async_n.push(field(&o, "async_mean_ns")?);
-        let (o, _) = run(&env, true, &rtt, &calls_arg)?;
-        sync_h.push(field(&o, "sync_median_ns")?);
-        p99_h.push(field(&o, "sync_p99_ns")?);
-        async_h.push(field(&o, "async_mean_ns")?);
-        let (on, tn) = run(&env, false, &stencil, &iters_arg)?;
-        let (oh, th) = run(&env, true, &stencil, &iters_arg)?;
-        ensure!(on == oh, "stencil output differs through Hira:\n{on}\n{oh}");
-        floor.push(socket_ping_pong(calls as usize)?);
-        st_n.push(tn.as_secs_f64());
-        st_h.push(th.as_secs_f64());
+        for (k, side) in sides.into_iter().enumerate() {
+            let (o, _) = run(&env, side, &rtt, &calls_arg)?;
+            m[k][0].push(field(&o, "sync_median_ns")? / 1e3);
+            m[k][1].push(field(&o, "sync_p99_ns")? / 1e3);
+            m[k][2].push(field(&o, "async_mean_ns")? / 1e3);
+            let (o, t) = run(&env, side, &stencil, &iters_arg)?;
+            let first = stencil_out.get_or_insert_with(|| o.clone());
+            ensure!(
+                *first == o,
+                "stencil output differs ({side:?}):\n{first}\n{o}"
+            );
+            m[k][3].push(t.as_secs_f64());
+        }
+        floor.push(socket_ping_pong(calls as usize)? / 1e3);
     }
     eprint!("\r\x1b[2K");
-    let ratios: Vec<f64> = st_h.iter().zip(&st_n).map(|(h, n)| h / n).collect();
-    let (rmin, rmax) = ratios
-        .iter()
-        .fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
+    let ratio = |k: usize| -> (f64, f64, f64) {
+        let mut r: Vec<f64> = m[k][3].iter().zip(&m[0][3]).map(|(h, n)| h / n).collect();
+        let (lo, hi) = r
+            .iter()
+            .fold((f64::MAX, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+        (median(&mut r), lo, hi)
+    };
+    let med = |k: usize, j: usize| median(&mut m[k][j].clone());
     let rows = [
         (
             "sync no-op call, median (us)",
-            median(&mut sync_n) / 1e3,
-            median(&mut sync_h) / 1e3,
+            [med(0, 0), med(1, 0), med(2, 0)],
         ),
         (
-            "sync no-op call, p99 through Hira (us)",
-            f64::NAN,
-            median(&mut p99_h) / 1e3,
-        ),
-        (
-            "machine floor: socket ping-pong between two threads (us)",
-            median(&mut floor) / 1e3,
-            f64::NAN,
+            "sync no-op call, p99 (us)",
+            [med(0, 1), med(1, 1), med(2, 1)],
         ),
         (
             "async call (clSetKernelArg), mean (us)",
-            median(&mut async_n) / 1e3,
-            median(&mut async_h) / 1e3,
+            [med(0, 2), med(1, 2), med(2, 2)],
         ),
-        (
-            "stencil wall time (s)",
-            median(&mut st_n),
-            median(&mut st_h),
-        ),
+        ("stencil wall time (s)", [med(0, 3), med(1, 3), med(2, 3)]),
     ];
-    println!("| measure | native | Hira |\n|---|---|---|");
-    for (name, n, h) in rows {
-        let cell = |x: f64| {
-            if x.is_nan() {
-                "-".to_string()
-            } else {
-                format!("{x:.2}")
-            }
-        };
-        println!("| {name} | {} | {} |", cell(n), cell(h));
-    }
-    let rmed = median(&mut ratios.clone());
+    let floor = median(&mut floor);
     println!(
-        "\nstencil ({iterations} launches, clFinish after each): Hira/native = {rmed:.2} (min {rmin:.2}, max {rmax:.2}, {repeats} repeats)"
+        "| measure | native | Hira (rings) | Hira (relayed, HIRA_RINGS=0) |\n|---|---|---|---|"
+    );
+    for (name, v) in &rows {
+        println!("| {name} | {:.2} | {:.2} | {:.2} |", v[0], v[1], v[2]);
+    }
+    println!("| machine floor: socket ping-pong between two threads (us) | {floor:.2} | - | - |");
+    let (rr, rr_lo, rr_hi) = ratio(1);
+    let (rl, rl_lo, rl_hi) = ratio(2);
+    println!(
+        "\nstencil ({iterations} launches, clFinish after each), Hira/native: rings {rr:.2} (min {rr_lo:.2}, max {rr_hi:.2}), relayed {rl:.2} (min {rl_lo:.2}, max {rl_hi:.2}); {repeats} repeats"
     );
     if let Some(d) = json.parent() {
         std::fs::create_dir_all(d)?;
     }
+    let trio = |v: &[f64; 3]| {
+        format!(
+            "{{\"native\":{:.3},\"rings\":{:.3},\"relayed\":{:.3}}}",
+            v[0], v[1], v[2]
+        )
+    };
     std::fs::write(
         json,
         format!(
-            "{{\"repeats\":{repeats},\"sync_rtt_us\":{{\"native\":{:.3},\"hira\":{:.3},\"hira_p99\":{:.3}}},\"floor_ping_pong_us\":{:.3},\"async_call_us\":{{\"native\":{:.3},\"hira\":{:.3}}},\"stencil\":{{\"iterations\":{iterations},\"native_s\":{:.4},\"hira_s\":{:.4},\"ratio_median\":{rmed:.3},\"ratio_min\":{rmin:.3},\"ratio_max\":{rmax:.3}}}}}\n",
-            rows[0].1, rows[0].2, rows[1].2, rows[2].1, rows[3].1, rows[3].2, rows[4].1, rows[4].2
+            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}}}}\n",
+            trio(&rows[0].1),
+            trio(&rows[1].1),
+            trio(&rows[2].1),
+            trio(&rows[3].1),
         ),
     )?;
     eprintln!("wrote {}", json.display());

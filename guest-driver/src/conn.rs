@@ -10,7 +10,7 @@ use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
 use hira_protocol::handshake::{
     ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Welcome,
 };
-use hira_protocol::{FrameHeader, FrameKind, Span, unix};
+use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
 use log::{debug, warn};
 use thiserror::Error;
 
@@ -108,6 +108,76 @@ impl std::io::Write for Stream {
     }
 }
 
+/// Where requests go: the socket, or the submission ring of the data plane.
+enum Tx {
+    Stream(Stream),
+    Ring(ring::Producer),
+}
+
+impl std::io::Write for Tx {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Tx::Stream(s) => s.write(buf),
+            Tx::Ring(r) => r.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Tx::Stream(s) => s.write_vectored(bufs),
+            Tx::Ring(r) => r.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where replies and notifications come from: the socket, or the completion ring.
+/// Once the session is over (the API server gone, the daemon's error frame on the
+/// socket), a ring reader reads on from the socket, so that the daemon's word on why
+/// reaches the caller as it would without rings.
+enum Rx {
+    Stream(Stream),
+    Ring {
+        consumer: ring::Consumer,
+        socket: Stream,
+        over: bool,
+    },
+}
+
+impl Read for Rx {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Rx::Stream(s) => s.read(buf),
+            Rx::Ring {
+                consumer,
+                socket,
+                over,
+            } => {
+                if !*over {
+                    match consumer.read(buf) {
+                        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => *over = true,
+                        r => return r,
+                    }
+                }
+                socket.read(buf)
+            }
+        }
+    }
+}
+
+impl Rx {
+    /// Lets the next read spin for up to `budget` before it sleeps.
+    fn spin(&mut self, budget: std::time::Duration) {
+        match self {
+            Rx::Stream(s) => spin_until_readable(s, budget),
+            Rx::Ring { consumer, .. } => consumer.set_spin(budget),
+        }
+    }
+}
+
 /// A frame received from the host.
 #[derive(Debug)]
 pub struct Frame {
@@ -139,8 +209,11 @@ enum Deferred {
 
 /// The process's connection to the host.
 pub struct Connection {
-    writer: Mutex<Stream>,
-    reader: Mutex<std::io::BufReader<Stream>>,
+    /// The socket to the host: the whole session, or with rings its handshake and
+    /// its end.
+    socket: Stream,
+    writer: Mutex<Tx>,
+    reader: Mutex<std::io::BufReader<Rx>>,
     demux: Mutex<Demux>,
     cv: Condvar,
     next_call: AtomicU64,
@@ -262,7 +335,6 @@ impl Connection {
                 &process_name(),
                 window.map_or(0, |w| w.len() as u64),
             )
-            .encode()
         };
         let (mut stream, window) = match endpoint {
             Endpoint::Unix(path) => {
@@ -274,7 +346,10 @@ impl Connection {
                 } else {
                     None
                 };
-                let h = hello(window.as_ref());
+                let mut hl = hello(window.as_ref());
+                // The host-local data plane rides on the window's descriptor passing.
+                hl.rings = window.is_some() && crate::endpoint::rings();
+                let h = hl.encode();
                 let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
                 unix::send_frame_with_fd(&mut s, &header, &h, window.as_ref().and_then(Window::fd))
                     .map_err(|e| connect_err(e.to_string()))?;
@@ -294,7 +369,14 @@ impl Connection {
                 (s, None)
             }
         };
-        let reply = read_frame(&mut stream)?;
+        let (reply, ring_fds) = match &mut stream {
+            Stream::Unix(s) => {
+                let (header, payload, fds) = unix::recv_frame_with_fds(s)
+                    .map_err(|e| TransportError::Closed(e.to_string()))?;
+                (Frame { header, payload }, fds)
+            }
+            Stream::Vsock(_) => (read_frame(&mut stream)?, Vec::new()),
+        };
         let welcome = match reply.header.kind {
             FrameKind::Welcome => Welcome::decode(&reply.payload)
                 .map_err(|e| TransportError::Malformed(e.to_string()))?,
@@ -320,10 +402,31 @@ impl Connection {
             "session {} in vm {} (window {} bytes)",
             welcome.session, welcome.vm_name, welcome.window_len
         );
-        let reader = stream.try_clone().map_err(|e| connect_err(e.to_string()))?;
+        let spin = crate::endpoint::spin();
+        let clone = || stream.try_clone().map_err(|e| connect_err(e.to_string()));
+        let (tx, rx) = if welcome.ring_capacity > 0 {
+            let bad = |e: String| TransportError::Malformed(format!("data plane: {e}"));
+            let mut fds = ring_fds.into_iter();
+            let region = fds.next().ok_or_else(|| bad("no region".into()))?;
+            let capacity = usize::try_from(welcome.ring_capacity).unwrap_or(0);
+            let region = ring::Region::map(&region, capacity).map_err(|e| bad(e.to_string()))?;
+            let mut ends =
+                ring::guest_ends(std::sync::Arc::new(region), fds.collect(), stream.raw_fd())
+                    .map_err(|e| bad(e.to_string()))?;
+            ends.producer.set_spin(spin);
+            let rx = Rx::Ring {
+                consumer: ends.consumer,
+                socket: clone()?,
+                over: false,
+            };
+            (Tx::Ring(ends.producer), rx)
+        } else {
+            (Tx::Stream(clone()?), Rx::Stream(clone()?))
+        };
         Ok(Connection {
-            writer: Mutex::new(stream),
-            reader: Mutex::new(std::io::BufReader::with_capacity(64 * 1024, reader)),
+            socket: stream,
+            writer: Mutex::new(tx),
+            reader: Mutex::new(std::io::BufReader::with_capacity(64 * 1024, rx)),
             demux: Mutex::new(Demux::default()),
             cv: Condvar::new(),
             next_call: AtomicU64::new(1),
@@ -331,7 +434,7 @@ impl Connection {
             next_token: AtomicU64::new(1),
             deferred: Mutex::new(HashMap::new()),
             window,
-            spin: crate::endpoint::spin(),
+            spin,
             recent_us: (0..256)
                 .map(|_| std::sync::atomic::AtomicU32::new(0))
                 .collect(),
@@ -370,9 +473,7 @@ impl Connection {
         }
         drop(d);
         self.cv.notify_all();
-        if let Ok(w) = self.writer.lock() {
-            w.shutdown();
-        }
+        self.socket.shutdown();
     }
 
     /// Sends a request. With `no_reply` the call is forwarded asynchronously and
@@ -471,7 +572,7 @@ impl Connection {
             let res = {
                 let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
                 if r.buffer().is_empty() {
-                    spin_until_readable(r.get_ref(), spin);
+                    r.get_mut().spin(spin);
                 }
                 read_frame(&mut *r)
             };

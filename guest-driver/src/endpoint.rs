@@ -91,3 +91,10 @@ pub fn spin() -> std::time::Duration {
         .min(10_000);
     std::time::Duration::from_micros(us)
 }
+
+/// Whether a host-local guest asks for the shared-memory data plane (rings straight
+/// to its API server): `HIRA_RINGS=0` keeps every frame on the socket, relayed by the
+/// daemon (for comparison and diagnosis). Default on.
+pub fn rings() -> bool {
+    std::env::var("HIRA_RINGS").map_or(true, |v| v != "0")
+}

@@ -10,7 +10,7 @@ use crate::codec::{DecodeError, Reader, Writer};
 /// "HIRA" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIRA");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Longest process name a guest may report.
 pub const MAX_PROCESS_NAME: usize = 256;
 
@@ -74,6 +74,9 @@ pub struct Hello {
     /// Where the session's window starts in the descriptor passed along: set by the
     /// host daemon for the API server, 0 from guests.
     pub window_offset: u64,
+    /// The guest asks for the host-local data plane: shared-memory rings straight to
+    /// its API server (see [`crate::ring`]), which only a Unix socket can set up.
+    pub rings: bool,
 }
 
 /// Why a `Hello` was refused.
@@ -99,6 +102,7 @@ impl Hello {
             window_len,
             vm_window: false,
             window_offset: 0,
+            rings: false,
         }
     }
 
@@ -111,7 +115,8 @@ impl Hello {
             .bytes(self.process_name.as_bytes())
             .u64(self.window_len)
             .u8(u8::from(self.vm_window))
-            .u64(self.window_offset);
+            .u64(self.window_offset)
+            .u8(u8::from(self.rings));
         w.into_vec()
     }
 
@@ -133,6 +138,7 @@ impl Hello {
         let window_len = r.u64()?;
         let vm_window = r.flag()?;
         let window_offset = r.u64()?;
+        let rings = r.flag()?;
         r.finish()?;
         Ok(Hello {
             magic,
@@ -143,6 +149,7 @@ impl Hello {
             window_len,
             vm_window,
             window_offset,
+            rings,
         })
     }
 }
@@ -159,6 +166,10 @@ pub struct Welcome {
     pub window_len: u64,
     /// For a VM window: where the session's slot starts in the shared region.
     pub window_offset: u64,
+    /// Capacity of each data-plane ring, when the host set them up (0: frames travel
+    /// on the socket). The ring region and its eventfds come with this frame as
+    /// `SCM_RIGHTS`, region first (see [`crate::ring`]).
+    pub ring_capacity: u64,
 }
 
 impl Welcome {
@@ -168,7 +179,8 @@ impl Welcome {
             .u64(self.session)
             .bytes(self.vm_name.as_bytes())
             .u64(self.window_len)
-            .u64(self.window_offset);
+            .u64(self.window_offset)
+            .u64(self.ring_capacity);
         w.into_vec()
     }
 
@@ -179,6 +191,7 @@ impl Welcome {
         let vm_name = decode_name(r.bytes(MAX_PROCESS_NAME)?, MAX_PROCESS_NAME);
         let window_len = r.u64()?;
         let window_offset = r.u64()?;
+        let ring_capacity = r.u64()?;
         r.finish()?;
         Ok(Welcome {
             version,
@@ -186,6 +199,7 @@ impl Welcome {
             vm_name,
             window_len,
             window_offset,
+            ring_capacity,
         })
     }
 }
@@ -291,6 +305,7 @@ mod tests {
             vm_name: "vm1".into(),
             window_len: 0,
             window_offset: 4096,
+            ring_capacity: 1 << 20,
         };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
     }

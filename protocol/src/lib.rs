@@ -9,6 +9,10 @@
 //! - [`sizes`]: size computations both ends must agree on (image pixels, rectangles).
 //! - `unix` (feature `unix`): sending and receiving frames with a file descriptor
 //!   (the data window) over Unix sockets.
+//! - `ring` (feature `unix`): the host-local data plane, two byte rings in shared
+//!   memory between a guest and its API server.
+//! - `usage` (feature `unix`): a session's counters, kept by its API server in a page
+//!   the daemon reads.
 //!
 //! The format is described in `docs/protocol.md`.
 
@@ -16,9 +20,13 @@ pub mod codec;
 pub mod frame;
 pub mod handshake;
 pub mod opencl;
+#[cfg(feature = "unix")]
+pub mod ring;
 pub mod sizes;
 #[cfg(feature = "unix")]
 pub mod unix;
+#[cfg(feature = "unix")]
+pub mod usage;
 
 pub use codec::{DecodeError, Reader, Writer};
 pub use frame::{FrameError, FrameHeader, FrameKind, Span};

@@ -24,14 +24,31 @@ pub enum UnixFrameError {
     TooLong(usize),
 }
 
-/// Receives one small frame and any descriptor sent with it.
+/// Most descriptors one frame carries (a ring region and its eventfds).
+pub const MAX_FDS: usize = 8;
+
+/// Receives one small frame and any descriptor sent with it (only the first counts;
+/// extra ones are closed).
 pub fn recv_frame_with_fd(
     s: &mut UnixStream,
 ) -> Result<(FrameHeader, Vec<u8>, Option<OwnedFd>), UnixFrameError> {
+    let (header, payload, mut fds) = recv_frame_with_fds(s)?;
+    let fd = if fds.is_empty() {
+        None
+    } else {
+        Some(fds.swap_remove(0))
+    };
+    Ok((header, payload, fd))
+}
+
+/// Receives one small frame and the descriptors sent with it, in order.
+pub fn recv_frame_with_fds(
+    s: &mut UnixStream,
+) -> Result<(FrameHeader, Vec<u8>, Vec<OwnedFd>), UnixFrameError> {
     let mut buf = vec![0u8; MAX_SMALL_FRAME];
-    let mut fds = [-1i32; 4];
+    let mut fds = [-1i32; MAX_FDS];
     let (n, nfds) = s.recv_with_fd(&mut buf, &mut fds)?;
-    let mut owned: Vec<OwnedFd> = fds[..nfds]
+    let owned: Vec<OwnedFd> = fds[..nfds]
         .iter()
         .map(|&fd| {
             // SAFETY: the kernel just installed these descriptors for this process.
@@ -58,13 +75,7 @@ pub fn recv_frame_with_fd(
     }
     buf.truncate(total);
     let payload = buf.split_off(HEADER_LEN);
-    // Only the first descriptor means anything; extra ones are closed on drop.
-    let fd = if owned.is_empty() {
-        None
-    } else {
-        Some(owned.swap_remove(0))
-    };
-    Ok((header, payload, fd))
+    Ok((header, payload, owned))
 }
 
 /// A frame that stopped arriving: closed, or (with a read timeout set) too slow.
@@ -82,9 +93,20 @@ pub fn send_frame_with_fd(
     payload: &[u8],
     fd: Option<&OwnedFd>,
 ) -> std::io::Result<()> {
+    let fds: Vec<&OwnedFd> = fd.into_iter().collect();
+    send_frame_with_fds(s, header, payload, &fds)
+}
+
+/// Sends one frame with `fds` attached (at most [`MAX_FDS`]).
+pub fn send_frame_with_fds(
+    s: &mut UnixStream,
+    header: &FrameHeader,
+    payload: &[u8],
+    fds: &[&OwnedFd],
+) -> std::io::Result<()> {
     let mut bytes = header.encode().to_vec();
     bytes.extend_from_slice(payload);
-    let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+    let fds: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let sent = s.send_with_fd(&bytes, &fds)?;
     if sent < bytes.len() {
         s.write_all(&bytes[sent..])?;

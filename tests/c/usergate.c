@@ -8,16 +8,23 @@
 #include <string.h>
 
 enum { N = 1024 };
-static int cb_dst[N];
-static volatile int cb_seen = -1;
+static int src[N], cb_dst[N];
+
+/* What one read's callback checks: its destination, and what it found there (-1
+ * until it runs). Each read has its own, as callbacks of different reads may run
+ * in any order. */
+struct seen {
+    const int *dst;
+    volatile int mismatches;
+};
 
 /* Runs when the gated read completes: its data must already be there. */
 static void CL_CALLBACK on_read(cl_event e, cl_int status, void *data) {
     (void)e;
-    const int *src = data;
+    struct seen *seen = data;
     int bad = 0;
-    for (int i = 0; i < N; i++) bad += cb_dst[i] != src[i];
-    cb_seen = status == CL_COMPLETE ? bad : -2;
+    for (int i = 0; i < N; i++) bad += seen->dst[i] != src[i];
+    seen->mismatches = status == CL_COMPLETE ? bad : -2;
 }
 
 /* Sets the gate from a second thread while the first waits on what it gates. */
@@ -31,7 +38,8 @@ static void *open_gate(void *arg) {
 }
 
 int main(void) {
-    static int src[N], dst[N];
+    static int dst[N];
+    struct seen seen1 = {dst, -1}, seen2 = {cb_dst, -1};
     for (int i = 0; i < N; i++) src[i] = i * 3;
     cl_platform_id platform;
     cl_device_id device;
@@ -62,7 +70,7 @@ int main(void) {
     memset(dst, 0, sizeof dst);
     cl_event read;
     CHECK(clEnqueueReadBuffer(q, buf, CL_FALSE, 0, sizeof dst, dst, 1, &gate2, &read));
-    CHECK(clSetEventCallback(read, CL_COMPLETE, on_read, src));
+    CHECK(clSetEventCallback(read, CL_COMPLETE, on_read, &seen1));
     CHECK(clGetEventInfo(read, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
     printf("read waits for the gate: %d\n", st != CL_COMPLETE);
     CHECK(clSetUserEventStatus(gate2, CL_COMPLETE));
@@ -76,7 +84,7 @@ int main(void) {
     CHECK_ERR(err, "clCreateUserEvent");
     cl_event read2;
     CHECK(clEnqueueReadBuffer(q, buf, CL_FALSE, 0, sizeof cb_dst, cb_dst, 1, &gate3, &read2));
-    CHECK(clSetEventCallback(read2, CL_COMPLETE, on_read, src));
+    CHECK(clSetEventCallback(read2, CL_COMPLETE, on_read, &seen2));
     CHECK(clSetUserEventStatus(gate3, CL_COMPLETE));
     /* Polling the status, as programs that never wait do. */
     do {
@@ -86,9 +94,10 @@ int main(void) {
     for (int i = 0; i < N; i++) bad += cb_dst[i] != src[i];
     printf("gated read after polling: mismatches=%d\n", bad);
     CHECK(clFinish(q));
-    while (cb_seen == -1) {
+    while (seen1.mismatches == -1 || seen2.mismatches == -1) {
     }
-    printf("callback saw the read's data: mismatches=%d\n", cb_seen);
+    printf("callbacks saw the reads' data: mismatches=%d, %d\n", seen1.mismatches,
+           seen2.mismatches);
 
     /* A rectangle read and a non-blocking map behind a gate, then clFinish. */
     cl_event gate4 = clCreateUserEvent(ctx, &err);
@@ -141,5 +150,5 @@ int main(void) {
     clReleaseMemObject(buf);
     clReleaseCommandQueue(q);
     clReleaseContext(ctx);
-    return bad != 0 || cb_seen != 0;
+    return bad != 0 || seen1.mismatches != 0 || seen2.mismatches != 0;
 }

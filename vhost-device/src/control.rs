@@ -58,11 +58,14 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
     let vms = router
         .snapshot()
         .into_iter()
-        .map(|(name, q)| VmStatus {
-            name,
-            sessions: q.sessions(),
-            commands: q.commands.load(Ordering::Relaxed),
-            bytes: q.bytes.load(Ordering::Relaxed),
+        .map(|(name, q)| {
+            let (commands, bytes) = q.totals();
+            VmStatus {
+                name,
+                sessions: q.sessions(),
+                commands,
+                bytes,
+            }
         })
         .collect();
     Status {
@@ -171,7 +174,9 @@ mod tests {
     #[test]
     fn status_lists_vms_and_wait_idle_returns_at_once_when_idle() {
         let (life, router) = (Lifecycle::default(), Router::default());
-        router.vm("vm1").admit(100);
+        let (page, _fd) = hira_protocol::usage::UsagePage::create().unwrap();
+        page.command(3, 100);
+        let _tracked = router.vm("vm1").track(1, std::sync::Arc::new(page));
         let s = answer("{\"cmd\":\"status\"}", &life, &router);
         assert_eq!(s["vms"][0]["name"], "vm1");
         assert_eq!(s["vms"][0]["bytes"], 100);

@@ -1,9 +1,11 @@
 //! The router's per-VM state: every command a guest sends is accounted to its VM, and
 //! each VM's sessions are capped.
 //!
-//! Accounting never waits: a command is counted and forwarded by its own session's
-//! thread, so nothing one session does (a guest that stops reading, an API server
-//! stuck in a kernel) holds up another session of the same VM or another VM. Policy
+//! Accounting never waits and never touches a frame: each session's API server counts
+//! what it receives in a usage page the daemon reads (see
+//! `hira_protocol::usage`), so nothing one session does (a guest that stops reading,
+//! an API server stuck in a kernel) holds up another session of the same VM or
+//! another VM. Policy
 //! that delays a VM's commands (weighted fair queuing) acts where commands reach the
 //! device, in the API server, with decisions made here.
 
@@ -11,14 +13,43 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use hira_protocol::usage::UsagePage;
+
 /// A VM's counters and session cap.
 #[derive(Debug, Default)]
 pub struct VmQueue {
     /// The VM's shared data window, if it has one.
     pub window: std::sync::OnceLock<crate::window::VmWindow>,
-    pub commands: AtomicU64,
-    pub bytes: AtomicU64,
+    /// Commands and bytes of the VM's ended sessions.
+    commands: AtomicU64,
+    bytes: AtomicU64,
     sessions: AtomicUsize,
+    /// The usage pages of the VM's live sessions, by session id.
+    live: Mutex<HashMap<u64, Arc<UsagePage>>>,
+}
+
+/// A live session's usage, counted into its VM until this drops; then its final
+/// counts join the VM's totals.
+#[derive(Debug)]
+pub struct Tracked {
+    queue: Arc<VmQueue>,
+    id: u64,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let page = self
+            .queue
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+        if let Some(p) = page {
+            let u = p.read();
+            self.queue.commands.fetch_add(u.commands, Ordering::Relaxed);
+            self.queue.bytes.fetch_add(u.bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 /// One of a VM's session slots; the slot frees when this drops.
@@ -34,10 +65,32 @@ impl Drop for SessionSlot {
 }
 
 impl VmQueue {
-    /// Accounts one command of `bytes` to the VM. Never blocks.
-    pub fn admit(&self, bytes: u64) {
-        self.commands.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    /// Counts session `id`'s usage, as its API server keeps it in `page`, into the VM
+    /// while the returned value lives.
+    pub fn track(self: &Arc<Self>, id: u64, page: Arc<UsagePage>) -> Tracked {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, page);
+        Tracked {
+            queue: self.clone(),
+            id,
+        }
+    }
+
+    /// Commands and bytes of the VM's sessions, ended and live.
+    pub fn totals(&self) -> (u64, u64) {
+        let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut c, mut b) = (
+            self.commands.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        );
+        for p in live.values() {
+            let u = p.read();
+            c += u.commands;
+            b += u.bytes;
+        }
+        (c, b)
     }
 
     /// Takes a session slot if the VM has fewer than `max` sessions.
@@ -111,12 +164,21 @@ mod tests {
     }
 
     #[test]
-    fn admission_counts_commands_and_bytes() {
-        let q = VmQueue::default();
-        q.admit(10);
-        q.admit(5);
-        assert_eq!(q.commands.load(Ordering::Relaxed), 2);
-        assert_eq!(q.bytes.load(Ordering::Relaxed), 15);
+    fn live_and_ended_sessions_count_into_their_vm() {
+        let q = Arc::new(VmQueue::default());
+        let (a, _fa) = UsagePage::create().unwrap();
+        let (b, _fb) = UsagePage::create().unwrap();
+        let (a, b) = (Arc::new(a), Arc::new(b));
+        let ta = q.track(1, a.clone());
+        let _tb = q.track(2, b.clone());
+        a.command(1, 10);
+        b.command(1, 5);
+        assert_eq!(q.totals(), (2, 15));
+        drop(ta);
+        // An ended session's counts stay with the VM; later ones of the page do not.
+        a.command(1, 100);
+        b.command(1, 1);
+        assert_eq!(q.totals(), (3, 16));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use hira_protocol::handshake::{
     ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code,
 };
 use hira_protocol::opencl::op_info;
-use hira_protocol::{FrameHeader, FrameKind, unix};
+use hira_protocol::{FrameHeader, FrameKind, ring, unix};
 use log::{debug, info, warn};
 
 use crate::config::Config;
@@ -184,6 +184,9 @@ fn serve(
             return Err(SessionError::Handshake(e.to_string()));
         }
     };
+    // Only a guest that can pass descriptors (a host-local one, which sent its window)
+    // can take part in the shared-memory data plane.
+    hello.rings &= fd.is_some();
     // A guest that passed a memfd gets it checked: exactly the announced size, within
     // the configured limit. A guest of a VM with a shared window (ivshmem) may lease a
     // slot of it instead. Otherwise the session runs without a window.
@@ -231,7 +234,9 @@ fn serve(
         send_error(&guest_w, None, error_code::POLICY, &m);
         return Err(SessionError::Refused(m));
     };
-    let (child, mut server) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
+    let (child, mut server, usage) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
+    let usage = Arc::new(usage);
+    let _tracked = queue.track(id, usage.clone());
     registration.describe(&hello.process_name, hello.pid, child.id());
     info!(
         "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
@@ -249,7 +254,7 @@ fn serve(
         };
         unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
         drop(window);
-        let (rh, rp, _) = unix::recv_frame_with_fd(&mut server)
+        let (rh, rp, ring_fds) = unix::recv_frame_with_fds(&mut server)
             .map_err(|e| SessionError::Handshake(e.to_string()))?;
         if rh.kind != FrameKind::Welcome {
             let m = ErrorPayload::decode(&rp)
@@ -260,6 +265,15 @@ fn serve(
         }
         let server_welcome =
             Welcome::decode(&rp).map_err(|e| SessionError::Handshake(e.to_string()))?;
+        // The data plane: the API server's ring region and eventfds go to the guest
+        // as they came; from then on the daemon carries no frame of this session.
+        let rings = server_welcome.ring_capacity > 0;
+        let fds_expected = if rings { 1 + ring::EVENTFDS } else { 0 };
+        if ring_fds.len() != fds_expected || (rings && !hello.rings) {
+            let m = "the API server's data plane is inconsistent";
+            send_error(&guest_w, None, error_code::HANDSHAKE, m);
+            return Err(SessionError::Handshake(m.into()));
+        }
         let welcome = Welcome {
             version: hira_protocol::handshake::VERSION,
             session: id,
@@ -270,28 +284,33 @@ fn serve(
             } else {
                 0
             },
+            ring_capacity: server_welcome.ring_capacity,
         }
         .encode();
         let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
         {
             let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
-            g.write_all(&wh.encode())?;
-            g.write_all(&welcome)?;
+            let fds: Vec<&OwnedFd> = ring_fds.iter().collect();
+            unix::send_frame_with_fds(&mut g, &wh, &welcome, &fds)?;
         }
+        drop(ring_fds);
         let server_r = server.try_clone()?;
         let relay_guest = guest_w.clone();
         let relay = std::thread::Builder::new()
             .name(format!("relay-{id}"))
             .spawn(move || relay_to_guest(server_r, &relay_guest))?;
-        let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
-        let res = relay_to_server(
-            &mut guest_r,
-            &server,
-            &guest_w,
-            server_welcome.window_len,
-            queue,
-            &mut stats,
-        );
+        let res = if rings {
+            wait_for_guest_end(&mut guest)
+        } else {
+            let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
+            relay_to_server(
+                &mut guest_r,
+                &server,
+                &guest_w,
+                server_welcome.window_len,
+                &mut stats,
+            )
+        };
         // The guest side ended: the API server sees its socket close, releases
         // what the guest held and reports it. It is reaped (killed after the grace
         // period if it is stuck, say in an endless kernel) before the relay is
@@ -302,6 +321,12 @@ fn serve(
     })();
     let child_id = child.id();
     let (how, crashed) = spawn::reap(child, config.limits.teardown_grace);
+    // What the API server counted: every frame it received, however it came.
+    let counted = usage.read();
+    stats.commands = counted.commands;
+    stats.bytes = counted.bytes;
+    stats.rejected += counted.rejected;
+    stats.last_call = counted.last_opcode.and_then(op_info).map(|o| o.name);
     if crashed {
         life.api_server_crashes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -447,13 +472,25 @@ fn skip(from: &mut impl Read, mut n: usize, buf: &mut [u8]) -> std::io::Result<(
     Ok(())
 }
 
+/// Waits until a guest whose frames travel on rings closes its socket. It has nothing
+/// to send there: anything it does send ends the session.
+fn wait_for_guest_end(guest: &mut UnixStream) -> Result<(), SessionError> {
+    let mut b = [0u8; 1];
+    match guest.read(&mut b) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(SessionError::Handshake(
+            "the guest sent on its socket while on rings".into(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Checks and forwards the guest's commands until it disconnects or breaks framing.
 fn relay_to_server(
     guest: &mut impl Read,
     server: &UnixStream,
     guest_w: &Mutex<UnixStream>,
     window_len: u64,
-    queue: &VmQueue,
     stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
     let mut buf = vec![0u8; RELAY_CHUNK];
@@ -498,8 +535,8 @@ fn relay_to_server(
                     .map_err(|e| (error_code::BAD_SPAN, e.to_string())),
             }
         };
-        let name = match verdict {
-            Ok(name) => name,
+        match verdict {
+            Ok(_) => {}
             Err((code, message)) => {
                 debug!("rejected frame: {message}");
                 stats.rejected += 1;
@@ -509,11 +546,7 @@ fn relay_to_server(
                 }
                 continue;
             }
-        };
-        queue.admit(h.len as u64);
-        stats.last_call = Some(name);
-        stats.commands += 1;
-        stats.bytes += h.len as u64;
+        }
         forward(guest, server, &hb, &spans, rest, &mut buf)?;
     }
 }

@@ -8,25 +8,33 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use hira_protocol::usage::UsagePage;
 use log::warn;
 
 use crate::config::Config;
 
 /// The descriptor number the API server finds its session socket on.
 const CHILD_FD: i32 = 3;
+/// The descriptor number the API server finds its usage page on.
+const USAGE_FD: i32 = 4;
 
-/// Starts an API server for session `id`; returns the process and our end of its socket.
+/// Starts an API server for session `id`; returns the process, our end of its socket
+/// and the page it keeps the session's counters in.
 ///
 /// The child gets SIGKILL when the daemon thread that started it ends (the session
 /// thread, which outlives the child in normal operation) or the daemon dies, so no
 /// API server outlives the daemon, however the daemon ends.
-pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStream)> {
+pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStream, UsagePage)> {
     let (ours, theirs) = UnixStream::pair()?;
     let theirs = OwnedFd::from(theirs);
     let raw = theirs.as_raw_fd();
+    let (usage, usage_fd) = UsagePage::create()?;
+    let usage_raw = usage_fd.as_raw_fd();
     let mut cmd = Command::new(&config.api_server);
     cmd.arg("--fd")
         .arg(CHILD_FD.to_string())
+        .arg("--usage-fd")
+        .arg(USAGE_FD.to_string())
         .arg("--session")
         .arg(id.to_string());
     if let Some(p) = &config.platform {
@@ -36,7 +44,7 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and calls only
-    // async-signal-safe functions (prctl, getppid, dup2, _exit). dup2 clears
+    // async-signal-safe functions (prctl, getppid, fcntl, dup2, _exit). dup2 clears
     // close-on-exec on the new descriptor.
     unsafe {
         cmd.pre_exec(move || {
@@ -47,7 +55,14 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
             if libc::getppid() != parent {
                 libc::_exit(1);
             }
-            if libc::dup2(raw, CHILD_FD) < 0 {
+            // The page's descriptor must not be the one the socket lands on.
+            let usage_raw = if usage_raw == CHILD_FD {
+                libc::fcntl(usage_raw, libc::F_DUPFD_CLOEXEC, USAGE_FD + 1)
+            } else {
+                usage_raw
+            };
+            if usage_raw < 0 || libc::dup2(raw, CHILD_FD) < 0 || libc::dup2(usage_raw, USAGE_FD) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -55,7 +70,8 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
     }
     let child = cmd.spawn()?;
     drop(theirs);
-    Ok((child, ours))
+    drop(usage_fd);
+    Ok((child, ours, usage))
 }
 
 /// Describes how an API server ended, for the log.

@@ -206,6 +206,10 @@ impl Backend for OpenClBackend {
         op_info(opcode).is_some_and(|o| o.may_block)
     }
 
+    fn may_async(&self, opcode: u16) -> Option<bool> {
+        op_info(opcode).map(|o| o.may_async)
+    }
+
     fn teardown(&self) -> TeardownReport {
         // SVM allocations go first, while their contexts are alive.
         let svm_freed = self.svm.free_all(self.rt);

@@ -1,6 +1,7 @@
 //! End-to-end tests: real C OpenCL programs, clinfo, and hostile guests against the
 //! real daemon, API servers and host OpenCL (PoCL).
 
+mod dataplane;
 mod hardening;
 mod isolation;
 mod kernel_args;

@@ -11,6 +11,35 @@ use hira_protocol::{FrameHeader, FrameKind, Span, Writer};
 
 use crate::support::{Daemon, RawGuest, Vendors, c_program, run_with_timeout, status};
 
+/// Runs a hostile-guest test twice: with frames on the guest's socket, relayed and
+/// checked by the daemon, and on the shared-memory rings, checked by the API server.
+macro_rules! on_both_planes {
+    ($($name:ident),* $(,)?) => {
+        $(mod $name {
+            #[test]
+            fn relayed() {
+                super::$name(false)
+            }
+
+            #[test]
+            fn rings() {
+                super::$name(true)
+            }
+        })*
+    };
+}
+
+on_both_planes!(
+    unknown_opcode_gets_an_error_and_the_session_continues,
+    truncated_payload_gets_an_error_and_the_session_continues,
+    forged_stale_and_reused_ids_are_rejected,
+    span_outside_the_data_window_is_rejected,
+    asynchronous_flag_on_a_synchronous_call_is_dropped,
+    oversized_length_closes_the_connection_and_its_api_server,
+    frame_cut_short_by_a_disconnect_leaves_nothing_behind,
+    guest_frames_other_than_requests_are_rejected,
+);
+
 const CL_INVALID_CONTEXT: i32 = -34;
 const CL_INVALID_COMMAND_QUEUE: i32 = -36;
 
@@ -85,10 +114,9 @@ fn wrong_protocol_version_is_refused_with_a_reason() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn unknown_opcode_gets_an_error_and_the_session_continues() {
+fn unknown_opcode_gets_an_error_and_the_session_continues(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     let (h, p) = g.call(9999, &[]);
     assert_eq!(h.kind, FrameKind::Error);
     assert_eq!(error_code_of(&p), error_code::UNKNOWN_OPCODE);
@@ -96,10 +124,9 @@ fn unknown_opcode_gets_an_error_and_the_session_continues() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn truncated_payload_gets_an_error_and_the_session_continues() {
+fn truncated_payload_gets_an_error_and_the_session_continues(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     let (h, p) = g.call(op::clFinish, &[1, 2, 3]);
     assert_eq!(h.kind, FrameKind::Error);
     assert_eq!(error_code_of(&p), error_code::MALFORMED);
@@ -112,10 +139,9 @@ fn truncated_payload_gets_an_error_and_the_session_continues() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn forged_stale_and_reused_ids_are_rejected() {
+fn forged_stale_and_reused_ids_are_rejected(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     let mut w = Writer::new();
     w.u64(0x1234);
     let (h, p) = g.call(op::clFinish, w.as_slice());
@@ -153,13 +179,19 @@ fn forged_stale_and_reused_ids_are_rejected() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn span_outside_the_data_window_is_rejected() {
+fn span_outside_the_data_window_is_rejected(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     let mut w = Writer::new();
     w.u64(0x1234);
-    let (h, p) = g.call_spans(op::clFinish, &[Span { offset: 0, len: 16 }], w.as_slice());
+    let (h, p) = g.call_spans(
+        op::clFinish,
+        &[Span {
+            offset: 1 << 20,
+            len: 16,
+        }],
+        w.as_slice(),
+    );
     assert_eq!(h.kind, FrameKind::Error);
     assert_eq!(error_code_of(&p), error_code::BAD_SPAN);
     let (h, p) = g.call_spans(
@@ -179,10 +211,9 @@ fn span_outside_the_data_window_is_rejected() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn asynchronous_flag_on_a_synchronous_call_is_dropped() {
+fn asynchronous_flag_on_a_synchronous_call_is_dropped(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     let mut w = Writer::new();
     w.u64(0x1234);
     g.frame(
@@ -198,10 +229,9 @@ fn asynchronous_flag_on_a_synchronous_call_is_dropped() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn oversized_length_closes_the_connection_and_its_api_server() {
+fn oversized_length_closes_the_connection_and_its_api_server(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     assert_eq!(daemon.wait_api_servers(1, Duration::from_secs(10)).len(), 1);
     let mut h = FrameHeader {
         len: 0,
@@ -214,7 +244,7 @@ fn oversized_length_closes_the_connection_and_its_api_server() {
     }
     .encode();
     h[0..4].copy_from_slice(&(MAX_FRAME_BODY as u32 + 1).to_le_bytes());
-    g.s.write_all(&h).unwrap();
+    g.write_raw(&h);
     let codes = g.drain_until_closed();
     assert!(codes.contains(&error_code::MALFORMED), "{codes:?}");
     assert!(
@@ -226,10 +256,9 @@ fn oversized_length_closes_the_connection_and_its_api_server() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn frame_cut_short_by_a_disconnect_leaves_nothing_behind() {
+fn frame_cut_short_by_a_disconnect_leaves_nothing_behind(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     let (_, device) = platform_and_device(&mut g);
     let (_, p) = create_context(&mut g, 3, device);
     assert_eq!(status(&p), 0);
@@ -242,8 +271,8 @@ fn frame_cut_short_by_a_disconnect_leaves_nothing_behind() {
         span_count: 0,
         call_id: 9,
     };
-    g.s.write_all(&h.encode()).unwrap();
-    g.s.write_all(&[0u8; 10]).unwrap();
+    g.write_raw(&h.encode());
+    g.write_raw(&[0u8; 10]);
     drop(g);
     let ended = daemon.wait_idle(Duration::from_secs(30));
     let last = ended.last().expect("the session ended");
@@ -255,14 +284,34 @@ fn frame_cut_short_by_a_disconnect_leaves_nothing_behind() {
     still_serves(&mut daemon);
 }
 
-#[test]
-fn guest_frames_other_than_requests_are_rejected() {
+fn guest_frames_other_than_requests_are_rejected(rings: bool) {
     let mut daemon = Daemon::start(&["vm1"]);
-    let mut g = RawGuest::session(&daemon.socket("vm1"));
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
     g.frame(FrameKind::Reply, op::clFinish, 0, 5, &[], &[0; 4]);
     let (h, p) = g.recv().expect("an error frame");
     assert_eq!((h.kind, h.call_id), (FrameKind::Error, 5));
     assert_eq!(error_code_of(&p), error_code::MALFORMED);
     platform_and_device(&mut g);
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn a_corrupt_ring_index_ends_that_session_and_no_other() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut bystander = RawGuest::session_on_rings(&daemon.socket("vm1"));
+    platform_and_device(&mut bystander);
+    let mut g = RawGuest::session_on_rings(&daemon.socket("vm1"));
+    platform_and_device(&mut g);
+    assert_eq!(daemon.wait_api_servers(2, Duration::from_secs(10)).len(), 2);
+    // The submission ring's head (offset 0 of the region) jumps past its capacity.
+    g.corrupt_region(0, u64::MAX / 2);
+    let codes = g.drain_until_closed();
+    assert!(codes.contains(&error_code::MALFORMED), "{codes:?}");
+    assert_eq!(
+        daemon.wait_api_servers(1, Duration::from_secs(15)).len(),
+        1,
+        "only the corrupt session's API server ended"
+    );
+    platform_and_device(&mut bystander);
     still_serves(&mut daemon);
 }

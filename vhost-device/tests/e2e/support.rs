@@ -9,8 +9,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hira_protocol::frame::HEADER_LEN;
-use hira_protocol::handshake::{ApiKind, Hello};
-use hira_protocol::{FrameHeader, FrameKind, Span};
+use hira_protocol::handshake::{ApiKind, Hello, Welcome};
+use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
 
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -397,17 +397,56 @@ pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
     collector.join().unwrap()
 }
 
-/// A guest that speaks the wire protocol by hand, to send what a real shim never would.
+/// A guest that speaks the wire protocol by hand, to send what a real shim never would:
+/// on its socket (frames relayed by the daemon) or on the shared-memory rings.
 pub struct RawGuest {
     pub s: UnixStream,
     call_id: u64,
+    pub rings: Option<ring::Ends>,
+    /// The ring region's descriptor, to corrupt the region on purpose.
+    pub region_fd: Option<std::os::fd::OwnedFd>,
+    /// The API server's doorbell (the submission ring's data eventfd).
+    pub doorbell: Option<std::os::fd::OwnedFd>,
+    /// The ring reported the session over; read the socket from now on.
+    rings_over: bool,
+}
+
+/// A sealed memfd of `len` bytes: the data window a guest passes at its hello.
+pub fn window_memfd(len: u64) -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: memfd_create with a valid name and flags; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"raw-window".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0);
+    // SAFETY: memfd_create just returned this descriptor.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // SAFETY: resizing and sealing a descriptor this function owns.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
+        assert_eq!(
+            libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK),
+            0
+        );
+    }
+    fd
 }
 
 impl RawGuest {
     pub fn connect(path: &Path) -> RawGuest {
         let s = UnixStream::connect(path).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        RawGuest { s, call_id: 0 }
+        RawGuest {
+            s,
+            call_id: 0,
+            rings: None,
+            region_fd: None,
+            doorbell: None,
+            rings_over: false,
+        }
     }
 
     /// Connects and completes a handshake with no data window.
@@ -418,6 +457,70 @@ impl RawGuest {
         let (h, _) = g.recv().expect("welcome");
         assert_eq!(h.kind, FrameKind::Welcome);
         g
+    }
+
+    /// Connects with a one-page data window and asks for the shared-memory rings.
+    pub fn session_on_rings(path: &Path) -> RawGuest {
+        use std::os::fd::AsRawFd;
+        let mut g = RawGuest::connect(path);
+        let mut hello = Hello::new(ApiKind::OpenCl, std::process::id(), "raw-guest", 4096);
+        hello.rings = true;
+        let hello = hello.encode();
+        let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
+        let window = window_memfd(4096);
+        unix::send_frame_with_fd(&mut g.s, &header, &hello, Some(&window)).unwrap();
+        let (h, p, mut fds) = unix::recv_frame_with_fds(&mut g.s).expect("welcome");
+        assert_eq!(h.kind, FrameKind::Welcome);
+        let welcome = Welcome::decode(&p).unwrap();
+        assert!(welcome.ring_capacity > 0, "the host set up rings");
+        let region_fd = fds.remove(0);
+        let region = ring::Region::map(&region_fd, welcome.ring_capacity as usize).unwrap();
+        g.doorbell = Some(fds[0].try_clone().unwrap());
+        g.rings =
+            Some(ring::guest_ends(std::sync::Arc::new(region), fds, g.s.as_raw_fd()).unwrap());
+        g.region_fd = Some(region_fd);
+        g
+    }
+
+    /// A session of either kind.
+    pub fn session_on(path: &Path, rings: bool) -> RawGuest {
+        if rings {
+            RawGuest::session_on_rings(path)
+        } else {
+            RawGuest::session(path)
+        }
+    }
+
+    /// Overwrites the `u64` at `offset` of the ring region (in its header page) and
+    /// rings the API server's doorbell, as a hostile guest could.
+    pub fn corrupt_region(&self, offset: usize, value: u64) {
+        use std::os::fd::AsRawFd;
+        let fd = self.region_fd.as_ref().expect("a ring session").as_raw_fd();
+        // SAFETY: maps the region's first page, shared; written once and unmapped.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            std::ptr::write_volatile(p.cast::<u8>().add(offset).cast::<u64>(), value);
+            libc::munmap(p, 4096);
+            let one = 1u64;
+            let bell = self.doorbell.as_ref().unwrap().as_raw_fd();
+            libc::write(bell, (&one as *const u64).cast(), 8);
+        }
+    }
+
+    /// Sends bytes as they are, on the rings or the socket.
+    pub fn write_raw(&mut self, b: &[u8]) {
+        match &mut self.rings {
+            Some(r) => r.producer.write_all(b).unwrap(),
+            None => self.s.write_all(b).unwrap(),
+        }
     }
 
     pub fn frame(
@@ -443,7 +546,7 @@ impl RawGuest {
             b.extend_from_slice(&s.encode());
         }
         b.extend_from_slice(payload);
-        self.s.write_all(&b).unwrap();
+        self.write_raw(&b);
     }
 
     /// Sends a synchronous request and returns the reply frame.
@@ -465,13 +568,25 @@ impl RawGuest {
         (h, p)
     }
 
+    /// Reads exactly `b.len()` bytes from the completion ring, or from the socket once
+    /// the ring has reported the session over (as the guest driver does).
+    fn read_exact(&mut self, b: &mut [u8]) -> std::io::Result<()> {
+        if let (Some(r), false) = (&mut self.rings, self.rings_over) {
+            match r.consumer.read_exact(b) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => self.rings_over = true,
+                other => return other,
+            }
+        }
+        self.s.read_exact(b)
+    }
+
     /// The next frame, or `None` if the host closed the connection.
     pub fn recv(&mut self) -> Option<(FrameHeader, Vec<u8>)> {
         let mut hb = [0u8; HEADER_LEN];
-        self.s.read_exact(&mut hb).ok()?;
+        self.read_exact(&mut hb).ok()?;
         let h = FrameHeader::decode(&hb).expect("host frames decode");
         let mut p = vec![0u8; h.len as usize];
-        self.s.read_exact(&mut p).ok()?;
+        self.read_exact(&mut p).ok()?;
         Some((h, p))
     }
 

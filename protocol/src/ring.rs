@@ -1,0 +1,708 @@
+//! The host-local data plane: a guest and its API server exchange frames through two
+//! byte rings in one shared memory region, with no daemon in between.
+//!
+//! The API server creates the region (a sealed memfd) and four eventfds and hands
+//! them to the guest with its `Welcome`; the daemon only passes them on. Each ring is
+//! single-producer, single-consumer, and carries the same frames a socket would: the
+//! guest's requests in the submission ring, replies and notifications in the
+//! completion ring.
+//!
+//! Layout (all offsets in bytes, counters little-endian `u64`/`u32`, shared):
+//!
+//! | offset              | what                                    |
+//! |---------------------|-----------------------------------------|
+//! | 0                   | submission ring header                  |
+//! | 2048                | completion ring header                  |
+//! | 4096                | submission ring data (`capacity` bytes) |
+//! | 4096 + `capacity`   | completion ring data (`capacity` bytes) |
+//!
+//! A ring header holds, each on its own cache line: `head` (bytes ever produced,
+//! written by the producer), `tail` (bytes ever consumed, written by the consumer),
+//! `consumer_sleeping` and `producer_sleeping` (set by a side before it sleeps on its
+//! eventfd, so that the other side knows to ring it).
+//!
+//! Wake-ups are adaptive: a side that finds its ring empty (or full) spins for a
+//! while, then announces that it sleeps, checks once more, and sleeps on its eventfd
+//! and on a liveness descriptor (its socket to the daemon), so that the end of the
+//! peer wakes it too. An idle session costs no CPU.
+//!
+//! Everything in the region is writable by the peer, so neither side trusts what it
+//! reads there: each side keeps its own position privately and only reads the
+//! peer's; an index that moves backwards or past the capacity ends the session
+//! ([`std::io::ErrorKind::InvalidData`]). Bytes are copied out once, then decoded and
+//! checked as a socket's would be. A peer that stops updating its index can only
+//! stall its own session.
+
+use std::io::{Error, ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::time::{Duration, Instant};
+
+/// Bytes before the rings' data: the two ring headers.
+pub const HEADER_BYTES: usize = 4096;
+/// Offset of the completion ring's header.
+const SECOND_HEADER: usize = 2048;
+/// Offsets of the fields within a ring header.
+const HEAD: usize = 0;
+const TAIL: usize = 64;
+const CONSUMER_SLEEPING: usize = 128;
+const PRODUCER_SLEEPING: usize = 192;
+/// Default capacity of each ring.
+pub const DEFAULT_CAPACITY: usize = 1024 * 1024;
+/// Largest capacity either side accepts.
+pub const MAX_CAPACITY: usize = 64 * 1024 * 1024;
+
+/// The number of eventfds that travel with a region, in this order: submission data
+/// (the API server sleeps on it), submission space (the guest), completion data (the
+/// guest), completion space (the API server).
+pub const EVENTFDS: usize = 4;
+
+/// Bytes a region with rings of `capacity` bytes takes.
+pub fn region_len(capacity: usize) -> usize {
+    HEADER_BYTES + 2 * capacity
+}
+
+/// Whether `capacity` is a capacity both sides accept: a whole number of pages, at
+/// least one, at most [`MAX_CAPACITY`].
+pub fn valid_capacity(capacity: usize) -> bool {
+    (4096..=MAX_CAPACITY).contains(&capacity) && capacity.is_multiple_of(4096)
+}
+
+/// One side's mapping of a region.
+#[derive(Debug)]
+pub struct Region {
+    base: *mut u8,
+    len: usize,
+    capacity: usize,
+}
+
+// SAFETY: the mapping lives as long as the value; its bytes are only reached through
+// atomics and raw-pointer copies, as memory shared with an untrusted peer must be.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are exactly the mapping made in `map`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+impl Region {
+    /// Creates a region in a fresh memfd, sealed so that neither side can resize it,
+    /// and maps it. Returns the mapping and the descriptor to pass to the peer.
+    pub fn create(capacity: usize) -> std::io::Result<(Region, OwnedFd)> {
+        if !valid_capacity(capacity) {
+            return Err(Error::new(ErrorKind::InvalidInput, "bad ring capacity"));
+        }
+        let len = region_len(capacity);
+        // SAFETY: the name is a valid C string; the flags are valid.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"hira-rings".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::last_os_error());
+        }
+        // SAFETY: memfd_create just returned this descriptor to this process.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain system calls on a descriptor this function owns.
+        let ok = unsafe {
+            libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) == 0
+                && libc::fcntl(
+                    fd.as_raw_fd(),
+                    libc::F_ADD_SEALS,
+                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+                ) == 0
+        };
+        if !ok {
+            return Err(Error::last_os_error());
+        }
+        let region = Self::map(&fd, capacity)?;
+        Ok((region, fd))
+    }
+
+    /// Maps a region the peer created. The descriptor must hold at least
+    /// [`region_len`]`(capacity)` bytes and be sealed against shrinking, so that no
+    /// access to the mapping can fault.
+    pub fn map(fd: &OwnedFd, capacity: usize) -> std::io::Result<Region> {
+        if !valid_capacity(capacity) {
+            return Err(Error::new(ErrorKind::InvalidInput, "bad ring capacity"));
+        }
+        let len = region_len(capacity);
+        // SAFETY: a zeroed stat struct is a valid out-parameter for fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open; `st` is valid for writes.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(Error::last_os_error());
+        }
+        // SAFETY: F_GET_SEALS only reads the descriptor's seals.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if (st.st_size as u64) < len as u64 || seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "ring region too small or not sealed against shrinking",
+            ));
+        }
+        // SAFETY: maps `len` bytes of a file at least that long, shared, at an address
+        // the kernel picks.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::last_os_error());
+        }
+        Ok(Region {
+            base: base.cast(),
+            len,
+            capacity,
+        })
+    }
+
+    /// Capacity of each ring.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= HEADER_BYTES && off.is_multiple_of(8));
+        // SAFETY: `off` is an aligned offset inside the header page of the mapping,
+        // which lives as long as `self`; shared memory is only accessed atomically here.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off + 4 <= HEADER_BYTES && off.is_multiple_of(4));
+        // SAFETY: as for `u64_at`.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+}
+
+/// Which ring of a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    /// Guest to API server.
+    Submission,
+    /// API server to guest.
+    Completion,
+}
+
+impl Which {
+    fn header(self) -> usize {
+        match self {
+            Which::Submission => 0,
+            Which::Completion => SECOND_HEADER,
+        }
+    }
+
+    fn data(self, capacity: usize) -> usize {
+        match self {
+            Which::Submission => HEADER_BYTES,
+            Which::Completion => HEADER_BYTES + capacity,
+        }
+    }
+}
+
+/// Creates the [`EVENTFDS`] eventfds that go with a region (non-blocking, close on exec).
+pub fn eventfds() -> std::io::Result<Vec<OwnedFd>> {
+    (0..EVENTFDS)
+        .map(|_| {
+            // SAFETY: eventfd with valid flags; the result is checked.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(Error::last_os_error());
+            }
+            // SAFETY: eventfd just returned this descriptor to this process.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        })
+        .collect()
+}
+
+/// Rings an eventfd. Never blocks: the descriptor is non-blocking, and a counter
+/// near overflow already means "wake up".
+fn ring_bell(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a local to a descriptor this side holds.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Sleeps until `bell` rings or `live` becomes readable (or hangs up). Returns
+/// whether `live` did.
+fn sleep_on(bell: RawFd, live: RawFd) -> std::io::Result<bool> {
+    let mut fds = [
+        libc::pollfd {
+            fd: bell,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: live,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: `fds` is a valid array of two pollfds; no timeout, no signal mask.
+        let n = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, std::ptr::null(), std::ptr::null()) };
+        if n < 0 {
+            let e = Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if fds[0].revents != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local from a non-blocking eventfd.
+            unsafe { libc::read(bell, (&mut v as *mut u64).cast(), 8) };
+        }
+        return Ok(fds[1].revents != 0);
+    }
+}
+
+/// What both ends of one ring share.
+#[derive(Debug)]
+struct End {
+    region: Arc<Region>,
+    which: Which,
+    /// The eventfd this side sleeps on.
+    own_bell: OwnedFd,
+    /// The eventfd the peer sleeps on.
+    peer_bell: OwnedFd,
+    /// Readable (or hung up) when the peer's session is over.
+    live: RawFd,
+    /// How long to spin before sleeping.
+    spin: Duration,
+}
+
+impl End {
+    fn head(&self) -> &AtomicU64 {
+        self.region.u64_at(self.which.header() + HEAD)
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.region.u64_at(self.which.header() + TAIL)
+    }
+
+    fn consumer_sleeping(&self) -> &AtomicU32 {
+        self.region.u32_at(self.which.header() + CONSUMER_SLEEPING)
+    }
+
+    fn producer_sleeping(&self) -> &AtomicU32 {
+        self.region.u32_at(self.which.header() + PRODUCER_SLEEPING)
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: the ring's data lies inside the mapping (see `region_len`).
+        unsafe { self.region.base.add(self.which.data(self.region.capacity)) }
+    }
+
+    /// Waits until `ready` holds: spins, then announces sleep through `flag`, checks
+    /// again, and sleeps. Fails with `BrokenPipe` once the session is over.
+    fn wait(
+        &self,
+        flag: &AtomicU32,
+        ready: &dyn Fn() -> std::io::Result<bool>,
+    ) -> std::io::Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < self.spin {
+            if ready()? {
+                return Ok(());
+            }
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        }
+        loop {
+            flag.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if ready()? {
+                flag.store(0, Ordering::Relaxed);
+                return Ok(());
+            }
+            let ended = sleep_on(self.own_bell.as_raw_fd(), self.live)?;
+            flag.store(0, Ordering::Relaxed);
+            if ready()? {
+                return Ok(());
+            }
+            if ended {
+                return Err(Error::new(ErrorKind::BrokenPipe, "the session is over"));
+            }
+        }
+    }
+}
+
+fn corrupt(what: &str) -> Error {
+    Error::new(ErrorKind::InvalidData, format!("corrupt ring: {what}"))
+}
+
+/// The writing end of a ring.
+#[derive(Debug)]
+pub struct Producer {
+    end: End,
+    /// Bytes produced so far: this side's own count, never read back from the region.
+    head: u64,
+}
+
+/// The reading end of a ring.
+#[derive(Debug)]
+pub struct Consumer {
+    end: End,
+    /// Bytes consumed so far: this side's own count.
+    tail: u64,
+}
+
+/// The two ends one side holds.
+#[derive(Debug)]
+pub struct Ends {
+    pub producer: Producer,
+    pub consumer: Consumer,
+}
+
+/// The guest's ends of a region: it produces submissions and consumes completions.
+/// `fds` are the [`EVENTFDS`] eventfds in their order; `live` is the guest's socket
+/// to the daemon.
+pub fn guest_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::io::Result<Ends> {
+    ends(
+        region,
+        fds,
+        live,
+        Which::Submission,
+        Which::Completion,
+        [1, 0, 2, 3],
+    )
+}
+
+/// The API server's ends: it consumes submissions and produces completions. `live`
+/// is its socket to the daemon.
+pub fn server_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::io::Result<Ends> {
+    ends(
+        region,
+        fds,
+        live,
+        Which::Completion,
+        Which::Submission,
+        [3, 2, 0, 1],
+    )
+}
+
+/// `order` picks, from the eventfds, the producer's own and peer bells, then the
+/// consumer's.
+fn ends(
+    region: Arc<Region>,
+    fds: Vec<OwnedFd>,
+    live: RawFd,
+    produce: Which,
+    consume: Which,
+    order: [usize; 4],
+) -> std::io::Result<Ends> {
+    if fds.len() != EVENTFDS {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} eventfds, {EVENTFDS} expected", fds.len()),
+        ));
+    }
+    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
+    let mut take = |i: usize| {
+        fds[i]
+            .take()
+            .ok_or_else(|| Error::from(ErrorKind::InvalidInput))
+    };
+    let producer = End {
+        region: region.clone(),
+        which: produce,
+        own_bell: take(order[0])?,
+        peer_bell: take(order[1])?,
+        live,
+        spin: Duration::ZERO,
+    };
+    let consumer = End {
+        region,
+        which: consume,
+        own_bell: take(order[2])?,
+        peer_bell: take(order[3])?,
+        live,
+        spin: Duration::ZERO,
+    };
+    // Each side's position starts where the region says: zero for a fresh region.
+    Ok(Ends {
+        producer: Producer {
+            head: producer.head().load(Ordering::Acquire),
+            end: producer,
+        },
+        consumer: Consumer {
+            tail: consumer.tail().load(Ordering::Acquire),
+            end: consumer,
+        },
+    })
+}
+
+impl Producer {
+    /// How long to spin waiting for space before sleeping.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.end.spin = spin;
+    }
+
+    /// Free bytes, from the peer's tail, checked.
+    fn free(&self) -> std::io::Result<usize> {
+        let cap = self.end.region.capacity as u64;
+        let tail = self.end.tail().load(Ordering::Acquire);
+        let used = self.head.wrapping_sub(tail);
+        if used > cap {
+            return Err(corrupt("consumer index out of range"));
+        }
+        Ok((cap - used) as usize)
+    }
+}
+
+impl Producer {
+    /// Waits for at least one free byte; returns how many are free.
+    fn wait_for_space(&mut self) -> std::io::Result<usize> {
+        let free = self.free()?;
+        if free > 0 {
+            return Ok(free);
+        }
+        let end = &self.end;
+        let head = self.head;
+        let cap = end.region.capacity as u64;
+        end.wait(end.producer_sleeping(), &|| {
+            let used = head.wrapping_sub(end.tail().load(Ordering::Acquire));
+            if used > cap {
+                return Err(corrupt("consumer index out of range"));
+            }
+            Ok(used < cap)
+        })?;
+        self.free()
+    }
+
+    /// Copies `bytes` (which fit the free space) after what was produced, without
+    /// publishing them.
+    fn put(&mut self, bytes: &[u8], at_head: u64) {
+        let cap = self.end.region.capacity;
+        let at = (at_head % cap as u64) as usize;
+        let first = bytes.len().min(cap - at);
+        let data = self.end.data();
+        // SAFETY: both pieces lie inside this ring's data (`at + first <= cap`,
+        // `len - first <= at`), in free space the consumer does not read until `head`
+        // moves past it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), data.add(at), first);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr().add(first), data, bytes.len() - first);
+        }
+    }
+
+    /// Makes `n` more bytes visible to the consumer and wakes it if it sleeps.
+    fn publish(&mut self, n: usize) {
+        self.head = self.head.wrapping_add(n as u64);
+        self.end.head().store(self.head, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.end.consumer_sleeping().load(Ordering::Relaxed) != 0 {
+            ring_bell(self.end.peer_bell.as_raw_fd());
+        }
+    }
+}
+
+impl Write for Producer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = buf.len().min(self.wait_for_space()?);
+        self.put(&buf[..n], self.head);
+        self.publish(n);
+        Ok(n)
+    }
+
+    /// Copies as much of `bufs` as fits and publishes it at once, so that a frame's
+    /// header and body wake the consumer once.
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total == 0 {
+            return Ok(0);
+        }
+        let mut room = self.wait_for_space()?;
+        let mut n = 0;
+        for b in bufs {
+            let take = b.len().min(room);
+            self.put(&b[..take], self.head.wrapping_add(n as u64));
+            n += take;
+            room -= take;
+            if room == 0 {
+                break;
+            }
+        }
+        self.publish(n);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Consumer {
+    /// How long to spin waiting for data before sleeping.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.end.spin = spin;
+    }
+
+    /// Bytes ready to read, from the peer's head, checked.
+    fn available(&self) -> std::io::Result<usize> {
+        let cap = self.end.region.capacity as u64;
+        let head = self.end.head().load(Ordering::Acquire);
+        let avail = head.wrapping_sub(self.tail);
+        if avail > cap {
+            return Err(corrupt("producer index out of range"));
+        }
+        Ok(avail as usize)
+    }
+
+    /// Whether bytes are ready, without waiting.
+    pub fn ready(&self) -> std::io::Result<bool> {
+        Ok(self.available()? > 0)
+    }
+}
+
+impl Read for Consumer {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut avail = self.available()?;
+        if avail == 0 {
+            let end = &self.end;
+            let tail = self.tail;
+            let cap = end.region.capacity as u64;
+            end.wait(end.consumer_sleeping(), &|| {
+                let avail = end.head().load(Ordering::Acquire).wrapping_sub(tail);
+                if avail > cap {
+                    return Err(corrupt("producer index out of range"));
+                }
+                Ok(avail > 0)
+            })?;
+            avail = self.available()?;
+        }
+        let cap = self.end.region.capacity;
+        let n = buf.len().min(avail);
+        let at = (self.tail % cap as u64) as usize;
+        let first = n.min(cap - at);
+        let data = self.end.data();
+        // SAFETY: both pieces lie inside this ring's data; the bytes are copied out
+        // once and only then looked at (the peer may change them at any time).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.add(at), buf.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(data, buf.as_mut_ptr().add(first), n - first);
+        }
+        self.tail = self.tail.wrapping_add(n as u64);
+        self.end.tail().store(self.tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.end.producer_sleeping().load(Ordering::Relaxed) != 0 {
+            ring_bell(self.end.peer_bell.as_raw_fd());
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn dup_all(fds: &[OwnedFd]) -> Vec<OwnedFd> {
+        fds.iter().map(|f| f.try_clone().unwrap()).collect()
+    }
+
+    /// A guest's and a server's ends of one fresh region, and the two "daemon"
+    /// sockets whose closing ends the session.
+    fn pair(capacity: usize) -> (Ends, Ends, UnixStream, UnixStream) {
+        let (region, fd) = Region::create(capacity).unwrap();
+        let fds = eventfds().unwrap();
+        let peer_region = Arc::new(Region::map(&fd, capacity).unwrap());
+        let (gl, gd) = UnixStream::pair().unwrap();
+        let (sl, sd) = UnixStream::pair().unwrap();
+        let guest = guest_ends(peer_region, dup_all(&fds), gl.as_raw_fd()).unwrap();
+        let server = server_ends(Arc::new(region), fds, sl.as_raw_fd()).unwrap();
+        std::mem::forget(gl);
+        std::mem::forget(sl);
+        (guest, server, gd, sd)
+    }
+
+    #[test]
+    fn frames_cross_in_both_directions_and_wrap() {
+        let (mut g, mut s, _gd, _sd) = pair(4096);
+        let t = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 3000];
+            for i in 0..200u32 {
+                s.consumer.read_exact(&mut buf).unwrap();
+                assert!(buf.iter().all(|&b| b == i as u8), "request {i}");
+                s.producer.write_all(&i.to_le_bytes()).unwrap();
+            }
+        });
+        for i in 0..200u32 {
+            g.producer.write_all(&vec![i as u8; 3000]).unwrap();
+            let mut r = [0u8; 4];
+            g.consumer.read_exact(&mut r).unwrap();
+            assert_eq!(u32::from_le_bytes(r), i);
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_write_larger_than_the_ring_streams_through() {
+        let (mut g, mut s, _gd, _sd) = pair(4096);
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        let expect = data.clone();
+        let t = std::thread::spawn(move || g.producer.write_all(&data).unwrap());
+        let mut got = vec![0u8; expect.len()];
+        s.consumer.read_exact(&mut got).unwrap();
+        t.join().unwrap();
+        assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn a_corrupt_index_fails_the_reader_and_the_writer() {
+        let (g, mut s, _gd, _sd) = pair(4096);
+        // A hostile guest moves the submission head far beyond the capacity.
+        g.producer.end.head().store(1 << 40, Ordering::Release);
+        let e = s.consumer.read(&mut [0u8; 16]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+        // ... or moves the completion tail past what the server produced.
+        g.consumer.end.tail().store(12345, Ordering::Release);
+        let e = s.producer.write(&[1, 2, 3]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_sleeping_reader_wakes_when_its_session_ends() {
+        let (_g, mut s, _gd, sd) = pair(4096);
+        let t = std::thread::spawn(move || s.consumer.read(&mut [0u8; 8]));
+        drop(sd);
+        let e = t.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_region_that_can_shrink_or_is_too_small_is_refused() {
+        // SAFETY: plain memfd without sealing, owned by the test.
+        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: memfd_create just returned this descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: resizing a descriptor the test owns.
+        unsafe { libc::ftruncate(fd.as_raw_fd(), region_len(4096) as libc::off_t) };
+        assert!(Region::map(&fd, 4096).is_err());
+        let (_r, sealed) = Region::create(4096).unwrap();
+        assert!(Region::map(&sealed, 8192).is_err());
+        assert!(Region::create(1000).is_err());
+    }
+}
