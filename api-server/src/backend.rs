@@ -55,6 +55,13 @@ pub trait Backend: Send + Sync {
     /// guest's requests.
     fn may_block(&self, opcode: u16) -> bool;
 
+    /// Whether call `opcode` may, right now, wait for something only the guest can do
+    /// (complete a user event): only such a call must leave the reading thread free.
+    /// A call that merely waits for the device runs on it, saving a thread hop.
+    fn may_wait_on_guest(&self, opcode: u16) -> bool {
+        self.may_block(opcode)
+    }
+
     /// Whether `opcode` names a call of this API and may be forwarded without a reply
     /// (`None`: it names none).
     fn may_async(&self, opcode: u16) -> Option<bool>;

@@ -348,13 +348,14 @@ fn serve(
         if inline_channel.is_none_or(|c| c == channel) && workers.len() <= 1 {
             inline_channel = Some(channel);
             // One guest thread: its calls run here, without a thread hop, except those
-            // that may wait (another thread of the guest could be about to end the
-            // wait, and this thread must stay free to read its request); after one of
-            // those, calls run here again once the worker has finished.
+            // that may wait for the guest (another thread of the guest could be about
+            // to set the user event, and this thread must stay free to read its
+            // request); after one of those, calls run here again once the worker has
+            // finished.
             let worker_idle = workers
                 .get(&channel)
                 .is_none_or(|w| w.pending.load(Ordering::Acquire) == 0);
-            if worker_idle && !backend.may_block(f.header.opcode) {
+            if worker_idle && !backend.may_wait_on_guest(f.header.opcode) {
                 execute(&*backend, &writer, (*window).as_ref(), &f, &mut reply);
                 continue;
             }

@@ -82,12 +82,15 @@ pub fn inline_max() -> usize {
 }
 
 /// How long a thread waiting for a reply polls before it sleeps: `HIRA_SPIN_US`
-/// microseconds, default 50 (0 disables spinning).
+/// microseconds, default 1000 (0 disables spinning). Only calls that recently came
+/// back within twice this spin at all, so a call that waits long for the device
+/// sleeps at once; one that waits a little (a blocking read behind a short kernel)
+/// is seen without a wake-up, which costs tens of microseconds on virtual CPUs.
 pub fn spin() -> std::time::Duration {
     let us = std::env::var("HIRA_SPIN_US")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(50)
+        .unwrap_or(1000)
         .min(10_000);
     std::time::Duration::from_micros(us)
 }

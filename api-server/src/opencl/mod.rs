@@ -21,10 +21,11 @@ pub mod staging;
 pub mod svm;
 
 use std::ffi::{CStr, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cl3::OpenCl;
-use hira_protocol::opencl::op_info;
+use hira_protocol::opencl::{op, op_info};
 use hira_protocol::{Reader, Writer};
 use log::{info, warn};
 use opencl_sys::{cl_platform_id, cl_uint};
@@ -66,6 +67,9 @@ pub struct OpenClBackend {
     pub(crate) builds: builds::Builds,
     pub(crate) staging: Arc<staging::Staging>,
     pub(crate) svm: svm::Svm,
+    /// User events created and not yet given a status: while there are any, a call
+    /// that blocks may be waiting for the guest to set one.
+    open_user_events: AtomicUsize,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -177,6 +181,7 @@ impl OpenClBackend {
             builds: builds::Builds::default(),
             staging: Arc::new(staging::Staging::default()),
             svm: svm::Svm::default(),
+            open_user_events: AtomicUsize::new(0),
             writer,
         })
     }
@@ -195,6 +200,15 @@ impl Backend for OpenClBackend {
         let res = generated::dispatch(&mut s, opcode, &mut r, frame, w);
         // Whatever this call showed complete, the guest must hold its data first.
         self.deferred.settle();
+        let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
+        if succeeded && opcode == op::clCreateUserEvent {
+            self.open_user_events.fetch_add(1, Ordering::AcqRel);
+        } else if succeeded && opcode == op::clSetUserEventStatus {
+            // Setting a status succeeds once per user event.
+            let _ = self
+                .open_user_events
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
         res
     }
 
@@ -204,6 +218,10 @@ impl Backend for OpenClBackend {
 
     fn may_block(&self, opcode: u16) -> bool {
         op_info(opcode).is_some_and(|o| o.may_block)
+    }
+
+    fn may_wait_on_guest(&self, opcode: u16) -> bool {
+        self.may_block(opcode) && self.open_user_events.load(Ordering::Acquire) > 0
     }
 
     fn may_async(&self, opcode: u16) -> Option<bool> {
