@@ -121,14 +121,15 @@ impl Read for Submissions {
     }
 }
 
-/// The data plane of a guest that asked for rings: the region and eventfds to hand it
-/// (through the daemon, with the `Welcome`), and this side's ends.
+/// The data plane of a guest that asked for rings: this side's ends, and for a
+/// host-local guest the region and eventfds to hand it (through the daemon, with the
+/// `Welcome`).
 struct Rings {
-    region_fd: OwnedFd,
-    eventfds: Vec<OwnedFd>,
     ends: ring::Ends,
+    handoff: Option<(OwnedFd, Vec<OwnedFd>)>,
 }
 
+/// Host-local rings: a fresh memfd region and eventfds.
 fn setup_rings(live: &UnixStream) -> std::io::Result<Rings> {
     use std::os::fd::AsRawFd;
     let (region, region_fd) = ring::Region::create(ring::DEFAULT_CAPACITY)?;
@@ -137,13 +138,23 @@ fn setup_rings(live: &UnixStream) -> std::io::Result<Rings> {
         .iter()
         .map(|f| f.try_clone())
         .collect::<std::io::Result<Vec<_>>>()?;
-    let mut ends = ring::server_ends(Arc::new(region), ours, live.as_raw_fd())?;
-    ends.consumer.set_spin(RING_SPIN);
-    ends.producer.set_spin(RING_SPIN);
+    let ends = ring::server_ends(Arc::new(region), ours, live.as_raw_fd())?;
     Ok(Rings {
-        region_fd,
-        eventfds,
         ends,
+        handoff: Some((region_fd, eventfds)),
+    })
+}
+
+/// A VM guest's rings: at `offset` of the VM's shared window, where the daemon put
+/// them, woken by doorbell frames on the socket to the daemon.
+fn setup_vm_rings(window: &OwnedFd, offset: u64, live: &UnixStream) -> std::io::Result<Rings> {
+    use std::os::fd::AsRawFd;
+    let region = ring::Region::map_at(window, offset, ring::DEFAULT_CAPACITY, false)?;
+    // The slot may hold an earlier session's rings.
+    region.reset();
+    Ok(Rings {
+        ends: ring::server_ends_vm(Arc::new(region), live.as_raw_fd()),
+        handoff: None,
     })
 }
 
@@ -156,23 +167,31 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
     let mut control = UnixStream::from(config.socket);
     let (hello, window_fd) = receive_hello(&mut control)?;
     let control_writer = FrameWriter::new(control.try_clone()?);
-    let window = match window_fd {
-        Some(fd) => Some(WindowMap::map(&fd, hello.window_len, hello.window_offset)?),
+    let window = match &window_fd {
+        Some(fd) => Some(WindowMap::map(fd, hello.window_len, hello.window_offset)?),
         None => None,
     };
-    let rings = if hello.rings {
-        setup_rings(&control)
-            .inspect_err(|e| warn!("no rings, frames go through hira-vhost: {e}"))
-            .ok()
-    } else {
-        None
+    let rings = match (&window_fd, hello.rings, hello.ring_offset) {
+        (_, false, _) => None,
+        (Some(fd), true, offset) if offset > 0 => Some(setup_vm_rings(fd, offset, &control)),
+        (_, true, _) => Some(setup_rings(&control)),
     };
+    let rings = rings.and_then(|r| {
+        r.inspect_err(|e| warn!("no rings, frames go through hira-vhost: {e}"))
+            .ok()
+    });
+    let on_rings = rings.is_some();
+    drop(window_fd);
     let (writer, reader, handoff): (Arc<FrameWriter>, Box<dyn Read + Send>, _) = match rings {
-        Some(r) => (
-            Arc::new(FrameWriter::new(r.ends.producer)),
-            Box::new(Submissions(r.ends.consumer)),
-            Some((r.region_fd, r.eventfds)),
-        ),
+        Some(mut r) => {
+            r.ends.consumer.set_spin(RING_SPIN);
+            r.ends.producer.set_spin(RING_SPIN);
+            (
+                Arc::new(FrameWriter::new(r.ends.producer)),
+                Box::new(Submissions(r.ends.consumer)),
+                r.handoff,
+            )
+        }
         None => (
             Arc::new(FrameWriter::new(control.try_clone()?)),
             Box::new(control.try_clone()?),
@@ -199,7 +218,7 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         hello.process_name,
         hello.pid,
         window.as_ref().map_or(0, WindowMap::len),
-        if handoff.is_some() {
+        if on_rings {
             "shared-memory rings"
         } else {
             "frames through hira-vhost"
@@ -211,11 +230,12 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         vm_name: String::new(),
         window_len: window.as_ref().map_or(0, |w| w.len() as u64),
         window_offset: 0,
-        ring_capacity: if handoff.is_some() {
+        ring_capacity: if on_rings {
             ring::DEFAULT_CAPACITY as u64
         } else {
             0
         },
+        ring_offset: if on_rings { hello.ring_offset } else { 0 },
     }
     .encode();
     let header = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());

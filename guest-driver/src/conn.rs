@@ -362,6 +362,10 @@ impl Connection {
                 // No descriptor crosses vsock: ask for a slot of the VM's window.
                 let mut hl = Hello::new(api, std::process::id(), &process_name(), 0);
                 hl.vm_window = window_len > 0;
+                // Rings at the end of the window slot, woken by doorbells on vsock.
+                hl.rings = hl.vm_window
+                    && crate::endpoint::rings()
+                    && crate::window::ivshmem_bar().is_some();
                 let h = hl.encode();
                 let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
                 frame::write_parts(&mut s, &[&header.encode(), &h])
@@ -406,13 +410,24 @@ impl Connection {
         let clone = || stream.try_clone().map_err(|e| connect_err(e.to_string()));
         let (tx, rx) = if welcome.ring_capacity > 0 {
             let bad = |e: String| TransportError::Malformed(format!("data plane: {e}"));
-            let mut fds = ring_fds.into_iter();
-            let region = fds.next().ok_or_else(|| bad("no region".into()))?;
             let capacity = usize::try_from(welcome.ring_capacity).unwrap_or(0);
-            let region = ring::Region::map(&region, capacity).map_err(|e| bad(e.to_string()))?;
-            let mut ends =
-                ring::guest_ends(std::sync::Arc::new(region), fds.collect(), stream.raw_fd())
-                    .map_err(|e| bad(e.to_string()))?;
+            let mut ends = match &stream {
+                Stream::Unix(_) => {
+                    let mut fds = ring_fds.into_iter();
+                    let region = fds.next().ok_or_else(|| bad("no region".into()))?;
+                    let region =
+                        ring::Region::map(&region, capacity).map_err(|e| bad(e.to_string()))?;
+                    ring::guest_ends(std::sync::Arc::new(region), fds.collect(), stream.raw_fd())
+                        .map_err(|e| bad(e.to_string()))?
+                }
+                Stream::Vsock(_) => {
+                    let bar = crate::window::ivshmem_bar()
+                        .ok_or_else(|| bad("no ivshmem device".into()))?;
+                    let region = ring::Region::map_at(&bar, welcome.ring_offset, capacity, false)
+                        .map_err(|e| bad(e.to_string()))?;
+                    ring::guest_ends_vm(std::sync::Arc::new(region), stream.raw_fd())
+                }
+            };
             ends.producer.set_spin(spin);
             let rx = Rx::Ring {
                 consumer: ends.consumer,

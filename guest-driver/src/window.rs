@@ -99,18 +99,7 @@ impl Window {
     /// ivshmem device (PCI 1af4:1110), mapped through sysfs. `None` if there is no
     /// such device, the process may not open it, or the slot does not fit.
     pub fn ivshmem(offset: u64, len: u64) -> Option<Window> {
-        let dev = std::fs::read_dir("/sys/bus/pci/devices")
-            .ok()?
-            .flatten()
-            .find(|d| {
-                let id = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap_or_default();
-                id("vendor").trim() == "0x1af4" && id("device").trim() == "0x1110"
-            })?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dev.path().join("resource2"))
-            .ok()?;
+        let file = std::fs::File::from(ivshmem_bar()?);
         let map_len = file.metadata().ok()?.len() as usize;
         let end = offset.checked_add(len)?;
         if len == 0 || end > map_len as u64 {
@@ -183,6 +172,24 @@ impl Window {
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
         used.retain(|&(o, _)| o != offset);
     }
+}
+
+/// BAR 2 of the VM's ivshmem device (PCI 1af4:1110), opened for mapping through
+/// sysfs; `None` if there is no such device or the process may not open it.
+pub fn ivshmem_bar() -> Option<OwnedFd> {
+    let dev = std::fs::read_dir("/sys/bus/pci/devices")
+        .ok()?
+        .flatten()
+        .find(|d| {
+            let id = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap_or_default();
+            id("vendor").trim() == "0x1af4" && id("device").trim() == "0x1110"
+        })?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dev.path().join("resource2"))
+        .ok()?;
+    Some(file.into())
 }
 
 impl WindowRegion<'_> {

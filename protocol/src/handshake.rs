@@ -74,9 +74,13 @@ pub struct Hello {
     /// Where the session's window starts in the descriptor passed along: set by the
     /// host daemon for the API server, 0 from guests.
     pub window_offset: u64,
-    /// The guest asks for the host-local data plane: shared-memory rings straight to
-    /// its API server (see [`crate::ring`]), which only a Unix socket can set up.
+    /// The guest asks for the data plane on shared-memory rings straight to its API
+    /// server (see `ring`): host-local, in a memfd the API server creates; in a VM,
+    /// at the end of the session's slot of the VM's shared window.
     pub rings: bool,
+    /// For a VM session on rings: where the ring region starts in the descriptor
+    /// passed along. Set by the daemon for the API server, 0 from guests.
+    pub ring_offset: u64,
 }
 
 /// Why a `Hello` was refused.
@@ -103,6 +107,7 @@ impl Hello {
             vm_window: false,
             window_offset: 0,
             rings: false,
+            ring_offset: 0,
         }
     }
 
@@ -116,7 +121,8 @@ impl Hello {
             .u64(self.window_len)
             .u8(u8::from(self.vm_window))
             .u64(self.window_offset)
-            .u8(u8::from(self.rings));
+            .u8(u8::from(self.rings))
+            .u64(self.ring_offset);
         w.into_vec()
     }
 
@@ -139,6 +145,7 @@ impl Hello {
         let vm_window = r.flag()?;
         let window_offset = r.u64()?;
         let rings = r.flag()?;
+        let ring_offset = r.u64()?;
         r.finish()?;
         Ok(Hello {
             magic,
@@ -150,6 +157,7 @@ impl Hello {
             vm_window,
             window_offset,
             rings,
+            ring_offset,
         })
     }
 }
@@ -168,8 +176,12 @@ pub struct Welcome {
     pub window_offset: u64,
     /// Capacity of each data-plane ring, when the host set them up (0: frames travel
     /// on the socket). The ring region and its eventfds come with this frame as
-    /// `SCM_RIGHTS`, region first (see [`crate::ring`]).
+    /// `SCM_RIGHTS`, region first (see `ring`); in a VM the region lies at
+    /// `ring_offset` of the shared window instead.
     pub ring_capacity: u64,
+    /// For a VM session on rings: where the ring region starts in the VM's shared
+    /// window.
+    pub ring_offset: u64,
 }
 
 impl Welcome {
@@ -180,7 +192,8 @@ impl Welcome {
             .bytes(self.vm_name.as_bytes())
             .u64(self.window_len)
             .u64(self.window_offset)
-            .u64(self.ring_capacity);
+            .u64(self.ring_capacity)
+            .u64(self.ring_offset);
         w.into_vec()
     }
 
@@ -192,6 +205,7 @@ impl Welcome {
         let window_len = r.u64()?;
         let window_offset = r.u64()?;
         let ring_capacity = r.u64()?;
+        let ring_offset = r.u64()?;
         r.finish()?;
         Ok(Welcome {
             version,
@@ -200,6 +214,7 @@ impl Welcome {
             window_len,
             window_offset,
             ring_capacity,
+            ring_offset,
         })
     }
 }
@@ -306,6 +321,7 @@ mod tests {
             window_len: 0,
             window_offset: 4096,
             ring_capacity: 1 << 20,
+            ring_offset: 8192,
         };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
     }
@@ -345,6 +361,11 @@ impl TeardownPayload {
 /// OpenCL shim: `clFinish`, `clWaitForEvents`). Sent on the failed call's channel
 /// before anything that channel runs next.
 pub const ASYNC_FAILURE: u16 = 0xFFFE;
+
+/// Opcode of the empty `Notify` frame that wakes the peer of a VM session's
+/// shared-memory rings (see `ring`): the only frame either side sends on the socket
+/// while on rings, and the only one the daemon relays then.
+pub const DOORBELL: u16 = 0xFFFD;
 
 /// The payload of an [`ASYNC_FAILURE`] frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -130,8 +130,23 @@ impl Region {
     /// [`region_len`]`(capacity)` bytes and be sealed against shrinking, so that no
     /// access to the mapping can fault.
     pub fn map(fd: &OwnedFd, capacity: usize) -> std::io::Result<Region> {
-        if !valid_capacity(capacity) {
-            return Err(Error::new(ErrorKind::InvalidInput, "bad ring capacity"));
+        Self::map_at(fd, 0, capacity, true)
+    }
+
+    /// Maps a region at `offset` (page-aligned) of `fd`: a VM's shared window, whose
+    /// file the daemon created (and no guest can resize; `sealed` false), or its
+    /// ivshmem BAR inside the guest.
+    pub fn map_at(
+        fd: &OwnedFd,
+        offset: u64,
+        capacity: usize,
+        sealed: bool,
+    ) -> std::io::Result<Region> {
+        if !valid_capacity(capacity) || !offset.is_multiple_of(4096) {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "bad ring capacity or offset",
+            ));
         }
         let len = region_len(capacity);
         // SAFETY: a zeroed stat struct is a valid out-parameter for fstat.
@@ -142,7 +157,10 @@ impl Region {
         }
         // SAFETY: F_GET_SEALS only reads the descriptor's seals.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if (st.st_size as u64) < len as u64 || seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        let fits = offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= st.st_size as u64);
+        if !fits || (sealed && (seals < 0 || seals & libc::F_SEAL_SHRINK == 0)) {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 "ring region too small or not sealed against shrinking",
@@ -157,7 +175,7 @@ impl Region {
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
-                0,
+                offset as libc::off_t,
             )
         };
         if base == libc::MAP_FAILED {
@@ -173,6 +191,21 @@ impl Region {
     /// Capacity of each ring.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Sets both rings to empty, for a region reused from an earlier session (a VM
+    /// window slot). Only before either side uses it.
+    pub fn reset(&self) {
+        for which in [Which::Submission, Which::Completion] {
+            for off in [HEAD, TAIL] {
+                self.u64_at(which.header() + off)
+                    .store(0, Ordering::Release);
+            }
+            for off in [CONSUMER_SLEEPING, PRODUCER_SLEEPING] {
+                self.u32_at(which.header() + off)
+                    .store(0, Ordering::Release);
+            }
+        }
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -271,17 +304,126 @@ fn sleep_on(bell: RawFd, live: RawFd) -> std::io::Result<bool> {
     }
 }
 
+/// How one end of a ring wakes its peer and sleeps.
+#[derive(Debug)]
+enum Signal {
+    /// Host-local: eventfds. `live` (the socket to the daemon) readable or hung up
+    /// means the session is over.
+    Eventfds {
+        own: OwnedFd,
+        peer: OwnedFd,
+        live: RawFd,
+    },
+    /// Inside a VM no descriptor is shared with the host: a producer wakes a sleeping
+    /// consumer with a doorbell frame on its socket (vsock for the guest, the socket
+    /// to the daemon for the API server; the daemon relays doorbells and nothing
+    /// else), a consumer sleeps until one arrives, and a producer that finds the ring
+    /// full polls it on a short timer (full rings are rare). Anything else on the
+    /// socket, or its end, means the session is over.
+    Doorbells { socket: RawFd },
+}
+
+/// How long a producer in a VM session sleeps between looks at a full ring.
+const FULL_RING_POLL: Duration = Duration::from_micros(200);
+
+/// What the next frame on a doorbell socket is, without waiting.
+enum Pending {
+    Nothing,
+    Doorbell,
+    /// The end of the session: the socket closed, or the daemon's error frame, which
+    /// is left for the caller to read.
+    End,
+}
+
+/// Looks at what waits on `socket`; consumes it if it is a doorbell and `consume`.
+fn pending(socket: RawFd, consume: bool) -> std::io::Result<Pending> {
+    let mut b = [0u8; crate::frame::HEADER_LEN];
+    loop {
+        // SAFETY: peeks at most `b.len()` bytes into a local buffer, without waiting.
+        let n = unsafe {
+            libc::recv(
+                socket,
+                b.as_mut_ptr().cast(),
+                b.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let e = Error::last_os_error();
+            return match e.kind() {
+                ErrorKind::WouldBlock => Ok(Pending::Nothing),
+                ErrorKind::Interrupted => continue,
+                _ => Ok(Pending::End),
+            };
+        }
+        if n == 0 {
+            return Ok(Pending::End);
+        }
+        if (n as usize) < b.len() {
+            // Part of a frame: the rest is on its way.
+            std::hint::spin_loop();
+            continue;
+        }
+        return Ok(if is_doorbell(&b) {
+            if consume {
+                // SAFETY: consumes the header just peeked into a local buffer.
+                unsafe { libc::recv(socket, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+            }
+            Pending::Doorbell
+        } else {
+            Pending::End
+        });
+    }
+}
+
+fn is_doorbell(b: &[u8; crate::frame::HEADER_LEN]) -> bool {
+    crate::frame::FrameHeader::decode(b).is_ok_and(|h| {
+        h.kind == crate::frame::FrameKind::Notify
+            && h.opcode == crate::handshake::DOORBELL
+            && h.len == 0
+    })
+}
+
+/// A doorbell frame.
+pub fn doorbell_frame() -> [u8; crate::frame::HEADER_LEN] {
+    crate::frame::FrameHeader::new(
+        crate::frame::FrameKind::Notify,
+        crate::handshake::DOORBELL,
+        0,
+        0,
+        0,
+    )
+    .encode()
+}
+
+/// Waits until `socket` is readable.
+fn wait_readable(socket: RawFd) -> std::io::Result<()> {
+    let mut fds = [libc::pollfd {
+        fd: socket,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    loop {
+        // SAFETY: one valid pollfd; no timeout, no signal mask.
+        let n = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, std::ptr::null(), std::ptr::null()) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = Error::last_os_error();
+        if e.kind() != ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// What both ends of one ring share.
 #[derive(Debug)]
 struct End {
     region: Arc<Region>,
     which: Which,
-    /// The eventfd this side sleeps on.
-    own_bell: OwnedFd,
-    /// The eventfd the peer sleeps on.
-    peer_bell: OwnedFd,
-    /// Readable (or hung up) when the peer's session is over.
-    live: RawFd,
+    signal: Signal,
+    /// Whether this end produces (else consumes).
+    producer: bool,
     /// How long to spin before sleeping.
     spin: Duration,
 }
@@ -308,6 +450,48 @@ impl End {
         unsafe { self.region.base.add(self.which.data(self.region.capacity)) }
     }
 
+    /// Wakes the peer, which announced that it sleeps.
+    fn ring_peer(&self) {
+        match &self.signal {
+            Signal::Eventfds { peer, .. } => ring_bell(peer.as_raw_fd()),
+            Signal::Doorbells { socket } if self.producer => {
+                let b = doorbell_frame();
+                // SAFETY: sends a local 24-byte buffer without blocking or SIGPIPE; a
+                // full or closed socket drops the doorbell, and the session's end
+                // wakes the peer instead.
+                unsafe {
+                    libc::send(
+                        *socket,
+                        b.as_ptr().cast(),
+                        b.len(),
+                        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                    )
+                };
+            }
+            // A producer in a VM polls a full ring; no doorbell for space.
+            Signal::Doorbells { .. } => {}
+        }
+    }
+
+    /// Sleeps until the peer may have moved; returns whether the session is over.
+    fn sleep(&self) -> std::io::Result<bool> {
+        match &self.signal {
+            Signal::Eventfds { own, live, .. } => sleep_on(own.as_raw_fd(), *live),
+            Signal::Doorbells { socket } if self.producer => {
+                // The doorbells on the socket are the consumer's: only look.
+                std::thread::sleep(FULL_RING_POLL);
+                Ok(matches!(pending(*socket, false)?, Pending::End))
+            }
+            Signal::Doorbells { socket } => loop {
+                match pending(*socket, true)? {
+                    Pending::Doorbell => return Ok(false),
+                    Pending::End => return Ok(true),
+                    Pending::Nothing => wait_readable(*socket)?,
+                }
+            },
+        }
+    }
+
     /// Waits until `ready` holds: spins, then announces sleep through `flag`, checks
     /// again, and sleeps. Fails with `BrokenPipe` once the session is over.
     fn wait(
@@ -331,7 +515,7 @@ impl End {
                 flag.store(0, Ordering::Relaxed);
                 return Ok(());
             }
-            let ended = sleep_on(self.own_bell.as_raw_fd(), self.live)?;
+            let ended = self.sleep()?;
             flag.store(0, Ordering::Relaxed);
             if ready()? {
                 return Ok(());
@@ -374,69 +558,95 @@ pub struct Ends {
 /// `fds` are the [`EVENTFDS`] eventfds in their order; `live` is the guest's socket
 /// to the daemon.
 pub fn guest_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::io::Result<Ends> {
-    ends(
+    let [p_peer, p_own, c_own, c_peer] = eventfd_array(fds)?;
+    Ok(ends(
         region,
-        fds,
-        live,
         Which::Submission,
         Which::Completion,
-        [1, 0, 2, 3],
-    )
+        Signal::Eventfds {
+            own: p_own,
+            peer: p_peer,
+            live,
+        },
+        Signal::Eventfds {
+            own: c_own,
+            peer: c_peer,
+            live,
+        },
+    ))
 }
 
 /// The API server's ends: it consumes submissions and produces completions. `live`
 /// is its socket to the daemon.
 pub fn server_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::io::Result<Ends> {
-    ends(
+    let [c_own, c_peer, p_peer, p_own] = eventfd_array(fds)?;
+    Ok(ends(
         region,
-        fds,
-        live,
         Which::Completion,
         Which::Submission,
-        [3, 2, 0, 1],
+        Signal::Eventfds {
+            own: p_own,
+            peer: p_peer,
+            live,
+        },
+        Signal::Eventfds {
+            own: c_own,
+            peer: c_peer,
+            live,
+        },
+    ))
+}
+
+/// A VM guest's ends: doorbell frames on its vsock `socket` (see [`Signal`]).
+pub fn guest_ends_vm(region: Arc<Region>, socket: RawFd) -> Ends {
+    ends(
+        region,
+        Which::Submission,
+        Which::Completion,
+        Signal::Doorbells { socket },
+        Signal::Doorbells { socket },
     )
 }
 
-/// `order` picks, from the eventfds, the producer's own and peer bells, then the
-/// consumer's.
-fn ends(
-    region: Arc<Region>,
-    fds: Vec<OwnedFd>,
-    live: RawFd,
-    produce: Which,
-    consume: Which,
-    order: [usize; 4],
-) -> std::io::Result<Ends> {
-    if fds.len() != EVENTFDS {
-        return Err(Error::new(
+/// The API server's ends for a VM guest: doorbell frames on its socket to the
+/// daemon, which relays them.
+pub fn server_ends_vm(region: Arc<Region>, socket: RawFd) -> Ends {
+    ends(
+        region,
+        Which::Completion,
+        Which::Submission,
+        Signal::Doorbells { socket },
+        Signal::Doorbells { socket },
+    )
+}
+
+fn eventfd_array(fds: Vec<OwnedFd>) -> std::io::Result<[OwnedFd; EVENTFDS]> {
+    let n = fds.len();
+    fds.try_into().map_err(|_| {
+        Error::new(
             ErrorKind::InvalidInput,
-            format!("{} eventfds, {EVENTFDS} expected", fds.len()),
-        ));
-    }
-    let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-    let mut take = |i: usize| {
-        fds[i]
-            .take()
-            .ok_or_else(|| Error::from(ErrorKind::InvalidInput))
-    };
+            format!("{n} eventfds, {EVENTFDS} expected"),
+        )
+    })
+}
+
+fn ends(region: Arc<Region>, produce: Which, consume: Which, p: Signal, c: Signal) -> Ends {
     let producer = End {
         region: region.clone(),
         which: produce,
-        own_bell: take(order[0])?,
-        peer_bell: take(order[1])?,
-        live,
+        signal: p,
+        producer: true,
         spin: Duration::ZERO,
     };
     let consumer = End {
         region,
         which: consume,
-        own_bell: take(order[2])?,
-        peer_bell: take(order[3])?,
-        live,
+        signal: c,
+        producer: false,
         spin: Duration::ZERO,
     };
     // Each side's position starts where the region says: zero for a fresh region.
-    Ok(Ends {
+    Ends {
         producer: Producer {
             head: producer.head().load(Ordering::Acquire),
             end: producer,
@@ -445,7 +655,7 @@ fn ends(
             tail: consumer.tail().load(Ordering::Acquire),
             end: consumer,
         },
-    })
+    }
 }
 
 impl Producer {
@@ -508,7 +718,7 @@ impl Producer {
         self.end.head().store(self.head, Ordering::Release);
         fence(Ordering::SeqCst);
         if self.end.consumer_sleeping().load(Ordering::Relaxed) != 0 {
-            ring_bell(self.end.peer_bell.as_raw_fd());
+            self.end.ring_peer();
         }
     }
 }
@@ -608,7 +818,7 @@ impl Read for Consumer {
         self.end.tail().store(self.tail, Ordering::Release);
         fence(Ordering::SeqCst);
         if self.end.producer_sleeping().load(Ordering::Relaxed) != 0 {
-            ring_bell(self.end.peer_bell.as_raw_fd());
+            self.end.ring_peer();
         }
         Ok(n)
     }
@@ -690,6 +900,56 @@ mod tests {
         drop(sd);
         let e = t.join().unwrap().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::BrokenPipe);
+    }
+
+    /// A guest's and a server's ends in VM mode, their doorbell sockets connected
+    /// directly (in Hira the daemon relays between them).
+    fn vm_pair(capacity: usize) -> (Ends, Ends, UnixStream, UnixStream) {
+        let (region, fd) = Region::create(capacity).unwrap();
+        let peer_region = Arc::new(Region::map_at(&fd, 0, capacity, false).unwrap());
+        let (g, s) = UnixStream::pair().unwrap();
+        let guest = guest_ends_vm(peer_region, g.as_raw_fd());
+        let server = server_ends_vm(Arc::new(region), s.as_raw_fd());
+        (guest, server, g, s)
+    }
+
+    #[test]
+    fn in_a_vm_doorbells_and_polling_carry_frames_both_ways() {
+        let (mut g, mut s, _gs, _ss) = vm_pair(4096);
+        let t = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 10_000];
+            for i in 0..50u32 {
+                s.consumer.read_exact(&mut buf).unwrap();
+                assert!(buf.iter().all(|&b| b == i as u8), "request {i}");
+                // Replies larger than the ring: the server polls for space.
+                s.producer.write_all(&vec![!(i as u8); 9000]).unwrap();
+            }
+        });
+        for i in 0..50u32 {
+            g.producer.write_all(&vec![i as u8; 10_000]).unwrap();
+            let mut r = vec![0u8; 9000];
+            g.consumer.read_exact(&mut r).unwrap();
+            assert!(r.iter().all(|&b| b == !(i as u8)), "reply {i}");
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn in_a_vm_a_sleeping_reader_wakes_at_the_end_and_leaves_the_last_word() {
+        let (_g, mut s, gs, ss) = vm_pair(4096);
+        let t = std::thread::spawn(move || {
+            let r = s.consumer.read(&mut [0u8; 8]);
+            (r, ss)
+        });
+        // The daemon's error frame: not a doorbell, so the session is over, and the
+        // frame stays on the socket for the caller to read.
+        let err = crate::frame::FrameHeader::new(crate::frame::FrameKind::Error, 0, 0, 0, 0);
+        (&gs).write_all(&err.encode()).unwrap();
+        let (r, mut ss) = t.join().unwrap();
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::BrokenPipe);
+        let mut b = [0u8; crate::frame::HEADER_LEN];
+        ss.read_exact(&mut b).unwrap();
+        assert_eq!(b, err.encode());
     }
 
     #[test]

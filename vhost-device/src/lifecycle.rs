@@ -45,6 +45,9 @@ pub struct EndedSession {
     pub rejected: u64,
     /// The last call forwarded to the API server.
     pub last_call: Option<String>,
+    /// How the session's frames travelled: "rings" (shared memory, straight to the
+    /// API server) or "relayed" (through the daemon).
+    pub data_plane: &'static str,
 }
 
 #[derive(Debug, Default)]

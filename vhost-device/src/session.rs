@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
-    ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code,
+    DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code,
 };
 use hira_protocol::opencl::op_info;
 use hira_protocol::{FrameHeader, FrameKind, ring, unix};
@@ -184,9 +184,10 @@ fn serve(
             return Err(SessionError::Handshake(e.to_string()));
         }
     };
-    // Only a guest that can pass descriptors (a host-local one, which sent its window)
-    // can take part in the shared-memory data plane.
-    hello.rings &= fd.is_some();
+    // Rings: host-local, for a guest that can pass descriptors (it sent its window);
+    // in a VM, at the end of the session's window slot (below).
+    let local_rings = hello.rings && fd.is_some();
+    hello.ring_offset = 0;
     // A guest that passed a memfd gets it checked: exactly the announced size, within
     // the configured limit. A guest of a VM with a shared window (ivshmem) may lease a
     // slot of it instead. Otherwise the session runs without a window.
@@ -215,6 +216,13 @@ fn serve(
                 Some((l, fd)) => {
                     hello.window_len = l.len;
                     hello.window_offset = l.offset;
+                    // The slot's last bytes hold the rings, if it has room for them
+                    // beside a window of at least a mebibyte.
+                    let rings_len = ring::region_len(ring::DEFAULT_CAPACITY) as u64;
+                    if hello.rings && l.len >= rings_len + (1 << 20) {
+                        hello.window_len = l.len - rings_len;
+                        hello.ring_offset = l.offset + hello.window_len;
+                    }
                     lease = Some(l);
                     Some(fd)
                 }
@@ -227,6 +235,8 @@ fn serve(
     if window.is_none() {
         hello.window_len = 0;
     }
+    let vm_rings = hello.ring_offset > 0;
+    hello.rings = local_rings || vm_rings;
     guest.set_read_timeout(None)?;
     let max = config.limits.max_sessions_per_vm;
     let Some(_slot) = queue.open_session(max) else {
@@ -246,6 +256,7 @@ fn serve(
     );
     let mut stats = SessionStats::default();
     type Relay = std::thread::JoinHandle<Option<TeardownPayload>>;
+    let mut on_rings = false;
     let result = (|| -> Result<(Result<(), SessionError>, Relay), SessionError> {
         let hello_bytes = hello.encode();
         let h = FrameHeader {
@@ -268,7 +279,12 @@ fn serve(
         // The data plane: the API server's ring region and eventfds go to the guest
         // as they came; from then on the daemon carries no frame of this session.
         let rings = server_welcome.ring_capacity > 0;
-        let fds_expected = if rings { 1 + ring::EVENTFDS } else { 0 };
+        on_rings = rings;
+        let fds_expected = if rings && local_rings {
+            1 + ring::EVENTFDS
+        } else {
+            0
+        };
         if ring_fds.len() != fds_expected || (rings && !hello.rings) {
             let m = "the API server's data plane is inconsistent";
             send_error(&guest_w, None, error_code::HANDSHAKE, m);
@@ -285,6 +301,11 @@ fn serve(
                 0
             },
             ring_capacity: server_welcome.ring_capacity,
+            ring_offset: if rings && vm_rings {
+                hello.ring_offset
+            } else {
+                0
+            },
         }
         .encode();
         let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
@@ -299,15 +320,17 @@ fn serve(
         let relay = std::thread::Builder::new()
             .name(format!("relay-{id}"))
             .spawn(move || relay_to_guest(server_r, &relay_guest))?;
-        let res = if rings {
+        let res = if rings && local_rings {
             wait_for_guest_end(&mut guest)
         } else {
+            // Relayed: every frame, or on a VM's rings the doorbells only.
             let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
             relay_to_server(
                 &mut guest_r,
                 &server,
                 &guest_w,
                 server_welcome.window_len,
+                rings,
                 &mut stats,
             )
         };
@@ -361,6 +384,7 @@ fn serve(
         bytes: stats.bytes,
         rejected: stats.rejected,
         last_call: stats.last_call.map(str::to_string),
+        data_plane: if on_rings { "rings" } else { "relayed" },
         ..EndedSession::default()
     });
     result
@@ -491,6 +515,7 @@ fn relay_to_server(
     server: &UnixStream,
     guest_w: &Mutex<UnixStream>,
     window_len: u64,
+    doorbells_only: bool,
     stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
     let mut buf = vec![0u8; RELAY_CHUNK];
@@ -511,6 +536,17 @@ fn relay_to_server(
                 )));
             }
         };
+        if doorbells_only {
+            // A VM session on rings: its frames travel in shared memory; the socket
+            // carries only doorbells, which have no body to copy.
+            if h.kind == FrameKind::Notify && h.opcode == DOORBELL && h.len == 0 {
+                forward(guest, server, &hb, &[], 0, &mut buf)?;
+                continue;
+            }
+            let m = "a guest on rings may only ring the doorbell on its socket";
+            send_error(guest_w, None, error_code::MALFORMED, m);
+            return Err(SessionError::Handshake(m.into()));
+        }
         let span_bytes = h.span_count as usize * SPAN_LEN;
         let mut spans = vec![0u8; span_bytes];
         guest.read_exact(&mut spans)?;

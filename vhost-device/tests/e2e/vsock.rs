@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hira_protocol::handshake::{ApiKind, Hello, Welcome};
+use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, Welcome, error_code};
 use hira_protocol::opencl::op;
+use hira_protocol::ring;
 use hira_protocol::{FrameHeader, FrameKind, Writer};
 use hira_vhost::config::Config;
 use hira_vhost::lifecycle::Lifecycle;
@@ -31,6 +32,12 @@ struct Guest {
 
 impl Guest {
     fn new(buf_alloc: u32) -> Guest {
+        Self::with_window(buf_alloc, None)
+    }
+
+    /// A guest of a VM whose shared window is the file `window` (64 MiB: four 16 MiB
+    /// slots).
+    fn with_window(buf_alloc: u32, window: Option<&std::path::Path>) -> Guest {
         ensure_built();
         let config = Config {
             listeners: vec![],
@@ -39,6 +46,10 @@ impl Guest {
             ..Config::default()
         };
         let queue = Router::default().vm("vsock-vm");
+        if let Some(path) = window {
+            let w = hira_vhost::window::VmWindow::create(path, 64 << 20).unwrap();
+            queue.window.set(w).unwrap();
+        }
         Guest {
             dev: VsockDevice::new(
                 CID,
@@ -140,21 +151,26 @@ impl Guest {
 
     /// Connects and completes the handshake; returns the session number.
     fn connect_and_hello(&mut self) -> u64 {
+        let w = self.connect_with(Hello::new(ApiKind::OpenCl, 42, "vsock-guest", 0));
+        assert_eq!((w.vm_name.as_str(), w.window_len), ("vsock-vm", 0));
+        w.session
+    }
+
+    /// Connects, sends `hello` and returns the `Welcome`.
+    fn connect_with(&mut self, hello: Hello) -> Welcome {
         let reply = self.send(Op::Request, &[]);
         assert!(
             matches!(reply.as_slice(), [h] if h.op == Op::Response),
             "{reply:?}"
         );
-        let hello = Hello::new(ApiKind::OpenCl, 42, "vsock-guest", 0).encode();
+        let hello = hello.encode();
         let fh = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
         let mut bytes = fh.encode().to_vec();
         bytes.extend_from_slice(&hello);
         self.send(Op::Rw, &bytes);
         let (h, body) = self.frame();
         assert_eq!(h.kind, FrameKind::Welcome);
-        let w = Welcome::decode(&body).unwrap();
-        assert_eq!((w.vm_name.as_str(), w.window_len), ("vsock-vm", 0));
-        w.session
+        Welcome::decode(&body).unwrap()
     }
 }
 
@@ -219,4 +235,35 @@ fn connection_to_another_port_is_refused_and_starts_nothing() {
     let out = g.dev.from_guest(&h, &[]);
     assert!(matches!(out.as_slice(), [p] if p.header.op == Op::Rst));
     assert_eq!(g.dev.connections(), 0);
+}
+
+#[test]
+fn on_rings_a_vm_guest_may_only_ring_doorbells_on_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Guest::with_window(256 * 1024, Some(&dir.path().join("window")));
+    let mut hello = Hello::new(ApiKind::OpenCl, 42, "vsock-guest", 0);
+    hello.vm_window = true;
+    hello.rings = true;
+    let w = g.connect_with(hello);
+    // The slot's end holds the rings; the rest is the data window.
+    let rings = ring::region_len(ring::DEFAULT_CAPACITY) as u64;
+    assert_eq!(w.ring_capacity, ring::DEFAULT_CAPACITY as u64);
+    assert_eq!(w.window_len, (16 << 20) - rings);
+    assert_eq!(w.ring_offset, w.window_offset + w.window_len);
+    let server = api_server_of(w.session);
+    // A doorbell is relayed (the API server finds its ring empty and sleeps again).
+    g.send(Op::Rw, &ring::doorbell_frame());
+    // A request on the socket is not: the session ends with an error.
+    let fh = FrameHeader::new(FrameKind::Request, op::clGetPlatformIDs, 1, 1, 0);
+    g.send(Op::Rw, &fh.encode());
+    let (h, body) = g.frame();
+    assert_eq!(h.kind, FrameKind::Error);
+    assert_eq!(
+        ErrorPayload::decode(&body).unwrap().code,
+        error_code::MALFORMED
+    );
+    assert!(
+        wait_exit(server, Duration::from_secs(15)),
+        "the API server outlived its session"
+    );
 }
