@@ -323,6 +323,10 @@ enum Signal {
     Doorbells { socket: RawFd },
 }
 
+/// How long a waiting side polls without giving up its CPU; after this, until its
+/// spin budget runs out, it yields between looks.
+const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
+
 /// How long a producer in a VM session sleeps between looks at a full ring.
 const FULL_RING_POLL: Duration = Duration::from_micros(200);
 
@@ -500,12 +504,22 @@ impl End {
         ready: &dyn Fn() -> std::io::Result<bool>,
     ) -> std::io::Result<()> {
         let start = Instant::now();
-        while start.elapsed() < self.spin {
+        loop {
+            let spun = start.elapsed();
+            if spun >= self.spin {
+                break;
+            }
             if ready()? {
                 return Ok(());
             }
-            for _ in 0..32 {
-                std::hint::spin_loop();
+            if spun < SPIN_BEFORE_YIELD {
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+            } else {
+                // Still polling, but giving the CPU to anything runnable (the device's
+                // own threads on a CPU implementation, the peer on a busy host).
+                std::thread::yield_now();
             }
         }
         loop {
