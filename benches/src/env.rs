@@ -76,6 +76,8 @@ pub struct BenchEnv {
     pub native: tempfile::TempDir,
     pub hira: tempfile::TempDir,
     pub socket: PathBuf,
+    /// Extra environment for runs through Hira (`HIRA_SYNC=1`, `HIRA_RINGS=0`, ...).
+    pub hira_env: Vec<(String, String)>,
     daemon: Child,
     _dir: tempfile::TempDir,
 }
@@ -140,9 +142,26 @@ impl BenchEnv {
             native,
             hira,
             socket,
+            hira_env: Vec::new(),
             daemon,
             _dir: dir,
         })
+    }
+
+    /// CPU time the daemon process has used so far, all its threads, live and ended
+    /// (not its API servers), in `/proc`'s clock ticks (usually 10 ms).
+    pub fn daemon_cpu(&self) -> Result<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.daemon.id()))?;
+        // Fields after the parenthesised command name; utime and stime are 14 and 15.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .context("malformed /proc stat")?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
     }
 
     /// A command running `exe` natively or through Hira.
@@ -151,7 +170,8 @@ impl BenchEnv {
         cmd.args(args);
         if remote {
             cmd.env("OCL_ICD_VENDORS", self.hira.path())
-                .env("HIRA_SOCKET", &self.socket);
+                .env("HIRA_SOCKET", &self.socket)
+                .envs(self.hira_env.iter().map(|(k, v)| (k, v)));
         } else {
             cmd.env("OCL_ICD_VENDORS", self.native.path());
         }

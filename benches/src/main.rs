@@ -33,6 +33,11 @@ enum Cmd {
         /// Directory for results.json, results.md and results.svg.
         #[arg(long, default_value = "target/hira-bench/suite")]
         out: PathBuf,
+        /// Extra environment for the runs through Hira, such as `HIRA_SYNC=1`
+        /// (asynchronous forwarding off) or `HIRA_RINGS=0` (frames relayed by the
+        /// daemon); repeatable.
+        #[arg(long = "hira-env", value_name = "KEY=VALUE", value_parser = parse_env)]
+        hira_env: Vec<(String, String)>,
     },
     /// Benchmarks your own OpenCL program: `hira-bench run -- ./my_program args`.
     Run {
@@ -98,6 +103,17 @@ enum Cmd {
     },
 }
 
+/// Parses `KEY=VALUE`.
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?} has an empty key"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
 fn write_reports(out: &std::path::Path, ms: &[measure::Measurement]) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("results.json"), report::json(ms))?;
@@ -115,12 +131,14 @@ fn main() -> Result<()> {
             warmup,
             repeats,
             out,
+            hira_env,
         } => {
             ensure!(repeats > 0, "--repeats must be at least 1");
             let bin = env::build_components()?;
             let dir = tempfile::tempdir()?;
             let exes = suite::compile_all(dir.path())?;
-            let bench = env::BenchEnv::start(&bin)?;
+            let mut bench = env::BenchEnv::start(&bin)?;
+            bench.hira_env = hira_env;
             let ms = suite::run(&bench, &exes, short, warmup, repeats)?;
             write_reports(&out, &ms)?;
             ensure!(

@@ -1,6 +1,9 @@
 //! The round trip of a synchronous no-op call, the cost of an asynchronously forwarded
 //! call, this machine's floor for a socket round trip, and the slowdown of a stencil
-//! that launches a kernel and waits for it, iteration after iteration.
+//! that launches a kernel and waits for it, iteration after iteration: natively,
+//! through Hira on the shared-memory rings, and relayed by the daemon
+//! (`HIRA_RINGS=0`). Then the daemon's CPU time per call as payloads grow, and the
+//! round trip with 1 to 16 guests calling at once.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -74,6 +77,29 @@ pub fn socket_ping_pong(rounds: usize) -> Result<f64> {
     Ok(median(&mut t))
 }
 
+/// Runs `n` copies of the round-trip program at once on `side`; returns the median
+/// of their median synchronous round trips, in microseconds.
+fn concurrent_rtt(env: &BenchEnv, side: Side, exe: &Path, n: usize, calls: u32) -> Result<f64> {
+    let children = (0..n)
+        .map(|_| {
+            let mut cmd = env.command(side != Side::Native, exe, &[calls.to_string()]);
+            if side == Side::Relay {
+                cmd.env("HIRA_RINGS", "0");
+            }
+            cmd.stdout(std::process::Stdio::piped())
+                .spawn()
+                .context("rtt starts")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut medians = Vec::with_capacity(n);
+    for c in children {
+        let out = c.wait_with_output()?;
+        ensure!(out.status.success(), "a concurrent rtt failed ({side:?})");
+        medians.push(field(&String::from_utf8_lossy(&out.stdout), "sync_median_ns")? / 1e3);
+    }
+    Ok(median(&mut medians))
+}
+
 /// Measures and prints the overhead table, and writes it as JSON to `json`.
 pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Result<()> {
     ensure!(repeats > 0, "--repeats must be at least 1");
@@ -84,8 +110,8 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
         compile(&workspace().join("tests/c").join(format!("{name}.c")), &exe)?;
         Ok(exe)
     };
-    let (rtt, stencil) = (c("rtt")?, c("stencil")?);
-    let env = BenchEnv::start(&bin)?;
+    let (rtt, stencil, payload) = (c("rtt")?, c("stencil")?, c("payload")?);
+    let mut env = BenchEnv::start(&bin)?;
     let calls_arg = [calls.to_string()];
     let iters_arg = [iterations.to_string()];
     // Warm-up: PoCL's kernel cache, page cache, the daemon's first spawn.
@@ -152,9 +178,79 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     println!(
         "\nstencil ({iterations} launches, clFinish after each), Hira/native: rings {rr:.2} (min {rr_lo:.2}, max {rr_hi:.2}), relayed {rl:.2} (min {rl_lo:.2}, max {rl_hi:.2}); {repeats} repeats"
     );
+    // The daemon's CPU time per call as payloads grow: blocking writes with their
+    // data inline in the frames (no window spans), on rings and relayed.
+    env.hira_env = vec![("HIRA_INLINE_MAX".into(), "1073741824".into())];
+    let daemon_calls = 4000u32;
+    let mut daemon_us = Vec::new();
+    for size in [16usize, 64 * 1024] {
+        let mut row = [0f64; 2];
+        for (k, side) in [Side::Rings, Side::Relay].into_iter().enumerate() {
+            let mut per_call = Vec::new();
+            for _ in 0..repeats {
+                let before = env.daemon_cpu()?;
+                run(
+                    &env,
+                    side,
+                    &payload,
+                    &[daemon_calls.to_string(), size.to_string()],
+                )?;
+                let used = env.daemon_cpu()?.saturating_sub(before);
+                per_call.push(used.as_secs_f64() * 1e6 / f64::from(daemon_calls));
+            }
+            row[k] = median(&mut per_call);
+        }
+        daemon_us.push((size, row));
+    }
+    println!(
+        "\ndaemon CPU per call ({daemon_calls} blocking writes, data inline, median of {repeats}; /proc ticks)\n\n| payload per call | Hira (rings) (us) | Hira (relayed) (us) |\n|---|---|---|"
+    );
+    for (size, row) in &daemon_us {
+        println!("| {size} B | {:.2} | {:.2} |", row[0], row[1]);
+    }
+    // Concurrent guests: the synchronous round trip as 1 to 16 processes call at
+    // once (each its own session and API server through Hira).
+    env.hira_env.clear();
+    let mut concurrency = Vec::new();
+    for n in [1usize, 2, 4, 8, 16] {
+        let mut row = [0f64; 2];
+        for (k, side) in [Side::Native, Side::Rings].into_iter().enumerate() {
+            let mut v = Vec::new();
+            for _ in 0..repeats.min(3) {
+                v.push(concurrent_rtt(&env, side, &rtt, n, 2000)?);
+            }
+            row[k] = median(&mut v);
+        }
+        concurrency.push((n, row));
+    }
+    println!(
+        "\nsync no-op call with concurrent guests (median of each guest's median, us; {} cores)\n\n| guests | native | Hira (rings) |\n|---|---|---|",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    for (n, row) in &concurrency {
+        println!("| {n} | {:.2} | {:.2} |", row[0], row[1]);
+    }
     if let Some(d) = json.parent() {
         std::fs::create_dir_all(d)?;
     }
+    let concurrency_json: Vec<String> = concurrency
+        .iter()
+        .map(|(n, row)| {
+            format!(
+                "{{\"guests\":{n},\"native_us\":{:.3},\"rings_us\":{:.3}}}",
+                row[0], row[1]
+            )
+        })
+        .collect();
+    let daemon_json: Vec<String> = daemon_us
+        .iter()
+        .map(|(size, row)| {
+            format!(
+                "{{\"payload\":{size},\"rings_us\":{:.3},\"relayed_us\":{:.3}}}",
+                row[0], row[1]
+            )
+        })
+        .collect();
     let trio = |v: &[f64; 3]| {
         format!(
             "{{\"native\":{:.3},\"rings\":{:.3},\"relayed\":{:.3}}}",
@@ -164,11 +260,13 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     std::fs::write(
         json,
         format!(
-            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}}}}\n",
+            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}]}}\n",
             trio(&rows[0].1),
             trio(&rows[1].1),
             trio(&rows[2].1),
             trio(&rows[3].1),
+            daemon_json.join(","),
+            concurrency_json.join(","),
         ),
     )?;
     eprintln!("wrote {}", json.display());

@@ -5,6 +5,18 @@ use std::process::Command;
 
 #[test]
 fn every_workload_verifies_natively_and_through_hira() {
+    suite_verifies(&[]);
+}
+
+/// With asynchronous forwarding off, and with every frame relayed by the daemon, each
+/// workload's output is the same as natively too.
+#[test]
+fn every_workload_verifies_with_synchronous_forwarding_and_relayed_frames() {
+    suite_verifies(&["--hira-env", "HIRA_SYNC=1"]);
+    suite_verifies(&["--hira-env", "HIRA_RINGS=0"]);
+}
+
+fn suite_verifies(extra: &[&str]) {
     let out = tempfile::tempdir().unwrap();
     let run = Command::new(env!("CARGO_BIN_EXE_hira-bench"))
         .args([
@@ -17,6 +29,7 @@ fn every_workload_verifies_natively_and_through_hira() {
             "--out",
         ])
         .arg(out.path())
+        .args(extra)
         .output()
         .expect("hira-bench runs");
     let stdout = String::from_utf8_lossy(&run.stdout);

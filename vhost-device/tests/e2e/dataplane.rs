@@ -56,36 +56,53 @@ fn on_rings_calls_complete_with_the_daemon_stopped_and_are_still_counted() {
 }
 
 #[test]
-fn relayed_sessions_still_match_native() {
-    // The suite's programs run on rings by default; these run relayed, as host-local
-    // guests that ask for it and as every VM guest without a kernel module do.
+fn programs_match_native_relayed_and_with_synchronous_forwarding() {
+    // The suite's programs run on rings with asynchronous forwarding by default;
+    // these run relayed (as VM guests without a window do) and with every call
+    // forwarded synchronously (`HIRA_SYNC=1`), and must give the same output.
     let daemon = Daemon::start(&["vm1"]);
-    for (name, args) in [
+    let vendors = Vendors::hira();
+    let native_vendors = Vendors::native();
+    let programs = [
         ("vecadd", ""),
-        ("usergate", ""),
+        ("matmul", ""),
+        ("stencil", "300"),
         ("events", ""),
+        ("mapping", ""),
         ("threads", ""),
-    ] {
+        ("api_coverage", ""),
+        ("cl3x", ""),
+        ("usergate", ""),
+        ("errors", "sync"),
+    ];
+    for (name, args) in programs {
         let exe = c_program(name);
         let args: Vec<&str> = args.split_whitespace().collect();
         let native = run_with_timeout(
             std::process::Command::new(&exe)
                 .args(&args)
-                .env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
+                .env("OCL_ICD_VENDORS", native_vendors.dir.path()),
             Duration::from_secs(120),
         );
-        let relayed = run_with_timeout(
-            daemon
-                .guest(&Vendors::hira(), "vm1", &exe)
-                .args(&args)
-                .env("HIRA_RINGS", "0"),
-            Duration::from_secs(120),
-        );
-        assert_eq!(native.status.code(), relayed.status.code(), "{name}");
-        assert_eq!(
-            String::from_utf8_lossy(&native.stdout),
-            String::from_utf8_lossy(&relayed.stdout),
-            "{name}"
-        );
+        for (key, value) in [("HIRA_RINGS", "0"), ("HIRA_SYNC", "1")] {
+            let remote = run_with_timeout(
+                daemon
+                    .guest(&vendors, "vm1", &exe)
+                    .args(&args)
+                    .env(key, value),
+                Duration::from_secs(120),
+            );
+            assert_eq!(
+                native.status.code(),
+                remote.status.code(),
+                "{name} with {key}={value}: {}",
+                String::from_utf8_lossy(&remote.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&native.stdout),
+                String::from_utf8_lossy(&remote.stdout),
+                "{name} with {key}={value}"
+            );
+        }
     }
 }

@@ -177,14 +177,19 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("usergate", ""),
 ];
 
-/// Runs every program of [`PROGRAMS`] in a guest and compares with native runs.
-fn programs_match_native(window: bool) -> Daemon {
+/// Runs every program of [`PROGRAMS`] in a guest, once per environment of `envs`
+/// (such as `HIRA_SYNC=1`), and compares with native runs.
+fn programs_match_native(window: bool, envs: &[&str]) -> Daemon {
     ensure_built();
     let daemon = Daemon::start_vms_with(&[("qvm", 3)], window);
-    let script: String = PROGRAMS
+    let script: String = envs
         .iter()
-        .map(|(p, args)| {
-            format!("echo '=== {p}'\n/hira/{p} {args} 2>/dev/null\necho \"=== exit $?\"\n")
+        .flat_map(|env| {
+            PROGRAMS.iter().map(move |(p, args)| {
+                format!(
+                    "echo '=== {p}'\n{env} /hira/{p} {args} 2>/dev/null\necho \"=== exit $?\"\n"
+                )
+            })
         })
         .collect();
     let names: Vec<&str> = PROGRAMS.iter().map(|(p, _)| *p).collect();
@@ -223,6 +228,7 @@ fn programs_match_native(window: bool) -> Daemon {
             o.status.code().unwrap_or(-1)
         ));
     }
+    let expected = expected.repeat(envs.len());
     assert_eq!(
         guest_output(&console),
         expected,
@@ -238,7 +244,7 @@ fn programs_match_native(window: bool) -> Daemon {
 
 #[test]
 fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
-    let daemon = programs_match_native(false);
+    let daemon = programs_match_native(false, &[""]);
     assert!(
         daemon.log_text().contains("window 0 bytes"),
         "no window without ivshmem"
@@ -256,10 +262,11 @@ fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
 
 #[test]
 fn guest_programs_with_the_ivshmem_window_match_native() {
-    let daemon = programs_match_native(true);
+    // Asynchronous forwarding on (the default) and off.
+    let daemon = programs_match_native(true, &["", "HIRA_SYNC=1"]);
     let ended = daemon.wait_idle(Duration::from_secs(30));
     let sessions: Vec<_> = ended.iter().filter(|e| e["vm"] == "qvm").collect();
-    assert_eq!(sessions.len(), PROGRAMS.len(), "{ended:?}");
+    assert_eq!(sessions.len(), 2 * PROGRAMS.len(), "{ended:?}");
     // With a window slot, each session's frames travel on rings at the end of the
     // slot, woken by doorbells over vsock; the daemon relays the doorbells only.
     for s in &sessions {
