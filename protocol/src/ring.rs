@@ -428,9 +428,16 @@ struct End {
     signal: Signal,
     /// Whether this end produces (else consumes).
     producer: bool,
-    /// How long to spin before sleeping.
+    /// Longest spin before sleeping (the caller's choice).
     spin: Duration,
+    /// The spin this end has learnt is worth it, in nanoseconds: halved each time a
+    /// spin ends in sleep anyway (the peer was slow, or is waiting for this CPU on an
+    /// oversubscribed host), doubled each time a spin succeeds.
+    learnt_ns: std::cell::Cell<u64>,
 }
+
+/// Upper bound of what an end learns to spin.
+const MAX_LEARNT_NS: u64 = 10_000_000;
 
 impl End {
     fn head(&self) -> &AtomicU64 {
@@ -504,12 +511,17 @@ impl End {
         ready: &dyn Fn() -> std::io::Result<bool>,
     ) -> std::io::Result<()> {
         let start = Instant::now();
+        let budget = self
+            .spin
+            .min(Duration::from_nanos(self.learnt_ns.get().max(1_000)));
         loop {
             let spun = start.elapsed();
-            if spun >= self.spin {
+            if spun >= budget {
                 break;
             }
             if ready()? {
+                self.learnt_ns
+                    .set((self.learnt_ns.get() * 2).min(MAX_LEARNT_NS));
                 return Ok(());
             }
             if spun < SPIN_BEFORE_YIELD {
@@ -521,6 +533,9 @@ impl End {
                 // own threads on a CPU implementation, the peer on a busy host).
                 std::thread::yield_now();
             }
+        }
+        if !budget.is_zero() {
+            self.learnt_ns.set(self.learnt_ns.get() / 2);
         }
         loop {
             flag.store(1, Ordering::SeqCst);
@@ -651,6 +666,7 @@ fn ends(region: Arc<Region>, produce: Which, consume: Which, p: Signal, c: Signa
         signal: p,
         producer: true,
         spin: Duration::ZERO,
+        learnt_ns: std::cell::Cell::new(MAX_LEARNT_NS),
     };
     let consumer = End {
         region,
@@ -658,6 +674,7 @@ fn ends(region: Arc<Region>, produce: Which, consume: Which, p: Signal, c: Signa
         signal: c,
         producer: false,
         spin: Duration::ZERO,
+        learnt_ns: std::cell::Cell::new(MAX_LEARNT_NS),
     };
     // Each side's position starts where the region says: zero for a fresh region.
     Ends {
