@@ -19,7 +19,7 @@ mod opencl_sys_types {
     pub const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
     pub const CL_MEM_READ_WRITE: u64 = 1;
     pub const CL_QUEUE_REFERENCE_COUNT: u32 = 0x1092;
-    pub const CL_PLATFORM_NAME: u32 = 0x0902;
+    pub const CL_PLATFORM_ICD_SUFFIX_KHR: u32 = 0x0920;
 }
 
 const MODE_VAR: &str = "HIRA_MICRO_MODE";
@@ -112,7 +112,8 @@ impl Stack {
     }
 }
 
-/// Platforms by name: the host's and Hira's.
+/// The host's platform and Hira's, told apart by their ICD suffix (Hira's is `HIRA`;
+/// its name is the host's, as applications see it).
 fn platforms(rt: &'static OpenCl) -> (Handle, Handle) {
     let mut ids = [std::ptr::null_mut(); 8];
     let mut n = 0u32;
@@ -124,7 +125,7 @@ fn platforms(rt: &'static OpenCl) -> (Handle, Handle) {
         let mut buf = [0u8; 256];
         rt.clGetPlatformInfo(
             p.cast(),
-            CL_PLATFORM_NAME,
+            CL_PLATFORM_ICD_SUFFIX_KHR,
             buf.len(),
             buf.as_mut_ptr().cast(),
             std::ptr::null_mut(),
@@ -139,12 +140,12 @@ fn platforms(rt: &'static OpenCl) -> (Handle, Handle) {
         .collect();
     let hira = found
         .iter()
-        .find(|(_, n)| n.starts_with("Hira"))
+        .find(|(_, n)| n == "HIRA")
         .expect("Hira's platform is visible")
         .0;
     let native = found
         .iter()
-        .find(|(_, n)| !n.starts_with("Hira"))
+        .find(|(_, n)| n != "HIRA")
         .expect("a native platform is visible")
         .0;
     (native, hira)
