@@ -16,7 +16,9 @@ pub enum ConfigError {
     BadVmName(String),
     #[error("`{0}` is not KEY=VALUE")]
     NotKeyValue(String),
-    #[error("unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb)")]
+    #[error(
+        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots)"
+    )]
     UnknownKey(String),
     #[error("VM setting `{0}` given twice")]
     DuplicateKey(String),
@@ -35,6 +37,10 @@ pub enum ConfigError {
     },
     #[error("window-mb {0:?} must be a number of MiB from 4 to 65536")]
     BadWindowSize(String),
+    #[error(
+        "window-slots {0:?} must be a number from 1 to 64 that leaves each slot at least 4 MiB of the window"
+    )]
+    BadWindowSlots(String),
     #[error("a data window (`window=`) needs the vhost-user transport (`socket=`)")]
     WindowNeedsVhostUser,
     #[error("socket mode {0:?} must be octal permission bits such as 0660")]
@@ -58,6 +64,7 @@ impl ConfigError {
             ConfigError::Missing(k) => k,
             ConfigError::BadCid(_) => "cid",
             ConfigError::BadWindowSize(_) => "window_mb",
+            ConfigError::BadWindowSlots(_) => "window_slots",
             ConfigError::WindowNeedsVhostUser => "window",
             ConfigError::Transport => "socket",
             ConfigError::BadMode(_) => "socket_mode",
@@ -136,6 +143,9 @@ pub struct VmSpec {
     pub transport: VmTransport,
     /// The VM's shared data window (ivshmem) file and size, for vhost-user VMs.
     pub window: Option<(PathBuf, u64)>,
+    /// How many sessions of the VM can hold a slot of the window at once (default 4);
+    /// each slot holds a session's rings and its bulk-data window.
+    pub window_slots: u64,
 }
 
 impl VmSpec {
@@ -162,6 +172,7 @@ struct VmFields {
     cid: Option<String>,
     window: Option<String>,
     window_mb: Option<String>,
+    window_slots: Option<String>,
 }
 
 impl FromStr for VmSpec {
@@ -181,6 +192,7 @@ impl FromStr for VmSpec {
                 "cid" => &mut f.cid,
                 "window" => &mut f.window,
                 "window-mb" => &mut f.window_mb,
+                "window-slots" => &mut f.window_slots,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -201,6 +213,7 @@ impl VmFields {
             cid,
             window,
             window_mb,
+            window_slots,
         } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
         if !valid_vm_name(&name) {
@@ -237,11 +250,21 @@ impl VmFields {
                 Some((PathBuf::from(p), mb << 20))
             }
         };
+        let window_slots = match (&window, window_slots) {
+            (_, None) => crate::window::DEFAULT_SLOTS,
+            (None, Some(_)) => return Err(ConfigError::Missing("window")),
+            (Some((_, size)), Some(text)) => text
+                .parse::<u64>()
+                .ok()
+                .filter(|n| (1..=64).contains(n) && size / n >= 4 << 20)
+                .ok_or(ConfigError::BadWindowSlots(text))?,
+        };
         Ok(VmSpec {
             name,
             cid,
             transport,
             window,
+            window_slots,
         })
     }
 }
@@ -271,6 +294,7 @@ impl VmFields {
 /// cid = 3
 /// window = "/dev/shm/hira-vm1"     # optional
 /// window_mb = 256                   # optional
+/// window_slots = 4                  # optional: sessions holding a slot at once
 /// ```
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -313,6 +337,7 @@ struct VmEntry {
     cid: u64,
     window: Option<String>,
     window_mb: Option<u64>,
+    window_slots: Option<u64>,
 }
 
 impl FileConfig {
@@ -371,6 +396,7 @@ impl FileConfig {
                     cid: Some(v.cid.to_string()),
                     window: v.window.clone(),
                     window_mb: v.window_mb.map(|m| m.to_string()),
+                    window_slots: v.window_slots.map(|n| n.to_string()),
                 }
                 .into_spec();
                 self.at(entry.span(), r)
@@ -641,6 +667,33 @@ mod tests {
             "name=q,hybrid=/s,cid=3,window=/w".parse::<VmSpec>(),
             Err(ConfigError::WindowNeedsVhostUser)
         );
+    }
+
+    #[test]
+    fn window_slots_are_set_and_checked() {
+        let v: VmSpec = "name=q,socket=/s,cid=3,window=/w,window-mb=64,window-slots=16"
+            .parse()
+            .unwrap();
+        assert_eq!(v.window_slots, 16);
+        let d: VmSpec = "name=q,socket=/s,cid=3,window=/w".parse().unwrap();
+        assert_eq!(d.window_slots, crate::window::DEFAULT_SLOTS);
+        for bad in ["0", "65", "32", "x"] {
+            assert_eq!(
+                format!("name=q,socket=/s,cid=3,window=/w,window-mb=64,window-slots={bad}")
+                    .parse::<VmSpec>(),
+                Err(ConfigError::BadWindowSlots(bad.into())),
+                "{bad} slots of a 64 MiB window"
+            );
+        }
+        assert_eq!(
+            "name=q,socket=/s,cid=3,window-slots=2".parse::<VmSpec>(),
+            Err(ConfigError::Missing("window"))
+        );
+        let f = FileConfig::parse(
+            "[[vm]]\nname = \"a\"\nsocket = \"/s\"\ncid = 3\nwindow = \"/w\"\nwindow_slots = 8\n",
+        )
+        .unwrap();
+        assert_eq!(f.vms().unwrap()[0].window_slots, 8);
     }
 
     #[test]

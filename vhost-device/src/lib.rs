@@ -83,14 +83,15 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     for (vm, socket, vhost_listener) in devices {
         let (config, queue, life) = (config.clone(), router.vm(&vm.name), life.clone());
         if let Some((path, size)) = &vm.window {
-            let w = window::VmWindow::create(path, *size)
+            let w = window::VmWindow::create(path, *size, vm.window_slots)
                 .map_err(|e| listener::ListenError::Bind(path.display().to_string(), e))?;
             listener::apply_access(path, &config.access)?;
             info!(
-                "VM {:?}: data window {} ({} MiB)",
+                "VM {:?}: data window {} ({} MiB, {} slots)",
                 vm.name,
                 path.display(),
-                size >> 20
+                size >> 20,
+                vm.window_slots
             );
             let _ = queue.window.set(w);
         }

@@ -10,9 +10,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// Slots per VM window: this many sessions of a VM can use the window at once; the
-/// rest send inline.
-pub const SLOTS: u64 = 4;
+/// Slots per VM window unless configured (`window-slots`): this many sessions of a
+/// VM can use the window (and rings) at once; the rest have their frames relayed.
+pub const DEFAULT_SLOTS: u64 = 4;
 
 /// A VM's window file and which slots are leased.
 #[derive(Debug)]
@@ -32,8 +32,9 @@ pub struct Lease<'a> {
 }
 
 impl VmWindow {
-    /// Creates (or resizes) the window file: `size` bytes, readable only by us.
-    pub fn create(path: &Path, size: u64) -> std::io::Result<VmWindow> {
+    /// Creates (or resizes) the window file: `size` bytes in `slots` slots, readable
+    /// only by us.
+    pub fn create(path: &Path, size: u64, slots: u64) -> std::io::Result<VmWindow> {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -43,11 +44,12 @@ impl VmWindow {
             .open(path)?;
         f.set_len(size)?;
         // Page-aligned slots, as the API server maps them.
-        let slot_len = (size / SLOTS) & !4095;
+        let slots = slots.max(1);
+        let slot_len = (size / slots) & !4095;
         Ok(VmWindow {
             path: path.to_path_buf(),
             slot_len,
-            leased: Mutex::new(vec![false; if slot_len == 0 { 0 } else { SLOTS as usize }]),
+            leased: Mutex::new(vec![false; if slot_len == 0 { 0 } else { slots as usize }]),
         })
     }
 
@@ -88,7 +90,7 @@ mod tests {
     #[test]
     fn slots_are_disjoint_page_aligned_and_reusable() {
         let dir = tempfile::tempdir().unwrap();
-        let w = VmWindow::create(&dir.path().join("w"), 64 << 20).unwrap();
+        let w = VmWindow::create(&dir.path().join("w"), 64 << 20, DEFAULT_SLOTS).unwrap();
         let a = w.lease().unwrap();
         let b = w.lease().unwrap();
         assert_eq!((a.offset, a.len, b.offset), (0, 16 << 20, 16 << 20));
@@ -101,9 +103,18 @@ mod tests {
     }
 
     #[test]
+    fn the_slot_count_is_configurable() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = VmWindow::create(&dir.path().join("w"), 64 << 20, 8).unwrap();
+        let leases: Vec<_> = (0..8).map(|_| w.lease().unwrap()).collect();
+        assert!(w.lease().is_none(), "eight slots");
+        assert_eq!((leases[7].offset, leases[7].len), (7 * (8 << 20), 8 << 20));
+    }
+
+    #[test]
     fn window_file_has_the_requested_size() {
         let dir = tempfile::tempdir().unwrap();
-        VmWindow::create(&dir.path().join("w"), 8 << 20).unwrap();
+        VmWindow::create(&dir.path().join("w"), 8 << 20, 2).unwrap();
         assert_eq!(
             std::fs::metadata(dir.path().join("w")).unwrap().len(),
             8 << 20

@@ -47,7 +47,12 @@ impl Guest {
         };
         let queue = Router::default().vm("vsock-vm");
         if let Some(path) = window {
-            let w = hira_vhost::window::VmWindow::create(path, 64 << 20).unwrap();
+            let w = hira_vhost::window::VmWindow::create(
+                path,
+                64 << 20,
+                hira_vhost::window::DEFAULT_SLOTS,
+            )
+            .unwrap();
             queue.window.set(w).unwrap();
         }
         Guest {
