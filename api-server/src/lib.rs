@@ -7,6 +7,7 @@
 //! - [`backend`]: the [`backend::Backend`] trait, one implementation per host API.
 //! - [`opencl`]: the OpenCL backend: the handle table, the generated dispatch, and
 //!   the few host calls that need hand-written code.
+//! - [`quota`]: device memory charged to the session's VM, against its quota.
 //! - [`window`]: the guest's data window mapped into this process.
 //! - [`sandbox`]: namespaces, an unprivileged user, `no_new_privs`, Landlock and a
 //!   seccomp allow-list, entered before the first byte from the guest is read.
@@ -16,6 +17,7 @@
 
 pub mod backend;
 pub mod opencl;
+pub mod quota;
 pub mod sandbox;
 pub mod server;
 pub mod window;
@@ -35,5 +37,8 @@ pub struct Config {
     /// Session number, for logs.
     pub session: u64,
     /// The usage page hira-vhost reads this session's counters from.
-    pub usage: Option<hira_protocol::usage::UsagePage>,
+    pub usage: Option<std::sync::Arc<hira_protocol::usage::UsagePage>>,
+    /// The page of the session's VM: its device-memory quota and what its sessions
+    /// hold together.
+    pub vm_page: Option<hira_protocol::usage::VmPage>,
 }

@@ -1,12 +1,13 @@
 //! `hira-api-server`: started by `hira-vhost`, one process per guest application.
 
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use hira_api_server::Config;
 use hira_api_server::sandbox::{self, SandboxConfig};
-use hira_protocol::usage::UsagePage;
+use hira_protocol::usage::{UsagePage, VmPage};
 
 /// Executes one guest application's remoted API calls on the host. Started by
 /// hira-vhost with the session socket as an inherited file descriptor; not meant to be
@@ -24,6 +25,10 @@ struct Args {
     /// File descriptor of the usage page hira-vhost reads this session's counters from.
     #[arg(long)]
     usage_fd: Option<i32>,
+    /// File descriptor of the VM's page (its memory quota and what its sessions hold),
+    /// shared with hira-vhost and the VM's other API servers.
+    #[arg(long)]
+    vm_page_fd: Option<i32>,
     /// Session number assigned by hira-vhost, for logs.
     #[arg(long, default_value_t = 0)]
     session: u64,
@@ -75,21 +80,35 @@ impl TryFrom<Args> for Config {
         // SAFETY: the descriptor is open (checked above) and was handed to this process
         // for it alone to own.
         let socket = unsafe { OwnedFd::from_raw_fd(a.fd) };
+        let inherited = |fd: i32, flag: &str| -> anyhow::Result<OwnedFd> {
+            anyhow::ensure!(fd >= 3 && fd != a.fd, "{flag} {fd} is not usable");
+            // SAFETY: fcntl(F_GETFD) only inspects the descriptor number.
+            let valid = unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
+            anyhow::ensure!(valid, "{flag} {fd} is not an open descriptor");
+            // SAFETY: open (checked above), handed to this process alone.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        };
         let usage = match a.usage_fd {
             Some(fd) => {
-                anyhow::ensure!(fd >= 3 && fd != a.fd, "--usage-fd {fd} is not usable");
-                // SAFETY: fcntl(F_GETFD) only inspects the descriptor number.
-                let valid = unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
-                anyhow::ensure!(valid, "--usage-fd {fd} is not an open descriptor");
-                // SAFETY: open (checked above), handed to this process alone.
-                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-                Some(UsagePage::map(&fd).context("cannot map the usage page")?)
+                let fd = inherited(fd, "--usage-fd")?;
+                Some(Arc::new(
+                    UsagePage::map(&fd).context("cannot map the usage page")?,
+                ))
+            }
+            None => None,
+        };
+        let vm_page = match a.vm_page_fd {
+            Some(fd) => {
+                anyhow::ensure!(a.usage_fd != Some(fd), "--vm-page-fd {fd} is not usable");
+                let fd = inherited(fd, "--vm-page-fd")?;
+                Some(VmPage::map(&fd).context("cannot map the VM page")?)
             }
             None => None,
         };
         Ok(Config {
             socket,
             usage,
+            vm_page,
             platform: a.platform,
             session: a.session,
         })

@@ -14,6 +14,7 @@ use hira_protocol::handshake::{
     ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload,
     Welcome, error_code,
 };
+use hira_protocol::usage::UsagePage;
 use hira_protocol::{FrameHeader, FrameKind, Writer, ring, unix};
 use log::{debug, info, warn};
 use thiserror::Error;
@@ -21,8 +22,8 @@ use thiserror::Error;
 use crate::Config;
 use crate::backend::{Backend, Fail, FrameData, TeardownReport};
 use crate::opencl::OpenClBackend;
+use crate::quota::MemoryQuota;
 use crate::window::WindowMap;
-use hira_protocol::usage::UsagePage;
 
 /// Most guest threads one session may call from at once.
 pub const MAX_CHANNELS: usize = 64;
@@ -199,7 +200,11 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         ),
     };
     let backend: Arc<dyn Backend> = match hello.api {
-        ApiKind::OpenCl => match OpenClBackend::new(config.platform.as_deref(), writer.clone()) {
+        ApiKind::OpenCl => match OpenClBackend::new(
+            config.platform.as_deref(),
+            writer.clone(),
+            Arc::new(MemoryQuota::new(config.vm_page, config.usage.clone())),
+        ) {
             Ok(b) => Arc::new(b),
             Err(e) => {
                 refuse(&control_writer, &e);
@@ -254,7 +259,7 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         backend.clone(),
         writer.clone(),
         window,
-        config.usage.as_ref(),
+        config.usage.as_deref(),
     )?;
     let report = backend.teardown();
     // The daemon keeps reading until this process exits, for this report.

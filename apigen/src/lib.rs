@@ -679,7 +679,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 );
                 let _ = writeln!(
                     post,
-                    "if status == 0 && {n}__id != 0 {{ s.bind({n}__id, Kind::{kind}, {n}__slot as *mut c_void); }}"
+                    "let status = if status == 0 && {n}__id != 0 {{ s.bind({n}__id, Kind::{kind}, {n}__slot as *mut c_void) }} else {{ status }};"
                 );
             }
             Kind::OutHandles { kind, count, owned } => {
@@ -991,7 +991,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         Some(kind) => {
             let _ = writeln!(
                 s,
-                "    let status = if errcode == CL_SUCCESS && ret.is_null() {{ CL_OUT_OF_RESOURCES }} else {{ errcode }};\n    if status == 0 {{ s.bind(ret__id, Kind::{kind}, ret as *mut c_void); }}"
+                "    let status = if errcode == CL_SUCCESS && ret.is_null() {{ CL_OUT_OF_RESOURCES }} else {{ errcode }};\n    let status = if status == 0 {{ s.bind(ret__id, Kind::{kind}, ret as *mut c_void) }} else {{ status }};"
             );
         }
     }

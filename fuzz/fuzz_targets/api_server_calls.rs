@@ -69,7 +69,11 @@ fn fixture() -> &'static Fixture {
         // Notifications (callbacks) are read and dropped, as a guest reads them.
         let mut drain = sink.try_clone().unwrap();
         std::thread::spawn(move || std::io::copy(&mut drain, &mut std::io::sink()));
-        let backend = OpenClBackend::new(None, Arc::new(FrameWriter::new(ours)))
+        // A VM page with a quota, so the charging paths are fuzzed too.
+        let (vm, _) = hira_protocol::usage::VmPage::create().unwrap();
+        vm.set_quota(Some(1 << 30));
+        let quota = Arc::new(hira_api_server::quota::MemoryQuota::new(Some(vm), None));
+        let backend = OpenClBackend::new(None, Arc::new(FrameWriter::new(ours)), quota)
             .expect("a host OpenCL platform");
         // SAFETY: a NUL-terminated name and valid flags.
         let fd = unsafe {

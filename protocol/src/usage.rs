@@ -9,15 +9,93 @@
 //! Layout (little-endian, each `u64` unless said): `commands` at 0 (request frames
 //! received), `bytes` at 8 (their bodies), `rejected` at 16 (frames refused before
 //! execution), `last_opcode` (`u32`) at 24, the opcode of the last request plus one
-//! (0: none yet).
+//! (0: none yet), `memory` at 32 (device memory the session holds, as charged to its
+//! VM's quota).
 //!
 //! Only the API server writes the page; the daemon only reads numbers from it, so a
 //! compromised API server can misstate its own session's usage and nothing else.
+//!
+//! A [`VmPage`] is the same kind of page, one per VM, mapped by the daemon and by
+//! every API server of that VM: the VM's device-memory quota (the daemon writes it,
+//! live) and the memory its sessions hold together (each API server charges and
+//! uncharges atomically, so sessions of one VM share one quota without a message).
+//! Layout: `quota` at 0 (bytes; 0: none), `used` at 8. Only that VM's API servers map
+//! it, so a compromised one can misstate its own VM's memory and nothing else.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const LEN: usize = 4096;
+
+/// A fresh zeroed page in a memfd named `name`, sealed against resizing.
+fn sealed_page(name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
+    // SAFETY: valid C string and flags; the result is checked.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create just returned this descriptor to this process.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain system calls on a descriptor this function owns.
+    let ok = unsafe {
+        libc::ftruncate(fd.as_raw_fd(), LEN as libc::off_t) == 0
+            && libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            ) == 0
+    };
+    if !ok {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Maps the page behind `fd`, which must be at least a page long and sealed against
+/// shrinking (so the mapping can never lose its backing).
+fn map_page(fd: &OwnedFd) -> std::io::Result<*mut u8> {
+    // SAFETY: a zeroed stat struct is a valid out-parameter for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open; `st` is valid for writes.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: F_GET_SEALS only reads the descriptor's seals.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if (st.st_size as u64) < LEN as u64 || seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "shared page too small or not sealed",
+        ));
+    }
+    // SAFETY: maps one page of a file at least that long, shared.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(base.cast())
+}
+
+/// The atomic `u64` at `off` of a mapped page.
+///
+/// # Safety
+/// `base` must be a live `LEN`-byte mapping for `'a`, accessed only atomically, and
+/// `off` 8-aligned and below `LEN`.
+unsafe fn word<'a>(base: *mut u8, off: usize) -> &'a AtomicU64 {
+    debug_assert!(off.is_multiple_of(8) && off < LEN);
+    // SAFETY: per the contract.
+    unsafe { &*(base.add(off) as *const AtomicU64) }
+}
 
 /// A mapping of a usage page.
 #[derive(Debug)]
@@ -44,76 +122,28 @@ pub struct Usage {
     pub bytes: u64,
     pub rejected: u64,
     pub last_opcode: Option<u16>,
+    /// Device memory the session holds, in bytes.
+    pub memory: u64,
 }
 
 impl UsagePage {
     /// Creates a zeroed page in a fresh memfd (sealed against resizing) and maps it.
     pub fn create() -> std::io::Result<(UsagePage, OwnedFd)> {
-        // SAFETY: valid C string and flags; the result is checked.
-        let fd = unsafe {
-            libc::memfd_create(
-                c"hira-usage".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: memfd_create just returned this descriptor to this process.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain system calls on a descriptor this function owns.
-        let ok = unsafe {
-            libc::ftruncate(fd.as_raw_fd(), LEN as libc::off_t) == 0
-                && libc::fcntl(
-                    fd.as_raw_fd(),
-                    libc::F_ADD_SEALS,
-                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-                ) == 0
-        };
-        if !ok {
-            return Err(std::io::Error::last_os_error());
-        }
+        let fd = sealed_page(c"hira-usage")?;
         Ok((Self::map(&fd)?, fd))
     }
 
     /// Maps the page behind `fd`, which must be at least a page long and sealed
     /// against shrinking.
     pub fn map(fd: &OwnedFd) -> std::io::Result<UsagePage> {
-        // SAFETY: a zeroed stat struct is a valid out-parameter for fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open; `st` is valid for writes.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: F_GET_SEALS only reads the descriptor's seals.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if (st.st_size as u64) < LEN as u64 || seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "usage page too small or not sealed",
-            ));
-        }
-        // SAFETY: maps one page of a file at least that long, shared.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(UsagePage { base: base.cast() })
+        Ok(UsagePage {
+            base: map_page(fd)?,
+        })
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: an aligned offset inside the mapped page, which lives as long as
-        // `self`; the page is only accessed atomically.
-        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+        // SAFETY: `base` is this value's mapping; offsets used are constants below LEN.
+        unsafe { word(self.base, off) }
     }
 
     fn last(&self) -> &AtomicU32 {
@@ -133,6 +163,20 @@ impl UsagePage {
         self.u64_at(16).fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records `delta` bytes more (or fewer) device memory held by the session.
+    pub fn memory(&self, delta: i64) {
+        let m = self.u64_at(32);
+        if delta >= 0 {
+            m.fetch_add(delta as u64, Ordering::Relaxed);
+        } else {
+            let d = delta.unsigned_abs();
+            // Never below zero, whatever order charges and releases arrive in.
+            let _ = m.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(d))
+            });
+        }
+    }
+
     /// The counters now.
     pub fn read(&self) -> Usage {
         let last = self.last().load(Ordering::Relaxed);
@@ -141,7 +185,102 @@ impl UsagePage {
             bytes: self.u64_at(8).load(Ordering::Relaxed),
             rejected: self.u64_at(16).load(Ordering::Relaxed),
             last_opcode: last.checked_sub(1).and_then(|o| u16::try_from(o).ok()),
+            memory: self.u64_at(32).load(Ordering::Relaxed),
         }
+    }
+}
+
+/// A mapping of a VM's page: its device-memory quota and what its sessions hold.
+#[derive(Debug)]
+pub struct VmPage {
+    base: *mut u8,
+}
+
+// SAFETY: the mapping lives as long as the value and is only accessed atomically.
+unsafe impl Send for VmPage {}
+// SAFETY: as above.
+unsafe impl Sync for VmPage {}
+
+impl Drop for VmPage {
+    fn drop(&mut self) {
+        // SAFETY: `base` is the `LEN`-byte mapping made in `map`.
+        unsafe { libc::munmap(self.base.cast(), LEN) };
+    }
+}
+
+/// Why a charge was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverQuota {
+    pub used: u64,
+    pub quota: u64,
+}
+
+impl VmPage {
+    /// Creates a zeroed page (no quota, nothing used) and maps it.
+    pub fn create() -> std::io::Result<(VmPage, OwnedFd)> {
+        let fd = sealed_page(c"hira-vm")?;
+        Ok((Self::map(&fd)?, fd))
+    }
+
+    /// Maps the page behind `fd` (at least a page, sealed against shrinking).
+    pub fn map(fd: &OwnedFd) -> std::io::Result<VmPage> {
+        Ok(VmPage {
+            base: map_page(fd)?,
+        })
+    }
+
+    fn quota_word(&self) -> &AtomicU64 {
+        // SAFETY: `base` is this value's mapping; 0 is aligned and inside it.
+        unsafe { word(self.base, 0) }
+    }
+
+    fn used_word(&self) -> &AtomicU64 {
+        // SAFETY: as above, offset 8.
+        unsafe { word(self.base, 8) }
+    }
+
+    /// Sets the quota in bytes (`None`: no quota). Takes effect at the next charge;
+    /// memory already held is never taken back.
+    pub fn set_quota(&self, quota: Option<u64>) {
+        self.quota_word()
+            .store(quota.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The quota in bytes, if any.
+    pub fn quota(&self) -> Option<u64> {
+        Some(self.quota_word().load(Ordering::Relaxed)).filter(|&q| q != 0)
+    }
+
+    /// Device memory the VM's sessions hold now.
+    pub fn used(&self) -> u64 {
+        self.used_word().load(Ordering::Relaxed)
+    }
+
+    /// Charges `bytes` to the VM if that keeps it within its quota.
+    pub fn charge(&self, bytes: u64) -> Result<(), OverQuota> {
+        let quota = self.quota();
+        self.used_word()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                let after = used.checked_add(bytes)?;
+                match quota {
+                    Some(q) if after > q => None,
+                    _ => Some(after),
+                }
+            })
+            .map(|_| ())
+            .map_err(|used| OverQuota {
+                used,
+                quota: quota.unwrap_or(u64::MAX),
+            })
+    }
+
+    /// Gives back `bytes` charged earlier (never below zero).
+    pub fn uncharge(&self, bytes: u64) {
+        let _ = self
+            .used_word()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(bytes))
+            });
     }
 }
 
@@ -163,8 +302,44 @@ mod tests {
                 commands: 2,
                 bytes: 120,
                 rejected: 1,
-                last_opcode: Some(9)
+                last_opcode: Some(9),
+                memory: 0,
             }
+        );
+        writer.memory(4096);
+        writer.memory(-100_000);
+        assert_eq!(reader.read().memory, 0, "never below zero");
+    }
+
+    #[test]
+    fn sessions_of_one_vm_share_its_quota() {
+        let (daemon, fd) = VmPage::create().unwrap();
+        let a = VmPage::map(&fd).unwrap();
+        let b = VmPage::map(&fd).unwrap();
+        assert_eq!(a.charge(1 << 40), Ok(()), "no quota: anything goes");
+        a.uncharge(1 << 40);
+        daemon.set_quota(Some(100));
+        assert_eq!(a.charge(60), Ok(()));
+        assert_eq!(
+            b.charge(50),
+            Err(OverQuota {
+                used: 60,
+                quota: 100
+            })
+        );
+        assert_eq!(b.charge(40), Ok(()));
+        assert_eq!(daemon.used(), 100);
+        a.uncharge(60);
+        assert_eq!(b.charge(50), Ok(()));
+        daemon.set_quota(Some(10));
+        assert_eq!(daemon.used(), 90, "a lower quota takes nothing back");
+        assert!(a.charge(1).is_err());
+        b.uncharge(1000);
+        assert_eq!(daemon.used(), 0);
+        assert_eq!(
+            a.charge(u64::MAX).map_err(|e| e.used),
+            Err(0),
+            "no overflow"
         );
     }
 }

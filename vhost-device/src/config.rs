@@ -17,7 +17,7 @@ pub enum ConfigError {
     #[error("`{0}` is not KEY=VALUE")]
     NotKeyValue(String),
     #[error(
-        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots)"
+        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots, mem-quota)"
     )]
     UnknownKey(String),
     #[error("VM setting `{0}` given twice")]
@@ -43,6 +43,12 @@ pub enum ConfigError {
     BadWindowSlots(String),
     #[error("a data window (`window=`) needs the vhost-user transport (`socket=`)")]
     WindowNeedsVhostUser,
+    #[error(
+        "size {0:?} must be a positive number of bytes, optionally with K, M, G or T (binary: 64M, 2G)"
+    )]
+    BadSize(String),
+    #[error("unknown listener setting `{0}` (known: mem-quota)")]
+    UnknownListenerKey(String),
     #[error("socket mode {0:?} must be octal permission bits such as 0660")]
     BadMode(String),
     #[error("no user named {0:?}")]
@@ -65,6 +71,7 @@ impl ConfigError {
             ConfigError::BadCid(_) => "cid",
             ConfigError::BadWindowSize(_) => "window_mb",
             ConfigError::BadWindowSlots(_) => "window_slots",
+            ConfigError::BadSize(_) => "mem_quota",
             ConfigError::WindowNeedsVhostUser => "window",
             ConfigError::Transport => "socket",
             ConfigError::BadMode(_) => "socket_mode",
@@ -73,10 +80,34 @@ impl ConfigError {
             ConfigError::At { key, .. } => key,
             ConfigError::NotKeyValue(_)
             | ConfigError::UnknownKey(_)
+            | ConfigError::UnknownListenerKey(_)
             | ConfigError::DuplicateKey(_)
             | ConfigError::File(_) => "",
         }
     }
+}
+
+/// Parses a size in bytes: a number, optionally followed by K, M, G or T (powers of
+/// 1024; `KiB`-style and `B` suffixes are accepted too). Zero is refused.
+pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize(text.to_string());
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let shift = match unit {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        "T" | "t" => 40,
+        _ => return Err(bad()),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(bad)
 }
 
 /// A host-local listener: a Unix socket whose connections belong to one VM.
@@ -84,6 +115,8 @@ impl ConfigError {
 pub struct LocalListener {
     pub vm: String,
     pub path: PathBuf,
+    /// The VM's device-memory quota in bytes, if this listener sets one.
+    pub mem_quota: Option<u64>,
 }
 
 impl Default for LocalListener {
@@ -91,6 +124,7 @@ impl Default for LocalListener {
         LocalListener {
             vm: "local".into(),
             path: PathBuf::from(DEFAULT_LOCAL_SOCKET),
+            mem_quota: None,
         }
     }
 }
@@ -104,8 +138,21 @@ fn valid_vm_name(n: &str) -> bool {
 impl FromStr for LocalListener {
     type Err = ConfigError;
 
-    /// Parses `[VM=]PATH`.
+    /// Parses `[VM=]PATH[,mem-quota=SIZE]`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let mut parts = s.split(',');
+        let s = parts.next().unwrap_or_default();
+        let mut mem_quota = None;
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| ConfigError::NotKeyValue(kv.to_string()))?;
+            match k {
+                "mem-quota" if mem_quota.is_none() => mem_quota = Some(parse_size(v)?),
+                "mem-quota" => return Err(ConfigError::DuplicateKey(k.to_string())),
+                other => return Err(ConfigError::UnknownListenerKey(other.to_string())),
+            }
+        }
         let (vm, path) = match s.split_once('=') {
             Some((vm, path)) => (vm.to_string(), path),
             None => ("local".to_string(), s),
@@ -119,6 +166,7 @@ impl FromStr for LocalListener {
         Ok(LocalListener {
             vm,
             path: PathBuf::from(path),
+            mem_quota,
         })
     }
 }
@@ -146,6 +194,8 @@ pub struct VmSpec {
     /// How many sessions of the VM can hold a slot of the window at once (default 4);
     /// each slot holds a session's rings and its bulk-data window.
     pub window_slots: u64,
+    /// The VM's device-memory quota in bytes (none: unlimited).
+    pub mem_quota: Option<u64>,
 }
 
 impl VmSpec {
@@ -159,6 +209,7 @@ impl VmSpec {
         Some(LocalListener {
             vm: self.name.clone(),
             path: PathBuf::from(p),
+            mem_quota: self.mem_quota,
         })
     }
 }
@@ -173,6 +224,7 @@ struct VmFields {
     window: Option<String>,
     window_mb: Option<String>,
     window_slots: Option<String>,
+    mem_quota: Option<String>,
 }
 
 impl FromStr for VmSpec {
@@ -193,6 +245,7 @@ impl FromStr for VmSpec {
                 "window" => &mut f.window,
                 "window-mb" => &mut f.window_mb,
                 "window-slots" => &mut f.window_slots,
+                "mem-quota" => &mut f.mem_quota,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -214,6 +267,7 @@ impl VmFields {
             window,
             window_mb,
             window_slots,
+            mem_quota,
         } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
         if !valid_vm_name(&name) {
@@ -259,12 +313,14 @@ impl VmFields {
                 .filter(|n| (1..=64).contains(n) && size / n >= 4 << 20)
                 .ok_or(ConfigError::BadWindowSlots(text))?,
         };
+        let mem_quota = mem_quota.as_deref().map(parse_size).transpose()?;
         Ok(VmSpec {
             name,
             cid,
             transport,
             window,
             window_slots,
+            mem_quota,
         })
     }
 }
@@ -295,6 +351,7 @@ impl VmFields {
 /// window = "/dev/shm/hira-vm1"     # optional
 /// window_mb = 256                   # optional
 /// window_slots = 4                  # optional: sessions holding a slot at once
+/// mem_quota = "2G"                  # optional: the VM's device memory (also [[local]])
 /// ```
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -326,6 +383,7 @@ pub struct FileConfig {
 struct LocalEntry {
     vm: Option<String>,
     path: String,
+    mem_quota: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -338,6 +396,7 @@ struct VmEntry {
     window: Option<String>,
     window_mb: Option<u64>,
     window_slots: Option<u64>,
+    mem_quota: Option<String>,
 }
 
 impl FileConfig {
@@ -375,9 +434,13 @@ impl FileConfig {
             .map(|entry| {
                 let l = entry.get_ref();
                 let r = match &l.vm {
-                    Some(vm) => format!("{vm}={}", l.path).parse(),
-                    None => l.path.parse(),
+                    Some(vm) => format!("{vm}={}", l.path).parse::<LocalListener>(),
+                    None => l.path.parse::<LocalListener>(),
                 };
+                let r = r.and_then(|mut listener| {
+                    listener.mem_quota = l.mem_quota.as_deref().map(parse_size).transpose()?;
+                    Ok(listener)
+                });
                 self.at(entry.span(), r)
             })
             .collect()
@@ -397,6 +460,7 @@ impl FileConfig {
                     window: v.window.clone(),
                     window_mb: v.window_mb.map(|m| m.to_string()),
                     window_slots: v.window_slots.map(|n| n.to_string()),
+                    mem_quota: v.mem_quota.clone(),
                 }
                 .into_spec();
                 self.at(entry.span(), r)
@@ -499,6 +563,32 @@ pub struct Config {
     /// The control socket, if any.
     pub control: Option<PathBuf>,
     pub sandbox: Sandbox,
+}
+
+impl Config {
+    /// Each VM's memory quota as its listeners and VM specs set it; a VM given two
+    /// different quotas is an error.
+    pub fn mem_quotas(&self) -> Result<Vec<(String, u64)>, String> {
+        let set = self
+            .listeners
+            .iter()
+            .map(|l| (&l.vm, l.mem_quota))
+            .chain(self.vhost_user_vms.iter().map(|v| (&v.name, v.mem_quota)));
+        let mut quotas: Vec<(String, u64)> = Vec::new();
+        for (vm, quota) in set {
+            let Some(q) = quota else { continue };
+            match quotas.iter().find(|(v, _)| v == vm) {
+                Some((_, other)) if *other != q => {
+                    return Err(format!(
+                        "VM {vm:?} is given two memory quotas ({other} and {q} bytes)"
+                    ));
+                }
+                Some(_) => {}
+                None => quotas.push((vm.clone(), q)),
+            }
+        }
+        Ok(quotas)
+    }
 }
 
 /// How API servers are confined.
@@ -666,6 +756,49 @@ mod tests {
         assert_eq!(
             "name=q,hybrid=/s,cid=3,window=/w".parse::<VmSpec>(),
             Err(ConfigError::WindowNeedsVhostUser)
+        );
+    }
+
+    #[test]
+    fn sizes_and_memory_quotas_are_parsed_and_checked() {
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        for bad in ["0", "", "M", "12X", "-1", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} accepted");
+        }
+        let l: LocalListener = "vm1=/run/x.sock,mem-quota=1G".parse().unwrap();
+        assert_eq!((l.vm.as_str(), l.mem_quota), ("vm1", Some(1 << 30)));
+        assert_eq!(l.path, PathBuf::from("/run/x.sock"));
+        assert_eq!(
+            "vm1=/s,share=3".parse::<LocalListener>(),
+            Err(ConfigError::UnknownListenerKey("share".into()))
+        );
+        assert!("vm1=/s,mem-quota=0".parse::<LocalListener>().is_err());
+        let v: VmSpec = "name=q,socket=/s,cid=3,mem-quota=512M".parse().unwrap();
+        assert_eq!(v.mem_quota, Some(512 << 20));
+        let f = FileConfig::parse(
+            "[[local]]\nvm = \"a\"\npath = \"/a\"\nmem_quota = \"8M\"\n[[vm]]\nname = \"b\"\nhybrid = \"/b\"\ncid = 4\nmem_quota = \"1G\"\n",
+        )
+        .unwrap();
+        assert_eq!(f.listeners().unwrap()[0].mem_quota, Some(8 << 20));
+        let vms = f.vms().unwrap();
+        assert_eq!(vms[0].listener().unwrap().mem_quota, Some(1 << 30));
+        let bad = FileConfig::parse("[[local]]\npath = \"/a\"\nmem_quota = \"lots\"\n").unwrap();
+        assert!(bad.listeners().unwrap_err().to_string().contains("line 1"));
+        let twice = Config {
+            listeners: vec![
+                "a=/1,mem-quota=1M".parse().unwrap(),
+                "a=/2,mem-quota=2M".parse().unwrap(),
+            ],
+            ..Config::default()
+        };
+        assert!(
+            twice
+                .mem_quotas()
+                .unwrap_err()
+                .contains("two memory quotas")
         );
     }
 

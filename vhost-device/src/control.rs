@@ -12,6 +12,10 @@
 //!   exactly N live sessions whose API servers have started (`"started":false`: in
 //!   their handshake or later).
 //!
+//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null}`: sets a VM's device-memory quota
+//!   live (null: none); answers with the VM's new state. The VM must be one the daemon
+//!   serves.
+//!
 //! The socket gets the same owner and mode as the guest sockets.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -20,12 +24,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use log::{debug, warn};
+use log::{debug, info, warn};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::lifecycle::{EndedSession, Lifecycle, LiveSession};
-use crate::router::Router;
+use crate::router::{Router, VmQueue};
 
 /// Longest request line accepted.
 const MAX_REQUEST: usize = 4096;
@@ -39,12 +43,27 @@ pub struct VmStatus {
     pub sessions: usize,
     pub commands: u64,
     pub bytes: u64,
+    /// Device memory the VM's sessions hold now, in bytes.
+    pub mem_used: u64,
+    /// The VM's device-memory quota in bytes (null: none).
+    pub mem_quota: Option<u64>,
+}
+
+/// A live session with what its API server has counted.
+#[derive(Debug, Serialize)]
+pub struct SessionStatus {
+    #[serde(flatten)]
+    pub session: LiveSession,
+    pub commands: u64,
+    pub bytes: u64,
+    /// Device memory the session holds, in bytes.
+    pub memory: u64,
 }
 
 /// What `status` answers.
 #[derive(Debug, Serialize)]
 pub struct Status {
-    pub sessions: Vec<LiveSession>,
+    pub sessions: Vec<SessionStatus>,
     pub ended: Vec<EndedSession>,
     pub vms: Vec<VmStatus>,
     pub api_server_crashes: u64,
@@ -55,18 +74,25 @@ pub struct Status {
 /// The daemon's state as the control socket reports it.
 pub fn status(life: &Lifecycle, router: &Router) -> Status {
     let (sessions, ended) = life.snapshot();
+    let sessions = sessions
+        .into_iter()
+        .map(|session| {
+            let usage = router
+                .get(&session.vm)
+                .and_then(|q| q.usage_of(session.id))
+                .unwrap_or_default();
+            SessionStatus {
+                session,
+                commands: usage.commands,
+                bytes: usage.bytes,
+                memory: usage.memory,
+            }
+        })
+        .collect();
     let vms = router
         .snapshot()
         .into_iter()
-        .map(|(name, q)| {
-            let (commands, bytes) = q.totals();
-            VmStatus {
-                name,
-                sessions: q.sessions(),
-                commands,
-                bytes,
-            }
-        })
+        .map(|(name, q)| vm_status(name, &q))
         .collect();
     Status {
         sessions,
@@ -80,6 +106,51 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
     }
 }
 
+fn vm_status(name: String, q: &VmQueue) -> VmStatus {
+    let (commands, bytes) = q.totals();
+    let (mem_quota, mem_used) = q.memory();
+    VmStatus {
+        name,
+        sessions: q.sessions(),
+        commands,
+        bytes,
+        mem_used,
+        mem_quota,
+    }
+}
+
+/// `set`: changes a VM's settings live.
+fn set(req: &Value, router: &Router) -> Value {
+    let Some(vm) = req.get("vm").and_then(Value::as_str) else {
+        return json!({ "error": "set needs \"vm\"" });
+    };
+    let Some(q) = router.get(vm) else {
+        let known: Vec<String> = router.snapshot().into_iter().map(|(n, _)| n).collect();
+        return json!({ "error": format!("no VM {vm:?} (known: {})", known.join(", ")) });
+    };
+    let mut changed = false;
+    if let Some(v) = req.get("mem_quota") {
+        let quota = match v {
+            Value::Null => None,
+            v => match v.as_u64().filter(|&n| n > 0) {
+                Some(n) => Some(n),
+                None => {
+                    return json!({ "error": "mem_quota must be a positive number of bytes or null" });
+                }
+            },
+        };
+        if let Err(e) = q.set_mem_quota(quota) {
+            return json!({ "error": format!("cannot set the quota: {e}") });
+        }
+        info!("VM {vm:?}: device-memory quota set to {quota:?} bytes");
+        changed = true;
+    }
+    if !changed {
+        return json!({ "error": "set needs a setting (known: mem_quota)" });
+    }
+    json!({ "vm": vm_status(vm.to_string(), &q) })
+}
+
 /// Answers one request line.
 pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
     let req: Value = match serde_json::from_str(line) {
@@ -88,6 +159,7 @@ pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
     };
     match req.get("cmd").and_then(Value::as_str) {
         Some("status") => json!(status(life, router)),
+        Some("set") => set(&req, router),
         Some(cmd @ ("wait_idle" | "wait_live")) => {
             let ms = req
                 .get("timeout_ms")
@@ -106,7 +178,7 @@ pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
             json!({ "reached": reached, "status": status(life, router) })
         }
         Some(other) => json!({
-            "error": format!("unknown command {other:?} (known: status, wait_idle, wait_live)")
+            "error": format!("unknown command {other:?} (known: status, set, wait_idle, wait_live)")
         }),
         None => json!({ "error": "a request is {\"cmd\": ...}" }),
     }

@@ -45,6 +45,21 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     let config = Arc::new(config);
     let router = Arc::new(router::Router::default());
     let life = Arc::new(lifecycle::Lifecycle::default());
+    // Every configured VM is known from the start, so the control socket can set
+    // what it may use before its first guest arrives.
+    for l in &config.listeners {
+        router.vm(&l.vm);
+    }
+    for vm in &config.vhost_user_vms {
+        router.vm(&vm.name);
+    }
+    for (vm, quota) in config.mem_quotas().map_err(listener::ListenError::Config)? {
+        router
+            .vm(&vm)
+            .set_mem_quota(Some(quota))
+            .map_err(|e| listener::ListenError::Bind(format!("VM {vm:?} page"), e))?;
+        info!("VM {vm:?}: device-memory quota {quota} bytes");
+    }
     let mut created: Vec<PathBuf> = Vec::new();
     let mut listeners = Vec::new();
     for l in &config.listeners {

@@ -13,11 +13,20 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hira_protocol::usage::UsagePage;
+use hira_protocol::usage::{Usage, UsagePage, VmPage};
 
-/// A VM's counters and session cap.
+/// A VM's shared page and the descriptor each of its API servers gets.
+#[derive(Debug)]
+pub struct SharedVmPage {
+    pub page: VmPage,
+    pub fd: std::os::fd::OwnedFd,
+}
+
+/// A VM's counters, session cap and memory quota.
 #[derive(Debug, Default)]
 pub struct VmQueue {
+    /// The VM's page (memory quota, memory its sessions hold), made on first use.
+    page: Mutex<Option<Arc<SharedVmPage>>>,
     /// The VM's shared data window, if it has one.
     pub window: std::sync::OnceLock<crate::window::VmWindow>,
     /// Commands and bytes of the VM's ended sessions.
@@ -109,6 +118,52 @@ impl VmQueue {
     pub fn sessions(&self) -> usize {
         self.sessions.load(Ordering::Acquire)
     }
+
+    /// The VM's page, shared with its API servers.
+    pub fn page(&self) -> std::io::Result<Arc<SharedVmPage>> {
+        let mut p = self.page.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(page) = &*p {
+            return Ok(page.clone());
+        }
+        let (page, fd) = VmPage::create()?;
+        let shared = Arc::new(SharedVmPage { page, fd });
+        *p = Some(shared.clone());
+        Ok(shared)
+    }
+
+    /// Sets the VM's device-memory quota (`None`: unlimited); live sessions see it
+    /// at their next allocation.
+    pub fn set_mem_quota(&self, quota: Option<u64>) -> std::io::Result<()> {
+        self.page()?.page.set_quota(quota);
+        Ok(())
+    }
+
+    /// The VM's memory quota and what its sessions hold now, in bytes.
+    pub fn memory(&self) -> (Option<u64>, u64) {
+        match &*self.page.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(p) => (p.page.quota(), p.page.used()),
+            None => (None, 0),
+        }
+    }
+
+    /// Gives back what an ended session still held (an API server that died before
+    /// releasing its objects); its usage page is final once the process is reaped.
+    pub fn session_ended(&self, final_usage: &Usage) {
+        if final_usage.memory > 0
+            && let Some(p) = &*self.page.lock().unwrap_or_else(|e| e.into_inner())
+        {
+            p.page.uncharge(final_usage.memory);
+        }
+    }
+
+    /// What live session `id` has counted so far.
+    pub fn usage_of(&self, id: u64) -> Option<Usage> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .map(|p| p.read())
+    }
 }
 
 /// All VMs' queues.
@@ -126,6 +181,15 @@ impl Router {
             .entry(name.to_string())
             .or_default()
             .clone()
+    }
+
+    /// The queue of VM `name`, if the daemon serves it or has seen it.
+    pub fn get(&self, name: &str) -> Option<Arc<VmQueue>> {
+        self.vms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
     }
 
     /// Every VM's queue, by name.
@@ -179,6 +243,22 @@ mod tests {
         a.command(1, 100);
         b.command(1, 1);
         assert_eq!(q.totals(), (3, 16));
+    }
+
+    #[test]
+    fn a_dead_sessions_memory_goes_back_to_its_vm() {
+        let q = Arc::new(VmQueue::default());
+        q.set_mem_quota(Some(1000)).unwrap();
+        let api_server = VmPage::map(&q.page().unwrap().fd).unwrap();
+        api_server.charge(700).unwrap();
+        assert_eq!(q.memory(), (Some(1000), 700));
+        q.session_ended(&Usage {
+            memory: 700,
+            ..Usage::default()
+        });
+        assert_eq!(q.memory(), (Some(1000), 0));
+        q.set_mem_quota(None).unwrap();
+        assert_eq!(q.memory(), (None, 0));
     }
 
     #[test]

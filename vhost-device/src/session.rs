@@ -244,7 +244,9 @@ fn serve(
         send_error(&guest_w, None, error_code::POLICY, &m);
         return Err(SessionError::Refused(m));
     };
-    let (child, mut server, usage) = spawn::api_server(config, id).map_err(SessionError::Spawn)?;
+    let vm_page = queue.page().map_err(SessionError::Spawn)?;
+    let (child, mut server, usage) =
+        spawn::api_server(config, id, &vm_page.fd).map_err(SessionError::Spawn)?;
     let usage = Arc::new(usage);
     let _tracked = queue.track(id, usage.clone());
     registration.describe(&hello.process_name, hello.pid, child.id());
@@ -346,6 +348,7 @@ fn serve(
     let (how, crashed) = spawn::reap(child, config.limits.teardown_grace);
     // What the API server counted: every frame it received, however it came.
     let counted = usage.read();
+    queue.session_ended(&counted);
     stats.commands = counted.commands;
     stats.bytes = counted.bytes;
     stats.rejected += counted.rejected;

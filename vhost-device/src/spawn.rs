@@ -17,24 +17,37 @@ use crate::config::Config;
 const CHILD_FD: i32 = 3;
 /// The descriptor number the API server finds its usage page on.
 const USAGE_FD: i32 = 4;
+/// The descriptor number the API server finds its VM's page on.
+const VM_PAGE_FD: i32 = 5;
+/// The child's descriptors are parked at or above this before they move to their
+/// numbers.
+const PARK_FD: i32 = VM_PAGE_FD + 1;
 
-/// Starts an API server for session `id`; returns the process, our end of its socket
-/// and the page it keeps the session's counters in.
+/// Starts an API server for session `id` of the VM whose page is `vm_page`; returns
+/// the process, our end of its socket and the page it keeps the session's counters
+/// in.
 ///
 /// The child gets SIGKILL when the daemon thread that started it ends (the session
 /// thread, which outlives the child in normal operation) or the daemon dies, so no
 /// API server outlives the daemon, however the daemon ends.
-pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStream, UsagePage)> {
+pub fn api_server(
+    config: &Config,
+    id: u64,
+    vm_page: &OwnedFd,
+) -> std::io::Result<(Child, UnixStream, UsagePage)> {
     let (ours, theirs) = UnixStream::pair()?;
     let theirs = OwnedFd::from(theirs);
     let raw = theirs.as_raw_fd();
     let (usage, usage_fd) = UsagePage::create()?;
     let usage_raw = usage_fd.as_raw_fd();
+    let vm_raw = vm_page.as_raw_fd();
     let mut cmd = Command::new(&config.api_server);
     cmd.arg("--fd")
         .arg(CHILD_FD.to_string())
         .arg("--usage-fd")
         .arg(USAGE_FD.to_string())
+        .arg("--vm-page-fd")
+        .arg(VM_PAGE_FD.to_string())
         .arg("--session")
         .arg(id.to_string());
     if let Some(p) = &config.platform {
@@ -55,15 +68,19 @@ pub fn api_server(config: &Config, id: u64) -> std::io::Result<(Child, UnixStrea
             if libc::getppid() != parent {
                 libc::_exit(1);
             }
-            // The page's descriptor must not be the one the socket lands on.
-            let usage_raw = if usage_raw == CHILD_FD {
-                libc::fcntl(usage_raw, libc::F_DUPFD_CLOEXEC, USAGE_FD + 1)
-            } else {
-                usage_raw
-            };
-            if usage_raw < 0 || libc::dup2(raw, CHILD_FD) < 0 || libc::dup2(usage_raw, USAGE_FD) < 0
-            {
-                return Err(std::io::Error::last_os_error());
+            // Copies above every target first (closed at exec), so no dup2 onto a
+            // target overwrites a descriptor still to be moved.
+            let mut parked = [0; 3];
+            for (slot, from) in parked.iter_mut().zip([raw, usage_raw, vm_raw]) {
+                *slot = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, PARK_FD);
+                if *slot < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (from, to) in parked.into_iter().zip([CHILD_FD, USAGE_FD, VM_PAGE_FD]) {
+                if libc::dup2(from, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

@@ -67,6 +67,8 @@ pub struct OpenClBackend {
     pub(crate) builds: builds::Builds,
     pub(crate) staging: Arc<staging::Staging>,
     pub(crate) svm: svm::Svm,
+    /// Device memory charged to the VM's quota.
+    pub(crate) quota: Arc<crate::quota::MemoryQuota>,
     /// User events created and not yet given a status: while there are any, a call
     /// that blocks may be waiting for the guest to set one.
     open_user_events: AtomicUsize,
@@ -120,7 +122,11 @@ pub fn platform_names() -> Result<Vec<String>, String> {
 impl OpenClBackend {
     /// Loads the host OpenCL library and picks the platform to expose: the first
     /// whose name contains `wanted`, or the first that is not Hira itself.
-    pub fn new(wanted: Option<&str>, writer: Arc<FrameWriter>) -> Result<Self, String> {
+    pub fn new(
+        wanted: Option<&str>,
+        writer: Arc<FrameWriter>,
+        quota: Arc<crate::quota::MemoryQuota>,
+    ) -> Result<Self, String> {
         let rt = cl3::load_library()
             .as_ref()
             .map_err(|e| format!("cannot load libOpenCL: {e}"))?;
@@ -180,7 +186,8 @@ impl OpenClBackend {
             deferred: Arc::new(deferred::Deferred::new(rt, writer.clone())),
             builds: builds::Builds::default(),
             staging: Arc::new(staging::Staging::default()),
-            svm: svm::Svm::default(),
+            svm: svm::Svm::new(quota.clone()),
+            quota,
             open_user_events: AtomicUsize::new(0),
             writer,
         })

@@ -30,6 +30,9 @@ use crate::server::FrameWriter;
 const CL_SUCCESS: cl_int = 0;
 const CL_OUT_OF_RESOURCES: cl_int = -5;
 const CL_INVALID_VALUE: cl_int = -30;
+const CL_MEM_OBJECT_ALLOCATION_FAILURE: cl_int = -4;
+const CL_MEM_SIZE: u32 = 0x1102;
+const CL_MEM_ASSOCIATED_MEMOBJECT: u32 = 0x1107;
 const CL_INVALID_ARG_SIZE: cl_int = -51;
 const CL_INVALID_ARG_INDEX: cl_int = -49;
 const CL_INVALID_BUFFER_SIZE: cl_int = -61;
@@ -473,6 +476,14 @@ type EventFn = unsafe extern "C" fn(cl_event, cl_int, *mut c_void);
 type MemFn = unsafe extern "C" fn(cl_mem, *mut c_void);
 type DestructorFn = unsafe extern "C" fn(cl_context, *mut c_void);
 
+/// Gives back a memory object's charge when the host destroys it.
+unsafe extern "C" fn uncharge_trampoline(_mem: cl_mem, data: *mut c_void) {
+    // SAFETY: `data` is the box leaked in `charge_mem`, passed to exactly one callback.
+    let (quota, size) =
+        *unsafe { Box::from_raw(data.cast::<(Arc<crate::quota::MemoryQuota>, u64)>()) };
+    quota.uncharge(size);
+}
+
 /// The per-call view of the backend that the generated code works on.
 #[derive(Debug)]
 pub struct Session<'a> {
@@ -567,15 +578,72 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Records a new host object under the guest's id, holding one guest reference.
-    /// A kernel's argument kinds are learnt from the host now.
-    pub fn bind(&self, id: u64, kind: Kind, host: *mut c_void) {
+    /// Records a new host object under the guest's id, holding one guest reference,
+    /// and returns the call's status. A kernel's argument kinds are learnt from the
+    /// host now. A memory object is charged to the VM's quota: over it, the object is
+    /// released at once and the call fails with `CL_MEM_OBJECT_ALLOCATION_FAILURE`.
+    pub fn bind(&self, id: u64, kind: Kind, host: *mut c_void) -> cl_int {
+        if kind == Kind::Mem
+            && let Err(code) = self.charge_mem(host.cast())
+        {
+            self.rt().clReleaseMemObject(host.cast());
+            return code;
+        }
         let signature = (kind == Kind::Kernel).then(|| self.kernel_signature(host));
         let mut h = self.handles();
         h.insert(id, kind, host as usize, 1);
         if let Some(sig) = signature {
             h.kernels.insert(id, sig);
         }
+        CL_SUCCESS
+    }
+
+    /// Charges a new memory object's size (the host's `CL_MEM_SIZE`; a sub-buffer
+    /// uses its parent's memory and costs nothing) and arranges for the charge to be
+    /// given back when the host destroys the object, whoever held it last.
+    fn charge_mem(&self, mem: cl_mem) -> Result<(), cl_int> {
+        let rt = self.rt();
+        let mut parent: cl_mem = std::ptr::null_mut();
+        let mut size: usize = 0;
+        let known = rt.clGetMemObjectInfo(
+            mem,
+            CL_MEM_ASSOCIATED_MEMOBJECT,
+            size_of::<cl_mem>(),
+            (&mut parent as *mut cl_mem).cast(),
+            std::ptr::null_mut(),
+        ) == Some(CL_SUCCESS)
+            && rt.clGetMemObjectInfo(
+                mem,
+                CL_MEM_SIZE,
+                size_of::<usize>(),
+                (&mut size as *mut usize).cast(),
+                std::ptr::null_mut(),
+            ) == Some(CL_SUCCESS);
+        if !known {
+            warn!("the host cannot tell a memory object's size; it is not charged");
+            return Ok(());
+        }
+        if !parent.is_null() || size == 0 {
+            return Ok(());
+        }
+        let quota = self.b.quota.clone();
+        if let Err(over) = quota.charge(size as u64) {
+            warn!(
+                "memory quota: {size} bytes refused ({} of {} held)",
+                over.used, over.quota
+            );
+            return Err(CL_MEM_OBJECT_ALLOCATION_FAILURE);
+        }
+        let charge = Box::into_raw(Box::new((quota, size as u64)));
+        let registered =
+            rt.clSetMemObjectDestructorCallback(mem, Some(uncharge_trampoline), charge.cast());
+        if registered != Some(CL_SUCCESS) {
+            // SAFETY: the callback was not registered, so this is the only owner.
+            let (quota, size) = *unsafe { Box::from_raw(charge) };
+            quota.uncharge(size);
+            warn!("the host cannot report a memory object's end ({registered:?}); not charged");
+        }
+        Ok(())
     }
 
     /// The kinds of a host kernel's arguments, from `clGetKernelArgInfo`.

@@ -10,10 +10,12 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use cl3::OpenCl;
 use opencl_sys::cl_context;
+
+use crate::quota::MemoryQuota;
 
 const CL_INVALID_VALUE: i32 = -30;
 
@@ -24,18 +26,29 @@ struct Alloc {
     context: usize,
 }
 
-/// The session's SVM allocations by guest id.
+/// The session's SVM allocations by guest id, each charged to the VM's quota.
 #[derive(Debug, Default)]
-pub struct Svm(Mutex<HashMap<u64, Alloc>>);
+pub struct Svm {
+    table: Mutex<HashMap<u64, Alloc>>,
+    quota: Arc<MemoryQuota>,
+}
 
 impl Svm {
+    pub fn new(quota: Arc<MemoryQuota>) -> Self {
+        Svm {
+            table: Mutex::default(),
+            quota,
+        }
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Alloc>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Allocates `size` bytes for guest id `id` and returns their host address (the
     /// guest maps its memory at the same address); `CL_INVALID_VALUE` when the host
-    /// refuses (the guest's `clSVMAlloc` then returns NULL, as natively).
+    /// refuses or the VM's memory quota would be exceeded (the guest's `clSVMAlloc`
+    /// then returns NULL, as natively when memory runs out).
     pub fn alloc(
         &self,
         rt: &OpenCl,
@@ -48,7 +61,14 @@ impl Svm {
         if id == 0 || self.table().contains_key(&id) {
             return Err(CL_INVALID_VALUE);
         }
+        if self.quota.charge(size as u64).is_err() {
+            log::warn!("memory quota: an SVM allocation of {size} bytes refused");
+            return Err(CL_INVALID_VALUE);
+        }
         let host = rt.clSVMAlloc(context, flags, size, alignment);
+        if host.is_none_or(|p| p.is_null()) {
+            self.quota.uncharge(size as u64);
+        }
         match host {
             Some(p) if !p.is_null() => {
                 self.table().insert(
@@ -70,6 +90,7 @@ impl Svm {
     pub fn free(&self, rt: &OpenCl, id: u64) -> i32 {
         if let Some(a) = self.table().remove(&id) {
             rt.clSVMFree(a.context as cl_context, a.host as *mut c_void);
+            self.quota.uncharge(a.size as u64);
         }
         0
     }
@@ -96,10 +117,9 @@ impl Svm {
 
     /// Forgets allocation `id`, returning its host address (freed by the host later).
     pub fn take(&self, id: u64) -> Result<*mut c_void, i32> {
-        self.table()
-            .remove(&id)
-            .map(|a| a.host as *mut c_void)
-            .ok_or(CL_INVALID_VALUE)
+        let a = self.table().remove(&id).ok_or(CL_INVALID_VALUE)?;
+        self.quota.uncharge(a.size as u64);
+        Ok(a.host as *mut c_void)
     }
 
     /// Frees everything the guest left; returns how many.
@@ -107,6 +127,7 @@ impl Svm {
         let all: Vec<Alloc> = self.table().drain().map(|(_, a)| a).collect();
         for a in &all {
             rt.clSVMFree(a.context as cl_context, a.host as *mut c_void);
+            self.quota.uncharge(a.size as u64);
         }
         all.len()
     }

@@ -9,6 +9,7 @@ mod malformed;
 mod piglit;
 mod programs;
 mod pyopencl;
+mod quota;
 mod shim;
 mod support;
 mod vm;

@@ -34,15 +34,22 @@ pub fn ensure_built() {
     BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.current_dir(workspace())
-            .args(["build", "-p", "hira-opencl", "-p", "hira-api-server"]);
+        cmd.current_dir(workspace()).args([
+            "build",
+            "-p",
+            "hira-opencl",
+            "-p",
+            "hira-api-server",
+            "-p",
+            "hira-ctl",
+        ]);
         if bin_dir().ends_with("release") {
             cmd.arg("--release");
         }
         let status = cmd.status().expect("cargo runs");
         assert!(
             status.success(),
-            "building hira-opencl and hira-api-server failed"
+            "building hira-opencl, hira-api-server and hira-ctl failed"
         );
         assert!(shim().is_file(), "{} was not built", shim().display());
     });
@@ -183,15 +190,20 @@ impl Daemon {
 
     /// Starts the daemon with extra environment variables and flags, and waits for its
     /// readiness notification (sd_notify `READY=1`), sent once every listener is bound.
+    /// A VM given as `NAME,OPTIONS` gets its listener with those options
+    /// (`q,mem-quota=8M`).
     pub fn start_with(vms: &[&str], env: &[(&str, &str)], flags: &[&str]) -> Daemon {
         ensure_built();
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("daemon.log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
         for vm in vms {
+            let (name, options) = vm
+                .split_once(',')
+                .map_or((*vm, String::new()), |(n, o)| (n, format!(",{o}")));
             cmd.arg("--local-socket").arg(format!(
-                "{vm}={}",
-                dir.path().join(format!("{vm}.sock")).display()
+                "{name}={}{options}",
+                dir.path().join(format!("{name}.sock")).display()
             ));
         }
         cmd.args(flags)
@@ -326,6 +338,16 @@ impl Daemon {
             self.log_text()
         );
         a["status"]["ended"].as_array().unwrap().clone()
+    }
+
+    /// Runs `hira-ctl --socket <this daemon's control socket> ARGS`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(bin_dir().join("hira-ctl"))
+            .arg("--socket")
+            .arg(self.dir.path().join("control.sock"))
+            .args(args)
+            .output()
+            .expect("hira-ctl runs")
     }
 
     /// Whether the daemon process is still running.

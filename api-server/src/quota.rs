@@ -1,0 +1,74 @@
+//! Device memory charged to the session's VM.
+//!
+//! Every backend charges what a guest allocates on the device here before (or, where
+//! only the host can tell the size, right after) the allocation, and uncharges it when
+//! the host frees it. The quota and the VM's total live in the VM's page, shared with
+//! the daemon (which sets the quota, live) and with the VM's other API servers, so
+//! one quota covers all of a VM's sessions without a message. The session's own
+//! share is kept in its usage page, so the daemon can give back what a session that
+//! died still held.
+
+use std::sync::Arc;
+
+use hira_protocol::usage::{OverQuota, UsagePage, VmPage};
+
+/// The session's view of its VM's memory quota.
+#[derive(Debug, Default)]
+pub struct MemoryQuota {
+    vm: Option<VmPage>,
+    session: Option<Arc<UsagePage>>,
+}
+
+impl MemoryQuota {
+    /// No VM page (an API server started by hand): nothing is limited.
+    pub fn unlimited() -> Self {
+        Self::default()
+    }
+
+    pub fn new(vm: Option<VmPage>, session: Option<Arc<UsagePage>>) -> Self {
+        MemoryQuota { vm, session }
+    }
+
+    /// Charges `bytes` if the VM stays within its quota.
+    pub fn charge(&self, bytes: u64) -> Result<(), OverQuota> {
+        if let Some(vm) = &self.vm {
+            vm.charge(bytes)?;
+        }
+        if let Some(s) = &self.session {
+            s.memory(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        Ok(())
+    }
+
+    /// Gives back `bytes` charged earlier.
+    pub fn uncharge(&self, bytes: u64) {
+        if let Some(vm) = &self.vm {
+            vm.uncharge(bytes);
+        }
+        if let Some(s) = &self.session {
+            s.memory(-i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_reach_the_vm_and_the_session_page() {
+        let (daemon_vm, fd) = VmPage::create().unwrap();
+        let (daemon_usage, ufd) = UsagePage::create().unwrap();
+        let q = MemoryQuota::new(
+            Some(VmPage::map(&fd).unwrap()),
+            Some(Arc::new(UsagePage::map(&ufd).unwrap())),
+        );
+        daemon_vm.set_quota(Some(1000));
+        q.charge(600).unwrap();
+        assert!(q.charge(600).is_err());
+        assert_eq!(daemon_usage.read().memory, 600, "a refusal charges nothing");
+        q.uncharge(600);
+        assert_eq!((daemon_vm.used(), daemon_usage.read().memory), (0, 0));
+        assert!(MemoryQuota::unlimited().charge(u64::MAX).is_ok());
+    }
+}

@@ -1,0 +1,308 @@
+//! `hira-ctl`: the operator's view of a running `hira-vhost`, through its control
+//! socket (`hira-vhost --control-socket PATH`; one JSON request and answer per line,
+//! see `vhost-device/src/control.rs`).
+//!
+//! - `hira-ctl [--socket PATH] list [--json]`: VMs, their sessions and API servers.
+//! - `hira-ctl set VM mem-quota=SIZE` (`64M`, `2G`, `none`): changes a VM's
+//!   device-memory quota live.
+//! - `hira-ctl top`: a refreshing view of each VM's call rate, data rate and memory.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use serde_json::{Value, json};
+
+/// The control socket the packaged configuration uses.
+const DEFAULT_SOCKET: &str = "/run/hira/control.sock";
+
+/// Talks to a running hira-vhost through its control socket.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// The daemon's control socket (default: $HIRA_CONTROL_SOCKET, else
+    /// /run/hira/control.sock).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Lists VMs with their sessions, API servers, calls and memory.
+    List {
+        /// Print the daemon's whole answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Changes a VM's settings while it runs: `mem-quota=SIZE` (K, M, G, T: binary
+    /// units; `none` removes the quota).
+    Set {
+        vm: String,
+        #[arg(value_name = "KEY=VALUE", required = true)]
+        settings: Vec<String>,
+    },
+    /// A refreshing view of each VM's calls per second, data rate and memory.
+    Top {
+        /// Time between refreshes, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Stop after this many refreshes (default: until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+    },
+}
+
+/// One connection to the control socket.
+struct Control {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Control {
+    fn connect(path: &PathBuf) -> anyhow::Result<Control> {
+        let s = UnixStream::connect(path).with_context(|| {
+            format!(
+                "cannot reach hira-vhost's control socket {} (is the daemon running with --control-socket?)",
+                path.display()
+            )
+        })?;
+        Ok(Control {
+            reader: BufReader::new(s.try_clone()?),
+            writer: s,
+        })
+    }
+
+    fn ask(&mut self, req: &Value) -> anyhow::Result<Value> {
+        writeln!(self.writer, "{req}")?;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("the daemon closed the control socket");
+        }
+        let v: Value = serde_json::from_str(&line).context("the daemon's answer is not JSON")?;
+        if let Some(e) = v.get("error").and_then(Value::as_str) {
+            bail!("{e}");
+        }
+        Ok(v)
+    }
+}
+
+/// `1536` → `1.5 KiB`.
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn quota(v: &Value) -> String {
+    v.as_u64().map_or_else(|| "none".into(), size)
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn s<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn print_list(status: &Value) {
+    let empty = Vec::new();
+    let vms = status["vms"].as_array().unwrap_or(&empty);
+    let sessions = status["sessions"].as_array().unwrap_or(&empty);
+    println!(
+        "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}",
+        "VM", "SESSIONS", "CALLS", "DATA", "MEMORY", "MEM-QUOTA"
+    );
+    for vm in vms {
+        println!(
+            "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}",
+            s(vm, "name"),
+            u(vm, "sessions"),
+            u(vm, "commands"),
+            size(u(vm, "bytes")),
+            size(u(vm, "mem_used")),
+            quota(&vm["mem_quota"]),
+        );
+    }
+    if sessions.is_empty() {
+        println!("\nno live sessions");
+        return;
+    }
+    println!(
+        "\n{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12}",
+        "SESSION", "VM", "PROCESS", "GUEST-PID", "API-SERVER", "CALLS", "MEMORY"
+    );
+    for se in sessions {
+        let api = se
+            .get("api_server_pid")
+            .and_then(Value::as_u64)
+            .map_or_else(|| "-".into(), |p| p.to_string());
+        println!(
+            "{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12}",
+            u(se, "id"),
+            s(se, "vm"),
+            s(se, "process"),
+            u(se, "guest_pid"),
+            api,
+            u(se, "commands"),
+            size(u(se, "memory")),
+        );
+    }
+}
+
+/// `mem-quota=2G` → the `set` request's field.
+fn setting(kv: &str) -> anyhow::Result<(&'static str, Value)> {
+    let (k, v) = kv
+        .split_once('=')
+        .with_context(|| format!("`{kv}` is not KEY=VALUE"))?;
+    match k {
+        "mem-quota" if v == "none" => Ok(("mem_quota", Value::Null)),
+        "mem-quota" => {
+            let bytes = hira_vhost::config::parse_size(v)?;
+            Ok(("mem_quota", json!(bytes)))
+        }
+        other => bail!("unknown setting `{other}` (known: mem-quota)"),
+    }
+}
+
+fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::Result<()> {
+    let mut last: Option<(Instant, Value)> = None;
+    let mut n = 0u64;
+    loop {
+        let status = c.ask(&json!({"cmd": "status"}))?;
+        let now = Instant::now();
+        let mut out = String::from("\x1b[H\x1b[2J");
+        out += &format!(
+            "hira-vhost: {} live sessions, {} API servers crashed   (every {} ms)\n\n",
+            status["sessions"].as_array().map_or(0, Vec::len),
+            u(&status, "api_server_crashes"),
+            interval.as_millis()
+        );
+        out += &format!(
+            "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}\n",
+            "VM", "SESSIONS", "CALLS/S", "DATA/S", "MEMORY", "MEM-QUOTA"
+        );
+        let empty = Vec::new();
+        for vm in status["vms"].as_array().unwrap_or(&empty) {
+            let name = s(vm, "name");
+            let (calls, bytes) = match &last {
+                Some((t, prev)) => {
+                    let secs = now.duration_since(*t).as_secs_f64().max(1e-3);
+                    let before = prev["vms"]
+                        .as_array()
+                        .and_then(|a| a.iter().find(|v| s(v, "name") == name));
+                    let d = |key: &str| {
+                        let b = before.map_or(0, |b| u(b, key));
+                        u(vm, key).saturating_sub(b) as f64 / secs
+                    };
+                    (
+                        format!("{:.0}", d("commands")),
+                        format!("{}/s", size(d("bytes") as u64)),
+                    )
+                }
+                None => ("-".into(), "-".into()),
+            };
+            out += &format!(
+                "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}\n",
+                name,
+                u(vm, "sessions"),
+                calls,
+                bytes,
+                size(u(vm, "mem_used")),
+                quota(&vm["mem_quota"]),
+            );
+        }
+        print!("{out}");
+        std::io::stdout().flush()?;
+        last = Some((now, status));
+        n += 1;
+        if iterations.is_some_and(|max| n >= max) {
+            return Ok(());
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let socket = args
+        .socket
+        .or_else(|| std::env::var_os("HIRA_CONTROL_SOCKET").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+    let mut c = Control::connect(&socket)?;
+    match args.cmd {
+        Cmd::List { json } => {
+            let status = c.ask(&json!({"cmd": "status"}))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print_list(&status);
+            }
+        }
+        Cmd::Set { vm, settings } => {
+            let mut req = json!({"cmd": "set", "vm": vm});
+            for kv in &settings {
+                let (k, v) = setting(kv)?;
+                req[k] = v;
+            }
+            let answer = c.ask(&req)?;
+            let v = &answer["vm"];
+            println!(
+                "VM {}: memory {} of quota {}",
+                s(v, "name"),
+                size(u(v, "mem_used")),
+                quota(&v["mem_quota"])
+            );
+        }
+        Cmd::Top {
+            interval_ms,
+            iterations,
+        } => top(
+            &mut c,
+            Duration::from_millis(interval_ms.max(100)),
+            iterations,
+        )?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(3 << 29), "1.5 GiB");
+        assert_eq!(
+            setting("mem-quota=64M").unwrap(),
+            ("mem_quota", json!(64u64 << 20))
+        );
+        assert_eq!(
+            setting("mem-quota=none").unwrap(),
+            ("mem_quota", Value::Null)
+        );
+        assert!(setting("mem-quota=0").is_err());
+        assert!(
+            setting("share=3")
+                .unwrap_err()
+                .to_string()
+                .contains("known")
+        );
+        assert!(setting("mem-quota").is_err());
+    }
+}
