@@ -7,7 +7,7 @@
 //! - [`backend`]: the [`backend::Backend`] trait, one implementation per host API.
 //! - [`opencl`]: the OpenCL backend: the handle table, the generated dispatch, and
 //!   the few host calls that need hand-written code.
-//! - [`quota`]: device memory charged to the session's VM, against its quota.
+//! - [`account`]: what the session uses, charged to its VM: device memory against the VM's quota, device time, and the VM's scheduling decision.
 //! - [`window`]: the guest's data window mapped into this process.
 //! - [`sandbox`]: namespaces, an unprivileged user, `no_new_privs`, Landlock and a
 //!   seccomp allow-list, entered before the first byte from the guest is read.
@@ -15,9 +15,9 @@
 //! When the session ends, however it ends, every host object the guest still held is
 //! released before the process exits.
 
+pub mod account;
 pub mod backend;
 pub mod opencl;
-pub mod quota;
 pub mod sandbox;
 pub mod server;
 pub mod window;

@@ -20,9 +20,9 @@ use log::{debug, info, warn};
 use thiserror::Error;
 
 use crate::Config;
+use crate::account::Account;
 use crate::backend::{Backend, Fail, FrameData, TeardownReport};
 use crate::opencl::OpenClBackend;
-use crate::quota::MemoryQuota;
 use crate::window::WindowMap;
 
 /// Most guest threads one session may call from at once.
@@ -203,7 +203,7 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         ApiKind::OpenCl => match OpenClBackend::new(
             config.platform.as_deref(),
             writer.clone(),
-            Arc::new(MemoryQuota::new(config.vm_page, config.usage.clone())),
+            Arc::new(Account::new(config.vm_page, config.usage.clone())),
         ) {
             Ok(b) => Arc::new(b),
             Err(e) => {

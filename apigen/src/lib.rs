@@ -955,8 +955,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         }
         let _ = writeln!(
             s,
-            "    s.info_query(\"{}\", {pn} as u32, w, |param: u32, size: size_t, value: *mut c_void, size_ret: *mut size_t| {{\n        // SAFETY: `value` is null or points to `size` writable bytes, `size_ret` to a size_t.\n        unsafe {{ rt.{}({}) }}\n    }})\n}}\n",
+            "    s.info_query(\"{}\", {} as *mut c_void, {pn} as u32, w, |param: u32, size: size_t, value: *mut c_void, size_ret: *mut size_t| {{\n        // SAFETY: `value` is null or points to `size` writable bytes, `size_ret` to a size_t.\n        unsafe {{ rt.{}({}) }}\n    }})\n}}\n",
             f.name,
+            f.args[0].name,
             f.name,
             info_names.join(", ")
         );
@@ -982,6 +983,12 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     } else {
         format!("rt.{}({})", f.name, call_args.join(", "))
     };
+    if f.device {
+        // The VM's scheduling decision: a held command waits on the device for a gate
+        // (a user event of the server's) rather than holding this thread; the
+        // command's event, the guest's or the server's own, measures its device time.
+        s.push_str("    let device__gate = if Session::wait_list_given(&event_wait_list__v, num_events_in_wait_list) { s.admit(command_queue) } else { None };\n    let mut device__wait: Vec<cl_event> = Vec::new();\n    let (num_events_in_wait_list, event_wait_list) = match &device__gate {\n        Some(g) => {\n            device__wait.extend_from_slice(event_wait_list__v.as_deref().unwrap_or_default());\n            device__wait.push(g.event);\n            (num_events_in_wait_list + 1, device__wait.as_ptr())\n        }\n        None => (num_events_in_wait_list, event_wait_list),\n    };\n    let mut event__measure: cl_event = std::ptr::null_mut();\n    let event: *mut cl_event = if event.is_null() { &mut event__measure } else { event };\n");
+    }
     let _ = writeln!(
         s,
         "    // SAFETY: every pointer argument is null or points into a local, the frame or the\n    // session's data window, and covers the size the call accesses, as checked above.\n    let ret = unsafe {{ {call} }}.ok_or(Fail::Status(CL_INVALID_OPERATION))?;"
@@ -1013,6 +1020,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 "if {b}__guest != 0 {{\n    {d}__o.reply(w);\n}} else {{\n    let ev = if {e}__id != 0 {{ {e}__slot }} else {{ {e}__own }};\n    s.defer_output({b}__token, ev, {e}__id == 0, {d}__o);\n}}\n"
             ),
         );
+    }
+    if f.device {
+        s.push_str("    // SAFETY: `event` points to the guest's event slot or the server's own, which\n    // the host wrote (or left null) in the call above.\n    let device__event = unsafe { *event };\n    s.device_command(ret, device__gate, device__event, event__id == 0);\n");
     }
     s.push_str(&indent(&post));
     s.push_str("    w.i32(status);\n");

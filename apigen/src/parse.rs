@@ -138,6 +138,10 @@ pub struct Func {
     pub internal: bool,
     /// The call may wait for the device without a blocking-flag argument saying so.
     pub waits: bool,
+    /// The command uses the device: the API server measures its device time and
+    /// applies the VM's scheduling decision before it reaches the device. Needs
+    /// `command_queue`, `num_events_in_wait_list`, `event_wait_list` and `event`.
+    pub device: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -385,6 +389,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         reports: false,
         internal: false,
         waits: false,
+        device: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -396,7 +401,20 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "reports" => f.reports = true,
             "internal" => f.internal = true,
             "waits" => f.waits = true,
+            "device" => f.device = true,
             other => return Err(format!("unknown flag `{other}`")),
+        }
+    }
+    if f.device {
+        for needed in [
+            "command_queue",
+            "num_events_in_wait_list",
+            "event_wait_list",
+            "event",
+        ] {
+            if !f.args.iter().any(|a| a.name == needed) {
+                return Err(format!("a `device` command needs an argument `{needed}`"));
+            }
         }
     }
     if f.local != (f.opcode == 0) {

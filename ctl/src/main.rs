@@ -3,9 +3,10 @@
 //! see `vhost-device/src/control.rs`).
 //!
 //! - `hira-ctl [--socket PATH] list [--json]`: VMs, their sessions and API servers.
-//! - `hira-ctl set VM mem-quota=SIZE` (`64M`, `2G`, `none`): changes a VM's
-//!   device-memory quota live.
-//! - `hira-ctl top`: a refreshing view of each VM's call rate, data rate and memory.
+//! - `hira-ctl set VM share=N mem-quota=SIZE` (`64M`, `2G`, `none`): changes a VM's
+//!   share of device time and device-memory quota live.
+//! - `hira-ctl top`: a refreshing view of each VM's share of device time, call rate,
+//!   data rate and memory.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -39,14 +40,16 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Changes a VM's settings while it runs: `mem-quota=SIZE` (K, M, G, T: binary
-    /// units; `none` removes the quota).
+    /// Changes a VM's settings while it runs: `share=N` (1-1000, its weight in device
+    /// time against other VMs), `mem-quota=SIZE` (K, M, G, T: binary units; `none`
+    /// removes the quota).
     Set {
         vm: String,
         #[arg(value_name = "KEY=VALUE", required = true)]
         settings: Vec<String>,
     },
-    /// A refreshing view of each VM's calls per second, data rate and memory.
+    /// A refreshing view of each VM's share of device time, calls per second, data
+    /// rate and memory.
     Top {
         /// Time between refreshes, in milliseconds.
         #[arg(long, default_value_t = 1000)]
@@ -124,14 +127,16 @@ fn print_list(status: &Value) {
     let vms = status["vms"].as_array().unwrap_or(&empty);
     let sessions = status["sessions"].as_array().unwrap_or(&empty);
     println!(
-        "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}",
-        "VM", "SESSIONS", "CALLS", "DATA", "MEMORY", "MEM-QUOTA"
+        "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "VM", "SESSIONS", "SHARE", "DEVICE-TIME", "CALLS", "DATA", "MEMORY", "MEM-QUOTA"
     );
     for vm in vms {
         println!(
-            "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}",
+            "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
             s(vm, "name"),
             u(vm, "sessions"),
+            u(vm, "share"),
+            format!("{:.3} s", u(vm, "device_ns") as f64 / 1e9),
             u(vm, "commands"),
             size(u(vm, "bytes")),
             size(u(vm, "mem_used")),
@@ -175,7 +180,8 @@ fn setting(kv: &str) -> anyhow::Result<(&'static str, Value)> {
             let bytes = hira_vhost::config::parse_size(v)?;
             Ok(("mem_quota", json!(bytes)))
         }
-        other => bail!("unknown setting `{other}` (known: mem-quota)"),
+        "share" => Ok(("share", json!(hira_vhost::config::parse_share(v)?))),
+        other => bail!("unknown setting `{other}` (known: share, mem-quota)"),
     }
 }
 
@@ -193,12 +199,37 @@ fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::
             interval.as_millis()
         );
         out += &format!(
-            "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}\n",
-            "VM", "SESSIONS", "CALLS/S", "DATA/S", "MEMORY", "MEM-QUOTA"
+            "{:<16} {:>8} {:>6} {:>9} {:>8} {:>10} {:>12} {:>12} {:>12}\n",
+            "VM",
+            "SESSIONS",
+            "SHARE",
+            "DEVICE%",
+            "DECISION",
+            "CALLS/S",
+            "DATA/S",
+            "MEMORY",
+            "MEM-QUOTA"
         );
         let empty = Vec::new();
-        for vm in status["vms"].as_array().unwrap_or(&empty) {
+        let vms = status["vms"].as_array().unwrap_or(&empty);
+        // Each VM's part of the device time all VMs used since the last refresh.
+        let device_delta = |vm: &Value| -> u64 {
+            let before = last.as_ref().and_then(|(_, prev)| {
+                prev["vms"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|v| s(v, "name") == s(vm, "name")))
+                    .map(|b| u(b, "device_ns"))
+            });
+            u(vm, "device_ns").saturating_sub(before.unwrap_or(u(vm, "device_ns")))
+        };
+        let device_all: u64 = vms.iter().map(device_delta).sum();
+        for vm in vms {
             let name = s(vm, "name");
+            let device = if device_all == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}", 100.0 * device_delta(vm) as f64 / device_all as f64)
+            };
             let (calls, bytes) = match &last {
                 Some((t, prev)) => {
                     let secs = now.duration_since(*t).as_secs_f64().max(1e-3);
@@ -217,9 +248,12 @@ fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::
                 None => ("-".into(), "-".into()),
             };
             out += &format!(
-                "{:<16} {:>8} {:>12} {:>12} {:>12} {:>12}\n",
+                "{:<16} {:>8} {:>6} {:>9} {:>8} {:>10} {:>12} {:>12} {:>12}\n",
                 name,
                 u(vm, "sessions"),
+                u(vm, "share"),
+                device,
+                s(vm, "decision"),
                 calls,
                 bytes,
                 size(u(vm, "mem_used")),
@@ -262,8 +296,9 @@ fn main() -> anyhow::Result<()> {
             let answer = c.ask(&req)?;
             let v = &answer["vm"];
             println!(
-                "VM {}: memory {} of quota {}",
+                "VM {}: share {}, memory {} of quota {}",
                 s(v, "name"),
+                u(v, "share"),
                 size(u(v, "mem_used")),
                 quota(&v["mem_quota"])
             );
@@ -297,8 +332,10 @@ mod tests {
             ("mem_quota", Value::Null)
         );
         assert!(setting("mem-quota=0").is_err());
+        assert_eq!(setting("share=3").unwrap(), ("share", json!(3)));
+        assert!(setting("share=0").is_err());
         assert!(
-            setting("share=3")
+            setting("weight=3")
                 .unwrap_err()
                 .to_string()
                 .contains("known")

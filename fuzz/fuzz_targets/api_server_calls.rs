@@ -72,7 +72,7 @@ fn fixture() -> &'static Fixture {
         // A VM page with a quota, so the charging paths are fuzzed too.
         let (vm, _) = hira_protocol::usage::VmPage::create().unwrap();
         vm.set_quota(Some(1 << 30));
-        let quota = Arc::new(hira_api_server::quota::MemoryQuota::new(Some(vm), None));
+        let quota = Arc::new(hira_api_server::account::Account::new(Some(vm), None));
         let backend = OpenClBackend::new(None, Arc::new(FrameWriter::new(ours)), quota)
             .expect("a host OpenCL platform");
         // SAFETY: a NUL-terminated name and valid flags.

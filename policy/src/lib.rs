@@ -83,8 +83,9 @@ pub trait Scheduler: Send {
 }
 
 /// Which policy, for configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kind {
+    #[default]
     Wfq,
     FixedRate,
     Aimd,
@@ -129,6 +130,8 @@ pub struct Wfq {
     /// busy VM before it is held.
     pub quantum: Nanos,
     vms: BTreeMap<String, WfqVm>,
+    /// The system's virtual time (scaled as `WfqVm::vtime`).
+    system: u128,
 }
 
 #[derive(Debug, Default)]
@@ -144,6 +147,7 @@ impl Default for Wfq {
         Wfq {
             quantum: 20_000_000,
             vms: BTreeMap::new(),
+            system: 0,
         }
     }
 }
@@ -176,25 +180,22 @@ impl Scheduler for Wfq {
             });
             v.vtime += u128::from(r.device_ns) * 1000 / u128::from(share_of(v.share));
         }
-        // Virtual time of the system: the furthest-behind VM that stayed busy.
-        let floor = self
-            .vms
-            .iter()
-            .filter(|(n, v)| v.busy && reports.get(*n).is_some_and(Report::busy))
-            .map(|(_, v)| v.vtime)
-            .min();
+        // A VM that becomes busy starts at the system's virtual time: no credit for
+        // the time it had nothing for the device.
         for (name, v) in &mut self.vms {
             let busy = reports.get(name).is_some_and(Report::busy);
             if busy && !v.busy {
-                // Re-entering: no credit for the time it was idle.
-                if let Some(f) = floor {
-                    v.vtime = v.vtime.max(f);
-                }
+                v.vtime = v.vtime.max(self.system);
             }
             v.busy = busy;
         }
-        // A VM is held while one that is further behind has commands waiting now: the
-        // device never idles for the sake of a VM that has nothing for it.
+        // The system's virtual time follows the furthest-behind busy VM, never back.
+        if let Some(min) = self.vms.values().filter(|v| v.busy).map(|v| v.vtime).min() {
+            self.system = self.system.max(min);
+        }
+        // A VM is held while one that is further behind by more than a quantum has
+        // commands waiting now: the device never idles for the sake of a VM that has
+        // nothing for it. An idle VM that is ahead is held at its next command.
         let waiting: Vec<u128> = self
             .vms
             .iter()
@@ -205,8 +206,7 @@ impl Scheduler for Wfq {
         self.vms
             .iter()
             .map(|(n, v)| {
-                let behind = waiting.iter().any(|&w| w + quantum < v.vtime);
-                let d = if v.busy && behind {
+                let d = if waiting.iter().any(|&w| w + quantum < v.vtime) {
                     Decision::Hold
                 } else {
                     Decision::Run

@@ -10,7 +10,9 @@
 //! received), `bytes` at 8 (their bodies), `rejected` at 16 (frames refused before
 //! execution), `last_opcode` (`u32`) at 24, the opcode of the last request plus one
 //! (0: none yet), `memory` at 32 (device memory the session holds, as charged to its
-//! VM's quota).
+//! VM's quota), `device_ns` at 40 (device time of its finished commands, from the host
+//! API's own timestamps), `in_flight` at 48 (its measured commands enqueued and not
+//! finished), `held` at 56 (those of them held back by the VM's scheduling decision).
 //!
 //! Only the API server writes the page; the daemon only reads numbers from it, so a
 //! compromised API server can misstate its own session's usage and nothing else.
@@ -19,8 +21,11 @@
 //! every API server of that VM: the VM's device-memory quota (the daemon writes it,
 //! live) and the memory its sessions hold together (each API server charges and
 //! uncharges atomically, so sessions of one VM share one quota without a message).
-//! Layout: `quota` at 0 (bytes; 0: none), `used` at 8. Only that VM's API servers map
-//! it, so a compromised one can misstate its own VM's memory and nothing else.
+//! Layout: `quota` at 0 (bytes; 0: none), `used` at 8, the scheduling `decision` at 16
+//! (0: run, 1: hold, 2: delay each command by `delay_ns` at 24), written by the daemon
+//! at each scheduling tick and read by the API servers where commands reach the
+//! device. Only that VM's API servers map it, so a compromised one can misstate its
+//! own VM's memory and ignore its own VM's decisions, and nothing else.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -97,6 +102,29 @@ unsafe fn word<'a>(base: *mut u8, off: usize) -> &'a AtomicU64 {
     unsafe { &*(base.add(off) as *const AtomicU64) }
 }
 
+/// Adds `delta` to a counter, never below zero.
+fn add_signed(w: &AtomicU64, delta: i64) {
+    if delta >= 0 {
+        w.fetch_add(delta as u64, Ordering::Relaxed);
+    } else {
+        let d = delta.unsigned_abs();
+        let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(d))
+        });
+    }
+}
+
+/// A VM's scheduling decision as its page carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Commands reach the device at once.
+    Run,
+    /// Commands wait until the decision changes.
+    Hold,
+    /// Each command waits this many ns.
+    Delay(u64),
+}
+
 /// A mapping of a usage page.
 #[derive(Debug)]
 pub struct UsagePage {
@@ -124,6 +152,12 @@ pub struct Usage {
     pub last_opcode: Option<u16>,
     /// Device memory the session holds, in bytes.
     pub memory: u64,
+    /// Device time of the session's finished commands, in ns.
+    pub device_ns: u64,
+    /// Measured commands enqueued and not finished.
+    pub in_flight: u64,
+    /// Of those, the ones held back by the VM's scheduling decision.
+    pub held: u64,
 }
 
 impl UsagePage {
@@ -163,18 +197,25 @@ impl UsagePage {
         self.u64_at(16).fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Records `delta` bytes more (or fewer) device memory held by the session.
+    /// Records `delta` bytes more (or fewer) device memory held by the session (never
+    /// below zero, whatever order charges and releases arrive in).
     pub fn memory(&self, delta: i64) {
-        let m = self.u64_at(32);
-        if delta >= 0 {
-            m.fetch_add(delta as u64, Ordering::Relaxed);
-        } else {
-            let d = delta.unsigned_abs();
-            // Never below zero, whatever order charges and releases arrive in.
-            let _ = m.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(d))
-            });
-        }
+        add_signed(self.u64_at(32), delta);
+    }
+
+    /// Adds the device time of a finished command (API server; any thread).
+    pub fn device_time(&self, ns: u64) {
+        self.u64_at(40).fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// A measured command was enqueued (`1`) or finished (`-1`).
+    pub fn in_flight(&self, delta: i64) {
+        add_signed(self.u64_at(48), delta);
+    }
+
+    /// A command was held back (`1`) or let through (`-1`).
+    pub fn held(&self, delta: i64) {
+        add_signed(self.u64_at(56), delta);
     }
 
     /// The counters now.
@@ -186,6 +227,9 @@ impl UsagePage {
             rejected: self.u64_at(16).load(Ordering::Relaxed),
             last_opcode: last.checked_sub(1).and_then(|o| u16::try_from(o).ok()),
             memory: self.u64_at(32).load(Ordering::Relaxed),
+            device_ns: self.u64_at(40).load(Ordering::Relaxed),
+            in_flight: self.u64_at(48).load(Ordering::Relaxed),
+            held: self.u64_at(56).load(Ordering::Relaxed),
         }
     }
 }
@@ -274,6 +318,31 @@ impl VmPage {
             })
     }
 
+    /// Sets the scheduling decision (daemon).
+    pub fn set_gate(&self, gate: Gate) {
+        // SAFETY: `base` is this value's mapping; 16 and 24 are aligned and inside it.
+        let (decision, delay) = unsafe { (word(self.base, 16), word(self.base, 24)) };
+        match gate {
+            Gate::Run => decision.store(0, Ordering::Release),
+            Gate::Hold => decision.store(1, Ordering::Release),
+            Gate::Delay(ns) => {
+                delay.store(ns, Ordering::Relaxed);
+                decision.store(2, Ordering::Release);
+            }
+        }
+    }
+
+    /// The scheduling decision now (API servers). Anything unknown reads as `Run`.
+    pub fn gate(&self) -> Gate {
+        // SAFETY: as in `set_gate`.
+        let (decision, delay) = unsafe { (word(self.base, 16), word(self.base, 24)) };
+        match decision.load(Ordering::Acquire) {
+            1 => Gate::Hold,
+            2 => Gate::Delay(delay.load(Ordering::Relaxed)),
+            _ => Gate::Run,
+        }
+    }
+
     /// Gives back `bytes` charged earlier (never below zero).
     pub fn uncharge(&self, bytes: u64) {
         let _ = self
@@ -303,9 +372,16 @@ mod tests {
                 bytes: 120,
                 rejected: 1,
                 last_opcode: Some(9),
-                memory: 0,
+                ..Usage::default()
             }
         );
+        writer.device_time(1500);
+        writer.in_flight(2);
+        writer.in_flight(-1);
+        writer.held(1);
+        writer.held(-5);
+        let u = reader.read();
+        assert_eq!((u.device_ns, u.in_flight, u.held), (1500, 1, 0));
         writer.memory(4096);
         writer.memory(-100_000);
         assert_eq!(reader.read().memory, 0, "never below zero");

@@ -17,7 +17,7 @@ pub enum ConfigError {
     #[error("`{0}` is not KEY=VALUE")]
     NotKeyValue(String),
     #[error(
-        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots, mem-quota)"
+        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots, mem-quota, share)"
     )]
     UnknownKey(String),
     #[error("VM setting `{0}` given twice")]
@@ -47,8 +47,10 @@ pub enum ConfigError {
         "size {0:?} must be a positive number of bytes, optionally with K, M, G or T (binary: 64M, 2G)"
     )]
     BadSize(String),
-    #[error("unknown listener setting `{0}` (known: mem-quota)")]
+    #[error("unknown listener setting `{0}` (known: mem-quota, share)")]
     UnknownListenerKey(String),
+    #[error("share {0:?} must be a number from 1 to 1000")]
+    BadShare(String),
     #[error("socket mode {0:?} must be octal permission bits such as 0660")]
     BadMode(String),
     #[error("no user named {0:?}")]
@@ -72,6 +74,7 @@ impl ConfigError {
             ConfigError::BadWindowSize(_) => "window_mb",
             ConfigError::BadWindowSlots(_) => "window_slots",
             ConfigError::BadSize(_) => "mem_quota",
+            ConfigError::BadShare(_) => "share",
             ConfigError::WindowNeedsVhostUser => "window",
             ConfigError::Transport => "socket",
             ConfigError::BadMode(_) => "socket_mode",
@@ -110,6 +113,14 @@ pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
     n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(bad)
 }
 
+/// Parses a VM's share of the device (its weight against other VMs): 1 to 1000.
+pub fn parse_share(text: &str) -> Result<u32, ConfigError> {
+    text.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=1000).contains(n))
+        .ok_or_else(|| ConfigError::BadShare(text.to_string()))
+}
+
 /// A host-local listener: a Unix socket whose connections belong to one VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalListener {
@@ -117,6 +128,8 @@ pub struct LocalListener {
     pub path: PathBuf,
     /// The VM's device-memory quota in bytes, if this listener sets one.
     pub mem_quota: Option<u64>,
+    /// The VM's share of device time, if this listener sets one.
+    pub share: Option<u32>,
 }
 
 impl Default for LocalListener {
@@ -125,6 +138,7 @@ impl Default for LocalListener {
             vm: "local".into(),
             path: PathBuf::from(DEFAULT_LOCAL_SOCKET),
             mem_quota: None,
+            share: None,
         }
     }
 }
@@ -138,18 +152,19 @@ fn valid_vm_name(n: &str) -> bool {
 impl FromStr for LocalListener {
     type Err = ConfigError;
 
-    /// Parses `[VM=]PATH[,mem-quota=SIZE]`.
+    /// Parses `[VM=]PATH[,mem-quota=SIZE][,share=N]`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let mut parts = s.split(',');
         let s = parts.next().unwrap_or_default();
-        let mut mem_quota = None;
+        let (mut mem_quota, mut share) = (None, None);
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| ConfigError::NotKeyValue(kv.to_string()))?;
             match k {
                 "mem-quota" if mem_quota.is_none() => mem_quota = Some(parse_size(v)?),
-                "mem-quota" => return Err(ConfigError::DuplicateKey(k.to_string())),
+                "share" if share.is_none() => share = Some(parse_share(v)?),
+                "mem-quota" | "share" => return Err(ConfigError::DuplicateKey(k.to_string())),
                 other => return Err(ConfigError::UnknownListenerKey(other.to_string())),
             }
         }
@@ -167,6 +182,7 @@ impl FromStr for LocalListener {
             vm,
             path: PathBuf::from(path),
             mem_quota,
+            share,
         })
     }
 }
@@ -196,6 +212,8 @@ pub struct VmSpec {
     pub window_slots: u64,
     /// The VM's device-memory quota in bytes (none: unlimited).
     pub mem_quota: Option<u64>,
+    /// The VM's share of device time (none: 1).
+    pub share: Option<u32>,
 }
 
 impl VmSpec {
@@ -210,6 +228,7 @@ impl VmSpec {
             vm: self.name.clone(),
             path: PathBuf::from(p),
             mem_quota: self.mem_quota,
+            share: self.share,
         })
     }
 }
@@ -225,6 +244,7 @@ struct VmFields {
     window_mb: Option<String>,
     window_slots: Option<String>,
     mem_quota: Option<String>,
+    share: Option<String>,
 }
 
 impl FromStr for VmSpec {
@@ -246,6 +266,7 @@ impl FromStr for VmSpec {
                 "window-mb" => &mut f.window_mb,
                 "window-slots" => &mut f.window_slots,
                 "mem-quota" => &mut f.mem_quota,
+                "share" => &mut f.share,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -268,6 +289,7 @@ impl VmFields {
             window_mb,
             window_slots,
             mem_quota,
+            share,
         } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
         if !valid_vm_name(&name) {
@@ -314,6 +336,7 @@ impl VmFields {
                 .ok_or(ConfigError::BadWindowSlots(text))?,
         };
         let mem_quota = mem_quota.as_deref().map(parse_size).transpose()?;
+        let share = share.as_deref().map(parse_share).transpose()?;
         Ok(VmSpec {
             name,
             cid,
@@ -321,6 +344,7 @@ impl VmFields {
             window,
             window_slots,
             mem_quota,
+            share,
         })
     }
 }
@@ -339,6 +363,7 @@ impl VmFields {
 /// max_connections_per_listener = 256
 /// max_sessions_per_vm = 64
 /// teardown_grace_ms = 5000
+/// policy = "wfq"                                 # or fixed-rate, aimd, fifo
 ///
 /// [[local]]
 /// vm = "local"
@@ -352,6 +377,7 @@ impl VmFields {
 /// window_mb = 256                   # optional
 /// window_slots = 4                  # optional: sessions holding a slot at once
 /// mem_quota = "2G"                  # optional: the VM's device memory (also [[local]])
+/// share = 3                         # optional: the VM's share of device time (also [[local]])
 /// ```
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -369,6 +395,7 @@ pub struct FileConfig {
     pub max_connections_per_listener: Option<usize>,
     pub max_sessions_per_vm: Option<usize>,
     pub teardown_grace_ms: Option<u64>,
+    pub policy: Option<String>,
     #[serde(default)]
     local: Vec<toml::Spanned<LocalEntry>>,
     #[serde(default)]
@@ -384,6 +411,7 @@ struct LocalEntry {
     vm: Option<String>,
     path: String,
     mem_quota: Option<String>,
+    share: Option<u32>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -397,6 +425,7 @@ struct VmEntry {
     window_mb: Option<u64>,
     window_slots: Option<u64>,
     mem_quota: Option<String>,
+    share: Option<u32>,
 }
 
 impl FileConfig {
@@ -439,6 +468,7 @@ impl FileConfig {
                 };
                 let r = r.and_then(|mut listener| {
                     listener.mem_quota = l.mem_quota.as_deref().map(parse_size).transpose()?;
+                    listener.share = l.share.map(|n| parse_share(&n.to_string())).transpose()?;
                     Ok(listener)
                 });
                 self.at(entry.span(), r)
@@ -461,6 +491,7 @@ impl FileConfig {
                     window_mb: v.window_mb.map(|m| m.to_string()),
                     window_slots: v.window_slots.map(|n| n.to_string()),
                     mem_quota: v.mem_quota.clone(),
+                    share: v.share.map(|n| n.to_string()),
                 }
                 .into_spec();
                 self.at(entry.span(), r)
@@ -563,31 +594,61 @@ pub struct Config {
     /// The control socket, if any.
     pub control: Option<PathBuf>,
     pub sandbox: Sandbox,
+    /// How device time is shared among VMs.
+    pub policy: hira_policy::Kind,
+}
+
+/// One per-VM setting as every listener and VM spec gives it; a VM given two
+/// different values is an error.
+fn per_vm<T: Copy + PartialEq + std::fmt::Debug>(
+    set: impl Iterator<Item = (String, Option<T>)>,
+    what: &str,
+) -> Result<Vec<(String, T)>, String> {
+    let mut out: Vec<(String, T)> = Vec::new();
+    for (vm, value) in set {
+        let Some(x) = value else { continue };
+        match out.iter().find(|(v, _)| *v == vm) {
+            Some((_, other)) if *other != x => {
+                return Err(format!(
+                    "VM {vm:?} is given two {what} ({other:?} and {x:?})"
+                ));
+            }
+            Some(_) => {}
+            None => out.push((vm, x)),
+        }
+    }
+    Ok(out)
 }
 
 impl Config {
-    /// Each VM's memory quota as its listeners and VM specs set it; a VM given two
-    /// different quotas is an error.
+    /// Each VM's memory quota as its listeners and VM specs set it.
     pub fn mem_quotas(&self) -> Result<Vec<(String, u64)>, String> {
-        let set = self
-            .listeners
-            .iter()
-            .map(|l| (&l.vm, l.mem_quota))
-            .chain(self.vhost_user_vms.iter().map(|v| (&v.name, v.mem_quota)));
-        let mut quotas: Vec<(String, u64)> = Vec::new();
-        for (vm, quota) in set {
-            let Some(q) = quota else { continue };
-            match quotas.iter().find(|(v, _)| v == vm) {
-                Some((_, other)) if *other != q => {
-                    return Err(format!(
-                        "VM {vm:?} is given two memory quotas ({other} and {q} bytes)"
-                    ));
-                }
-                Some(_) => {}
-                None => quotas.push((vm.clone(), q)),
-            }
-        }
-        Ok(quotas)
+        per_vm(
+            self.listeners
+                .iter()
+                .map(|l| (l.vm.clone(), l.mem_quota))
+                .chain(
+                    self.vhost_user_vms
+                        .iter()
+                        .map(|v| (v.name.clone(), v.mem_quota)),
+                ),
+            "memory quotas",
+        )
+    }
+
+    /// Each VM's share of device time as its listeners and VM specs set it.
+    pub fn shares(&self) -> Result<Vec<(String, u32)>, String> {
+        per_vm(
+            self.listeners
+                .iter()
+                .map(|l| (l.vm.clone(), l.share))
+                .chain(
+                    self.vhost_user_vms
+                        .iter()
+                        .map(|v| (v.name.clone(), v.share)),
+                ),
+            "shares",
+        )
     }
 }
 
@@ -772,8 +833,8 @@ mod tests {
         assert_eq!((l.vm.as_str(), l.mem_quota), ("vm1", Some(1 << 30)));
         assert_eq!(l.path, PathBuf::from("/run/x.sock"));
         assert_eq!(
-            "vm1=/s,share=3".parse::<LocalListener>(),
-            Err(ConfigError::UnknownListenerKey("share".into()))
+            "vm1=/s,weight=3".parse::<LocalListener>(),
+            Err(ConfigError::UnknownListenerKey("weight".into()))
         );
         assert!("vm1=/s,mem-quota=0".parse::<LocalListener>().is_err());
         let v: VmSpec = "name=q,socket=/s,cid=3,mem-quota=512M".parse().unwrap();

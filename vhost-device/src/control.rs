@@ -12,9 +12,9 @@
 //!   exactly N live sessions whose API servers have started (`"started":false`: in
 //!   their handshake or later).
 //!
-//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null}`: sets a VM's device-memory quota
-//!   live (null: none); answers with the VM's new state. The VM must be one the daemon
-//!   serves.
+//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null,"share":N}`: sets a VM's
+//!   device-memory quota (null: none) and share of device time live; answers with the
+//!   VM's new state. The VM must be one the daemon serves.
 //!
 //! The socket gets the same owner and mode as the guest sockets.
 
@@ -47,6 +47,15 @@ pub struct VmStatus {
     pub mem_used: u64,
     /// The VM's device-memory quota in bytes (null: none).
     pub mem_quota: Option<u64>,
+    /// The VM's share of device time.
+    pub share: u32,
+    /// Device time its sessions' commands used, in ns (ended and live sessions).
+    pub device_ns: u64,
+    /// Its measured commands in flight now, and of those held back by the scheduler.
+    pub in_flight: u64,
+    pub held: u64,
+    /// The scheduler's last decision: run, hold or delay.
+    pub decision: &'static str,
 }
 
 /// A live session with what its API server has counted.
@@ -58,6 +67,8 @@ pub struct SessionStatus {
     pub bytes: u64,
     /// Device memory the session holds, in bytes.
     pub memory: u64,
+    /// Device time its commands used, in ns.
+    pub device_ns: u64,
 }
 
 /// What `status` answers.
@@ -86,6 +97,7 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
                 commands: usage.commands,
                 bytes: usage.bytes,
                 memory: usage.memory,
+                device_ns: usage.device_ns,
             }
         })
         .collect();
@@ -107,15 +119,20 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
 }
 
 fn vm_status(name: String, q: &VmQueue) -> VmStatus {
-    let (commands, bytes) = q.totals();
+    let u = q.usage();
     let (mem_quota, mem_used) = q.memory();
     VmStatus {
         name,
         sessions: q.sessions(),
-        commands,
-        bytes,
+        commands: u.commands,
+        bytes: u.bytes,
         mem_used,
         mem_quota,
+        share: q.share(),
+        device_ns: u.device_ns,
+        in_flight: u.in_flight,
+        held: u.held,
+        decision: q.decision(),
     }
 }
 
@@ -128,25 +145,36 @@ fn set(req: &Value, router: &Router) -> Value {
         let known: Vec<String> = router.snapshot().into_iter().map(|(n, _)| n).collect();
         return json!({ "error": format!("no VM {vm:?} (known: {})", known.join(", ")) });
     };
-    let mut changed = false;
-    if let Some(v) = req.get("mem_quota") {
-        let quota = match v {
-            Value::Null => None,
-            v => match v.as_u64().filter(|&n| n > 0) {
-                Some(n) => Some(n),
-                None => {
-                    return json!({ "error": "mem_quota must be a positive number of bytes or null" });
-                }
-            },
-        };
+    // Everything is checked before anything changes.
+    let quota = match req.get("mem_quota") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(v) => match v.as_u64().filter(|&n| n > 0) {
+            Some(n) => Some(Some(n)),
+            None => {
+                return json!({ "error": "mem_quota must be a positive number of bytes or null" });
+            }
+        },
+    };
+    let share = match req.get("share") {
+        None => None,
+        Some(v) => match v.as_u64().filter(|n| (1..=1000).contains(n)) {
+            Some(n) => Some(n as u32),
+            None => return json!({ "error": "share must be a number from 1 to 1000" }),
+        },
+    };
+    if quota.is_none() && share.is_none() {
+        return json!({ "error": "set needs a setting (known: mem_quota, share)" });
+    }
+    if let Some(quota) = quota {
         if let Err(e) = q.set_mem_quota(quota) {
             return json!({ "error": format!("cannot set the quota: {e}") });
         }
         info!("VM {vm:?}: device-memory quota set to {quota:?} bytes");
-        changed = true;
     }
-    if !changed {
-        return json!({ "error": "set needs a setting (known: mem_quota)" });
+    if let Some(share) = share {
+        q.set_share(share);
+        info!("VM {vm:?}: share set to {share}");
     }
     json!({ "vm": vm_status(vm.to_string(), &q) })
 }

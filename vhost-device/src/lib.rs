@@ -20,6 +20,7 @@ pub mod control;
 pub mod lifecycle;
 pub mod listener;
 pub mod router;
+pub mod scheduler;
 pub mod session;
 pub mod spawn;
 pub mod vsock;
@@ -59,6 +60,17 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             .set_mem_quota(Some(quota))
             .map_err(|e| listener::ListenError::Bind(format!("VM {vm:?} page"), e))?;
         info!("VM {vm:?}: device-memory quota {quota} bytes");
+    }
+    for (vm, share) in config.shares().map_err(listener::ListenError::Config)? {
+        router.vm(&vm).set_share(share);
+        info!("VM {vm:?}: share {share}");
+    }
+    {
+        let (router, kind) = (router.clone(), config.policy);
+        std::thread::Builder::new()
+            .name("scheduler".into())
+            .spawn(move || scheduler::run(router, kind))
+            .map_err(|e| listener::ListenError::Bind("the scheduler thread".into(), e))?;
     }
     let mut created: Vec<PathBuf> = Vec::new();
     let mut listeners = Vec::new();

@@ -72,6 +72,10 @@ struct Args {
     /// before it is killed (default 5000).
     #[arg(long, value_name = "MS")]
     teardown_grace_ms: Option<u64>,
+    /// How VMs share device time: wfq (weighted fair queuing, the default),
+    /// fixed-rate, aimd, or fifo (no policy).
+    #[arg(long, value_name = "POLICY")]
+    policy: Option<String>,
 }
 
 impl TryFrom<Args> for Config {
@@ -171,6 +175,10 @@ impl TryFrom<Args> for Config {
             limits,
             access,
             control: a.control_socket.or(file.control_socket),
+            policy: match a.policy.or(file.policy) {
+                Some(p) => p.parse().map_err(anyhow::Error::msg)?,
+                None => hira_policy::Kind::Wfq,
+            },
             sandbox: Sandbox {
                 user: match a.api_server_user.or(file.api_server_user) {
                     Some(u) => Some(config::parse_sandbox_user(&u)?),

@@ -10,10 +10,10 @@
 //! device, in the API server, with decisions made here.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hira_protocol::usage::{Usage, UsagePage, VmPage};
+use hira_protocol::usage::{Gate, Usage, UsagePage, VmPage};
 
 /// A VM's shared page and the descriptor each of its API servers gets.
 #[derive(Debug)]
@@ -29,9 +29,14 @@ pub struct VmQueue {
     page: Mutex<Option<Arc<SharedVmPage>>>,
     /// The VM's shared data window, if it has one.
     pub window: std::sync::OnceLock<crate::window::VmWindow>,
-    /// Commands and bytes of the VM's ended sessions.
+    /// Commands, bytes and device time of the VM's ended sessions.
     commands: AtomicU64,
     bytes: AtomicU64,
+    device_ns: AtomicU64,
+    /// The VM's share of device time (0 reads as 1).
+    share: AtomicU32,
+    /// The scheduler's last decision for the VM: 0 run, 1 hold, 2 delay.
+    decision: AtomicU32,
     sessions: AtomicUsize,
     /// The usage pages of the VM's live sessions, by session id.
     live: Mutex<HashMap<u64, Arc<UsagePage>>>,
@@ -57,6 +62,9 @@ impl Drop for Tracked {
             let u = p.read();
             self.queue.commands.fetch_add(u.commands, Ordering::Relaxed);
             self.queue.bytes.fetch_add(u.bytes, Ordering::Relaxed);
+            self.queue
+                .device_ns
+                .fetch_add(u.device_ns, Ordering::Relaxed);
         }
     }
 }
@@ -89,17 +97,73 @@ impl VmQueue {
 
     /// Commands and bytes of the VM's sessions, ended and live.
     pub fn totals(&self) -> (u64, u64) {
+        let t = self.usage();
+        (t.commands, t.bytes)
+    }
+
+    /// The VM's sessions' counters added up: commands, bytes and device time of ended
+    /// and live sessions; memory, commands in flight and held of live ones.
+    pub fn usage(&self) -> Usage {
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut c, mut b) = (
-            self.commands.load(Ordering::Relaxed),
-            self.bytes.load(Ordering::Relaxed),
-        );
+        let mut t = Usage {
+            commands: self.commands.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            device_ns: self.device_ns.load(Ordering::Relaxed),
+            ..Usage::default()
+        };
         for p in live.values() {
             let u = p.read();
-            c += u.commands;
-            b += u.bytes;
+            t.commands += u.commands;
+            t.bytes += u.bytes;
+            t.device_ns += u.device_ns;
+            t.memory += u.memory;
+            t.in_flight += u.in_flight;
+            t.held += u.held;
         }
-        (c, b)
+        t
+    }
+
+    /// Each live session's counters, by session id.
+    pub fn live_usage(&self) -> Vec<(u64, Usage)> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, p)| (*id, p.read()))
+            .collect()
+    }
+
+    /// The VM's share of device time.
+    pub fn share(&self) -> u32 {
+        self.share.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Sets the VM's share of device time (at least 1); the scheduler uses it from its
+    /// next tick.
+    pub fn set_share(&self, share: u32) {
+        self.share.store(share.max(1), Ordering::Relaxed);
+    }
+
+    /// Writes the scheduler's decision where the VM's API servers apply it.
+    pub fn set_gate(&self, gate: Gate) -> std::io::Result<()> {
+        let code = match gate {
+            Gate::Run => 0,
+            Gate::Hold => 1,
+            Gate::Delay(_) => 2,
+        };
+        if self.decision.swap(code, Ordering::Relaxed) != code || code == 2 {
+            self.page()?.page.set_gate(gate);
+        }
+        Ok(())
+    }
+
+    /// The scheduler's last decision for the VM, as a word.
+    pub fn decision(&self) -> &'static str {
+        match self.decision.load(Ordering::Relaxed) {
+            1 => "hold",
+            2 => "delay",
+            _ => "run",
+        }
     }
 
     /// Takes a session slot if the VM has fewer than `max` sessions.

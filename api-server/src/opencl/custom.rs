@@ -17,8 +17,10 @@ use opencl_sys::{
 use hira_protocol::opencl::ARG_INFO_FOR_SHIM;
 
 use super::Session;
+use super::device_time::{CL_QUEUE_PROFILING_ENABLE, DeviceTime};
 
 const CL_INVALID_VALUE: cl_int = -30;
+const CL_PROFILING_INFO_NOT_AVAILABLE: cl_int = -7;
 const CL_INVALID_PLATFORM: cl_int = -32;
 const CL_INVALID_ARG_VALUE: cl_int = -50;
 const CL_KERNEL_EXEC_INFO_SVM_PTRS: u32 = 0x11B6;
@@ -680,4 +682,85 @@ pub unsafe fn hiraSVMEnqueueFree(
         s.free_when_complete(st, e, bytes, event.is_null());
     }
     status
+}
+
+/// `clCreateCommandQueue` with profiling on, so that the server can time each command;
+/// the guest sees the properties it asked for (see `device_time.rs`).
+///
+/// # Safety
+/// As `clCreateCommandQueue`.
+pub unsafe fn clCreateCommandQueue(
+    s: &mut Session<'_>,
+    context: cl_context,
+    device: cl_device_id,
+    properties: u64,
+    errcode_ret: *mut cl_int,
+) -> Option<cl_command_queue> {
+    let host = DeviceTime::host_properties(properties);
+    #[allow(deprecated)]
+    let q = s
+        .rt()
+        .clCreateCommandQueue(context, device, host, errcode_ret)?;
+    if !q.is_null() {
+        s.device_time()
+            .queue_created(q, properties & CL_QUEUE_PROFILING_ENABLE != 0, None);
+    }
+    Some(q)
+}
+
+/// `clCreateCommandQueueWithProperties` with profiling on; `CL_QUEUE_PROPERTIES_ARRAY`
+/// reads back as the guest gave it.
+///
+/// # Safety
+/// As `clCreateCommandQueueWithProperties`; `properties` null or zero-terminated.
+pub unsafe fn clCreateCommandQueueWithProperties(
+    s: &mut Session<'_>,
+    context: cl_context,
+    device: cl_device_id,
+    properties: *const u64,
+    errcode_ret: *mut cl_int,
+) -> Option<cl_command_queue> {
+    let guest: Vec<u64> = if properties.is_null() {
+        Vec::new()
+    } else {
+        let mut v = Vec::new();
+        // SAFETY: zero-terminated key-value pairs per the contract (the decoder
+        // guarantees the terminator).
+        unsafe {
+            let mut i = 0;
+            loop {
+                let k = *properties.add(i);
+                v.push(k);
+                if k == 0 {
+                    break;
+                }
+                v.push(*properties.add(i + 1));
+                i += 2;
+            }
+        }
+        v
+    };
+    let (host, profiling) = DeviceTime::host_property_list(&guest);
+    let q =
+        s.rt()
+            .clCreateCommandQueueWithProperties(context, device, host.as_ptr(), errcode_ret)?;
+    if !q.is_null() {
+        s.device_time()
+            .queue_created(q, profiling, (!properties.is_null()).then_some(guest));
+    }
+    Some(q)
+}
+
+/// A profiling query on an event of a queue the guest made without profiling gets
+/// the error a host would give (the server turned profiling on for its own timing).
+pub fn clGetEventProfilingInfo(
+    s: &mut Session<'_>,
+    event: cl_event,
+    param_name: u32,
+) -> Result<u32, cl_int> {
+    if s.device_time().event_profiling(event) {
+        Ok(param_name)
+    } else {
+        Err(CL_PROFILING_INFO_NOT_AVAILABLE)
+    }
 }

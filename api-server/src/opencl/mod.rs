@@ -15,6 +15,7 @@
 pub mod builds;
 pub mod custom;
 pub mod deferred;
+pub mod device_time;
 pub mod session;
 pub(crate) mod sizes;
 pub mod staging;
@@ -68,7 +69,9 @@ pub struct OpenClBackend {
     pub(crate) staging: Arc<staging::Staging>,
     pub(crate) svm: svm::Svm,
     /// Device memory charged to the VM's quota.
-    pub(crate) quota: Arc<crate::quota::MemoryQuota>,
+    pub(crate) quota: Arc<crate::account::Account>,
+    /// Device time measured, and the VM's scheduling decision applied.
+    pub(crate) device_time: device_time::DeviceTime,
     /// User events created and not yet given a status: while there are any, a call
     /// that blocks may be waiting for the guest to set one.
     open_user_events: AtomicUsize,
@@ -125,7 +128,7 @@ impl OpenClBackend {
     pub fn new(
         wanted: Option<&str>,
         writer: Arc<FrameWriter>,
-        quota: Arc<crate::quota::MemoryQuota>,
+        quota: Arc<crate::account::Account>,
     ) -> Result<Self, String> {
         let rt = cl3::load_library()
             .as_ref()
@@ -187,6 +190,7 @@ impl OpenClBackend {
             builds: builds::Builds::default(),
             staging: Arc::new(staging::Staging::default()),
             svm: svm::Svm::new(quota.clone()),
+            device_time: device_time::DeviceTime::new(rt, quota.clone()),
             quota,
             open_user_events: AtomicUsize::new(0),
             writer,
@@ -236,6 +240,8 @@ impl Backend for OpenClBackend {
     }
 
     fn teardown(&self) -> TeardownReport {
+        // Nothing may wait for a scheduling decision any more.
+        self.device_time.open_all();
         // SVM allocations go first, while their contexts are alive.
         let svm_freed = self.svm.free_all(self.rt);
         let leftovers = self

@@ -24,6 +24,7 @@ use log::warn;
 use opencl_sys::{cl_context, cl_event, cl_image_desc, cl_int, cl_mem, cl_platform_id, cl_program};
 
 use super::OpenClBackend;
+use super::device_time::HeldGate;
 use crate::backend::{Fail, FrameData};
 use crate::server::FrameWriter;
 
@@ -480,7 +481,7 @@ type DestructorFn = unsafe extern "C" fn(cl_context, *mut c_void);
 unsafe extern "C" fn uncharge_trampoline(_mem: cl_mem, data: *mut c_void) {
     // SAFETY: `data` is the box leaked in `charge_mem`, passed to exactly one callback.
     let (quota, size) =
-        *unsafe { Box::from_raw(data.cast::<(Arc<crate::quota::MemoryQuota>, u64)>()) };
+        *unsafe { Box::from_raw(data.cast::<(Arc<crate::account::Account>, u64)>()) };
     quota.uncharge(size);
 }
 
@@ -1337,11 +1338,38 @@ impl<'a> Session<'a> {
         self.callback(id, mem_trampoline as MemFn)
     }
 
+    /// Whether a wait list is exactly as long as its count says (an inconsistent one is
+    /// left for the host to refuse, and gets no gate added).
+    pub fn wait_list_given(list: &Option<Vec<cl_event>>, n: u32) -> bool {
+        list.as_ref().map_or(0, Vec::len) == n as usize
+    }
+
+    /// The gate a device command must wait behind, if the VM's decision holds it.
+    pub fn admit(&self, queue: opencl_sys::cl_command_queue) -> Option<HeldGate> {
+        self.b.device_time.admit(queue)
+    }
+
+    /// After a device command's host call (see [`super::device_time`]).
+    pub fn device_command(
+        &self,
+        status: cl_int,
+        gate: Option<HeldGate>,
+        event: cl_event,
+        own: bool,
+    ) {
+        self.b.device_time.enqueued(status, gate, event, own);
+    }
+
+    pub fn device_time(&self) -> &super::device_time::DeviceTime {
+        &self.b.device_time
+    }
+
     /// Runs an info query and replies with its whole value, host objects rewritten as
     /// ids. `query(param, size, value, size_ret)` calls the host function.
     pub fn info_query(
         &self,
         function: &str,
+        object: *mut c_void,
         param: u32,
         w: &mut Writer,
         mut query: impl FnMut(u32, usize, *mut c_void, *mut usize) -> Option<cl_int>,
@@ -1384,6 +1412,11 @@ impl<'a> Session<'a> {
         }
         if function == "clGetProgramBuildInfo" && param == CL_PROGRAM_BUILD_OPTIONS {
             self.b.builds.guest_options(&mut buf);
+        }
+        if function == "clGetCommandQueueInfo" {
+            self.b
+                .device_time
+                .guest_queue_info(object.cast(), param, &mut buf);
         }
         w.i32(CL_SUCCESS).bytes(&buf);
         Ok(())

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use cl3::OpenCl;
 use opencl_sys::cl_context;
 
-use crate::quota::MemoryQuota;
+use crate::account::Account;
 
 const CL_INVALID_VALUE: i32 = -30;
 
@@ -30,11 +30,11 @@ struct Alloc {
 #[derive(Debug, Default)]
 pub struct Svm {
     table: Mutex<HashMap<u64, Alloc>>,
-    quota: Arc<MemoryQuota>,
+    quota: Arc<Account>,
 }
 
 impl Svm {
-    pub fn new(quota: Arc<MemoryQuota>) -> Self {
+    pub fn new(quota: Arc<Account>) -> Self {
         Svm {
             table: Mutex::default(),
             quota,

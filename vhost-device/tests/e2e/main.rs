@@ -10,6 +10,7 @@ mod piglit;
 mod programs;
 mod pyopencl;
 mod quota;
+mod scheduling;
 mod shim;
 mod support;
 mod vm;

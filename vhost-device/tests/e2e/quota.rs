@@ -152,7 +152,8 @@ fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
 
     // Bad requests get clear errors and change nothing.
     for (args, says) in [
-        (&["set", "q", "share=3"][..], "unknown setting"),
+        (&["set", "q", "weight=3"][..], "unknown setting"),
+        (&["set", "q", "share=0"], "1 to 1000"),
         (&["set", "q", "mem-quota=0"], "positive number"),
         (&["set", "nosuch", "mem-quota=1M"], "no VM"),
     ] {

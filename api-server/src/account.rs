@@ -1,4 +1,4 @@
-//! Device memory charged to the session's VM.
+//! What the session uses, charged to its VM, and the VM's scheduling decision.
 //!
 //! Every backend charges what a guest allocates on the device here before (or, where
 //! only the host can tell the size, right after) the allocation, and uncharges it when
@@ -7,26 +7,30 @@
 //! one quota covers all of a VM's sessions without a message. The session's own
 //! share is kept in its usage page, so the daemon can give back what a session that
 //! died still held.
+//!
+//! The same way, backends report the device time of finished commands and how many
+//! are in flight or held, and read the VM's scheduling decision (run, hold, delay),
+//! which the daemon's scheduler writes into the VM's page.
 
 use std::sync::Arc;
 
-use hira_protocol::usage::{OverQuota, UsagePage, VmPage};
+use hira_protocol::usage::{Gate, OverQuota, UsagePage, VmPage};
 
-/// The session's view of its VM's memory quota.
+/// The session's view of its VM's page and its own usage page.
 #[derive(Debug, Default)]
-pub struct MemoryQuota {
+pub struct Account {
     vm: Option<VmPage>,
     session: Option<Arc<UsagePage>>,
 }
 
-impl MemoryQuota {
+impl Account {
     /// No VM page (an API server started by hand): nothing is limited.
     pub fn unlimited() -> Self {
         Self::default()
     }
 
     pub fn new(vm: Option<VmPage>, session: Option<Arc<UsagePage>>) -> Self {
-        MemoryQuota { vm, session }
+        Account { vm, session }
     }
 
     /// Charges `bytes` if the VM stays within its quota.
@@ -49,6 +53,32 @@ impl MemoryQuota {
             s.memory(-i64::try_from(bytes).unwrap_or(i64::MAX));
         }
     }
+
+    /// The VM's scheduling decision now (`Run` without a VM page).
+    pub fn gate(&self) -> Gate {
+        self.vm.as_ref().map_or(Gate::Run, VmPage::gate)
+    }
+
+    /// Adds a finished command's device time.
+    pub fn device_time(&self, ns: u64) {
+        if let Some(s) = &self.session {
+            s.device_time(ns);
+        }
+    }
+
+    /// A measured command was enqueued (`1`) or finished (`-1`).
+    pub fn in_flight(&self, delta: i64) {
+        if let Some(s) = &self.session {
+            s.in_flight(delta);
+        }
+    }
+
+    /// A command was held back (`1`) or let through (`-1`).
+    pub fn held(&self, delta: i64) {
+        if let Some(s) = &self.session {
+            s.held(delta);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -59,7 +89,7 @@ mod tests {
     fn charges_reach_the_vm_and_the_session_page() {
         let (daemon_vm, fd) = VmPage::create().unwrap();
         let (daemon_usage, ufd) = UsagePage::create().unwrap();
-        let q = MemoryQuota::new(
+        let q = Account::new(
             Some(VmPage::map(&fd).unwrap()),
             Some(Arc::new(UsagePage::map(&ufd).unwrap())),
         );
@@ -69,6 +99,6 @@ mod tests {
         assert_eq!(daemon_usage.read().memory, 600, "a refusal charges nothing");
         q.uncharge(600);
         assert_eq!((daemon_vm.used(), daemon_usage.read().memory), (0, 0));
-        assert!(MemoryQuota::unlimited().charge(u64::MAX).is_ok());
+        assert!(Account::unlimited().charge(u64::MAX).is_ok());
     }
 }

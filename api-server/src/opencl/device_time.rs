@@ -1,0 +1,385 @@
+//! Device time and the VM's scheduling decision, where commands reach the device.
+//!
+//! **Measuring.** Every command queue is created with profiling on, whatever the guest
+//! asked for, so that each kernel's device time comes from the host's own timestamps
+//! (`CL_PROFILING_COMMAND_START`/`END`) without serialising anything: a completion
+//! callback reads them and adds them to the session's usage page, where the daemon's
+//! scheduler finds them. The guest sees the queue it asked for: `CL_QUEUE_PROPERTIES`
+//! without the forced bit, `CL_QUEUE_PROPERTIES_ARRAY` as it gave it, and
+//! `CL_PROFILING_INFO_NOT_AVAILABLE` for the events of a queue it made without
+//! profiling. Where the host cannot give timestamps, the time from enqueue to
+//! completion is charged instead (an upper bound; logged once).
+//!
+//! **Enforcing.** Before a measured command is enqueued, the VM's decision is read from
+//! its page (one atomic load). `Run`: enqueued as is. `Hold` or `Delay`: enqueued behind
+//! a gate, a user event of the server's own added to its wait list, which a gate thread
+//! completes when the decision turns to `Run` (or the delay has passed). The command
+//! waits on the device, not in this process: the session's other calls, other
+//! sessions and the daemon go on, and the guest sees a command that takes longer,
+//! as on a busy device.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cl3::OpenCl;
+use hira_protocol::usage::Gate;
+use log::warn;
+use opencl_sys::{cl_command_queue, cl_event, cl_int};
+
+use crate::account::Account;
+
+pub const CL_QUEUE_PROFILING_ENABLE: u64 = 1 << 1;
+const CL_QUEUE_ON_DEVICE: u64 = 1 << 2;
+pub const CL_QUEUE_PROPERTIES: u64 = 0x1093;
+pub const CL_QUEUE_PROPERTIES_ARRAY: u32 = 0x1098;
+const CL_QUEUE_CONTEXT: u32 = 0x1090;
+const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
+const CL_PROFILING_COMMAND_START: u32 = 0x1282;
+const CL_PROFILING_COMMAND_END: u32 = 0x1283;
+const CL_COMPLETE: cl_int = 0;
+/// How often held commands are looked at.
+const GATE_POLL: Duration = Duration::from_millis(1);
+
+/// What the guest asked of a queue.
+#[derive(Debug, Clone)]
+struct QueueInfo {
+    profiling: bool,
+    /// The property list as the guest gave it (`clCreateCommandQueueWithProperties`).
+    properties: Option<Vec<u64>>,
+}
+
+/// A command held back: its gate and when a delay ends.
+#[derive(Debug)]
+struct Held {
+    gate: usize,
+    until: Option<Instant>,
+}
+
+/// The session's device-time measurement and enforcement.
+pub struct DeviceTime {
+    rt: &'static OpenCl,
+    account: Arc<Account>,
+    queues: Mutex<HashMap<usize, QueueInfo>>,
+    held: Arc<(Mutex<Vec<Held>>, Condvar)>,
+    gate_thread: OnceLock<()>,
+}
+
+impl std::fmt::Debug for DeviceTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTime").finish_non_exhaustive()
+    }
+}
+
+/// What a completion callback needs.
+struct Measure {
+    rt: &'static OpenCl,
+    account: Arc<Account>,
+    enqueued: Instant,
+}
+
+static NO_TIMESTAMPS: AtomicBool = AtomicBool::new(false);
+
+unsafe extern "C" fn measured(event: cl_event, status: cl_int, data: *mut c_void) {
+    // SAFETY: `data` is the box leaked in `DeviceTime::measure`, passed to exactly one
+    // callback.
+    let m = unsafe { Box::from_raw(data.cast::<Measure>()) };
+    let stamp = |param: u32| {
+        let mut t: u64 = 0;
+        (m.rt.clGetEventProfilingInfo(
+            event,
+            param,
+            size_of::<u64>(),
+            (&mut t as *mut u64).cast(),
+            std::ptr::null_mut(),
+        ) == Some(0))
+        .then_some(t)
+    };
+    let ns = match (
+        stamp(CL_PROFILING_COMMAND_START),
+        stamp(CL_PROFILING_COMMAND_END),
+    ) {
+        (Some(start), Some(end)) if end >= start => end - start,
+        _ => {
+            if status == CL_COMPLETE && !NO_TIMESTAMPS.swap(true, Ordering::Relaxed) {
+                warn!(
+                    "the host gives no profiling timestamps; charging enqueue-to-completion time"
+                );
+            }
+            m.enqueued.elapsed().as_nanos() as u64
+        }
+    };
+    m.account.device_time(ns);
+    m.account.in_flight(-1);
+}
+
+impl DeviceTime {
+    pub fn new(rt: &'static OpenCl, account: Arc<Account>) -> Self {
+        DeviceTime {
+            rt,
+            account,
+            queues: Mutex::default(),
+            held: Arc::default(),
+            gate_thread: OnceLock::new(),
+        }
+    }
+
+    fn queues(&self) -> std::sync::MutexGuard<'_, HashMap<usize, QueueInfo>> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The host properties for a queue the guest asked for with `props`: profiling on
+    /// (not for on-device queues, which have no events of their own to time).
+    pub fn host_properties(props: u64) -> u64 {
+        if props & CL_QUEUE_ON_DEVICE != 0 {
+            props
+        } else {
+            props | CL_QUEUE_PROFILING_ENABLE
+        }
+    }
+
+    /// The host property list for the guest's (zero-terminated, key-value pairs), and
+    /// whether the guest asked for profiling.
+    pub fn host_property_list(guest: &[u64]) -> (Vec<u64>, bool) {
+        let pairs: Vec<(u64, u64)> = guest
+            .chunks_exact(2)
+            .take_while(|p| p[0] != 0)
+            .map(|p| (p[0], p[1]))
+            .collect();
+        let asked = pairs
+            .iter()
+            .find(|(k, _)| *k == CL_QUEUE_PROPERTIES)
+            .map_or(0, |&(_, v)| v);
+        let mut host: Vec<u64> = Vec::with_capacity(guest.len() + 2);
+        let mut seen = false;
+        for (k, v) in &pairs {
+            if *k == CL_QUEUE_PROPERTIES && !seen {
+                seen = true;
+                host.extend([*k, Self::host_properties(*v)]);
+            } else {
+                host.extend([*k, *v]);
+            }
+        }
+        if !seen {
+            host.extend([CL_QUEUE_PROPERTIES, Self::host_properties(0)]);
+        }
+        host.push(0);
+        (host, asked & CL_QUEUE_PROFILING_ENABLE != 0)
+    }
+
+    /// Records what the guest asked of a new queue.
+    pub fn queue_created(&self, queue: cl_command_queue, profiling: bool, list: Option<Vec<u64>>) {
+        self.queues().insert(
+            queue as usize,
+            QueueInfo {
+                profiling,
+                properties: list,
+            },
+        );
+    }
+
+    /// Whether the guest asked for profiling on `queue` (queues the server never saw
+    /// created are the host's business).
+    pub fn guest_profiling(&self, queue: cl_command_queue) -> bool {
+        self.queues()
+            .get(&(queue as usize))
+            .is_none_or(|q| q.profiling)
+    }
+
+    /// Whether the events of `event`'s queue may be profiled as the guest sees it.
+    pub fn event_profiling(&self, event: cl_event) -> bool {
+        let mut queue: cl_command_queue = std::ptr::null_mut();
+        let found = self.rt.clGetEventInfo(
+            event,
+            CL_EVENT_COMMAND_QUEUE,
+            size_of::<cl_command_queue>(),
+            (&mut queue as *mut cl_command_queue).cast(),
+            std::ptr::null_mut(),
+        ) == Some(0);
+        !found || queue.is_null() || self.guest_profiling(queue)
+    }
+
+    /// Rewrites a queue-info answer to what the guest asked for.
+    pub fn guest_queue_info(&self, queue: cl_command_queue, param: u32, value: &mut Vec<u8>) {
+        let q = self.queues().get(&(queue as usize)).cloned();
+        let Some(q) = q else { return };
+        if u64::from(param) == CL_QUEUE_PROPERTIES && value.len() == 8 && !q.profiling {
+            let v = u64::from_le_bytes(value[..8].try_into().unwrap_or_default());
+            value.copy_from_slice(&(v & !CL_QUEUE_PROFILING_ENABLE).to_le_bytes());
+        }
+        if param == CL_QUEUE_PROPERTIES_ARRAY {
+            *value = q
+                .properties
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+        }
+    }
+
+    /// The gate a command on `queue` must wait behind now, if the VM's decision holds
+    /// or delays it.
+    pub fn admit(&self, queue: cl_command_queue) -> Option<HeldGate> {
+        let until = match self.account.gate() {
+            Gate::Run => return None,
+            Gate::Hold => None,
+            Gate::Delay(ns) => Some(Instant::now() + Duration::from_nanos(ns)),
+        };
+        let mut context: *mut c_void = std::ptr::null_mut();
+        let ok = self.rt.clGetCommandQueueInfo(
+            queue,
+            CL_QUEUE_CONTEXT,
+            size_of::<*mut c_void>(),
+            (&mut context as *mut *mut c_void).cast(),
+            std::ptr::null_mut(),
+        ) == Some(0);
+        let mut err: cl_int = 0;
+        let gate = if ok {
+            self.rt.clCreateUserEvent(context.cast(), &mut err)
+        } else {
+            None
+        };
+        match gate {
+            Some(event) if !event.is_null() && err == 0 => Some(HeldGate { event, until }),
+            _ => {
+                warn!("cannot make a gate ({err}); the command runs at once");
+                None
+            }
+        }
+    }
+
+    /// After a measured command's host call: its gate starts waiting for the decision
+    /// to change, and its event is timed (`own`: the server's, released here).
+    pub fn enqueued(&self, status: cl_int, gate: Option<HeldGate>, event: cl_event, own: bool) {
+        if status != 0 {
+            if let Some(g) = gate {
+                self.rt.clReleaseEvent(g.event);
+            }
+            return;
+        }
+        if let Some(g) = gate {
+            self.account.held(1);
+            self.start_gate_thread();
+            let (list, cv) = &*self.held;
+            list.lock().unwrap_or_else(|e| e.into_inner()).push(Held {
+                gate: g.event as usize,
+                until: g.until,
+            });
+            cv.notify_one();
+        }
+        if event.is_null() {
+            return;
+        }
+        self.account.in_flight(1);
+        let m = Box::into_raw(Box::new(Measure {
+            rt: self.rt,
+            account: self.account.clone(),
+            enqueued: Instant::now(),
+        }));
+        let registered = self
+            .rt
+            .clSetEventCallback(event, CL_COMPLETE, Some(measured), m.cast());
+        if registered != Some(0) {
+            // SAFETY: the callback was not registered, so this is the only owner.
+            drop(unsafe { Box::from_raw(m) });
+            self.account.in_flight(-1);
+        }
+        if own {
+            self.rt.clReleaseEvent(event);
+        }
+    }
+
+    fn start_gate_thread(&self) {
+        self.gate_thread.get_or_init(|| {
+            let (rt, account, held) = (self.rt, self.account.clone(), self.held.clone());
+            let spawned = std::thread::Builder::new()
+                .name("gates".into())
+                .spawn(move || gate_loop(rt, &account, &held));
+            if let Err(e) = spawned {
+                warn!("cannot start the gate thread ({e}); held commands open at teardown");
+            }
+        });
+    }
+
+    /// Opens every gate (the session ends: nothing may wait for a decision any more).
+    pub fn open_all(&self) {
+        let (list, _) = &*self.held;
+        let mut l = list.lock().unwrap_or_else(|e| e.into_inner());
+        for h in l.drain(..) {
+            open(self.rt, &self.account, h.gate);
+        }
+    }
+}
+
+/// A gate made for one command.
+#[derive(Debug)]
+pub struct HeldGate {
+    pub event: cl_event,
+    until: Option<Instant>,
+}
+
+fn open(rt: &OpenCl, account: &Account, gate: usize) {
+    let g = gate as cl_event;
+    rt.clSetUserEventStatus(g, CL_COMPLETE);
+    rt.clReleaseEvent(g);
+    account.held(-1);
+}
+
+/// Opens gates as the VM's decision allows, polling while any is shut.
+fn gate_loop(rt: &'static OpenCl, account: &Account, held: &(Mutex<Vec<Held>>, Condvar)) {
+    let (lock, cv) = held;
+    let mut list = lock.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if list.is_empty() {
+            list = cv.wait(list).unwrap_or_else(|e| e.into_inner());
+            continue;
+        }
+        let gate = account.gate();
+        let now = Instant::now();
+        list.retain(|h| {
+            let opens = match h.until {
+                Some(t) => now >= t,
+                None => gate != Gate::Hold,
+            };
+            if opens {
+                open(rt, account, h.gate);
+            }
+            !opens
+        });
+        list = cv
+            .wait_timeout(list, GATE_POLL)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queues_get_profiling_and_the_guest_keeps_its_list() {
+        assert_eq!(DeviceTime::host_properties(0), CL_QUEUE_PROFILING_ENABLE);
+        assert_eq!(
+            DeviceTime::host_properties(CL_QUEUE_ON_DEVICE),
+            CL_QUEUE_ON_DEVICE
+        );
+        let (host, asked) = DeviceTime::host_property_list(&[0]);
+        assert_eq!(
+            (host, asked),
+            (
+                vec![CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0],
+                false
+            )
+        );
+        let (host, asked) =
+            DeviceTime::host_property_list(&[CL_QUEUE_PROPERTIES, 1, 0x1094, 64, 0]);
+        assert_eq!(host, vec![CL_QUEUE_PROPERTIES, 3, 0x1094, 64, 0]);
+        assert!(!asked);
+        let (_, asked) = DeviceTime::host_property_list(&[CL_QUEUE_PROPERTIES, 2, 0]);
+        assert!(asked);
+    }
+}

@@ -1,0 +1,162 @@
+//! Sharing device time: each kernel's device time is measured from the host's own
+//! profiling timestamps (queues get profiling whatever the guest asked, and the guest
+//! still sees the queue it asked for), and a VM ahead of its share is held where its
+//! commands reach the device until the VM it is ahead of has nothing waiting.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::{Daemon, Vendors, c_program};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `tests/c/busy.c`: one command, one answer.
+struct Busy {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Busy {
+    fn start(mut cmd: Command) -> Busy {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the busy program starts");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut b = Busy {
+            child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(b.line(), "ready");
+        b
+    }
+
+    fn send(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").unwrap();
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        assert!(!l.is_empty(), "the busy program ended early");
+        l.trim().to_string()
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        self.send(cmd);
+        self.line()
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn vm(d: &Daemon, name: &str) -> Value {
+    d.status()["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no VM {name}"))
+}
+
+/// Asks the daemon until `what` holds of VM `name` (the scheduler decides every few
+/// milliseconds; this waits on its answer, not on a guess of time).
+fn wait_for(d: &Daemon, name: &str, what: &str, test: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let v = vm(d, name);
+        if test(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "VM {name} never reached {what}: {v}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn device_time_is_measured_and_queues_look_as_the_guest_made_them() {
+    let d = Daemon::start(&["t"]);
+    let exe = c_program("busy");
+    let native_vendors = Vendors::native();
+    let mut native = Busy::start({
+        let mut c = Command::new(&exe);
+        c.env("OCL_ICD_VENDORS", native_vendors.dir.path());
+        c
+    });
+    let vendors = Vendors::hira();
+    let mut hira = Busy::start(d.guest(&vendors, "t", &exe));
+    // Profiling is on for every host queue; the guest still sees its own queue.
+    let want = native.ask("prof");
+    assert_eq!(hira.ask("prof"), want);
+    assert!(want.ends_with("err -7"), "{want}");
+    // Device time: at least what the guest's own profiling saw of its last launch.
+    let ran = hira.ask("run 30");
+    let ns: u64 = ran.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(ns >= 30_000_000, "{ran}");
+    assert_eq!(hira.ask("once 1000"), "ok");
+    let v = wait_for(&d, "t", "the device time of its launches", |v| {
+        v["device_ns"].as_u64().unwrap() >= ns && v["in_flight"] == 0
+    });
+    let session = d.status()["sessions"][0].clone();
+    assert!(session["device_ns"].as_u64().unwrap() >= ns, "{session}");
+    assert_eq!(v["held"], 0);
+}
+
+#[test]
+fn a_vm_ahead_of_its_share_waits_on_the_device_until_the_other_has_run() {
+    let d = Daemon::start(&["ahead", "behind"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("busy");
+    let mut behind = Busy::start(d.guest(&vendors, "behind", &exe));
+    let mut ahead = Busy::start(d.guest(&vendors, "ahead", &exe));
+    // Alone, "ahead" may use the whole device: it learns how long a launch of 80 ms
+    // or more is, and nobody holds it.
+    let ran = ahead.ask("run 80");
+    let n: u64 = ran.split(' ').nth(1).unwrap().parse().unwrap();
+    assert_eq!(vm(&d, "ahead")["held"], 0);
+    // "behind" now has a launch waiting (on its own user event). It joins at the
+    // system's virtual time, so "ahead" is not held for what it used alone.
+    assert_eq!(behind.ask("gate"), "ok");
+    wait_for(&d, "behind", "a launch in flight", |v| v["in_flight"] == 1);
+    // One more long launch takes "ahead" more than the quantum (20 ms) ahead of a VM
+    // with work waiting: it is held from its next launch on.
+    assert_eq!(ahead.ask(&format!("once {n}")), "ok");
+    wait_for(&d, "ahead", "the hold decision", |v| {
+        v["decision"] == "hold"
+    });
+    ahead.send("once 1000");
+    let v = wait_for(&d, "ahead", "a held launch", |v| v["held"] == 1);
+    assert_eq!(v["decision"], "hold");
+    // "behind" runs its launch and has nothing waiting any more; "ahead" goes on.
+    assert_eq!(behind.ask("open"), "ok");
+    assert_eq!(
+        ahead.line(),
+        "ok",
+        "the held launch ran, with the right result"
+    );
+    let v = wait_for(&d, "ahead", "release", |v| v["held"] == 0);
+    assert_eq!(v["in_flight"], 0);
+    // A share change is live and shown.
+    let o = d.ctl(&["set", "ahead", "share=3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(vm(&d, "ahead")["share"], 3);
+    drop(ahead);
+    drop(behind);
+    d.wait_idle(TIMEOUT);
+}
