@@ -79,6 +79,13 @@ impl Account {
             s.held(delta);
         }
     }
+
+    /// A held command was let through after `ns` ns.
+    pub fn held_for(&self, ns: u64) {
+        if let Some(s) = &self.session {
+            s.held_for(ns);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@
 //! (0: none yet), `memory` at 32 (device memory the session holds, as charged to its
 //! VM's quota), `device_ns` at 40 (device time of its finished commands, from the host
 //! API's own timestamps), `in_flight` at 48 (its measured commands enqueued and not
-//! finished), `held` at 56 (those of them held back by the VM's scheduling decision).
+//! finished), `held` at 56 (those of them held back by the VM's scheduling decision),
+//! `held_ns` at 64 (the time commands spent held: the queue delay the scheduler
+//! added).
 //!
 //! Only the API server writes the page; the daemon only reads numbers from it, so a
 //! compromised API server can misstate its own session's usage and nothing else.
@@ -158,6 +160,8 @@ pub struct Usage {
     pub in_flight: u64,
     /// Of those, the ones held back by the VM's scheduling decision.
     pub held: u64,
+    /// Time commands spent held, in ns.
+    pub held_ns: u64,
 }
 
 impl UsagePage {
@@ -218,6 +222,11 @@ impl UsagePage {
         add_signed(self.u64_at(56), delta);
     }
 
+    /// A held command was let through after `ns` ns.
+    pub fn held_for(&self, ns: u64) {
+        self.u64_at(64).fetch_add(ns, Ordering::Relaxed);
+    }
+
     /// The counters now.
     pub fn read(&self) -> Usage {
         let last = self.last().load(Ordering::Relaxed);
@@ -230,6 +239,7 @@ impl UsagePage {
             device_ns: self.u64_at(40).load(Ordering::Relaxed),
             in_flight: self.u64_at(48).load(Ordering::Relaxed),
             held: self.u64_at(56).load(Ordering::Relaxed),
+            held_ns: self.u64_at(64).load(Ordering::Relaxed),
         }
     }
 }
@@ -380,8 +390,12 @@ mod tests {
         writer.in_flight(-1);
         writer.held(1);
         writer.held(-5);
+        writer.held_for(700);
         let u = reader.read();
-        assert_eq!((u.device_ns, u.in_flight, u.held), (1500, 1, 0));
+        assert_eq!(
+            (u.device_ns, u.in_flight, u.held, u.held_ns),
+            (1500, 1, 0, 700)
+        );
         writer.memory(4096);
         writer.memory(-100_000);
         assert_eq!(reader.read().memory, 0, "never below zero");

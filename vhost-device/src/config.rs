@@ -364,6 +364,7 @@ impl VmFields {
 /// max_sessions_per_vm = 64
 /// teardown_grace_ms = 5000
 /// policy = "wfq"                                 # or fixed-rate, aimd, fifo
+/// metrics_address = "127.0.0.1:9464"             # optional Prometheus endpoint
 ///
 /// [[local]]
 /// vm = "local"
@@ -396,6 +397,7 @@ pub struct FileConfig {
     pub max_sessions_per_vm: Option<usize>,
     pub teardown_grace_ms: Option<u64>,
     pub policy: Option<String>,
+    pub metrics_address: Option<String>,
     #[serde(default)]
     local: Vec<toml::Spanned<LocalEntry>>,
     #[serde(default)]
@@ -596,6 +598,8 @@ pub struct Config {
     pub sandbox: Sandbox,
     /// How device time is shared among VMs.
     pub policy: hira_policy::Kind,
+    /// Where the Prometheus endpoint listens (`HOST:PORT`), if anywhere.
+    pub metrics: Option<String>,
 }
 
 /// One per-VM setting as every listener and VM spec gives it; a VM given two

@@ -54,6 +54,8 @@ pub struct VmStatus {
     /// Its measured commands in flight now, and of those held back by the scheduler.
     pub in_flight: u64,
     pub held: u64,
+    /// Time its commands spent held by the scheduler (queue delay), in ns.
+    pub held_ns: u64,
     /// The scheduler's last decision: run, hold or delay.
     pub decision: &'static str,
 }
@@ -80,6 +82,8 @@ pub struct Status {
     pub api_server_crashes: u64,
     /// How each layer of the API servers' sandbox went on this machine.
     pub sandbox: Vec<String>,
+    /// Where the Prometheus endpoint listens, if it does.
+    pub metrics_address: Option<String>,
 }
 
 /// The daemon's state as the control socket reports it.
@@ -115,6 +119,7 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
             .get()
             .cloned()
             .unwrap_or_default(),
+        metrics_address: crate::metrics::ADDRESS.get().map(ToString::to_string),
     }
 }
 
@@ -132,6 +137,7 @@ fn vm_status(name: String, q: &VmQueue) -> VmStatus {
         device_ns: u.device_ns,
         in_flight: u.in_flight,
         held: u.held,
+        held_ns: u.held_ns,
         decision: q.decision(),
     }
 }

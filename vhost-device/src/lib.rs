@@ -19,6 +19,7 @@ pub mod config;
 pub mod control;
 pub mod lifecycle;
 pub mod listener;
+pub mod metrics;
 pub mod router;
 pub mod scheduler;
 pub mod session;
@@ -95,6 +96,16 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             created.push(socket.clone());
             devices.push((vm.clone(), socket.clone(), l));
         }
+    }
+    if let Some(addr) = &config.metrics {
+        let l = std::net::TcpListener::bind(addr)
+            .map_err(|e| listener::ListenError::Bind(addr.clone(), e))?;
+        if let Ok(a) = l.local_addr() {
+            let _ = metrics::ADDRESS.set(a);
+            info!("metrics on http://{a}/metrics");
+        }
+        let (life, router) = (life.clone(), router.clone());
+        std::thread::spawn(move || metrics::serve(l, life, router));
     }
     if let Some(path) = &config.control {
         let l = listener::bind(path, &config.access)?;

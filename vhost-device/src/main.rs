@@ -76,6 +76,10 @@ struct Args {
     /// fixed-rate, aimd, or fifo (no policy).
     #[arg(long, value_name = "POLICY")]
     policy: Option<String>,
+    /// Serve Prometheus metrics on this address (`HOST:PORT`, port 0: any free port,
+    /// reported by the control socket). Default: none.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_address: Option<String>,
 }
 
 impl TryFrom<Args> for Config {
@@ -175,6 +179,7 @@ impl TryFrom<Args> for Config {
             limits,
             access,
             control: a.control_socket.or(file.control_socket),
+            metrics: a.metrics_address.or(file.metrics_address),
             policy: match a.policy.or(file.policy) {
                 Some(p) => p.parse().map_err(anyhow::Error::msg)?,
                 None => hira_policy::Kind::Wfq,

@@ -33,6 +33,7 @@ pub struct VmQueue {
     commands: AtomicU64,
     bytes: AtomicU64,
     device_ns: AtomicU64,
+    held_ns: AtomicU64,
     /// The VM's share of device time (0 reads as 1).
     share: AtomicU32,
     /// The scheduler's last decision for the VM: 0 run, 1 hold, 2 delay.
@@ -109,6 +110,7 @@ impl VmQueue {
             commands: self.commands.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             device_ns: self.device_ns.load(Ordering::Relaxed),
+            held_ns: self.held_ns.load(Ordering::Relaxed),
             ..Usage::default()
         };
         for p in live.values() {
@@ -116,6 +118,7 @@ impl VmQueue {
             t.commands += u.commands;
             t.bytes += u.bytes;
             t.device_ns += u.device_ns;
+            t.held_ns += u.held_ns;
             t.memory += u.memory;
             t.in_flight += u.in_flight;
             t.held += u.held;

@@ -51,10 +51,11 @@ struct QueueInfo {
     properties: Option<Vec<u64>>,
 }
 
-/// A command held back: its gate and when a delay ends.
+/// A command held back: its gate, since when, and when a delay ends.
 #[derive(Debug)]
 struct Held {
     gate: usize,
+    since: Instant,
     until: Option<Instant>,
 }
 
@@ -266,6 +267,7 @@ impl DeviceTime {
             let (list, cv) = &*self.held;
             list.lock().unwrap_or_else(|e| e.into_inner()).push(Held {
                 gate: g.event as usize,
+                since: Instant::now(),
                 until: g.until,
             });
             cv.notify_one();
@@ -309,7 +311,7 @@ impl DeviceTime {
         let (list, _) = &*self.held;
         let mut l = list.lock().unwrap_or_else(|e| e.into_inner());
         for h in l.drain(..) {
-            open(self.rt, &self.account, h.gate);
+            open(self.rt, &self.account, &h);
         }
     }
 }
@@ -321,10 +323,11 @@ pub struct HeldGate {
     until: Option<Instant>,
 }
 
-fn open(rt: &OpenCl, account: &Account, gate: usize) {
-    let g = gate as cl_event;
+fn open(rt: &OpenCl, account: &Account, h: &Held) {
+    let g = h.gate as cl_event;
     rt.clSetUserEventStatus(g, CL_COMPLETE);
     rt.clReleaseEvent(g);
+    account.held_for(h.since.elapsed().as_nanos() as u64);
     account.held(-1);
 }
 
@@ -345,7 +348,7 @@ fn gate_loop(rt: &'static OpenCl, account: &Account, held: &(Mutex<Vec<Held>>, C
                 None => gate != Gate::Hold,
             };
             if opens {
-                open(rt, account, h.gate);
+                open(rt, account, h);
             }
             !opens
         });

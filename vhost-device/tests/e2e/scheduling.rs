@@ -160,3 +160,60 @@ fn a_vm_ahead_of_its_share_waits_on_the_device_until_the_other_has_run() {
     drop(behind);
     d.wait_idle(TIMEOUT);
 }
+
+/// A GET on the metrics endpoint: status line and body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).expect("the metrics endpoint accepts");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of the metric line that starts with `prefix`.
+fn metric(body: &str, prefix: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{body}"))
+}
+
+#[test]
+fn prometheus_metrics_show_each_vms_device_time_memory_and_share() {
+    let d = Daemon::start_with(
+        &["m,share=2,mem-quota=64M"],
+        &[],
+        &["--metrics-address", "127.0.0.1:0"],
+    );
+    let addr = d.status()["metrics_address"]
+        .as_str()
+        .expect("the control socket names the metrics address")
+        .to_string();
+    let vendors = Vendors::hira();
+    let mut g = Busy::start(d.guest(&vendors, "m", &c_program("busy")));
+    let ran = g.ask("run 5");
+    let ns: f64 = ran.rsplit(' ').next().unwrap().parse().unwrap();
+    wait_for(&d, "m", "its device time", |v| {
+        v["device_ns"].as_f64().unwrap() >= ns && v["in_flight"] == 0
+    });
+    let (status, body) = http_get(&addr, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert!(metric(&body, "hira_vm_device_seconds_total{vm=\"m\"}") >= ns / 1e9);
+    assert_eq!(metric(&body, "hira_vm_share{vm=\"m\"}"), 2.0);
+    assert_eq!(metric(&body, "hira_vm_sessions{vm=\"m\"}"), 1.0);
+    assert_eq!(
+        metric(&body, "hira_vm_memory_quota_bytes{vm=\"m\"}"),
+        64.0 * 1048576.0
+    );
+    // The busy program holds one 4-byte buffer.
+    assert_eq!(metric(&body, "hira_vm_memory_bytes{vm=\"m\"}"), 4.0);
+    assert!(metric(&body, "hira_session_device_seconds_total{vm=\"m\"") >= ns / 1e9);
+    let (status, _) = http_get(&addr, "/other");
+    assert!(status.contains("404"), "{status}");
+    drop(g);
+    d.wait_idle(TIMEOUT);
+}

@@ -1,0 +1,184 @@
+//! The opt-in Prometheus endpoint (`--metrics-address ADDR`): the same per-VM and
+//! per-session figures as the control socket, in the OpenMetrics text format, encoded
+//! with `prometheus-client`.
+//!
+//! Each scrape reads the daemon's state fresh (usage pages, VM pages), so the figures
+//! are as current as the control socket's. The HTTP side is a few lines on a
+//! `TcpListener` rather than a web framework: the endpoint answers one fixed `GET
+//! /metrics` with a bounded request and a read timeout, which is all a scraper needs
+//! and far less code exposed on a port.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use log::{debug, warn};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::control;
+use crate::lifecycle::Lifecycle;
+use crate::router::Router;
+
+/// Where the endpoint listens, once bound (the control socket reports it).
+pub static ADDRESS: OnceLock<SocketAddr> = OnceLock::new();
+
+/// Longest request accepted.
+const MAX_REQUEST: usize = 8192;
+
+type Labels = Vec<(String, String)>;
+
+fn counter(r: &mut Registry, name: &str, help: &str) -> Family<Labels, Counter> {
+    let f = Family::<Labels, Counter>::default();
+    r.register(name, help, f.clone());
+    f
+}
+
+fn seconds(r: &mut Registry, name: &str, help: &str) -> Family<Labels, Counter<f64, AtomicU64>> {
+    let f = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    r.register(name, help, f.clone());
+    f
+}
+
+fn gauge(r: &mut Registry, name: &str, help: &str) -> Family<Labels, Gauge> {
+    let f = Family::<Labels, Gauge>::default();
+    r.register(name, help, f.clone());
+    f
+}
+
+fn i(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The daemon's figures in the OpenMetrics text format.
+pub fn render(life: &Lifecycle, router: &Router) -> String {
+    let status = control::status(life, router);
+    let mut r = Registry::with_prefix("hira");
+    let sessions = gauge(
+        &mut r,
+        "vm_sessions",
+        "Live sessions (API servers) of the VM",
+    );
+    let commands = counter(&mut r, "vm_commands", "Commands the VM's sessions sent");
+    let bytes = counter(&mut r, "vm_bytes", "Request bytes the VM's sessions sent");
+    let device = seconds(
+        &mut r,
+        "vm_device_seconds",
+        "Device time of the VM's kernels",
+    );
+    let held_s = seconds(
+        &mut r,
+        "vm_held_seconds",
+        "Time the VM's kernels were held by the scheduler (queue delay)",
+    );
+    let in_flight = gauge(
+        &mut r,
+        "vm_in_flight",
+        "The VM's kernels enqueued and not finished",
+    );
+    let held = gauge(
+        &mut r,
+        "vm_held",
+        "The VM's kernels held by the scheduler now",
+    );
+    let memory = gauge(&mut r, "vm_memory_bytes", "Device memory the VM holds");
+    let quota = gauge(
+        &mut r,
+        "vm_memory_quota_bytes",
+        "The VM's device-memory quota (absent: none)",
+    );
+    let share = gauge(&mut r, "vm_share", "The VM's share of device time");
+    let s_device = seconds(
+        &mut r,
+        "session_device_seconds",
+        "Device time of a live session",
+    );
+    let s_memory = gauge(
+        &mut r,
+        "session_memory_bytes",
+        "Device memory a live session holds",
+    );
+    let s_commands = counter(&mut r, "session_commands", "Commands a live session sent");
+    let crashes = counter(&mut r, "api_server_crashes", "API servers that crashed");
+    for vm in &status.vms {
+        let l = vec![("vm".to_string(), vm.name.clone())];
+        sessions.get_or_create(&l).set(vm.sessions as i64);
+        commands.get_or_create(&l).inc_by(vm.commands);
+        bytes.get_or_create(&l).inc_by(vm.bytes);
+        device.get_or_create(&l).inc_by(vm.device_ns as f64 / 1e9);
+        held_s.get_or_create(&l).inc_by(vm.held_ns as f64 / 1e9);
+        in_flight.get_or_create(&l).set(i(vm.in_flight));
+        held.get_or_create(&l).set(i(vm.held));
+        memory.get_or_create(&l).set(i(vm.mem_used));
+        if let Some(q) = vm.mem_quota {
+            quota.get_or_create(&l).set(i(q));
+        }
+        share.get_or_create(&l).set(i64::from(vm.share));
+    }
+    for s in &status.sessions {
+        let l = vec![
+            ("vm".to_string(), s.session.vm.clone()),
+            ("session".to_string(), s.session.id.to_string()),
+            ("process".to_string(), s.session.process.clone()),
+        ];
+        s_device.get_or_create(&l).inc_by(s.device_ns as f64 / 1e9);
+        s_memory.get_or_create(&l).set(i(s.memory));
+        s_commands.get_or_create(&l).inc_by(s.commands);
+    }
+    crashes
+        .get_or_create(&Vec::new())
+        .inc_by(status.api_server_crashes);
+    let mut out = String::new();
+    if encode(&mut out, &r).is_err() {
+        warn!("metrics: encoding failed");
+    }
+    out
+}
+
+fn answer(mut stream: TcpStream, life: &Lifecycle, router: &Router) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut req = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 || req.len() + n > MAX_REQUEST {
+            return Ok(());
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let line = req.split(|&b| b == b'\r').next().unwrap_or_default();
+    let (status, kind, body) = if line.starts_with(b"GET /metrics ") {
+        (
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            render(life, router),
+        )
+    } else {
+        ("404 Not Found", "text/plain", "only GET /metrics\n".into())
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Serves the endpoint until the daemon exits, one scrape at a time.
+pub fn serve(listener: TcpListener, life: Arc<Lifecycle>, router: Arc<Router>) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(s) => {
+                if let Err(e) = answer(s, &life, &router) {
+                    debug!("metrics client: {e}");
+                }
+            }
+            Err(e) => warn!("metrics accept failed: {e}"),
+        }
+    }
+}
