@@ -15,6 +15,7 @@
 //! All figures are ratios against native runs made in the same invocation.
 
 pub mod env;
+pub mod fairness;
 pub mod measure;
 pub mod overhead;
 pub mod report;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, ensure};
 use clap::{Parser, Subcommand};
-use hira_benches::{env, measure, overhead, report, rodinia, suite};
+use hira_benches::{env, fairness, measure, overhead, report, rodinia, suite};
 
 /// Hira's benchmark harness: every figure is a ratio against native runs made in the
 /// same invocation, alternating native and Hira so that machine noise hits both.
@@ -101,6 +101,17 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/overhead.json")]
         json: PathBuf,
     },
+    /// How the sharing policies divide device time among VMs running 1 ms and 100 ms
+    /// kernels: unfairness per 500 ms and 1 s window, work against FIFO, and a chart
+    /// of a live share change.
+    Fairness {
+        /// Seconds each run lasts.
+        #[arg(long, default_value_t = 8.0)]
+        seconds: f64,
+        /// Directory for results.json, results.md and shares.svg.
+        #[arg(long, default_value = "target/hira-bench/fairness")]
+        out: PathBuf,
+    },
 }
 
 /// Parses `KEY=VALUE`.
@@ -179,6 +190,20 @@ fn main() -> Result<()> {
             calls,
             json,
         } => overhead::overhead(repeats, iterations, calls, &json),
+        Cmd::Fairness { seconds, out } => {
+            let bin = env::build_components()?;
+            let runs = fairness::run(&bin, &out, seconds.max(3.0))?;
+            let md = fairness::markdown(&runs);
+            println!("{md}");
+            std::fs::write(out.join("results.md"), &md)?;
+            std::fs::write(
+                out.join("results.json"),
+                serde_json::to_string_pretty(&fairness::json(&runs))?,
+            )?;
+            std::fs::write(out.join("shares.svg"), fairness::svg(&runs))?;
+            eprintln!("wrote {}/results.{{json,md}} and shares.svg", out.display());
+            Ok(())
+        }
         Cmd::Rodinia {
             src,
             only,

@@ -13,7 +13,10 @@
 //!   device time divided by its share; a VM whose virtual time runs more than a
 //!   quantum ahead of the furthest-behind busy VM is held until that VM catches up. A
 //!   VM that was idle re-enters at the others' virtual time, so idleness earns no
-//!   credit. Nothing to tune but the quantum.
+//!   credit. Device time is known only when a command finishes, so a command already
+//!   dispatched is charged in advance at the VM's recent mean command length (and the
+//!   advance replaced by the measurement when it finishes): a VM running a 100 ms
+//!   kernel is not counted as behind while it runs. Nothing to tune but the quantum.
 //! - [`FixedRate`]: the HIRA design's fixed-rate control: a VM using more than its share
 //!   of recent device time (a sliding window) while others are busy has each of its
 //!   commands delayed by a fixed time (default 50 ms). It needs tuning: a delay much
@@ -48,6 +51,8 @@ pub struct Report {
     pub in_flight: u64,
     /// Commands held back by an earlier decision now.
     pub held: u64,
+    /// Commands that finished since the last report (their time is in `device_ns`).
+    pub finished: u64,
 }
 
 impl Report {
@@ -61,6 +66,11 @@ impl Report {
     /// Whether the VM has commands for the device now.
     pub fn waiting(&self) -> bool {
         self.in_flight > 0 || self.held > 0
+    }
+
+    /// Commands on the device (or queued for it) and not held.
+    pub fn dispatched(&self) -> u64 {
+        self.in_flight.saturating_sub(self.held)
     }
 }
 
@@ -129,6 +139,8 @@ pub struct Wfq {
     /// How far (in device time at share 1) a VM may run ahead of the furthest-behind
     /// busy VM before it is held.
     pub quantum: Nanos,
+    /// How long a VM counts as busy after it last had work for the device.
+    pub grace: Nanos,
     vms: BTreeMap<String, WfqVm>,
     /// The system's virtual time (scaled as `WfqVm::vtime`).
     system: u128,
@@ -140,12 +152,27 @@ struct WfqVm {
     /// Device time / share, in ns (kept as u128 scaled by 1000 for precision).
     vtime: u128,
     busy: bool,
+    /// Recent mean device time of one command, in ns.
+    mean_ns: f64,
+    /// Commands dispatched and not finished now.
+    dispatched: u64,
+    /// When it last had work for the device.
+    last_active: Option<Nanos>,
+}
+
+impl WfqVm {
+    /// Virtual time with dispatched commands charged in advance at the mean length.
+    fn ahead(&self) -> u128 {
+        let advance = self.dispatched as f64 * self.mean_ns * 1000.0 / f64::from(self.share.max(1));
+        self.vtime + advance as u128
+    }
 }
 
 impl Default for Wfq {
     fn default() -> Self {
         Wfq {
             quantum: 20_000_000,
+            grace: 3_000_000,
             vms: BTreeMap::new(),
             system: 0,
         }
@@ -170,7 +197,7 @@ impl Scheduler for Wfq {
 
     fn tick(
         &mut self,
-        _now: Nanos,
+        now: Nanos,
         reports: &BTreeMap<String, Report>,
     ) -> BTreeMap<String, Decision> {
         for (name, r) in reports {
@@ -178,12 +205,29 @@ impl Scheduler for Wfq {
                 share: 1,
                 ..WfqVm::default()
             });
+            if r.busy() {
+                v.last_active = Some(now);
+            }
             v.vtime += u128::from(r.device_ns) * 1000 / u128::from(share_of(v.share));
+            if r.finished > 0 {
+                let mean = r.device_ns as f64 / r.finished as f64;
+                v.mean_ns = if v.mean_ns == 0.0 {
+                    mean
+                } else {
+                    0.7 * v.mean_ns + 0.3 * mean
+                };
+            }
+            v.dispatched = r.dispatched();
         }
         // A VM that becomes busy starts at the system's virtual time: no credit for
-        // the time it had nothing for the device.
-        for (name, v) in &mut self.vms {
-            let busy = reports.get(name).is_some_and(Report::busy);
+        // the time it had nothing for the device. Busy is "active within the grace
+        // period": a VM that launches and waits for each command is briefly idle
+        // between them, and that is not idleness.
+        let grace = self.grace;
+        for v in self.vms.values_mut() {
+            let busy = v
+                .last_active
+                .is_some_and(|t| now.saturating_sub(t) <= grace);
             if busy && !v.busy {
                 v.vtime = v.vtime.max(self.system);
             }
@@ -193,20 +237,20 @@ impl Scheduler for Wfq {
         if let Some(min) = self.vms.values().filter(|v| v.busy).map(|v| v.vtime).min() {
             self.system = self.system.max(min);
         }
-        // A VM is held while one that is further behind by more than a quantum has
-        // commands waiting now: the device never idles for the sake of a VM that has
-        // nothing for it. An idle VM that is ahead is held at its next command.
+        // A VM is held while one that is further behind by more than a quantum is busy:
+        // the device never idles for long for the sake of a VM that has nothing for
+        // it. An idle VM that is ahead is held at its next command.
         let waiting: Vec<u128> = self
             .vms
-            .iter()
-            .filter(|(n, _)| reports.get(*n).is_some_and(Report::waiting))
-            .map(|(_, v)| v.vtime)
+            .values()
+            .filter(|v| v.busy)
+            .map(WfqVm::ahead)
             .collect();
         let quantum = u128::from(self.quantum) * 1000;
         self.vms
             .iter()
             .map(|(n, v)| {
-                let d = if waiting.iter().any(|&w| w + quantum < v.vtime) {
+                let d = if waiting.iter().any(|&w| w + quantum < v.ahead()) {
                     Decision::Hold
                 } else {
                     Decision::Run

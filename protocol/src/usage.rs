@@ -14,7 +14,7 @@
 //! API's own timestamps), `in_flight` at 48 (its measured commands enqueued and not
 //! finished), `held` at 56 (those of them held back by the VM's scheduling decision),
 //! `held_ns` at 64 (the time commands spent held: the queue delay the scheduler
-//! added).
+//! added), `finished` at 72 (measured commands finished).
 //!
 //! Only the API server writes the page; the daemon only reads numbers from it, so a
 //! compromised API server can misstate its own session's usage and nothing else.
@@ -162,6 +162,8 @@ pub struct Usage {
     pub held: u64,
     /// Time commands spent held, in ns.
     pub held_ns: u64,
+    /// Measured commands finished.
+    pub finished: u64,
 }
 
 impl UsagePage {
@@ -210,6 +212,7 @@ impl UsagePage {
     /// Adds the device time of a finished command (API server; any thread).
     pub fn device_time(&self, ns: u64) {
         self.u64_at(40).fetch_add(ns, Ordering::Relaxed);
+        self.u64_at(72).fetch_add(1, Ordering::Relaxed);
     }
 
     /// A measured command was enqueued (`1`) or finished (`-1`).
@@ -240,6 +243,7 @@ impl UsagePage {
             in_flight: self.u64_at(48).load(Ordering::Relaxed),
             held: self.u64_at(56).load(Ordering::Relaxed),
             held_ns: self.u64_at(64).load(Ordering::Relaxed),
+            finished: self.u64_at(72).load(Ordering::Relaxed),
         }
     }
 }

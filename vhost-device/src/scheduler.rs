@@ -29,24 +29,26 @@ pub fn run(router: Arc<Router>, kind: hira_policy::Kind) {
         sched.name()
     );
     let start = Instant::now();
-    // Device time each live session had reported at the last tick.
-    let mut seen: HashMap<(String, u64), u64> = HashMap::new();
+    // Device time and finished commands each live session had reported at the last
+    // tick.
+    let mut seen: HashMap<(String, u64), (u64, u64)> = HashMap::new();
     loop {
         let vms = router.snapshot();
         let live = vms.iter().any(|(_, q)| q.sessions() > 0);
         std::thread::sleep(if live { TICK } else { IDLE_TICK });
         let mut reports = BTreeMap::new();
-        let mut still: HashMap<(String, u64), u64> = HashMap::with_capacity(seen.len());
+        let mut still: HashMap<(String, u64), (u64, u64)> = HashMap::with_capacity(seen.len());
         for (name, q) in &vms {
             sched.set_share(name, q.share());
             let mut r = Report::default();
             for (id, u) in q.live_usage() {
                 let key = (name.clone(), id);
-                let before = seen.get(&key).copied().unwrap_or(0);
-                r.device_ns += u.device_ns.saturating_sub(before);
+                let (ns, done) = seen.get(&key).copied().unwrap_or((0, 0));
+                r.device_ns += u.device_ns.saturating_sub(ns);
+                r.finished += u.finished.saturating_sub(done);
                 r.in_flight += u.in_flight;
                 r.held += u.held;
-                still.insert(key, u.device_ns);
+                still.insert(key, (u.device_ns, u.finished));
             }
             reports.insert(name.clone(), r);
         }
