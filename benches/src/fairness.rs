@@ -347,7 +347,7 @@ pub fn run(bin: &Path, out: &Path, secs: f64) -> Result<Vec<Run>> {
     )?;
     std::fs::create_dir_all(out)?;
     let spin = out.join("spin");
-    compile(&workspace().join("benches/programs/spin.c"), &spin)?;
+    compile(&workspace().join("tests/c/spin.c"), &spin)?;
     let g = |vm: &str, share: u32, kernel_ms: f64| Guest {
         vm: vm.into(),
         share,

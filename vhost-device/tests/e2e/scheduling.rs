@@ -217,3 +217,88 @@ fn prometheus_metrics_show_each_vms_device_time_memory_and_share() {
     drop(g);
     d.wait_idle(TIMEOUT);
 }
+
+/// Each VM's device time now.
+fn device_times(d: &Daemon) -> (f64, f64) {
+    let s = d.status();
+    let t = |name: &str| {
+        s["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .and_then(|v| v["device_ns"].as_f64())
+            .unwrap_or(0.0)
+    };
+    (t("short"), t("long"))
+}
+
+/// The short VM's part of the device time used between two readings.
+fn part(a: (f64, f64), b: (f64, f64)) -> f64 {
+    let (s, l) = (b.0 - a.0, b.1 - a.1);
+    s / (s + l)
+}
+
+#[test]
+fn a_share_changed_with_hira_ctl_while_guests_run_is_followed_within_two_seconds() {
+    let d = Daemon::start(&["short", "long"]);
+    let spin = c_program("spin");
+    let native_vendors = Vendors::native();
+    let calibrate = |ms: &str| -> String {
+        let o = Command::new(&spin)
+            .args(["calibrate", ms])
+            .env("OCL_ICD_VENDORS", native_vendors.dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let (short_n, long_n) = (calibrate("1"), calibrate("100"));
+    let vendors = Vendors::hira();
+    let mut guests: Vec<Child> = [("short", &short_n), ("long", &long_n)]
+        .iter()
+        .map(|(vm, n)| {
+            d.guest(&vendors, vm, &spin)
+                .args([n.as_str(), "12"])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Both are running once both have used the device.
+    wait_for(&d, "short", "device time", |v| {
+        v["device_ns"].as_u64() > Some(0)
+    });
+    wait_for(&d, "long", "device time", |v| {
+        v["device_ns"].as_u64() > Some(0)
+    });
+    let start = Instant::now();
+    let at = |secs: f64| {
+        let until = start + Duration::from_secs_f64(secs);
+        while Instant::now() < until {
+            std::thread::yield_now();
+        }
+        device_times(&d)
+    };
+    // Equal shares: about half each (FIFO gives the 100 ms kernels most of it).
+    let (a, b) = (at(1.0), at(4.0));
+    let before = part(a, b);
+    let o = d.ctl(&["set", "short", "share=3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // From 2 s after the change: about three quarters for the VM with share 3.
+    let (c, e) = (at(6.0), at(9.0));
+    let after = part(c, e);
+    eprintln!("short's part of device time: {before:.3} at share 1:1, {after:.3} at 3:1");
+    for g in &mut guests {
+        assert!(g.wait().unwrap().success(), "a spin guest failed");
+    }
+    assert!(
+        (0.3..=0.65).contains(&before),
+        "equal shares: short had {before:.2}"
+    );
+    assert!(
+        (0.6..=0.9).contains(&after),
+        "share 3:1: short had {after:.2}"
+    );
+    d.wait_idle(TIMEOUT);
+}
