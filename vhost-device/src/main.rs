@@ -80,6 +80,10 @@ struct Args {
     /// reported by the control socket). Default: none.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_address: Option<String>,
+    /// Log lines as `text` (default) or `json` (one object per line: ts, level,
+    /// target, msg). `RUST_LOG` sets the level.
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<String>,
 }
 
 impl TryFrom<Args> for Config {
@@ -211,8 +215,28 @@ fn main() -> anyhow::Result<()> {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = Config::try_from(Args::parse()).context("invalid configuration")?;
+    let args = Args::parse();
+    let mut logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    match args.log_format.as_deref() {
+        None | Some("text") => {}
+        // One JSON object per line, for log shippers.
+        Some("json") => {
+            logger.format(|buf, record| {
+                use std::io::Write;
+                let line = serde_json::json!({
+                    "ts": buf.timestamp_micros().to_string(),
+                    "level": record.level().as_str(),
+                    "target": record.target(),
+                    "msg": record.args().to_string(),
+                });
+                writeln!(buf, "{line}")
+            });
+        }
+        Some(other) => anyhow::bail!("--log-format {other:?}: use text or json"),
+    }
+    logger.init();
+    let config = Config::try_from(args).context("invalid configuration")?;
     hira_vhost::spawn::check_platform(&config)
         .map_err(anyhow::Error::msg)
         .context("invalid configuration")?;

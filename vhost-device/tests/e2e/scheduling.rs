@@ -186,7 +186,21 @@ fn prometheus_metrics_show_each_vms_device_time_memory_and_share() {
     let d = Daemon::start_with(
         &["m,share=2,mem-quota=64M"],
         &[],
-        &["--metrics-address", "127.0.0.1:0"],
+        &["--metrics-address", "127.0.0.1:0", "--log-format", "json"],
+    );
+    // Structured logs: every line one JSON object (written before readiness).
+    let log = d.log_text();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "INFO"
+            && l["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("listening on"))
+            && l["ts"].is_string()),
+        "{log}"
     );
     let addr = d.status()["metrics_address"]
         .as_str()
