@@ -21,6 +21,9 @@ use hira_protocol::usage::{Gate, OverQuota, UsagePage, VmPage};
 pub struct Account {
     vm: Option<VmPage>,
     session: Option<Arc<UsagePage>>,
+    /// Serialises updates of the running commands (several host threads complete
+    /// commands).
+    running: std::sync::Mutex<()>,
 }
 
 impl Account {
@@ -30,7 +33,19 @@ impl Account {
     }
 
     pub fn new(vm: Option<VmPage>, session: Option<Arc<UsagePage>>) -> Self {
-        Account { vm, session }
+        Account {
+            vm,
+            session,
+            running: std::sync::Mutex::new(()),
+        }
+    }
+
+    /// A command started running at `start` (`1`) or one that did stopped (`-1`).
+    pub fn running(&self, start: u64, delta: i64) {
+        if let Some(s) = &self.session {
+            let _g = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            s.running(start, delta);
+        }
     }
 
     /// Charges `bytes` if the VM stays within its quota.

@@ -14,7 +14,10 @@
 //! API's own timestamps), `in_flight` at 48 (its measured commands enqueued and not
 //! finished), `held` at 56 (those of them held back by the VM's scheduling decision),
 //! `held_ns` at 64 (the time commands spent held: the queue delay the scheduler
-//! added), `finished` at 72 (measured commands finished).
+//! added), `finished` at 72 (measured commands finished), and the commands running
+//! now as a count at 88 and the sum of their start times at 96 (CLOCK_MONOTONIC ns),
+//! under a sequence counter at 80 (odd while the API server updates them), so that
+//! the device time of commands still running is known at any moment.
 //!
 //! Only the API server writes the page; the daemon only reads numbers from it, so a
 //! compromised API server can misstate its own session's usage and nothing else.
@@ -114,6 +117,16 @@ fn add_signed(w: &AtomicU64, delta: i64) {
             Some(v.saturating_sub(d))
         });
     }
+}
+
+/// CLOCK_MONOTONIC now, in ns: the clock the usage page's start times use (the same
+/// in every process on the host).
+pub fn monotonic_ns() -> u64 {
+    // SAFETY: a zeroed timespec is a valid out-parameter for clock_gettime.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: CLOCK_MONOTONIC is always available; `t` is valid for writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// A VM's scheduling decision as its page carries it.
@@ -228,6 +241,36 @@ impl UsagePage {
     /// A held command was let through after `ns` ns.
     pub fn held_for(&self, ns: u64) {
         self.u64_at(64).fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// A measured command started running at `start` (CLOCK_MONOTONIC ns; `1`), or one
+    /// that started at `start` stopped (`-1`). Callers serialise their updates.
+    pub fn running(&self, start: u64, delta: i64) {
+        let seq = self.u64_at(80);
+        seq.fetch_add(1, Ordering::AcqRel);
+        add_signed(self.u64_at(88), delta);
+        if delta >= 0 {
+            self.u64_at(96).fetch_add(start, Ordering::Relaxed);
+        } else {
+            add_signed(self.u64_at(96), -(start.min(i64::MAX as u64) as i64));
+        }
+        seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// Device time of the commands running at `now` (CLOCK_MONOTONIC ns) so far.
+    pub fn running_ns(&self, now: u64) -> u64 {
+        for _ in 0..64 {
+            let before = self.u64_at(80).load(Ordering::Acquire);
+            let (n, sum) = (
+                self.u64_at(88).load(Ordering::Acquire),
+                self.u64_at(96).load(Ordering::Acquire),
+            );
+            if before.is_multiple_of(2) && self.u64_at(80).load(Ordering::Acquire) == before {
+                return n.saturating_mul(now).saturating_sub(sum);
+            }
+            std::hint::spin_loop();
+        }
+        0
     }
 
     /// The counters now.
@@ -395,6 +438,13 @@ mod tests {
         writer.held(1);
         writer.held(-5);
         writer.held_for(700);
+        writer.running(1_000, 1);
+        writer.running(4_000, 1);
+        assert_eq!(reader.running_ns(5_000), 4_000 + 1_000);
+        writer.running(1_000, -1);
+        assert_eq!(reader.running_ns(6_000), 2_000);
+        writer.running(4_000, -1);
+        assert_eq!(reader.running_ns(9_000), 0);
         let u = reader.read();
         assert_eq!(
             (u.device_ns, u.in_flight, u.held, u.held_ns),

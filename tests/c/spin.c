@@ -1,8 +1,11 @@
 /* The fairness benchmark's guest: busy kernels of one length, back to back.
  *
  *   spin calibrate MS   prints the iteration count whose launch takes about MS ms
- *   spin N SECONDS      launches N-iteration kernels, clFinish after each, for SECONDS;
- *                       prints the number of launches completed
+ *   spin N SECONDS [DEPTH]
+ *                       launches N-iteration kernels for SECONDS, waiting for each
+ *                       (DEPTH 1, the default) or keeping DEPTH launches queued, so
+ *                       that the guest always has work for the device; prints the
+ *                       number of launches completed
  *
  * Each launch is 8 work-groups of one item, so that it occupies every core of a CPU
  * device, as a kernel occupies a GPU. */
@@ -27,7 +30,7 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 4) return 2;
     cl_platform_id platform;
     cl_device_id device;
     cl_int err;
@@ -64,13 +67,28 @@ int main(int argc, char **argv) {
     }
     cl_uint n = (cl_uint)strtoul(argv[1], NULL, 10);
     double until = now() + atof(argv[2]);
+    int depth = argc == 4 ? atoi(argv[3]) : 1;
+    if (depth < 1 || depth > 16) return 2;
     clSetKernelArg(k, 1, sizeof n, &n);
     unsigned long launches = 0;
-    while (now() < until) {
-        if (clEnqueueNDRangeKernel(q, k, 1, NULL, &global, &local, 0, NULL, NULL)) return 2;
-        if (clFinish(q)) return 2;
-        launches++;
+    cl_event ring[16] = {0};
+    for (unsigned long i = 0; now() < until; i++) {
+        cl_event *slot = &ring[i % depth];
+        if (*slot) {
+            /* The launch DEPTH back has to finish before another is queued. */
+            if (clWaitForEvents(1, slot)) return 2;
+            clReleaseEvent(*slot);
+            launches++;
+        }
+        if (clEnqueueNDRangeKernel(q, k, 1, NULL, &global, &local, 0, NULL, slot)) return 2;
+        clFlush(q);
     }
+    if (clFinish(q)) return 2;
+    for (int i = 0; i < depth; i++)
+        if (ring[i]) {
+            clReleaseEvent(ring[i]);
+            launches++;
+        }
     printf("%lu\n", launches);
     return 0;
 }

@@ -103,8 +103,10 @@ impl VmQueue {
     }
 
     /// The VM's sessions' counters added up: commands, bytes and device time of ended
-    /// and live sessions; memory, commands in flight and held of live ones.
+    /// and live sessions (with the time of commands still running); memory, commands
+    /// in flight and held of live ones.
     pub fn usage(&self) -> Usage {
+        let now = hira_protocol::usage::monotonic_ns();
         let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         let mut t = Usage {
             commands: self.commands.load(Ordering::Relaxed),
@@ -117,7 +119,7 @@ impl VmQueue {
             let u = p.read();
             t.commands += u.commands;
             t.bytes += u.bytes;
-            t.device_ns += u.device_ns;
+            t.device_ns += u.device_ns + p.running_ns(now);
             t.held_ns += u.held_ns;
             t.memory += u.memory;
             t.in_flight += u.in_flight;
@@ -126,7 +128,8 @@ impl VmQueue {
         t
     }
 
-    /// Each live session's counters, by session id.
+    /// Each live session's counters, by session id (device time of finished commands
+    /// only: what the scheduler charges).
     pub fn live_usage(&self) -> Vec<(u64, Usage)> {
         self.live
             .lock()
@@ -225,11 +228,16 @@ impl VmQueue {
 
     /// What live session `id` has counted so far.
     pub fn usage_of(&self, id: u64) -> Option<Usage> {
+        let now = hira_protocol::usage::monotonic_ns();
         self.live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&id)
-            .map(|p| p.read())
+            .map(|p| {
+                let mut u = p.read();
+                u.device_ns += p.running_ns(now);
+                u
+            })
     }
 }
 

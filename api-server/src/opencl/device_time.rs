@@ -4,7 +4,9 @@
 //! asked for, so that each kernel's device time comes from the host's own timestamps
 //! (`CL_PROFILING_COMMAND_START`/`END`) without serialising anything: a completion
 //! callback reads them and adds them to the session's usage page, where the daemon's
-//! scheduler finds them. The guest sees the queue it asked for: `CL_QUEUE_PROPERTIES`
+//! scheduler finds them. A callback on `CL_RUNNING` also records when each command
+//! started, so the device time of commands still running is known at any moment
+//! (reports and metrics move smoothly rather than in steps of whole kernels). The guest sees the queue it asked for: `CL_QUEUE_PROPERTIES`
 //! without the forced bit, `CL_QUEUE_PROPERTIES_ARRAY` as it gave it, and
 //! `CL_PROFILING_INFO_NOT_AVAILABLE` for the events of a queue it made without
 //! profiling. Where the host cannot give timestamps, the time from enqueue to
@@ -20,12 +22,12 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cl3::OpenCl;
-use hira_protocol::usage::Gate;
+use hira_protocol::usage::{Gate, monotonic_ns};
 use log::warn;
 use opencl_sys::{cl_command_queue, cl_event, cl_int};
 
@@ -79,6 +81,33 @@ struct Measure {
     rt: &'static OpenCl,
     account: Arc<Account>,
     enqueued: Instant,
+    /// When the command started running (CLOCK_MONOTONIC ns; 0: not yet, MAX: over).
+    start: Arc<AtomicU64>,
+}
+
+/// What the running callback needs.
+struct Running {
+    account: Arc<Account>,
+    start: Arc<AtomicU64>,
+}
+
+const CL_RUNNING: cl_int = 1;
+
+unsafe extern "C" fn running(_event: cl_event, status: cl_int, data: *mut c_void) {
+    // SAFETY: `data` is the box leaked in `DeviceTime::enqueued`, passed to exactly one
+    // callback (called on CL_RUNNING, or on an abnormal end).
+    let r = unsafe { Box::from_raw(data.cast::<Running>()) };
+    if status != CL_RUNNING {
+        return;
+    }
+    let now = monotonic_ns().max(1);
+    // Only if the command has not finished already.
+    if r.start
+        .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        r.account.running(now, 1);
+    }
 }
 
 static NO_TIMESTAMPS: AtomicBool = AtomicBool::new(false);
@@ -112,6 +141,10 @@ unsafe extern "C" fn measured(event: cl_event, status: cl_int, data: *mut c_void
             m.enqueued.elapsed().as_nanos() as u64
         }
     };
+    let started = m.start.swap(u64::MAX, Ordering::AcqRel);
+    if started != 0 && started != u64::MAX {
+        m.account.running(started, -1);
+    }
     m.account.device_time(ns);
     m.account.in_flight(-1);
 }
@@ -276,10 +309,24 @@ impl DeviceTime {
             return;
         }
         self.account.in_flight(1);
+        let start = Arc::new(AtomicU64::new(0));
+        let r = Box::into_raw(Box::new(Running {
+            account: self.account.clone(),
+            start: start.clone(),
+        }));
+        if self
+            .rt
+            .clSetEventCallback(event, CL_RUNNING, Some(running), r.cast())
+            != Some(0)
+        {
+            // SAFETY: the callback was not registered, so this is the only owner.
+            drop(unsafe { Box::from_raw(r) });
+        }
         let m = Box::into_raw(Box::new(Measure {
             rt: self.rt,
             account: self.account.clone(),
             enqueued: Instant::now(),
+            start,
         }));
         let registered = self
             .rt

@@ -269,11 +269,14 @@ fn a_share_changed_with_hira_ctl_while_guests_run_is_followed_within_two_seconds
     };
     let (short_n, long_n) = (calibrate("1"), calibrate("100"));
     let vendors = Vendors::hira();
-    let mut guests: Vec<Child> = [("short", &short_n), ("long", &long_n)]
+    // The short guest keeps two launches queued, so that it always has work for the
+    // device however slow its round trips on a loaded machine; the long one waits for
+    // each launch, so that a hold takes effect one kernel at a time.
+    let mut guests: Vec<Child> = [("short", &short_n, "2"), ("long", &long_n, "1")]
         .iter()
-        .map(|(vm, n)| {
+        .map(|(vm, n, depth)| {
             d.guest(&vendors, vm, &spin)
-                .args([n.as_str(), "12"])
+                .args([n.as_str(), "14", depth])
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap()
@@ -295,12 +298,12 @@ fn a_share_changed_with_hira_ctl_while_guests_run_is_followed_within_two_seconds
         device_times(&d)
     };
     // Equal shares: about half each (FIFO gives the 100 ms kernels most of it).
-    let (a, b) = (at(1.0), at(4.0));
+    let (a, b) = (at(1.0), at(5.0));
     let before = part(a, b);
     let o = d.ctl(&["set", "short", "share=3"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // From 2 s after the change: about three quarters for the VM with share 3.
-    let (c, e) = (at(6.0), at(9.0));
+    let (c, e) = (at(7.0), at(11.0));
     let after = part(c, e);
     eprintln!("short's part of device time: {before:.3} at share 1:1, {after:.3} at 3:1");
     for g in &mut guests {
