@@ -42,7 +42,7 @@ enum Cmd {
     },
     /// Changes a VM's settings while it runs: `share=N` (1-1000, its weight in device
     /// time against other VMs), `mem-quota=SIZE` (K, M, G, T: binary units; `none`
-    /// removes the quota).
+    /// removes the quota), `max-sessions=N` (1-4096, its cap on API servers).
     Set {
         vm: String,
         #[arg(value_name = "KEY=VALUE", required = true)]
@@ -181,7 +181,11 @@ fn setting(kv: &str) -> anyhow::Result<(&'static str, Value)> {
             Ok(("mem_quota", json!(bytes)))
         }
         "share" => Ok(("share", json!(hira_vhost::config::parse_share(v)?))),
-        other => bail!("unknown setting `{other}` (known: share, mem-quota)"),
+        "max-sessions" => Ok((
+            "max_sessions",
+            json!(hira_vhost::config::parse_max_sessions(v)?),
+        )),
+        other => bail!("unknown setting `{other}` (known: share, mem-quota, max-sessions)"),
     }
 }
 

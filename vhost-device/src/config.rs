@@ -17,7 +17,7 @@ pub enum ConfigError {
     #[error("`{0}` is not KEY=VALUE")]
     NotKeyValue(String),
     #[error(
-        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots, mem-quota, share)"
+        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots, mem-quota, share, max-sessions)"
     )]
     UnknownKey(String),
     #[error("VM setting `{0}` given twice")]
@@ -47,8 +47,10 @@ pub enum ConfigError {
         "size {0:?} must be a positive number of bytes, optionally with K, M, G or T (binary: 64M, 2G)"
     )]
     BadSize(String),
-    #[error("unknown listener setting `{0}` (known: mem-quota, share)")]
+    #[error("unknown listener setting `{0}` (known: mem-quota, share, max-sessions)")]
     UnknownListenerKey(String),
+    #[error("max-sessions {0:?} must be a number from 1 to 4096")]
+    BadMaxSessions(String),
     #[error("share {0:?} must be a number from 1 to 1000")]
     BadShare(String),
     #[error("socket mode {0:?} must be octal permission bits such as 0660")]
@@ -75,6 +77,7 @@ impl ConfigError {
             ConfigError::BadWindowSlots(_) => "window_slots",
             ConfigError::BadSize(_) => "mem_quota",
             ConfigError::BadShare(_) => "share",
+            ConfigError::BadMaxSessions(_) => "max_sessions",
             ConfigError::WindowNeedsVhostUser => "window",
             ConfigError::Transport => "socket",
             ConfigError::BadMode(_) => "socket_mode",
@@ -121,6 +124,14 @@ pub fn parse_share(text: &str) -> Result<u32, ConfigError> {
         .ok_or_else(|| ConfigError::BadShare(text.to_string()))
 }
 
+/// Parses a VM's cap on sessions (API servers): 1 to 4096.
+pub fn parse_max_sessions(text: &str) -> Result<usize, ConfigError> {
+    text.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=4096).contains(n))
+        .ok_or_else(|| ConfigError::BadMaxSessions(text.to_string()))
+}
+
 /// A host-local listener: a Unix socket whose connections belong to one VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalListener {
@@ -130,6 +141,8 @@ pub struct LocalListener {
     pub mem_quota: Option<u64>,
     /// The VM's share of device time, if this listener sets one.
     pub share: Option<u32>,
+    /// The VM's cap on sessions, if this listener sets one.
+    pub max_sessions: Option<usize>,
 }
 
 impl Default for LocalListener {
@@ -139,6 +152,7 @@ impl Default for LocalListener {
             path: PathBuf::from(DEFAULT_LOCAL_SOCKET),
             mem_quota: None,
             share: None,
+            max_sessions: None,
         }
     }
 }
@@ -152,11 +166,11 @@ fn valid_vm_name(n: &str) -> bool {
 impl FromStr for LocalListener {
     type Err = ConfigError;
 
-    /// Parses `[VM=]PATH[,mem-quota=SIZE][,share=N]`.
+    /// Parses `[VM=]PATH[,mem-quota=SIZE][,share=N][,max-sessions=N]`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let mut parts = s.split(',');
         let s = parts.next().unwrap_or_default();
-        let (mut mem_quota, mut share) = (None, None);
+        let (mut mem_quota, mut share, mut max_sessions) = (None, None, None);
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
@@ -164,7 +178,12 @@ impl FromStr for LocalListener {
             match k {
                 "mem-quota" if mem_quota.is_none() => mem_quota = Some(parse_size(v)?),
                 "share" if share.is_none() => share = Some(parse_share(v)?),
-                "mem-quota" | "share" => return Err(ConfigError::DuplicateKey(k.to_string())),
+                "max-sessions" if max_sessions.is_none() => {
+                    max_sessions = Some(parse_max_sessions(v)?);
+                }
+                "mem-quota" | "share" | "max-sessions" => {
+                    return Err(ConfigError::DuplicateKey(k.to_string()));
+                }
                 other => return Err(ConfigError::UnknownListenerKey(other.to_string())),
             }
         }
@@ -183,6 +202,7 @@ impl FromStr for LocalListener {
             path: PathBuf::from(path),
             mem_quota,
             share,
+            max_sessions,
         })
     }
 }
@@ -214,6 +234,8 @@ pub struct VmSpec {
     pub mem_quota: Option<u64>,
     /// The VM's share of device time (none: 1).
     pub share: Option<u32>,
+    /// The VM's cap on sessions (none: the daemon-wide `max_sessions_per_vm`).
+    pub max_sessions: Option<usize>,
 }
 
 impl VmSpec {
@@ -229,6 +251,7 @@ impl VmSpec {
             path: PathBuf::from(p),
             mem_quota: self.mem_quota,
             share: self.share,
+            max_sessions: self.max_sessions,
         })
     }
 }
@@ -245,6 +268,7 @@ struct VmFields {
     window_slots: Option<String>,
     mem_quota: Option<String>,
     share: Option<String>,
+    max_sessions: Option<String>,
 }
 
 impl FromStr for VmSpec {
@@ -267,6 +291,7 @@ impl FromStr for VmSpec {
                 "window-slots" => &mut f.window_slots,
                 "mem-quota" => &mut f.mem_quota,
                 "share" => &mut f.share,
+                "max-sessions" => &mut f.max_sessions,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -290,6 +315,7 @@ impl VmFields {
             window_slots,
             mem_quota,
             share,
+            max_sessions,
         } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
         if !valid_vm_name(&name) {
@@ -337,6 +363,10 @@ impl VmFields {
         };
         let mem_quota = mem_quota.as_deref().map(parse_size).transpose()?;
         let share = share.as_deref().map(parse_share).transpose()?;
+        let max_sessions = max_sessions
+            .as_deref()
+            .map(parse_max_sessions)
+            .transpose()?;
         Ok(VmSpec {
             name,
             cid,
@@ -345,6 +375,7 @@ impl VmFields {
             window_slots,
             mem_quota,
             share,
+            max_sessions,
         })
     }
 }
@@ -379,6 +410,7 @@ impl VmFields {
 /// window_slots = 4                  # optional: sessions holding a slot at once
 /// mem_quota = "2G"                  # optional: the VM's device memory (also [[local]])
 /// share = 3                         # optional: the VM's share of device time (also [[local]])
+/// max_sessions = 16                 # optional: the VM's cap on sessions (also [[local]])
 /// ```
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -414,6 +446,7 @@ struct LocalEntry {
     path: String,
     mem_quota: Option<String>,
     share: Option<u32>,
+    max_sessions: Option<usize>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -428,6 +461,7 @@ struct VmEntry {
     window_slots: Option<u64>,
     mem_quota: Option<String>,
     share: Option<u32>,
+    max_sessions: Option<usize>,
 }
 
 impl FileConfig {
@@ -471,6 +505,10 @@ impl FileConfig {
                 let r = r.and_then(|mut listener| {
                     listener.mem_quota = l.mem_quota.as_deref().map(parse_size).transpose()?;
                     listener.share = l.share.map(|n| parse_share(&n.to_string())).transpose()?;
+                    listener.max_sessions = l
+                        .max_sessions
+                        .map(|n| parse_max_sessions(&n.to_string()))
+                        .transpose()?;
                     Ok(listener)
                 });
                 self.at(entry.span(), r)
@@ -494,6 +532,7 @@ impl FileConfig {
                     window_slots: v.window_slots.map(|n| n.to_string()),
                     mem_quota: v.mem_quota.clone(),
                     share: v.share.map(|n| n.to_string()),
+                    max_sessions: v.max_sessions.map(|n| n.to_string()),
                 }
                 .into_spec();
                 self.at(entry.span(), r)
@@ -637,6 +676,21 @@ impl Config {
                         .map(|v| (v.name.clone(), v.mem_quota)),
                 ),
             "memory quotas",
+        )
+    }
+
+    /// Each VM's cap on sessions as its listeners and VM specs set it.
+    pub fn max_sessions(&self) -> Result<Vec<(String, usize)>, String> {
+        per_vm(
+            self.listeners
+                .iter()
+                .map(|l| (l.vm.clone(), l.max_sessions))
+                .chain(
+                    self.vhost_user_vms
+                        .iter()
+                        .map(|v| (v.name.clone(), v.max_sessions)),
+                ),
+            "session caps",
         )
     }
 

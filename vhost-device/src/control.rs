@@ -12,9 +12,10 @@
 //!   exactly N live sessions whose API servers have started (`"started":false`: in
 //!   their handshake or later).
 //!
-//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null,"share":N}`: sets a VM's
-//!   device-memory quota (null: none) and share of device time live; answers with the
-//!   VM's new state. The VM must be one the daemon serves.
+//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null,"share":N,"max_sessions":N}`: sets
+//!   a VM's device-memory quota (null: none), share of device time and cap on
+//!   sessions live; answers with the VM's new state. The VM must be one the daemon
+//!   serves.
 //!
 //! The socket gets the same owner and mode as the guest sockets.
 
@@ -58,6 +59,8 @@ pub struct VmStatus {
     pub held_ns: u64,
     /// The scheduler's last decision: run, hold or delay.
     pub decision: &'static str,
+    /// The VM's own cap on sessions (null: the daemon-wide one).
+    pub max_sessions: Option<usize>,
 }
 
 /// A live session with what its API server has counted.
@@ -139,6 +142,7 @@ fn vm_status(name: String, q: &VmQueue) -> VmStatus {
         held: u.held,
         held_ns: u.held_ns,
         decision: q.decision(),
+        max_sessions: q.max_sessions(),
     }
 }
 
@@ -169,8 +173,19 @@ fn set(req: &Value, router: &Router) -> Value {
             None => return json!({ "error": "share must be a number from 1 to 1000" }),
         },
     };
-    if quota.is_none() && share.is_none() {
-        return json!({ "error": "set needs a setting (known: mem_quota, share)" });
+    let max_sessions = match req.get("max_sessions") {
+        None => None,
+        Some(v) => match v.as_u64().filter(|n| (1..=4096).contains(n)) {
+            Some(n) => Some(n as usize),
+            None => return json!({ "error": "max_sessions must be a number from 1 to 4096" }),
+        },
+    };
+    if quota.is_none() && share.is_none() && max_sessions.is_none() {
+        return json!({ "error": "set needs a setting (known: mem_quota, share, max_sessions)" });
+    }
+    if let Some(n) = max_sessions {
+        q.set_max_sessions(n);
+        info!("VM {vm:?}: at most {n} sessions");
     }
     if let Some(quota) = quota {
         if let Err(e) = q.set_mem_quota(quota) {

@@ -62,6 +62,13 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             .map_err(|e| listener::ListenError::Bind(format!("VM {vm:?} page"), e))?;
         info!("VM {vm:?}: device-memory quota {quota} bytes");
     }
+    for (vm, max) in config
+        .max_sessions()
+        .map_err(listener::ListenError::Config)?
+    {
+        router.vm(&vm).set_max_sessions(max);
+        info!("VM {vm:?}: at most {max} sessions");
+    }
     for (vm, share) in config.shares().map_err(listener::ListenError::Config)? {
         router.vm(&vm).set_share(share);
         info!("VM {vm:?}: share {share}");

@@ -38,6 +38,8 @@ pub struct VmQueue {
     share: AtomicU32,
     /// The scheduler's last decision for the VM: 0 run, 1 hold, 2 delay.
     decision: AtomicU32,
+    /// The VM's own cap on sessions (0: the daemon-wide one).
+    max_sessions: AtomicUsize,
     sessions: AtomicUsize,
     /// The usage pages of the VM's live sessions, by session id.
     live: Mutex<HashMap<u64, Arc<UsagePage>>>,
@@ -137,6 +139,17 @@ impl VmQueue {
             .iter()
             .map(|(id, p)| (*id, p.read()))
             .collect()
+    }
+
+    /// The VM's own cap on sessions, if it has one.
+    pub fn max_sessions(&self) -> Option<usize> {
+        Some(self.max_sessions.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// Sets the VM's cap on sessions (live sessions over a lowered cap keep running;
+    /// new ones are refused until the VM is under it).
+    pub fn set_max_sessions(&self, n: usize) {
+        self.max_sessions.store(n, Ordering::Relaxed);
     }
 
     /// The VM's share of device time.

@@ -238,7 +238,9 @@ fn serve(
     let vm_rings = hello.ring_offset > 0;
     hello.rings = local_rings || vm_rings;
     guest.set_read_timeout(None)?;
-    let max = config.limits.max_sessions_per_vm;
+    let max = queue
+        .max_sessions()
+        .unwrap_or(config.limits.max_sessions_per_vm);
     let Some(_slot) = queue.open_session(max) else {
         let m = format!("VM {vm:?} has its maximum of {max} sessions");
         send_error(&guest_w, None, error_code::POLICY, &m);

@@ -156,6 +156,32 @@ fn connections_and_sessions_over_their_caps_are_refused() {
 }
 
 #[test]
+fn a_vms_own_session_cap_is_applied_and_changed_live() {
+    let daemon = Daemon::start(&["capped,max-sessions=1", "other"]);
+    let _g = RawGuest::session(&daemon.socket("capped"));
+    let refused = |vm: &str| {
+        let mut g = RawGuest::connect(&daemon.socket(vm));
+        let hello = Hello::new(ApiKind::OpenCl, 1, "next", 0).encode();
+        g.frame(FrameKind::Hello, 0, 0, 0, &[], &hello);
+        match g.recv() {
+            Some((h, p)) if h.kind == FrameKind::Error => {
+                ErrorPayload::decode(&p).unwrap().code == error_code::POLICY
+            }
+            _ => false,
+        }
+    };
+    assert!(refused("capped"), "a second session of a VM capped at one");
+    let _o = RawGuest::session(&daemon.socket("other"));
+    let o = daemon.ctl(&["set", "capped", "max-sessions=2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _second = RawGuest::session(&daemon.socket("capped"));
+    let a = daemon.control(serde_json::json!({
+        "cmd": "wait_live", "count": 3, "timeout_ms": 30000
+    }));
+    assert_eq!(a["reached"], true, "{a}");
+}
+
+#[test]
 fn a_second_daemon_does_not_take_over_a_live_socket() {
     let daemon = Daemon::start(&["vm1"]);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
