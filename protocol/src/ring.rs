@@ -98,30 +98,7 @@ impl Region {
             return Err(Error::new(ErrorKind::InvalidInput, "bad ring capacity"));
         }
         let len = region_len(capacity);
-        // SAFETY: the name is a valid C string; the flags are valid.
-        let fd = unsafe {
-            libc::memfd_create(
-                c"hira-rings".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if fd < 0 {
-            return Err(Error::last_os_error());
-        }
-        // SAFETY: memfd_create just returned this descriptor to this process.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain system calls on a descriptor this function owns.
-        let ok = unsafe {
-            libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) == 0
-                && libc::fcntl(
-                    fd.as_raw_fd(),
-                    libc::F_ADD_SEALS,
-                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-                ) == 0
-        };
-        if !ok {
-            return Err(Error::last_os_error());
-        }
+        let fd = crate::unix::sealed_memfd(c"hira-rings", len)?;
         let region = Self::map(&fd, capacity)?;
         Ok((region, fd))
     }

@@ -32,34 +32,14 @@
 //! device. Only that VM's API servers map it, so a compromised one can misstate its
 //! own VM's memory and ignore its own VM's decisions, and nothing else.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const LEN: usize = 4096;
 
 /// A fresh zeroed page in a memfd named `name`, sealed against resizing.
 fn sealed_page(name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
-    // SAFETY: valid C string and flags; the result is checked.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create just returned this descriptor to this process.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain system calls on a descriptor this function owns.
-    let ok = unsafe {
-        libc::ftruncate(fd.as_raw_fd(), LEN as libc::off_t) == 0
-            && libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            ) == 0
-    };
-    if !ok {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd)
+    crate::unix::sealed_memfd(name, LEN)
 }
 
 /// Maps the page behind `fd`, which must be at least a page long and sealed against
