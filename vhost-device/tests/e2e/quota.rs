@@ -2,70 +2,27 @@
 //! shared by all of a VM's sessions, refused with OpenCL's own errors, given back on
 //! release and when an API server dies holding memory.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Daemon, Vendors, c_program};
+use crate::support::{Daemon, LineProgram, Vendors, c_program};
 
 const MIB: u64 = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// `tests/c/quota.c` running as a guest: one command, one answer.
-struct Allocator {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+/// `tests/c/quota.c` running as a guest of VM `vm`.
+fn allocator(d: &Daemon, vendors: &Vendors, vm: &str) -> LineProgram {
+    LineProgram::start(d.guest(vendors, vm, &c_program("quota")))
 }
 
-impl Allocator {
-    fn start(d: &Daemon, vendors: &Vendors, vm: &str) -> Allocator {
-        let mut child = d
-            .guest(vendors, vm, &c_program("quota"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the quota program starts");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut a = Allocator {
-            child,
-            stdin,
-            stdout,
-        };
-        assert_eq!(a.line(), "ready");
-        a
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        assert!(!l.is_empty(), "the quota program ended early");
-        l.trim().to_string()
-    }
-
-    fn ask(&mut self, cmd: &str) -> String {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        self.line()
-    }
-
-    /// An object the program made, by its number.
-    fn ok(&mut self, cmd: &str) -> u32 {
-        let a = self.ask(cmd);
-        let id = a
-            .strip_prefix("ok ")
-            .unwrap_or_else(|| panic!("{cmd}: {a}"));
-        id.parse().unwrap()
-    }
-}
-
-impl Drop for Allocator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The number of the object a command made.
+fn made(p: &mut LineProgram, cmd: &str) -> u32 {
+    let a = p.ask(cmd);
+    let id = a
+        .strip_prefix("ok ")
+        .unwrap_or_else(|| panic!("{cmd}: {a}"));
+    id.parse().unwrap()
 }
 
 fn vm<'a>(status: &'a Value, name: &str) -> &'a Value {
@@ -95,29 +52,29 @@ fn ctl_ok(d: &Daemon, args: &[&str]) -> String {
 fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
     let d = Daemon::start(&["q,mem-quota=8M", "other"]);
     let vendors = Vendors::hira();
-    let mut a = Allocator::start(&d, &vendors, "q");
-    let mut b = Allocator::start(&d, &vendors, "q");
-    let mut other = Allocator::start(&d, &vendors, "other");
+    let mut a = allocator(&d, &vendors, "q");
+    let mut b = allocator(&d, &vendors, "q");
+    let mut other = allocator(&d, &vendors, "other");
     assert_eq!(vm(&d.status(), "q")["mem_quota"], 8 * MIB);
 
     // Up to the quota, and not a byte more, with OpenCL's own error.
-    let first = a.ok(&format!("buf {}", 4 * MIB));
-    let second = a.ok(&format!("hostbuf {}", 4 * MIB));
+    let first = made(&mut a, &format!("buf {}", 4 * MIB));
+    let second = made(&mut a, &format!("hostbuf {}", 4 * MIB));
     assert_eq!(a.ask("buf 1"), "err -4", "CL_MEM_OBJECT_ALLOCATION_FAILURE");
     assert_eq!(used(&d), 8 * MIB);
     // A sub-buffer uses its parent's memory: allowed at the quota, and it works.
-    let sub = a.ok(&format!("sub {first}"));
+    let sub = made(&mut a, &format!("sub {first}"));
     assert_eq!(a.ask(&format!("use {sub}")), "ok");
     assert_eq!(a.ask("svm 4096"), "null", "clSVMAlloc over the quota");
     // The quota is the VM's: another session of it is refused too, another VM not.
     assert_eq!(b.ask("buf 4096"), "err -4");
-    let big = other.ok(&format!("buf {}", 64 * MIB));
+    let big = made(&mut other, &format!("buf {}", 64 * MIB));
     assert_eq!(other.ask(&format!("use {big}")), "ok");
 
     // A release gives the memory back, to every session of the VM.
     assert_eq!(a.ask(&format!("free {second}")), "ok");
     assert_eq!(used(&d), 4 * MIB);
-    let small = b.ok("buf 4096");
+    let small = made(&mut b, "buf 4096");
     assert_eq!(b.ask(&format!("use {small}")), "ok");
     let sessions = d.status()["sessions"].as_array().unwrap().clone();
     let mut held: Vec<u64> = sessions
@@ -131,9 +88,9 @@ fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
     // Raised live: the next allocations see it (images and SVM are charged too).
     let out = ctl_ok(&d, &["set", "q", "mem-quota=64M"]);
     assert!(out.contains("64.0 MiB"), "{out}");
-    a.ok(&format!("buf {}", 32 * MIB));
-    a.ok("image 1024 1024");
-    a.ok(&format!("svm {}", MIB));
+    made(&mut a, &format!("buf {}", 32 * MIB));
+    made(&mut a, "image 1024 1024");
+    made(&mut a, &format!("svm {}", MIB));
     assert_eq!(used(&d), 4 * MIB + 4096 + 32 * MIB + 4 * MIB + MIB);
     let list = ctl_ok(&d, &["list"]);
     assert!(
@@ -148,7 +105,7 @@ fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
     ctl_ok(&d, &["set", "q", "mem-quota=none"]);
     let json: Value = serde_json::from_str(&ctl_ok(&d, &["list", "--json"])).unwrap();
     assert_eq!(vm(&json, "q")["mem_quota"], Value::Null);
-    a.ok(&format!("buf {}", 16 * MIB));
+    made(&mut a, &format!("buf {}", 16 * MIB));
 
     // Bad requests get clear errors and change nothing.
     for (args, says) in [
@@ -169,7 +126,7 @@ fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
     d.control(serde_json::json!({"cmd": "wait_live", "count": 2, "timeout_ms": 60_000}));
     assert_eq!(used(&d), 4096);
     // An API server that dies holding memory: the daemon gives the VM its memory back.
-    b.ok(&format!("buf {}", 8 * MIB));
+    made(&mut b, &format!("buf {}", 8 * MIB));
     let pid = d.status()["sessions"]
         .as_array()
         .unwrap()

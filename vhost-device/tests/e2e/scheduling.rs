@@ -3,64 +3,15 @@
 //! still sees the queue it asked for), and a VM ahead of its share is held where its
 //! commands reach the device until the VM it is ahead of has nothing waiting.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Daemon, Vendors, c_program};
+use crate::support::{Daemon, LineProgram, Vendors, c_program};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// `tests/c/busy.c`: one command, one answer.
-struct Busy {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Busy {
-    fn start(mut cmd: Command) -> Busy {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the busy program starts");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut b = Busy {
-            child,
-            stdin,
-            stdout,
-        };
-        assert_eq!(b.line(), "ready");
-        b
-    }
-
-    fn send(&mut self, cmd: &str) {
-        writeln!(self.stdin, "{cmd}").unwrap();
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        assert!(!l.is_empty(), "the busy program ended early");
-        l.trim().to_string()
-    }
-
-    fn ask(&mut self, cmd: &str) -> String {
-        self.send(cmd);
-        self.line()
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn vm(d: &Daemon, name: &str) -> Value {
     d.status()["vms"]
@@ -94,13 +45,13 @@ fn device_time_is_measured_and_queues_look_as_the_guest_made_them() {
     let d = Daemon::start(&["t"]);
     let exe = c_program("busy");
     let native_vendors = Vendors::native();
-    let mut native = Busy::start({
+    let mut native = LineProgram::start({
         let mut c = Command::new(&exe);
         c.env("OCL_ICD_VENDORS", native_vendors.dir.path());
         c
     });
     let vendors = Vendors::hira();
-    let mut hira = Busy::start(d.guest(&vendors, "t", &exe));
+    let mut hira = LineProgram::start(d.guest(&vendors, "t", &exe));
     // Profiling is on for every host queue; the guest still sees its own queue.
     let want = native.ask("prof");
     assert_eq!(hira.ask("prof"), want);
@@ -123,8 +74,8 @@ fn a_vm_ahead_of_its_share_waits_on_the_device_until_the_other_has_run() {
     let d = Daemon::start(&["ahead", "behind"]);
     let vendors = Vendors::hira();
     let exe = c_program("busy");
-    let mut behind = Busy::start(d.guest(&vendors, "behind", &exe));
-    let mut ahead = Busy::start(d.guest(&vendors, "ahead", &exe));
+    let mut behind = LineProgram::start(d.guest(&vendors, "behind", &exe));
+    let mut ahead = LineProgram::start(d.guest(&vendors, "ahead", &exe));
     // Alone, "ahead" may use the whole device: it learns how long a launch of 80 ms
     // or more is, and nobody holds it.
     let ran = ahead.ask("run 80");
@@ -207,7 +158,7 @@ fn prometheus_metrics_show_each_vms_device_time_memory_and_share() {
         .expect("the control socket names the metrics address")
         .to_string();
     let vendors = Vendors::hira();
-    let mut g = Busy::start(d.guest(&vendors, "m", &c_program("busy")));
+    let mut g = LineProgram::start(d.guest(&vendors, "m", &c_program("busy")));
     let ran = g.ask("run 5");
     let ns: f64 = ran.rsplit(' ').next().unwrap().parse().unwrap();
     wait_for(&d, "m", "its device time", |v| {

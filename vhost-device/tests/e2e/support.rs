@@ -662,3 +662,59 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// A test program that answers one line on stdout per command line on stdin, and says
+/// `ready` first (`tests/c/quota.c`, `busy.c`): tests order what guests do by its
+/// answers, never by time. Killed when dropped.
+pub struct LineProgram {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl LineProgram {
+    /// Starts `cmd` and waits for its `ready`.
+    pub fn start(mut cmd: Command) -> LineProgram {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the test program starts");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut p = LineProgram {
+            child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(p.line(), "ready");
+        p
+    }
+
+    /// Sends a command without waiting for its answer.
+    pub fn send(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").unwrap();
+    }
+
+    /// The next answer.
+    pub fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        assert!(!l.is_empty(), "the test program ended early");
+        l.trim().to_string()
+    }
+
+    /// Sends a command and returns its answer.
+    pub fn ask(&mut self, cmd: &str) -> String {
+        self.send(cmd);
+        self.line()
+    }
+}
+
+impl Drop for LineProgram {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
