@@ -71,6 +71,28 @@ pub fn wait_ready(notify: &std::os::unix::net::UnixDatagram) -> Result<()> {
     }
 }
 
+/// Starts `hira-vhost` from `bin` with `args`, its sd_notify socket in `dir`, and
+/// waits until it reports readiness (no polling of its sockets).
+pub fn start_daemon<I, S>(bin: &Path, dir: &Path, args: I) -> Result<Child>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let notify_path = dir.join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path)?;
+    notify.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let daemon = Command::new(bin.join("hira-vhost"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env_remove("OCL_ICD_VENDORS")
+        .stderr(Stdio::null())
+        .spawn()
+        .context("hira-vhost starts")?;
+    wait_ready(&notify)?;
+    Ok(daemon)
+}
+
 /// A private daemon and the two ICD views.
 pub struct BenchEnv {
     pub native: tempfile::TempDir,
@@ -124,20 +146,14 @@ impl BenchEnv {
         )?;
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("bench.sock");
-        // The daemon says when it is ready (sd_notify); no polling of its socket.
-        let notify_path = dir.path().join("notify.sock");
-        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path)?;
-        notify.set_read_timeout(Some(Duration::from_secs(60)))?;
-        let daemon = Command::new(bin.join("hira-vhost"))
-            .arg("--local-socket")
-            .arg(format!("bench={}", socket.display()))
-            .env("RUST_LOG", "error")
-            .env("NOTIFY_SOCKET", &notify_path)
-            .env_remove("OCL_ICD_VENDORS")
-            .stderr(Stdio::null())
-            .spawn()
-            .context("hira-vhost starts")?;
-        wait_ready(&notify)?;
+        let daemon = start_daemon(
+            bin,
+            dir.path(),
+            [
+                "--local-socket".to_string(),
+                format!("bench={}", socket.display()),
+            ],
+        )?;
         Ok(BenchEnv {
             native,
             hira,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::env::{compile, wait_ready, workspace};
+use crate::env::{compile, start_daemon, workspace};
 
 /// One guest: its VM, share and kernel length.
 #[derive(Debug, Clone)]
@@ -64,31 +64,23 @@ impl Drop for Daemon {
 impl Daemon {
     fn start(bin: &Path, guests: &[Guest], policy: &str) -> Result<Daemon> {
         let dir = tempfile::tempdir()?;
-        let notify_path = dir.path().join("notify.sock");
-        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path)?;
-        notify.set_read_timeout(Some(Duration::from_secs(60)))?;
         let control = dir.path().join("control.sock");
-        let mut cmd = Command::new(bin.join("hira-vhost"));
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
         for g in guests {
-            cmd.arg("--local-socket").arg(format!(
-                "{}={},share={}",
-                g.vm,
-                dir.path().join(format!("{}.sock", g.vm)).display(),
-                g.share
-            ));
+            args.push("--local-socket".into());
+            args.push(
+                format!(
+                    "{}={},share={}",
+                    g.vm,
+                    dir.path().join(format!("{}.sock", g.vm)).display(),
+                    g.share
+                )
+                .into(),
+            );
         }
-        let child = cmd
-            .arg("--control-socket")
-            .arg(&control)
-            .arg("--policy")
-            .arg(policy)
-            .env("RUST_LOG", "error")
-            .env("NOTIFY_SOCKET", &notify_path)
-            .env_remove("OCL_ICD_VENDORS")
-            .stderr(Stdio::null())
-            .spawn()
-            .context("hira-vhost starts")?;
-        wait_ready(&notify)?;
+        args.extend(["--control-socket".into(), control.clone().into_os_string()]);
+        args.extend(["--policy".into(), policy.into()]);
+        let child = start_daemon(bin, dir.path(), args)?;
         Ok(Daemon {
             child,
             control,
