@@ -36,6 +36,9 @@ pub struct Guest {
 pub struct Run {
     pub scenario: String,
     pub policy: String,
+    /// Which repetition of the scenario this is (FIFO and the policies alternate
+    /// within one round, so that a noisy machine affects both alike).
+    pub round: usize,
     /// Unfairness per window, for 500 ms and 1 s windows.
     pub unfair_500: Vec<f64>,
     pub unfair_1000: Vec<f64>,
@@ -179,6 +182,7 @@ fn run_one(
     policy: &str,
     secs: f64,
     change: Option<(&str, u32)>,
+    round: usize,
 ) -> Result<Run> {
     let d = Daemon::start(bin, guests, policy)?;
     let mut children = Vec::new();
@@ -304,6 +308,7 @@ fn run_one(
     Ok(Run {
         scenario: scenario.to_string(),
         policy: policy.to_string(),
+        round,
         unfair_500: split(0.5),
         unfair_1000: split(1.0),
         work_s,
@@ -321,8 +326,9 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     s[((s.len() - 1) as f64 * q).round() as usize]
 }
 
-/// Runs every scenario under FIFO and WFQ (and the rate-control modes for the first).
-pub fn run(bin: &Path, out: &Path, secs: f64) -> Result<Vec<Run>> {
+/// Runs every scenario under FIFO and WFQ (and the rate-control modes for the first),
+/// `repeat` rounds each.
+pub fn run(bin: &Path, out: &Path, secs: f64, repeat: usize) -> Result<Vec<Run>> {
     let native = tempfile::tempdir()?;
     for e in std::fs::read_dir("/etc/OpenCL/vendors")? {
         let p = e?.path();
@@ -383,19 +389,22 @@ pub fn run(bin: &Path, out: &Path, secs: f64) -> Result<Vec<Run>> {
         ),
     ];
     for (name, guests, policies) in scenarios {
-        for p in policies {
-            eprintln!("fairness: {name}, {p}");
-            runs.push(run_one(
-                bin,
-                &spin,
-                hira.path(),
-                name,
-                guests,
-                &iterations,
-                p,
-                secs,
-                None,
-            )?);
+        for round in 0..repeat.max(1) {
+            for p in policies {
+                eprintln!("fairness: {name}, {p}, round {}", round + 1);
+                runs.push(run_one(
+                    bin,
+                    &spin,
+                    hira.path(),
+                    name,
+                    guests,
+                    &iterations,
+                    p,
+                    secs,
+                    None,
+                    round,
+                )?);
+            }
         }
     }
     eprintln!("fairness: live share change");
@@ -409,41 +418,73 @@ pub fn run(bin: &Path, out: &Path, secs: f64) -> Result<Vec<Run>> {
         "wfq",
         secs,
         Some(("short", 3)),
+        0,
     )?);
     Ok(runs)
 }
 
-/// The table.
+/// The table: one row per scenario and policy, over all its rounds (unfairness windows
+/// pooled, device-time parts averaged, work against FIFO as the median of each round's
+/// ratio to the FIFO run of the same round, with the range when there are several).
 pub fn markdown(runs: &[Run]) -> String {
     let mut s = String::from(
         "| scenario | policy | unfairness 500 ms: median / p90 / max | 1 s: median / p90 / max | device-time parts | work vs FIFO |\n|---|---|---|---|---|---|\n",
     );
+    let mut rows: Vec<(&str, &str)> = Vec::new();
     for r in runs {
-        let fifo = runs
+        if !rows.contains(&(r.scenario.as_str(), r.policy.as_str())) {
+            rows.push((&r.scenario, &r.policy));
+        }
+    }
+    let q = |v: &[f64]| {
+        format!(
+            "{:.3} / {:.3} / {:.3}",
+            quantile(v, 0.5),
+            quantile(v, 0.9),
+            quantile(v, 1.0)
+        )
+    };
+    for (scenario, policy) in rows {
+        let mine: Vec<&Run> = runs
             .iter()
-            .find(|f| f.scenario == r.scenario && f.policy == "fifo")
-            .map(|f| f.work_s);
-        let q = |v: &[f64]| {
-            format!(
-                "{:.3} / {:.3} / {:.3}",
-                quantile(v, 0.5),
-                quantile(v, 0.9),
-                quantile(v, 1.0)
-            )
+            .filter(|r| r.scenario == scenario && r.policy == policy)
+            .collect();
+        let pooled = |f: fn(&Run) -> &Vec<f64>| -> Vec<f64> {
+            mine.iter().flat_map(|r| f(r).iter().copied()).collect()
         };
-        let parts: Vec<String> = r
-            .parts
+        let mut parts: BTreeMap<&str, f64> = BTreeMap::new();
+        for r in &mine {
+            for (vm, p) in &r.parts {
+                *parts.entry(vm).or_default() += p / mine.len() as f64;
+            }
+        }
+        let parts: Vec<String> = parts
             .iter()
             .map(|(vm, p)| format!("{vm} {:.0}%", p * 100.0))
             .collect();
+        let ratios: Vec<f64> = mine
+            .iter()
+            .filter_map(|r| {
+                runs.iter()
+                    .find(|f| f.scenario == scenario && f.policy == "fifo" && f.round == r.round)
+                    .map(|f| r.work_s / f.work_s)
+            })
+            .collect();
+        let work = match ratios.len() {
+            0 => "-".to_string(),
+            1 => format!("{:.2}", ratios[0]),
+            n => format!(
+                "{:.2} ({:.2}-{:.2}, {n} rounds)",
+                quantile(&ratios, 0.5),
+                quantile(&ratios, 0.0),
+                quantile(&ratios, 1.0)
+            ),
+        };
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
-            r.scenario,
-            r.policy,
-            q(&r.unfair_500),
-            q(&r.unfair_1000),
+            "| {scenario} | {policy} | {} | {} | {} | {work} |\n",
+            q(&pooled(|r| &r.unfair_500)),
+            q(&pooled(|r| &r.unfair_1000)),
             parts.join(", "),
-            fifo.map_or("-".into(), |f| format!("{:.2}", r.work_s / f)),
         );
     }
     s
@@ -455,7 +496,7 @@ pub fn json(runs: &[Run]) -> Value {
         runs.iter()
             .map(|r| {
                 json!({
-                    "scenario": r.scenario, "policy": r.policy,
+                    "scenario": r.scenario, "policy": r.policy, "round": r.round,
                     "unfairness_500ms": r.unfair_500, "unfairness_1s": r.unfair_1000,
                     "work_s": r.work_s, "parts": r.parts,
                     "series": r.series.iter().map(|(t, p)| json!({"t": t, "parts": p})).collect::<Vec<_>>(),

@@ -108,6 +108,10 @@ enum Cmd {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 8.0)]
         seconds: f64,
+        /// Rounds of each scenario (FIFO and the policies alternate in each round;
+        /// the table gives medians).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
         /// Directory for results.json, results.md and shares.svg.
         #[arg(long, default_value = "target/hira-bench/fairness")]
         out: PathBuf,
@@ -190,9 +194,13 @@ fn main() -> Result<()> {
             calls,
             json,
         } => overhead::overhead(repeats, iterations, calls, &json),
-        Cmd::Fairness { seconds, out } => {
+        Cmd::Fairness {
+            seconds,
+            repeat,
+            out,
+        } => {
             let bin = env::build_components()?;
-            let runs = fairness::run(&bin, &out, seconds.max(3.0))?;
+            let runs = fairness::run(&bin, &out, seconds.max(3.0), repeat)?;
             let md = fairness::markdown(&runs);
             println!("{md}");
             std::fs::write(out.join("results.md"), &md)?;

@@ -3,8 +3,9 @@
 //! see `vhost-device/src/control.rs`).
 //!
 //! - `hira-ctl [--socket PATH] list [--json]`: VMs, their sessions and API servers.
-//! - `hira-ctl set VM share=N mem-quota=SIZE` (`64M`, `2G`, `none`): changes a VM's
-//!   share of device time and device-memory quota live.
+//! - `hira-ctl set VM share=N mem-quota=SIZE max-sessions=N host-mem=SIZE` (`64M`,
+//!   `2G`, `none`): changes a VM's share of device time, device-memory quota, cap on
+//!   sessions and cap on its API servers' host memory live.
 //! - `hira-ctl top`: a refreshing view of each VM's share of device time, call rate,
 //!   data rate and memory.
 
@@ -42,7 +43,9 @@ enum Cmd {
     },
     /// Changes a VM's settings while it runs: `share=N` (1-1000, its weight in device
     /// time against other VMs), `mem-quota=SIZE` (K, M, G, T: binary units; `none`
-    /// removes the quota), `max-sessions=N` (1-4096, its cap on API servers).
+    /// removes the quota), `max-sessions=N` (1-4096, its cap on API servers),
+    /// `host-mem=SIZE` (its API servers' host memory together; the daemon needs
+    /// `--cgroup`; `none` removes the cap).
     Set {
         vm: String,
         #[arg(value_name = "KEY=VALUE", required = true)]
@@ -127,12 +130,29 @@ fn print_list(status: &Value) {
     let vms = status["vms"].as_array().unwrap_or(&empty);
     let sessions = status["sessions"].as_array().unwrap_or(&empty);
     println!(
-        "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
-        "VM", "SESSIONS", "SHARE", "DEVICE-TIME", "CALLS", "DATA", "MEMORY", "MEM-QUOTA"
+        "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "VM",
+        "SESSIONS",
+        "SHARE",
+        "DEVICE-TIME",
+        "CALLS",
+        "DATA",
+        "MEMORY",
+        "MEM-QUOTA",
+        "HOST-MEM",
+        "HOST-CAP"
     );
     for vm in vms {
+        let host = vm["host_mem_used"]
+            .as_u64()
+            .map_or_else(|| "-".to_string(), size);
+        let cap = if vm["host_mem_used"].is_null() {
+            "-".to_string()
+        } else {
+            quota(&vm["host_mem"])
+        };
         println!(
-            "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
             s(vm, "name"),
             u(vm, "sessions"),
             u(vm, "share"),
@@ -141,6 +161,8 @@ fn print_list(status: &Value) {
             size(u(vm, "bytes")),
             size(u(vm, "mem_used")),
             quota(&vm["mem_quota"]),
+            host,
+            cap,
         );
     }
     if sessions.is_empty() {
@@ -185,7 +207,11 @@ fn setting(kv: &str) -> anyhow::Result<(&'static str, Value)> {
             "max_sessions",
             json!(hira_vhost::config::parse_max_sessions(v)?),
         )),
-        other => bail!("unknown setting `{other}` (known: share, mem-quota, max-sessions)"),
+        "host-mem" if v == "none" => Ok(("host_mem", Value::Null)),
+        "host-mem" => Ok(("host_mem", json!(hira_vhost::config::parse_size(v)?))),
+        other => {
+            bail!("unknown setting `{other}` (known: share, mem-quota, max-sessions, host-mem)")
+        }
     }
 }
 
@@ -299,13 +325,17 @@ fn main() -> anyhow::Result<()> {
             }
             let answer = c.ask(&req)?;
             let v = &answer["vm"];
-            println!(
+            print!(
                 "VM {}: share {}, memory {} of quota {}",
                 s(v, "name"),
                 u(v, "share"),
                 size(u(v, "mem_used")),
                 quota(&v["mem_quota"])
             );
+            match v["host_mem_used"].as_u64() {
+                Some(b) => println!(", host memory {} of cap {}", size(b), quota(&v["host_mem"])),
+                None => println!(),
+            }
         }
         Cmd::Top {
             interval_ms,

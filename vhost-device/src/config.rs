@@ -143,6 +143,9 @@ pub struct LocalListener {
     pub share: Option<u32>,
     /// The VM's cap on sessions, if this listener sets one.
     pub max_sessions: Option<usize>,
+    /// The VM's cap on host memory (its API servers together), if this listener
+    /// sets one.
+    pub host_mem: Option<u64>,
 }
 
 impl Default for LocalListener {
@@ -153,6 +156,7 @@ impl Default for LocalListener {
             mem_quota: None,
             share: None,
             max_sessions: None,
+            host_mem: None,
         }
     }
 }
@@ -166,11 +170,11 @@ fn valid_vm_name(n: &str) -> bool {
 impl FromStr for LocalListener {
     type Err = ConfigError;
 
-    /// Parses `[VM=]PATH[,mem-quota=SIZE][,share=N][,max-sessions=N]`.
+    /// Parses `[VM=]PATH[,mem-quota=SIZE][,share=N][,max-sessions=N][,host-mem=SIZE]`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let mut parts = s.split(',');
         let s = parts.next().unwrap_or_default();
-        let (mut mem_quota, mut share, mut max_sessions) = (None, None, None);
+        let (mut mem_quota, mut share, mut max_sessions, mut host_mem) = (None, None, None, None);
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
@@ -181,7 +185,8 @@ impl FromStr for LocalListener {
                 "max-sessions" if max_sessions.is_none() => {
                     max_sessions = Some(parse_max_sessions(v)?);
                 }
-                "mem-quota" | "share" | "max-sessions" => {
+                "host-mem" if host_mem.is_none() => host_mem = Some(parse_size(v)?),
+                "mem-quota" | "share" | "max-sessions" | "host-mem" => {
                     return Err(ConfigError::DuplicateKey(k.to_string()));
                 }
                 other => return Err(ConfigError::UnknownListenerKey(other.to_string())),
@@ -203,6 +208,7 @@ impl FromStr for LocalListener {
             mem_quota,
             share,
             max_sessions,
+            host_mem,
         })
     }
 }
@@ -236,6 +242,8 @@ pub struct VmSpec {
     pub share: Option<u32>,
     /// The VM's cap on sessions (none: the daemon-wide `max_sessions_per_vm`).
     pub max_sessions: Option<usize>,
+    /// The VM's cap on host memory, its API servers together (none: no cap).
+    pub host_mem: Option<u64>,
 }
 
 impl VmSpec {
@@ -252,6 +260,7 @@ impl VmSpec {
             mem_quota: self.mem_quota,
             share: self.share,
             max_sessions: self.max_sessions,
+            host_mem: self.host_mem,
         })
     }
 }
@@ -269,6 +278,7 @@ struct VmFields {
     mem_quota: Option<String>,
     share: Option<String>,
     max_sessions: Option<String>,
+    host_mem: Option<String>,
 }
 
 impl FromStr for VmSpec {
@@ -292,6 +302,7 @@ impl FromStr for VmSpec {
                 "mem-quota" => &mut f.mem_quota,
                 "share" => &mut f.share,
                 "max-sessions" => &mut f.max_sessions,
+                "host-mem" => &mut f.host_mem,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -316,6 +327,7 @@ impl VmFields {
             mem_quota,
             share,
             max_sessions,
+            host_mem,
         } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
         if !valid_vm_name(&name) {
@@ -367,6 +379,7 @@ impl VmFields {
             .as_deref()
             .map(parse_max_sessions)
             .transpose()?;
+        let host_mem = host_mem.as_deref().map(parse_size).transpose()?;
         Ok(VmSpec {
             name,
             cid,
@@ -376,6 +389,7 @@ impl VmFields {
             mem_quota,
             share,
             max_sessions,
+            host_mem,
         })
     }
 }
@@ -396,6 +410,7 @@ impl VmFields {
 /// teardown_grace_ms = 5000
 /// policy = "wfq"                                 # or fixed-rate, aimd, fifo
 /// metrics_address = "127.0.0.1:9464"             # optional Prometheus endpoint
+/// cgroup = "/sys/fs/cgroup/hira"                 # optional: per-VM host-memory caps
 ///
 /// [[local]]
 /// vm = "local"
@@ -411,6 +426,7 @@ impl VmFields {
 /// mem_quota = "2G"                  # optional: the VM's device memory (also [[local]])
 /// share = 3                         # optional: the VM's share of device time (also [[local]])
 /// max_sessions = 16                 # optional: the VM's cap on sessions (also [[local]])
+/// host_mem = "8G"                   # optional: its API servers' host memory (needs cgroup)
 /// ```
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -430,6 +446,7 @@ pub struct FileConfig {
     pub teardown_grace_ms: Option<u64>,
     pub policy: Option<String>,
     pub metrics_address: Option<String>,
+    pub cgroup: Option<PathBuf>,
     #[serde(default)]
     local: Vec<toml::Spanned<LocalEntry>>,
     #[serde(default)]
@@ -447,6 +464,7 @@ struct LocalEntry {
     mem_quota: Option<String>,
     share: Option<u32>,
     max_sessions: Option<usize>,
+    host_mem: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -462,6 +480,7 @@ struct VmEntry {
     mem_quota: Option<String>,
     share: Option<u32>,
     max_sessions: Option<usize>,
+    host_mem: Option<String>,
 }
 
 impl FileConfig {
@@ -509,6 +528,7 @@ impl FileConfig {
                         .max_sessions
                         .map(|n| parse_max_sessions(&n.to_string()))
                         .transpose()?;
+                    listener.host_mem = l.host_mem.as_deref().map(parse_size).transpose()?;
                     Ok(listener)
                 });
                 self.at(entry.span(), r)
@@ -533,6 +553,7 @@ impl FileConfig {
                     mem_quota: v.mem_quota.clone(),
                     share: v.share.map(|n| n.to_string()),
                     max_sessions: v.max_sessions.map(|n| n.to_string()),
+                    host_mem: v.host_mem.clone(),
                 }
                 .into_spec();
                 self.at(entry.span(), r)
@@ -639,6 +660,8 @@ pub struct Config {
     pub policy: hira_policy::Kind,
     /// Where the Prometheus endpoint listens (`HOST:PORT`), if anywhere.
     pub metrics: Option<String>,
+    /// The cgroup directory delegated to the daemon for per-VM host-memory caps.
+    pub cgroup: Option<PathBuf>,
 }
 
 /// One per-VM setting as every listener and VM spec gives it; a VM given two
@@ -691,6 +714,21 @@ impl Config {
                         .map(|v| (v.name.clone(), v.max_sessions)),
                 ),
             "session caps",
+        )
+    }
+
+    /// Each VM's cap on host memory as its listeners and VM specs set it.
+    pub fn host_mems(&self) -> Result<Vec<(String, u64)>, String> {
+        per_vm(
+            self.listeners
+                .iter()
+                .map(|l| (l.vm.clone(), l.host_mem))
+                .chain(
+                    self.vhost_user_vms
+                        .iter()
+                        .map(|v| (v.name.clone(), v.host_mem)),
+                ),
+            "host-memory caps",
         )
     }
 
@@ -919,6 +957,34 @@ mod tests {
                 .unwrap_err()
                 .contains("two memory quotas")
         );
+    }
+
+    #[test]
+    fn host_memory_caps_are_parsed_everywhere_a_vm_is_set() {
+        let l: LocalListener = "vm1=/s,host-mem=8G".parse().unwrap();
+        assert_eq!(l.host_mem, Some(8 << 30));
+        assert_eq!(
+            "vm1=/s,host-mem=1G,host-mem=2G".parse::<LocalListener>(),
+            Err(ConfigError::DuplicateKey("host-mem".into()))
+        );
+        assert!("vm1=/s,host-mem=0".parse::<LocalListener>().is_err());
+        let v: VmSpec = "name=q,hybrid=/h,cid=3,host-mem=512M".parse().unwrap();
+        assert_eq!(v.listener().unwrap().host_mem, Some(512 << 20));
+        let f = FileConfig::parse(
+            "cgroup = \"/sys/fs/cgroup/hira\"\n[[local]]\nvm = \"a\"\npath = \"/a\"\nhost_mem = \"1G\"\n[[vm]]\nname = \"b\"\nsocket = \"/b\"\ncid = 4\nhost_mem = \"2G\"\n",
+        )
+        .unwrap();
+        assert_eq!(f.cgroup, Some(PathBuf::from("/sys/fs/cgroup/hira")));
+        assert_eq!(f.listeners().unwrap()[0].host_mem, Some(1 << 30));
+        assert_eq!(f.vms().unwrap()[0].host_mem, Some(2 << 30));
+        let twice = Config {
+            listeners: vec![
+                "a=/1,host-mem=1G".parse().unwrap(),
+                "a=/2,host-mem=2G".parse().unwrap(),
+            ],
+            ..Config::default()
+        };
+        assert!(twice.host_mems().unwrap_err().contains("host-memory caps"));
     }
 
     #[test]

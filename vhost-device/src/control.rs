@@ -12,9 +12,10 @@
 //!   exactly N live sessions whose API servers have started (`"started":false`: in
 //!   their handshake or later).
 //!
-//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null,"share":N,"max_sessions":N}`: sets
-//!   a VM's device-memory quota (null: none), share of device time and cap on
-//!   sessions live; answers with the VM's new state. The VM must be one the daemon
+//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null,"share":N,"max_sessions":N,
+//!   "host_mem":BYTES|null}`: sets a VM's device-memory quota (null: none), share of
+//!   device time, cap on sessions and cap on its API servers' host memory (with
+//!   `--cgroup`) live; answers with the VM's new state. The VM must be one the daemon
 //!   serves.
 //!
 //! The socket gets the same owner and mode as the guest sockets.
@@ -61,6 +62,11 @@ pub struct VmStatus {
     pub decision: &'static str,
     /// The VM's own cap on sessions (null: the daemon-wide one).
     pub max_sessions: Option<usize>,
+    /// Host memory its API servers use together, their cap, and how many the kernel
+    /// killed for it (null without `--cgroup`; the cap null when there is none).
+    pub host_mem_used: Option<u64>,
+    pub host_mem: Option<u64>,
+    pub host_mem_kills: Option<u64>,
 }
 
 /// A live session with what its API server has counted.
@@ -129,6 +135,7 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
 fn vm_status(name: String, q: &VmQueue) -> VmStatus {
     let u = q.usage();
     let (mem_quota, mem_used) = q.memory();
+    let (host_mem_used, host_mem, host_mem_kills) = q.host_memory();
     VmStatus {
         name,
         sessions: q.sessions(),
@@ -143,6 +150,9 @@ fn vm_status(name: String, q: &VmQueue) -> VmStatus {
         held_ns: u.held_ns,
         decision: q.decision(),
         max_sessions: q.max_sessions(),
+        host_mem_used,
+        host_mem,
+        host_mem_kills,
     }
 }
 
@@ -180,8 +190,28 @@ fn set(req: &Value, router: &Router) -> Value {
             None => return json!({ "error": "max_sessions must be a number from 1 to 4096" }),
         },
     };
-    if quota.is_none() && share.is_none() && max_sessions.is_none() {
-        return json!({ "error": "set needs a setting (known: mem_quota, share, max_sessions)" });
+    let host_mem = match req.get("host_mem") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(v) => match v.as_u64().filter(|&n| n > 0) {
+            Some(n) => Some(Some(n)),
+            None => {
+                return json!({ "error": "host_mem must be a positive number of bytes or null" });
+            }
+        },
+    };
+    if quota.is_none() && share.is_none() && max_sessions.is_none() && host_mem.is_none() {
+        return json!({ "error": "set needs a setting (known: mem_quota, share, max_sessions, host_mem)" });
+    }
+    if host_mem.is_some() && q.cgroup.get().is_none() {
+        return json!({ "error": "host_mem needs the daemon to run with --cgroup DIR" });
+    }
+    if let Some(cap) = host_mem {
+        // The kernel may refuse a cap below what the VM uses now (cgroup v1).
+        if let Err(e) = q.set_host_mem(cap) {
+            return json!({ "error": format!("cannot set the host-memory cap: {e}") });
+        }
+        info!("VM {vm:?}: host-memory cap set to {cap:?} bytes");
     }
     if let Some(n) = max_sessions {
         q.set_max_sessions(n);

@@ -15,6 +15,7 @@
 //! - [`vsock`]: the virtio-vsock protocol (packet header, connection state machine,
 //!   credit-based flow control, per-VM multiplexing) for the VM transport.
 
+pub mod cgroup;
 pub mod config;
 pub mod control;
 pub mod lifecycle;
@@ -68,6 +69,34 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     {
         router.vm(&vm).set_max_sessions(max);
         info!("VM {vm:?}: at most {max} sessions");
+    }
+    let host_mems = config.host_mems().map_err(listener::ListenError::Config)?;
+    match &config.cgroup {
+        Some(root) => {
+            let cgroups = cgroup::Cgroups::open(root)
+                .map_err(|e| listener::ListenError::Bind(root.display().to_string(), e))?;
+            for (name, queue) in router.snapshot() {
+                let c = cgroups
+                    .vm(&name)
+                    .map_err(|e| listener::ListenError::Bind(format!("VM {name:?}"), e))?;
+                info!("VM {name:?}: API servers in cgroup {}", c.path().display());
+                let _ = queue.cgroup.set(c);
+            }
+        }
+        None if !host_mems.is_empty() => {
+            return Err(listener::ListenError::Config(
+                "host-mem caps need --cgroup DIR (a cgroup directory delegated to the daemon)"
+                    .into(),
+            ));
+        }
+        None => {}
+    }
+    for (vm, cap) in host_mems {
+        router
+            .vm(&vm)
+            .set_host_mem(Some(cap))
+            .map_err(|e| listener::ListenError::Bind(format!("VM {vm:?} host-memory cap"), e))?;
+        info!("VM {vm:?}: host memory capped at {cap} bytes");
     }
     for (vm, share) in config.shares().map_err(listener::ListenError::Config)? {
         router.vm(&vm).set_share(share);
@@ -175,6 +204,12 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             "{} sessions did not end within {grace:?}; their API servers die with the daemon",
             life.sessions()
         );
+    }
+    // The VMs' cgroups go once their API servers are gone.
+    for (_, queue) in router.snapshot() {
+        if let Some(c) = queue.cgroup.get() {
+            c.remove();
+        }
     }
     info!("stopped");
     Ok(())

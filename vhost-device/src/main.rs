@@ -80,6 +80,11 @@ struct Args {
     /// reported by the control socket). Default: none.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_address: Option<String>,
+    /// A cgroup directory delegated to the daemon (cgroup v2 with the memory
+    /// controller, or the v1 memory hierarchy): each VM's API servers run in their own
+    /// cgroup below it, which a VM's `host-mem=SIZE` caps. Default: none.
+    #[arg(long, value_name = "DIR")]
+    cgroup: Option<PathBuf>,
     /// Log lines as `text` (default) or `json` (one object per line: ts, level,
     /// target, msg). `RUST_LOG` sets the level.
     #[arg(long, value_name = "FORMAT")]
@@ -184,6 +189,7 @@ impl TryFrom<Args> for Config {
             access,
             control: a.control_socket.or(file.control_socket),
             metrics: a.metrics_address.or(file.metrics_address),
+            cgroup: a.cgroup.or(file.cgroup),
             policy: match a.policy.or(file.policy) {
                 Some(p) => p.parse().map_err(anyhow::Error::msg)?,
                 None => hira_policy::Kind::Wfq,

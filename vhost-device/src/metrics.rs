@@ -93,6 +93,21 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
         "The VM's device-memory quota (absent: none)",
     );
     let share = gauge(&mut r, "vm_share", "The VM's share of device time");
+    let host_mem = gauge(
+        &mut r,
+        "vm_host_memory_bytes",
+        "Host memory the VM's API servers use together (with --cgroup)",
+    );
+    let host_cap = gauge(
+        &mut r,
+        "vm_host_memory_cap_bytes",
+        "The cap on the VM's API servers' host memory (absent: none)",
+    );
+    let host_kills = counter(
+        &mut r,
+        "vm_host_memory_kills",
+        "The VM's API servers the kernel killed for its host-memory cap",
+    );
     let s_device = seconds(
         &mut r,
         "session_device_seconds",
@@ -119,6 +134,15 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
             quota.get_or_create(&l).set(i(q));
         }
         share.get_or_create(&l).set(i64::from(vm.share));
+        if let Some(b) = vm.host_mem_used {
+            host_mem.get_or_create(&l).set(i(b));
+        }
+        if let Some(b) = vm.host_mem {
+            host_cap.get_or_create(&l).set(i(b));
+        }
+        if let Some(n) = vm.host_mem_kills {
+            host_kills.get_or_create(&l).inc_by(n);
+        }
     }
     for s in &status.sessions {
         let l = vec![

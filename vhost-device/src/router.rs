@@ -29,6 +29,8 @@ pub struct VmQueue {
     page: Mutex<Option<Arc<SharedVmPage>>>,
     /// The VM's shared data window, if it has one.
     pub window: std::sync::OnceLock<crate::window::VmWindow>,
+    /// The VM's cgroup (its API servers' host memory), when the daemon has one.
+    pub cgroup: std::sync::OnceLock<crate::cgroup::VmCgroup>,
     /// Commands, bytes and device time of the VM's ended sessions.
     commands: AtomicU64,
     bytes: AtomicU64,
@@ -219,6 +221,27 @@ impl VmQueue {
     pub fn set_mem_quota(&self, quota: Option<u64>) -> std::io::Result<()> {
         self.page()?.page.set_quota(quota);
         Ok(())
+    }
+
+    /// Sets the cap on the host memory of the VM's API servers together (`None`:
+    /// none); fails when the daemon runs without `--cgroup`.
+    pub fn set_host_mem(&self, cap: Option<u64>) -> std::io::Result<()> {
+        match self.cgroup.get() {
+            Some(c) => c.set_limit(cap),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "host-memory caps need the daemon to run with --cgroup DIR",
+            )),
+        }
+    }
+
+    /// The host memory the VM's API servers use now, their cap and how many of them
+    /// the kernel killed for it (all `None` without a cgroup).
+    pub fn host_memory(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
+        match self.cgroup.get() {
+            Some(c) => (c.usage(), c.limit(), c.oom_kills()),
+            None => (None, None, None),
+        }
     }
 
     /// The VM's memory quota and what its sessions hold now, in bytes.

@@ -247,8 +247,10 @@ fn serve(
         return Err(SessionError::Refused(m));
     };
     let vm_page = queue.page().map_err(SessionError::Spawn)?;
+    let cgroup = queue.cgroup.get().map(crate::cgroup::VmCgroup::procs_fd);
+    let kills_before = queue.host_memory().2;
     let (child, mut server, usage) =
-        spawn::api_server(config, id, &vm_page.fd).map_err(SessionError::Spawn)?;
+        spawn::api_server(config, id, &vm_page.fd, cgroup).map_err(SessionError::Spawn)?;
     let usage = Arc::new(usage);
     let _tracked = queue.track(id, usage.clone());
     registration.describe(&hello.process_name, hello.pid, child.id());
@@ -347,7 +349,10 @@ fn serve(
         Ok((res, relay))
     })();
     let child_id = child.id();
-    let (how, crashed) = spawn::reap(child, config.limits.teardown_grace);
+    let (mut how, crashed) = spawn::reap(child, config.limits.teardown_grace);
+    if crashed && queue.host_memory().2 > kills_before {
+        how += " (killed by the kernel: the VM reached its host-memory cap)";
+    }
     // What the API server counted: every frame it received, however it came.
     let counted = usage.read();
     queue.session_ended(&counted);

@@ -23,7 +23,8 @@ const VM_PAGE_FD: i32 = 5;
 /// numbers.
 const PARK_FD: i32 = VM_PAGE_FD + 1;
 
-/// Starts an API server for session `id` of the VM whose page is `vm_page`; returns
+/// Starts an API server for session `id` of the VM whose page is `vm_page`, in the
+/// VM's cgroup when `cgroup` (its `cgroup.procs`, open for writing) is given; returns
 /// the process, our end of its socket and the page it keeps the session's counters
 /// in.
 ///
@@ -34,6 +35,7 @@ pub fn api_server(
     config: &Config,
     id: u64,
     vm_page: &OwnedFd,
+    cgroup: Option<std::os::fd::RawFd>,
 ) -> std::io::Result<(Child, UnixStream, UsagePage)> {
     let (ours, theirs) = UnixStream::pair()?;
     let theirs = OwnedFd::from(theirs);
@@ -57,10 +59,17 @@ pub fn api_server(
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and calls only
-    // async-signal-safe functions (prctl, getppid, fcntl, dup2, _exit). dup2 clears
-    // close-on-exec on the new descriptor.
+    // async-signal-safe functions (write, prctl, getppid, fcntl, dup2, _exit). dup2
+    // clears close-on-exec on the new descriptor.
     unsafe {
         cmd.pre_exec(move || {
+            // Joins the VM's cgroup ("0": the writing process) before anything can
+            // allocate, so every byte the API server ever uses is the VM's.
+            if let Some(fd) = cgroup
+                && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
                 return Err(std::io::Error::last_os_error());
             }

@@ -19,6 +19,19 @@
 //! waits on the device, not in this process: the session's other calls, other
 //! sessions and the daemon go on, and the guest sees a command that takes longer,
 //! as on a busy device.
+//!
+//! **Bounded backlog.** A session keeps at most [`BACKLOG_NS`] of device work (or two
+//! of its commands, if they are longer) enqueued on the device and not finished,
+//! estimated at its recent mean command length (the bound itself until one is
+//! measured); further commands wait behind a gate that opens as earlier ones finish
+//! (each completion wakes the gate thread). A device runs what it was given, mostly
+//! in order, so without this a guest that floods its queue puts all of it ahead of
+//! another VM's next command, whatever the policy decides later; with it, another
+//! VM's command waits for at most the bound plus one command. The device never idles
+//! for it: the gate opens while the session still has work running. A session whose
+//! enqueued commands cannot run (they wait on its own user events) and that makes no
+//! progress for [`STALL`] gets its next command through anyway, so no program that
+//! enqueues work it completes later can deadlock.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -44,6 +57,87 @@ const CL_PROFILING_COMMAND_END: u32 = 0x1283;
 const CL_COMPLETE: cl_int = 0;
 /// How often held commands are looked at.
 const GATE_POLL: Duration = Duration::from_millis(1);
+/// Most device work (estimated) a session keeps enqueued and not finished, unless
+/// two of its commands are longer.
+pub const BACKLOG_NS: u64 = 20_000_000;
+/// A session with commands waiting for backlog room and none finishing for this long
+/// gets its next command through.
+pub const STALL: Duration = Duration::from_millis(40);
+
+/// The session's device work enqueued and not finished, as estimated.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    /// Estimated device time of the commands enqueued and not finished, in ns.
+    charged: AtomicU64,
+    /// How many commands that is.
+    commands: AtomicU64,
+    /// Recent mean device time of one command, in ns (0: none measured yet).
+    mean: AtomicU64,
+    /// When a command last finished or was let through (`monotonic_ns`).
+    progress: AtomicU64,
+    /// Commands of the session running on the device now.
+    running: AtomicU64,
+}
+
+impl Backlog {
+    /// What the next command is estimated to take.
+    fn estimate(&self) -> u64 {
+        match self.mean.load(Ordering::Relaxed) {
+            0 => BACKLOG_NS,
+            m => m,
+        }
+    }
+
+    /// Whether one more command may go to the device now.
+    pub fn room(&self) -> bool {
+        let mean = self.mean.load(Ordering::Relaxed);
+        let cap = BACKLOG_NS.max(mean.saturating_mul(2));
+        self.commands.load(Ordering::Relaxed) == 0
+            || self
+                .charged
+                .load(Ordering::Relaxed)
+                .saturating_add(self.estimate())
+                <= cap
+    }
+
+    /// Charges one command going to the device; `slot` remembers what, unless the
+    /// command finished already (then nothing is charged).
+    fn charge(&self, slot: &AtomicU64) {
+        let est = self.estimate().max(1);
+        if slot
+            .compare_exchange(0, est, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.charged.fetch_add(est, Ordering::Relaxed);
+            self.commands.fetch_add(1, Ordering::Relaxed);
+        }
+        self.progress.store(monotonic_ns(), Ordering::Relaxed);
+    }
+
+    /// A command finished after `ns` of device time; gives back what it was charged.
+    fn finished(&self, slot: &AtomicU64, ns: u64) {
+        let est = slot.swap(u64::MAX, Ordering::AcqRel);
+        if est != 0 && est != u64::MAX {
+            self.charged.fetch_sub(est, Ordering::Relaxed);
+            self.commands.fetch_sub(1, Ordering::Relaxed);
+        }
+        let old = self.mean.load(Ordering::Relaxed);
+        let mean = if old == 0 {
+            ns
+        } else {
+            (old * 7 + ns * 3) / 10
+        };
+        self.mean.store(mean.max(1), Ordering::Relaxed);
+        self.progress.store(monotonic_ns(), Ordering::Relaxed);
+    }
+
+    /// Whether nothing of the session runs and nothing has moved for [`STALL`].
+    fn stalled(&self) -> bool {
+        self.running.load(Ordering::Relaxed) == 0
+            && monotonic_ns().saturating_sub(self.progress.load(Ordering::Relaxed))
+                >= STALL.as_nanos() as u64
+    }
+}
 
 /// What the guest asked of a queue.
 #[derive(Debug, Clone)]
@@ -53,12 +147,23 @@ struct QueueInfo {
     properties: Option<Vec<u64>>,
 }
 
-/// A command held back: its gate, since when, and when a delay ends.
+/// A command held back: its gate, since when, when a delay ends, and where its
+/// backlog charge goes.
 #[derive(Debug)]
 struct Held {
     gate: usize,
     since: Instant,
     until: Option<Instant>,
+    slot: Option<Arc<AtomicU64>>,
+}
+
+/// The gates of held commands, the session's backlog, and the signal that wakes the
+/// gate thread.
+#[derive(Debug, Default)]
+struct Gates {
+    held: Mutex<Vec<Held>>,
+    wake: Condvar,
+    backlog: Backlog,
 }
 
 /// The session's device-time measurement and enforcement.
@@ -66,7 +171,7 @@ pub struct DeviceTime {
     rt: &'static OpenCl,
     account: Arc<Account>,
     queues: Mutex<HashMap<usize, QueueInfo>>,
-    held: Arc<(Mutex<Vec<Held>>, Condvar)>,
+    gates: Arc<Gates>,
     gate_thread: OnceLock<()>,
 }
 
@@ -83,12 +188,16 @@ struct Measure {
     enqueued: Instant,
     /// When the command started running (CLOCK_MONOTONIC ns; 0: not yet, MAX: over).
     start: Arc<AtomicU64>,
+    /// Its backlog charge (0: not yet let through, MAX: finished).
+    slot: Arc<AtomicU64>,
+    gates: Arc<Gates>,
 }
 
 /// What the running callback needs.
 struct Running {
     account: Arc<Account>,
     start: Arc<AtomicU64>,
+    gates: Arc<Gates>,
 }
 
 const CL_RUNNING: cl_int = 1;
@@ -107,6 +216,7 @@ unsafe extern "C" fn running(_event: cl_event, status: cl_int, data: *mut c_void
         .is_ok()
     {
         r.account.running(now, 1);
+        r.gates.backlog.running.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -144,9 +254,13 @@ unsafe extern "C" fn measured(event: cl_event, status: cl_int, data: *mut c_void
     let started = m.start.swap(u64::MAX, Ordering::AcqRel);
     if started != 0 && started != u64::MAX {
         m.account.running(started, -1);
+        m.gates.backlog.running.fetch_sub(1, Ordering::Relaxed);
     }
     m.account.device_time(ns);
     m.account.in_flight(-1);
+    m.gates.backlog.finished(&m.slot, ns);
+    // A held command may have room now.
+    m.gates.wake.notify_one();
 }
 
 impl DeviceTime {
@@ -155,7 +269,7 @@ impl DeviceTime {
             rt,
             account,
             queues: Mutex::default(),
-            held: Arc::default(),
+            gates: Arc::default(),
             gate_thread: OnceLock::new(),
         }
     }
@@ -255,11 +369,22 @@ impl DeviceTime {
     }
 
     /// The gate a command on `queue` must wait behind now, if the VM's decision holds
-    /// or delays it.
+    /// or delays it or the session's backlog is full.
     pub fn admit(&self, queue: cl_command_queue) -> Option<HeldGate> {
         let until = match self.account.gate() {
-            Gate::Run => return None,
-            Gate::Hold => None,
+            // Commands already waiting go first.
+            Gate::Run
+                if self.gates.backlog.room()
+                    && self
+                        .gates
+                        .held
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_empty() =>
+            {
+                return None;
+            }
+            Gate::Run | Gate::Hold => None,
             Gate::Delay(ns) => Some(Instant::now() + Duration::from_nanos(ns)),
         };
         let mut context: *mut c_void = std::ptr::null_mut();
@@ -294,25 +419,35 @@ impl DeviceTime {
             }
             return;
         }
-        if let Some(g) = gate {
-            self.account.held(1);
-            self.start_gate_thread();
-            let (list, cv) = &*self.held;
-            list.lock().unwrap_or_else(|e| e.into_inner()).push(Held {
-                gate: g.event as usize,
-                since: Instant::now(),
-                until: g.until,
-            });
-            cv.notify_one();
+        // Where the command's backlog charge is kept (none for a command without an
+        // event: nothing would give it back).
+        let slot = (!event.is_null()).then(|| Arc::new(AtomicU64::new(0)));
+        match (gate, &slot) {
+            (Some(g), _) => {
+                self.account.held(1);
+                self.start_gate_thread();
+                self.gates
+                    .held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Held {
+                        gate: g.event as usize,
+                        since: Instant::now(),
+                        until: g.until,
+                        slot: slot.clone(),
+                    });
+                self.gates.wake.notify_one();
+            }
+            (None, Some(slot)) => self.gates.backlog.charge(slot),
+            (None, None) => {}
         }
-        if event.is_null() {
-            return;
-        }
+        let Some(slot) = slot else { return };
         self.account.in_flight(1);
         let start = Arc::new(AtomicU64::new(0));
         let r = Box::into_raw(Box::new(Running {
             account: self.account.clone(),
             start: start.clone(),
+            gates: self.gates.clone(),
         }));
         if self
             .rt
@@ -327,6 +462,8 @@ impl DeviceTime {
             account: self.account.clone(),
             enqueued: Instant::now(),
             start,
+            slot: slot.clone(),
+            gates: self.gates.clone(),
         }));
         let registered = self
             .rt
@@ -335,6 +472,8 @@ impl DeviceTime {
             // SAFETY: the callback was not registered, so this is the only owner.
             drop(unsafe { Box::from_raw(m) });
             self.account.in_flight(-1);
+            // Never finishes as far as this server knows: charged nothing.
+            self.gates.backlog.finished(&slot, 0);
         }
         if own {
             self.rt.clReleaseEvent(event);
@@ -343,10 +482,10 @@ impl DeviceTime {
 
     fn start_gate_thread(&self) {
         self.gate_thread.get_or_init(|| {
-            let (rt, account, held) = (self.rt, self.account.clone(), self.held.clone());
+            let (rt, account, gates) = (self.rt, self.account.clone(), self.gates.clone());
             let spawned = std::thread::Builder::new()
                 .name("gates".into())
-                .spawn(move || gate_loop(rt, &account, &held));
+                .spawn(move || gate_loop(rt, &account, &gates));
             if let Err(e) = spawned {
                 warn!("cannot start the gate thread ({e}); held commands open at teardown");
             }
@@ -355,10 +494,9 @@ impl DeviceTime {
 
     /// Opens every gate (the session ends: nothing may wait for a decision any more).
     pub fn open_all(&self) {
-        let (list, _) = &*self.held;
-        let mut l = list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.gates.held.lock().unwrap_or_else(|e| e.into_inner());
         for h in l.drain(..) {
-            open(self.rt, &self.account, &h);
+            open(self.rt, &self.account, &self.gates.backlog, &h);
         }
     }
 }
@@ -370,7 +508,10 @@ pub struct HeldGate {
     until: Option<Instant>,
 }
 
-fn open(rt: &OpenCl, account: &Account, h: &Held) {
+fn open(rt: &OpenCl, account: &Account, backlog: &Backlog, h: &Held) {
+    if let Some(slot) = &h.slot {
+        backlog.charge(slot);
+    }
     let g = h.gate as cl_event;
     rt.clSetUserEventStatus(g, CL_COMPLETE);
     rt.clReleaseEvent(g);
@@ -378,28 +519,34 @@ fn open(rt: &OpenCl, account: &Account, h: &Held) {
     account.held(-1);
 }
 
-/// Opens gates as the VM's decision allows, polling while any is shut.
-fn gate_loop(rt: &'static OpenCl, account: &Account, held: &(Mutex<Vec<Held>>, Condvar)) {
-    let (lock, cv) = held;
-    let mut list = lock.lock().unwrap_or_else(|e| e.into_inner());
+/// Opens gates in order as the VM's decision and the session's backlog allow,
+/// polling while any is shut (and woken by each completion).
+fn gate_loop(rt: &'static OpenCl, account: &Account, gates: &Gates) {
+    let mut list = gates.held.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if list.is_empty() {
-            list = cv.wait(list).unwrap_or_else(|e| e.into_inner());
+            list = gates.wake.wait(list).unwrap_or_else(|e| e.into_inner());
             continue;
         }
         let gate = account.gate();
         let now = Instant::now();
-        list.retain(|h| {
-            let opens = match h.until {
+        let mut opened = 0;
+        for h in list.iter() {
+            let allowed = match h.until {
                 Some(t) => now >= t,
                 None => gate != Gate::Hold,
             };
-            if opens {
-                open(rt, account, h);
+            // In order: a command that may not go yet keeps the later ones waiting.
+            let room = gates.backlog.room() || gates.backlog.stalled();
+            if !allowed || !room {
+                break;
             }
-            !opens
-        });
-        list = cv
+            open(rt, account, &gates.backlog, h);
+            opened += 1;
+        }
+        list.drain(..opened);
+        list = gates
+            .wake
             .wait_timeout(list, GATE_POLL)
             .unwrap_or_else(|e| e.into_inner())
             .0;

@@ -3,6 +3,7 @@
 
 mod dataplane;
 mod hardening;
+mod host_memory;
 mod isolation;
 mod kernel_args;
 mod malformed;

@@ -112,6 +112,75 @@ fn a_vm_ahead_of_its_share_waits_on_the_device_until_the_other_has_run() {
     d.wait_idle(TIMEOUT);
 }
 
+/// `ok A B C` → the numbers.
+fn numbers(answer: &str) -> Vec<u64> {
+    let rest = answer
+        .strip_prefix("ok")
+        .unwrap_or_else(|| panic!("{answer}"));
+    rest.split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_flooding_vm_keeps_at_most_its_backlog_bound_on_the_device() {
+    // The bound: a session keeps at most 20 ms of device work enqueued, or two of its
+    // commands if they are longer (api-server/src/opencl/device_time.rs); the rest of
+    // a flood waits behind gates, so on a device that runs commands in order another
+    // VM's launch waits for at most that and the command running, however much the
+    // flooding guest enqueued. Checked as counts from the daemon's status (commands
+    // in flight and held) and from the host's own timestamps, never as seconds.
+    let d = Daemon::start(&["flood", "light"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("busy");
+    let mut flood = LineProgram::start(d.guest(&vendors, "flood", &exe));
+    let mut light = LineProgram::start(d.guest(&vendors, "light", &exe));
+    // Launches of 40 ms or more; a few of them, so that the flooding session's
+    // estimate of its command length (a moving mean) is about theirs.
+    let n = numbers(&flood.ask("run 40"))[0];
+    for _ in 0..8 {
+        assert_eq!(flood.ask(&format!("once {n}")), "ok");
+    }
+    const QUEUED: u64 = 12;
+    assert_eq!(flood.ask(&format!("flood {n} {QUEUED}")), "ok");
+    // Another VM launches meanwhile.
+    light.send(&format!("time {n}"));
+    // Until the flood has run: never more than two launches (one more while a gate
+    // opens between the two counters' reads) on the device, the rest held.
+    let mut most_held = 0;
+    let start = Instant::now();
+    loop {
+        let v = vm(&d, "flood");
+        let (in_flight, held) = (
+            v["in_flight"].as_u64().unwrap(),
+            v["held"].as_u64().unwrap(),
+        );
+        assert!(
+            in_flight.saturating_sub(held) <= 3,
+            "{in_flight} launches in flight, only {held} of them held: {v}"
+        );
+        most_held = most_held.max(held);
+        if in_flight == 0 {
+            break;
+        }
+        assert!(start.elapsed() < TIMEOUT, "the flood never ran: {v}");
+        std::thread::yield_now();
+    }
+    assert!(
+        most_held >= QUEUED - 3,
+        "at most {most_held} of {QUEUED} launches were ever held"
+    );
+    let t = numbers(&light.line());
+    let starts = numbers(&flood.ask("drain"));
+    assert_eq!(starts.len(), QUEUED as usize);
+    // The light launch ran while the flood went on, not after it.
+    let after = starts.iter().filter(|&&s| s >= t[1]).count();
+    assert!(after > 0, "the flood was over before the light launch ran");
+    assert!(vm(&d, "flood")["held_ns"].as_u64().unwrap() > 0);
+    drop((flood, light));
+    d.wait_idle(TIMEOUT);
+}
+
 /// A GET on the metrics endpoint: status line and body.
 fn http_get(addr: &str, path: &str) -> (String, String) {
     use std::io::Read;
@@ -174,8 +243,8 @@ fn prometheus_metrics_show_each_vms_device_time_memory_and_share() {
         metric(&body, "hira_vm_memory_quota_bytes{vm=\"m\"}"),
         64.0 * 1048576.0
     );
-    // The busy program holds one 4-byte buffer.
-    assert_eq!(metric(&body, "hira_vm_memory_bytes{vm=\"m\"}"), 4.0);
+    // The busy program holds one 32-byte buffer.
+    assert_eq!(metric(&body, "hira_vm_memory_bytes{vm=\"m\"}"), 32.0);
     assert!(metric(&body, "hira_session_device_seconds_total{vm=\"m\"") >= ns / 1e9);
     let (status, _) = http_get(&addr, "/other");
     assert!(status.contains("404"), "{status}");
