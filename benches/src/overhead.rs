@@ -120,8 +120,9 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
         run(&env, side, &rtt, &["1000".into()])?;
         run(&env, side, &stencil, &["10".into()])?;
     }
-    // Per side: sync median, sync p99, async mean, stencil seconds.
-    let mut m: [[Vec<f64>; 4]; 3] = Default::default();
+    // Per side: sync median, sync p99, async mean, stencil seconds, blocking 4-byte
+    // write median, empty kernel + clFinish median.
+    let mut m: [[Vec<f64>; 6]; 3] = Default::default();
     let mut floor = vec![];
     let mut stencil_out = None;
     for i in 0..repeats {
@@ -131,6 +132,8 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
             m[k][0].push(field(&o, "sync_median_ns")? / 1e3);
             m[k][1].push(field(&o, "sync_p99_ns")? / 1e3);
             m[k][2].push(field(&o, "async_mean_ns")? / 1e3);
+            m[k][4].push(field(&o, "write4_median_ns")? / 1e3);
+            m[k][5].push(field(&o, "kernel_finish_median_ns")? / 1e3);
             let (o, t) = run(&env, side, &stencil, &iters_arg)?;
             let first = stencil_out.get_or_insert_with(|| o.clone());
             ensure!(
@@ -162,6 +165,14 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
         (
             "async call (clSetKernelArg), mean (us)",
             [med(0, 2), med(1, 2), med(2, 2)],
+        ),
+        (
+            "blocking 4-byte write, median (us)",
+            [med(0, 4), med(1, 4), med(2, 4)],
+        ),
+        (
+            "empty kernel + clFinish, median (us)",
+            [med(0, 5), med(1, 5), med(2, 5)],
         ),
         ("stencil wall time (s)", [med(0, 3), med(1, 3), med(2, 3)]),
     ];
@@ -260,11 +271,13 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     std::fs::write(
         json,
         format!(
-            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}]}}\n",
+            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}]}}\n",
             trio(&rows[0].1),
             trio(&rows[1].1),
             trio(&rows[2].1),
             trio(&rows[3].1),
+            trio(&rows[4].1),
+            trio(&rows[5].1),
             daemon_json.join(","),
             concurrency_json.join(","),
         ),

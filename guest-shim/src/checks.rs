@@ -779,6 +779,7 @@ fn check_transfer(
     id_of(queue.cast(), Kind::Queue)?;
     let m = mem_of(buffer)?;
     let unknown = check_range(&m, offset, size)?;
+    rt::check_same_context(queue.cast(), &[buffer.cast()])?;
     if ptr_is_null || size == 0 {
         return Err(CL_INVALID_VALUE);
     }
@@ -921,4 +922,69 @@ pub(crate) unsafe fn clEnqueueFillBuffer(
         return Err(CL_INVALID_VALUE);
     }
     Ok(unknown)
+}
+
+/// `CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE`.
+const OUT_OF_ORDER: u64 = 1 << 0;
+/// `CL_QUEUE_PROPERTIES` in a property list.
+const CL_QUEUE_PROPERTIES: u64 = 0x1093;
+
+/// `clCreateCommandQueue`: the host checks the properties.
+pub(crate) unsafe fn clCreateCommandQueue(
+    _context: cl_context,
+    _device: cl_device_id,
+    _properties: u64,
+    _errcode_ret: *mut cl_int,
+) -> Result<bool, cl_int> {
+    Ok(false)
+}
+
+/// Whether a queue runs its commands in order matters to how writes are forwarded
+/// (see `Call::early_return`).
+pub(crate) unsafe fn clCreateCommandQueue_created(
+    queue: *mut c_void,
+    _context: cl_context,
+    _device: cl_device_id,
+    properties: u64,
+    _errcode_ret: *mut cl_int,
+) {
+    if properties & OUT_OF_ORDER != 0 {
+        rt::note_out_of_order(queue);
+    }
+}
+
+/// `clCreateCommandQueueWithProperties`: the host checks the list.
+pub(crate) unsafe fn clCreateCommandQueueWithProperties(
+    _context: cl_context,
+    _device: cl_device_id,
+    _properties: *const u64,
+    _errcode_ret: *mut cl_int,
+) -> Result<bool, cl_int> {
+    Ok(false)
+}
+
+/// As for `clCreateCommandQueue`, from the property list (which the host accepted, so
+/// it is well formed and zero-terminated).
+pub(crate) unsafe fn clCreateCommandQueueWithProperties_created(
+    queue: *mut c_void,
+    _context: cl_context,
+    _device: cl_device_id,
+    properties: *const u64,
+    _errcode_ret: *mut cl_int,
+) {
+    if properties.is_null() {
+        return;
+    }
+    let mut i = 0;
+    loop {
+        // SAFETY: key/value pairs up to a zero key, as the host read them.
+        let (key, value) = unsafe { (*properties.add(i), *properties.add(i + 1)) };
+        if key == 0 {
+            return;
+        }
+        if key == CL_QUEUE_PROPERTIES && value & OUT_OF_ORDER != 0 {
+            rt::note_out_of_order(queue);
+        }
+        i += 2;
+    }
 }

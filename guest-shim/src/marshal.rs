@@ -99,6 +99,8 @@ pub struct Call {
     window_out: usize,
     /// Token of a non-blocking read, whose output arrives after the reply.
     defer: Option<u64>,
+    /// Where a write's blocking flag is in the request.
+    blocking_at: Option<usize>,
 }
 
 impl Call {
@@ -112,7 +114,31 @@ impl Call {
             window_in: 0,
             window_out: 0,
             defer: None,
+            blocking_at: None,
         }
+    }
+
+    /// The blocking flag of a write, which [`Call::early_return`] may still clear.
+    pub fn blocking_write(&mut self, blocking: bool) {
+        self.blocking_at = Some(self.w.len());
+        self.w.u32(u32::from(blocking));
+    }
+
+    /// Whether a blocking write whose data is all in the request (none in the window)
+    /// can return without waiting, and if so makes it a non-blocking one: the API
+    /// server copies the data, so the application's memory is reusable at once, as
+    /// the specification requires of a blocking write (which need not have completed
+    /// when it returns). `allowed`: the application asked for no event and the queue
+    /// is in order, so nothing it can observe differs.
+    pub fn early_return(&mut self, allowed: bool) -> bool {
+        let Some(at) = self.blocking_at else {
+            return false;
+        };
+        if !allowed || !self.spans.is_empty() || rt::force_sync() {
+            return false;
+        }
+        self.w.patch_u32(at, 0);
+        true
     }
 
     /// The blocking flag of a read. A non-blocking read names a token; its output is

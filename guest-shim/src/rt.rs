@@ -65,6 +65,8 @@ struct Objects {
     /// Command types of events whose command the guest carries out with other calls
     /// (maps, SVM operations), as the application must see them.
     command_type: HashMap<u64, u32>,
+    /// The queues made out of order.
+    out_of_order: std::collections::HashSet<u64>,
 }
 
 struct Runtime {
@@ -303,10 +305,25 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.mem.remove(&id);
         o.context_of.remove(&id);
         o.command_type.remove(&id);
+        o.out_of_order.remove(&id);
         crate::checks::forget(id);
         // SAFETY: made by `Box::into_raw` in `adopt` and now unreachable from the tables.
         drop(unsafe { Box::from_raw(ptr as *mut Obj) });
     }
+}
+
+/// Records that queue `queue` was made out of order.
+pub(crate) fn note_out_of_order(queue: *mut c_void) {
+    let mut o = objects();
+    if let Some(&(id, Kind::Queue)) = o.by_ptr.get(&(queue as usize)) {
+        o.out_of_order.insert(id);
+    }
+}
+
+/// Whether `queue` is one of ours made in order (its commands run one after another).
+pub(crate) fn in_order(queue: *mut c_void) -> bool {
+    let o = objects();
+    matches!(o.by_ptr.get(&(queue as usize)), Some(&(id, Kind::Queue)) if !o.out_of_order.contains(&id))
 }
 
 /// Records that the event the application got in `*event` (if it asked for one)

@@ -77,6 +77,11 @@ impl Writer {
         self
     }
 
+    /// Overwrites the `u32` written at byte `at` (a field decided after later ones).
+    pub fn patch_u32(&mut self, at: usize, v: u32) {
+        self.buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
     /// A length-prefixed byte string.
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.u32(u32::try_from(v.len()).expect("payload items are capped below 4 GiB"));

@@ -1,6 +1,8 @@
 /* Round trip of a synchronous no-op call, clGetCommandQueueInfo(CL_QUEUE_REFERENCE_COUNT)
- * (a query Hira never caches), and the cost of an asynchronously forwarded call,
- * clSetKernelArg. Usage: rtt [calls] (default 20000). Prints nanoseconds. */
+ * (a query Hira never caches), the cost of an asynchronously forwarded call,
+ * clSetKernelArg, and the medians of a blocking 4-byte clEnqueueWriteBuffer and of an
+ * empty kernel launch followed by clFinish. Usage: rtt [calls] (default 20000; a
+ * tenth of that for the last two). Prints nanoseconds. */
 #include "common.h"
 #include <time.h>
 
@@ -42,8 +44,32 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) CHECK(clSetKernelArg(k, 0, sizeof i, &i));
     CHECK(clFinish(q));
     double async_ns = (double)(now_ns() - t0) / n;
-    printf("sync_median_ns=%lld sync_p99_ns=%lld async_mean_ns=%.0f calls=%d\n", t[n / 2], t[n * 99 / 100],
-           async_ns, n);
+    long long sync_median = t[n / 2], sync_p99 = t[n * 99 / 100];
+    int m = n / 10 > 0 ? n / 10 : 1;
+    cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4, NULL, &err);
+    CHECK_ERR(err, "clCreateBuffer");
+    for (int i = 0; i < m; i++) {
+        long long t1 = now_ns();
+        CHECK(clEnqueueWriteBuffer(q, buf, CL_TRUE, 0, 4, &i, 0, NULL, NULL));
+        t[i] = now_ns() - t1;
+    }
+    CHECK(clFinish(q));
+    qsort(t, m, sizeof *t, cmp);
+    long long write_median = t[m / 2];
+    size_t one = 1;
+    int zero = 0;
+    CHECK(clSetKernelArg(k, 0, sizeof zero, &zero));
+    for (int i = 0; i < m; i++) {
+        long long t1 = now_ns();
+        CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &one, NULL, 0, NULL, NULL));
+        CHECK(clFinish(q));
+        t[i] = now_ns() - t1;
+    }
+    qsort(t, m, sizeof *t, cmp);
+    printf("sync_median_ns=%lld sync_p99_ns=%lld async_mean_ns=%.0f write4_median_ns=%lld "
+           "kernel_finish_median_ns=%lld calls=%d\n",
+           sync_median, sync_p99, async_ns, write_median, t[m / 2], n);
+    clReleaseMemObject(buf);
     free(t);
     clReleaseKernel(k);
     clReleaseProgram(prog);

@@ -106,3 +106,27 @@ fn programs_match_native_relayed_and_with_synchronous_forwarding() {
         }
     }
 }
+
+#[test]
+fn a_blocking_write_returns_once_its_data_is_sent() {
+    // tests/c/early_write.c: a blocking write behind a user-event barrier returns at
+    // once with its data taken (natively it would wait for the barrier), and lands in
+    // order; with an event, or on an out-of-order queue, a blocking write has
+    // completed when it returns, as natively.
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("early_write");
+    for rings in ["1", "0"] {
+        let o = run_with_timeout(
+            daemon.guest(&vendors, "vm1", &exe).env("HIRA_RINGS", rings),
+            Duration::from_secs(120),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "ok\n",
+            "HIRA_RINGS={rings}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success());
+    }
+}
