@@ -82,7 +82,11 @@ pub fn socket_ping_pong(rounds: usize) -> Result<f64> {
 fn concurrent_rtt(env: &BenchEnv, side: Side, exe: &Path, n: usize, calls: u32) -> Result<f64> {
     let children = (0..n)
         .map(|_| {
-            let mut cmd = env.command(side != Side::Native, exe, &[calls.to_string()]);
+            let mut cmd = env.command(
+                side != Side::Native,
+                exe,
+                &[calls.to_string(), "sync".to_string()],
+            );
             if side == Side::Relay {
                 cmd.env("HIRA_RINGS", "0");
             }

@@ -1,9 +1,11 @@
 /* Round trip of a synchronous no-op call, clGetCommandQueueInfo(CL_QUEUE_REFERENCE_COUNT)
  * (a query Hira never caches), the cost of an asynchronously forwarded call,
  * clSetKernelArg, and the medians of a blocking 4-byte clEnqueueWriteBuffer and of an
- * empty kernel launch followed by clFinish. Usage: rtt [calls] (default 20000; a
- * tenth of that for the last two). Prints nanoseconds. */
+ * empty kernel launch followed by clFinish. Usage: rtt [calls [sync]] (default 20000;
+ * a tenth of that for the last two, which `sync` leaves out, so that concurrent
+ * copies measure calls alone). Prints nanoseconds. */
 #include "common.h"
+#include <string.h>
 #include <time.h>
 
 static const char *SRC = "__kernel void k(int x) { }\n";
@@ -45,6 +47,11 @@ int main(int argc, char **argv) {
     CHECK(clFinish(q));
     double async_ns = (double)(now_ns() - t0) / n;
     long long sync_median = t[n / 2], sync_p99 = t[n * 99 / 100];
+    if (argc > 2 && !strcmp(argv[2], "sync")) {
+        printf("sync_median_ns=%lld sync_p99_ns=%lld async_mean_ns=%.0f calls=%d\n", sync_median,
+               sync_p99, async_ns, n);
+        return 0;
+    }
     int m = n / 10 > 0 ? n / 10 : 1;
     cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4, NULL, &err);
     CHECK_ERR(err, "clCreateBuffer");
