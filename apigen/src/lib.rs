@@ -92,9 +92,10 @@ impl Api {
             // synchronising calls), has a blocking flag, or is marked `waits`.
             let may_block =
                 f.reports || f.waits || f.args.iter().any(|a| matches!(a.kind, Kind::Blocking));
+            let replay = replay_role(f);
             let _ = writeln!(
                 s,
-                "    OpInfo {{ opcode: {}, name: \"{}\", may_async: {}, may_block: {may_block} }},",
+                "    OpInfo {{ opcode: {}, name: \"{}\", may_async: {}, may_block: {may_block}, replay: {replay} }},",
                 f.opcode, f.name, f.is_async
             );
         }
@@ -141,6 +142,29 @@ impl Api {
         s.push_str("        other => Err(Fail::UnknownOpcode(other)),\n    }\n}\n");
         Ok(s)
     }
+}
+
+/// What a call does to API objects, for migration's record-and-replay log: a
+/// returned handle (`rets`) or owned handles it returns (`ouths(K, n, owned)`)
+/// create, `hret` retains, `hrel` releases, the `configures` flag configures.
+fn replay_role(f: &Func) -> String {
+    if let Some(k) = &f.rets {
+        return format!("Replay::Creates(Kind::{k})");
+    }
+    for a in &f.args {
+        match &a.kind {
+            Kind::OutHandles {
+                kind, owned: true, ..
+            } => return format!("Replay::Creates(Kind::{kind})"),
+            Kind::Retain(k) => return format!("Replay::Retains(Kind::{k})"),
+            Kind::Release(k) => return format!("Replay::Releases(Kind::{k})"),
+            _ => {}
+        }
+    }
+    if f.configures {
+        return "Replay::Configures".into();
+    }
+    "Replay::None".into()
 }
 
 /// For a write with a blocking flag, input data and an event: the names of the flag,

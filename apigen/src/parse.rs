@@ -142,6 +142,10 @@ pub struct Func {
     /// applies the VM's scheduling decision before it reaches the device. Needs
     /// `command_queue`, `num_events_in_wait_list`, `event_wait_list` and `event`.
     pub device: bool,
+    /// The call changes the state of an existing object (its first handle argument)
+    /// in a way a migrated session must have again: kernel arguments, program builds,
+    /// user-event status, callbacks.
+    pub configures: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -390,6 +394,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         internal: false,
         waits: false,
         device: false,
+        configures: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -402,6 +407,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "internal" => f.internal = true,
             "waits" => f.waits = true,
             "device" => f.device = true,
+            "configures" => f.configures = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

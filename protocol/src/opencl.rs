@@ -141,6 +141,27 @@ pub struct OpInfo {
     /// The call may wait for the device (or for a user event another guest thread
     /// sets): a blocking flag, a synchronising call, or the `waits` flag.
     pub may_block: bool,
+    /// What the call does to API objects, for migration's log.
+    pub replay: Replay,
+}
+
+/// What a call does to API objects, as the API description says (`rets` and owned
+/// `ouths` create, `hret` retains, `hrel` releases, the `configures` flag): the
+/// record-and-replay log of a session keeps the calls that create and configure
+/// objects still alive, and nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Neither creates, configures nor changes references (queries, transfers,
+    /// launches).
+    None,
+    /// Makes one or more objects of this kind.
+    Creates(Kind),
+    /// Adds a reference to an object of this kind.
+    Retains(Kind),
+    /// Drops a reference to an object of this kind.
+    Releases(Kind),
+    /// Changes the state of its first object argument.
+    Configures,
 }
 
 include!(concat!(env!("OUT_DIR"), "/opencl_ops.rs"));
