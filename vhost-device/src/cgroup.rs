@@ -203,3 +203,88 @@ impl Drop for VmCgroup {
         self.remove();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory laid out as the kernel lays out a cgroup of `version` (the files
+    /// are plain files here, so what the daemon writes can be read back).
+    fn fake(version: Version) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        match version {
+            Version::V2 => {
+                fs::write(d.path().join("cgroup.controllers"), "cpu io memory pids\n").unwrap();
+                fs::write(d.path().join("cgroup.subtree_control"), "").unwrap();
+            }
+            Version::V1 => fs::write(d.path().join("memory.limit_in_bytes"), "").unwrap(),
+        }
+        d
+    }
+
+    /// What the kernel puts in a new VM cgroup.
+    fn populate(dir: &Path, version: Version) {
+        let files: &[(&str, &str)] = match version {
+            Version::V2 => &[
+                ("memory.max", "max\n"),
+                ("memory.current", "4096\n"),
+                (
+                    "memory.events",
+                    "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n",
+                ),
+            ],
+            Version::V1 => &[
+                ("memory.limit_in_bytes", "9223372036854771712\n"),
+                ("memory.usage_in_bytes", "8192\n"),
+                (
+                    "memory.oom_control",
+                    "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+                ),
+            ],
+        };
+        for (f, text) in files {
+            fs::write(dir.join(f), text).unwrap();
+        }
+    }
+
+    #[test]
+    fn both_hierarchies_are_recognised_read_and_capped() {
+        for (version, usage, kills, none) in
+            [(Version::V2, 4096, 1, "max"), (Version::V1, 8192, 2, "-1")]
+        {
+            let root = fake(version);
+            let c = Cgroups::open(root.path()).unwrap();
+            assert_eq!(c.version(), version);
+            if version == Version::V2 {
+                let enabled =
+                    fs::read_to_string(root.path().join("cgroup.subtree_control")).unwrap();
+                assert_eq!(enabled, "+memory", "the controller is enabled for the VMs");
+            }
+            let dir = root.path().join("vm-a");
+            fs::create_dir(&dir).unwrap();
+            fs::write(dir.join("cgroup.procs"), "").unwrap();
+            populate(&dir, version);
+            let vm = c.vm("a").unwrap();
+            assert_eq!(vm.path(), dir);
+            assert_eq!(vm.limit(), None, "{version:?}: no cap reads as none");
+            assert_eq!(vm.usage(), Some(usage));
+            assert_eq!(vm.oom_kills(), Some(kills));
+            vm.set_limit(Some(64 << 20)).unwrap();
+            assert_eq!(vm.limit(), Some(64 << 20));
+            vm.set_limit(None).unwrap();
+            let file = dir.join(version.limit_file());
+            assert_eq!(fs::read_to_string(file).unwrap(), none);
+        }
+    }
+
+    #[test]
+    fn a_directory_without_the_memory_controller_is_refused() {
+        let plain = tempfile::tempdir().unwrap();
+        let e = Cgroups::open(plain.path()).unwrap_err();
+        assert!(e.to_string().contains("memory controller"), "{e}");
+        let v2 = tempfile::tempdir().unwrap();
+        fs::write(v2.path().join("cgroup.controllers"), "cpu pids\n").unwrap();
+        let e = Cgroups::open(v2.path()).unwrap_err();
+        assert!(e.to_string().contains("not enabled"), "{e}");
+    }
+}
