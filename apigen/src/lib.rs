@@ -674,6 +674,13 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 );
                 let _ = writeln!(chk, "if {n}__guest == 0 {{ s.may_defer()?; }}");
             }
+            Kind::Blocking if detached_write(f).is_some() => {
+                // A write also names the token of its window data (0: none).
+                let _ = writeln!(
+                    dec,
+                    "let {n}__guest = r.u32()?;\nlet {n}__token = r.u64()?;\nlet {n}: {ct} = CL_TRUE;"
+                );
+            }
             Kind::Blocking => {
                 let _ = writeln!(dec, "let {n}__guest = r.u32()?;\nlet {n}: {ct} = CL_TRUE;");
             }
@@ -942,7 +949,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             .ctype;
         let _ = writeln!(
             s,
-            "    let detach = {b}__guest == 0;\n    let {b}: cl_bool = if detach {{ CL_FALSE }} else {{ CL_TRUE }};\n    let ({d}, {d}__keep) = if detach {{ Session::detach(&{d}__b) }} else {{ ({d} as *mut c_void, None) }};\n    let {d} = {d} as {dct};\n    let mut {e}__own: cl_event = std::ptr::null_mut();\n    let {e}: *mut cl_event = if detach && {e}.is_null() {{ &mut {e}__own }} else {{ {e} }};"
+            "    let detach = {b}__guest == 0;\n    let {b}: cl_bool = if detach {{ CL_FALSE }} else {{ CL_TRUE }};\n    let window__kept = detach && {b}__token != 0 && Session::in_window(&{d}__b) && s.may_defer().is_ok();\n    let ({d}, {d}__keep) = if detach && !window__kept {{ Session::detach(&{d}__b) }} else {{ ({d} as *mut c_void, None) }};\n    let {d} = {d} as {dct};\n    let mut {e}__own: cl_event = std::ptr::null_mut();\n    let {e}: *mut cl_event = if detach && {e}.is_null() {{ &mut {e}__own }} else {{ {e} }};"
         );
     }
     let deferred = deferred_read(f);
@@ -1048,6 +1055,13 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         let _ = writeln!(
             s,
             "    if let Some(keep) = {d}__keep {{\n        let ev = if {e}__id != 0 {{ {e}__slot }} else {{ {e}__own }};\n        s.free_when_complete(status, ev, keep, {e}__id == 0);\n    }}"
+        );
+        // Window data the host reads later is the guest's again once it has: the
+        // guest learns it from an OUTPUT_DONE naming its token.
+        let (b, _, _) = detach.as_ref().expect("detached write");
+        let _ = writeln!(
+            s,
+            "    if {b}__token != 0 {{\n        let ev = if {e}__id != 0 {{ {e}__slot }} else {{ {e}__own }};\n        s.window_read_when_complete({b}__token, status, ev, window__kept && {e}__id == 0);\n    }}"
         );
     }
     if let Some((b, d, e)) = &deferred {

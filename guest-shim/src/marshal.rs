@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{LazyLock, Mutex};
 
-use hira_guest_driver::{WindowRegion, endpoint};
+use hira_guest_driver::{Connection, WindowRegion, endpoint};
 use hira_protocol::Span;
 use hira_protocol::codec::{MAX_ARRAY, Reader, Writer};
 use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
@@ -118,26 +118,61 @@ impl Call {
         }
     }
 
-    /// The blocking flag of a write, which [`Call::early_return`] may still clear.
+    /// The blocking flag of a write, which [`Call::early_return`] may still clear,
+    /// and the token of its window data (0: none yet; see [`Call::send`]).
     pub fn blocking_write(&mut self, blocking: bool) {
         self.blocking_at = Some(self.w.len());
-        self.w.u32(u32::from(blocking));
+        self.w.u32(u32::from(blocking)).u64(0);
     }
 
-    /// Whether a blocking write whose data is all in the request (none in the window)
-    /// can return without waiting, and if so makes it a non-blocking one: the API
-    /// server copies the data, so the application's memory is reusable at once, as
-    /// the specification requires of a blocking write (which need not have completed
-    /// when it returns). `allowed`: the application asked for no event and the queue
-    /// is in order, so nothing it can observe differs.
+    /// Whether a blocking write can return without waiting, and if so makes it a
+    /// non-blocking one: its data is already out of the application's memory (in the
+    /// request, which the API server copies, or in the window, which stays reserved
+    /// until the host has read it), so the memory is reusable at once, as the
+    /// specification requires of a blocking write (which need not have completed
+    /// when it returns). `allowed`: the application asked for no event, gave no wait
+    /// list and the queue is in order, so nothing it can observe differs.
     pub fn early_return(&mut self, allowed: bool) -> bool {
         let Some(at) = self.blocking_at else {
             return false;
         };
-        if !allowed || !self.spans.is_empty() || rt::force_sync() {
+        if !allowed || rt::force_sync() {
+            return false;
+        }
+        if !self.spans.is_empty() && !rt::window_budget(self.window_in) {
             return false;
         }
         self.w.patch_u32(at, 0);
+        true
+    }
+
+    /// For a non-blocking write (or one [`Call::early_return`] made so) with its data
+    /// in the window: keeps the window regions until the host has read them (an
+    /// `OUTPUT_DONE` notification names the token the request now carries), so the
+    /// call needs no reply. False when the write has no data in the window or the
+    /// session's writes in flight already hold half of it.
+    fn keep_window_data(&mut self, conn: &Connection) -> bool {
+        let Some(at) = self.blocking_at else {
+            return false;
+        };
+        if self.spans.is_empty()
+            || self.w.as_slice()[at..at + 4] != [0; 4]
+            || !rt::window_budget(self.window_in)
+        {
+            return false;
+        }
+        let token = conn.next_token();
+        self.w.patch_u64(at + 4, token);
+        let regions = std::mem::take(&mut self.regions);
+        let bytes = self.window_in;
+        rt::window_pending(bytes as isize);
+        conn.on_output(
+            token,
+            Box::new(move |_, _| {
+                drop(regions);
+                rt::window_pending(-(bytes as isize));
+            }),
+        );
         true
     }
 
@@ -552,9 +587,10 @@ impl Call {
 
     /// Sends the call. With `may_async` and no data in the window, it is forwarded
     /// without waiting and reported successful (errors are logged by the host).
-    pub fn send(self, may_async: bool) -> Result<Reply, cl_int> {
+    pub fn send(mut self, may_async: bool) -> Result<Reply, cl_int> {
         let conn = rt::conn()?;
-        let no_reply = may_async && self.spans.is_empty() && !rt::force_sync();
+        let kept = may_async && !rt::force_sync() && self.keep_window_data(conn);
+        let no_reply = may_async && (self.spans.is_empty() || kept) && !rt::force_sync();
         crate::stats::bytes(self.w.len() + self.window_in, 0);
         match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
             Ok(None) => Ok(Reply {

@@ -312,6 +312,27 @@ pub(crate) fn released(ptr: *mut c_void) {
     }
 }
 
+/// Bytes of the window that writes sent without a reply hold until the host has
+/// read them.
+static WINDOW_PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Adds (or with a negative count, gives back) window bytes held by writes in flight.
+pub(crate) fn window_pending(delta: isize) {
+    if delta >= 0 {
+        WINDOW_PENDING.fetch_add(delta as usize, Ordering::Relaxed);
+    } else {
+        WINDOW_PENDING.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+    }
+}
+
+/// Whether a write of `bytes` in the window may be sent without a reply: writes in
+/// flight hold at most half the window, so other calls always find room.
+pub(crate) fn window_budget(bytes: usize) -> bool {
+    let Ok(c) = conn() else { return false };
+    let Some(w) = c.window() else { return false };
+    WINDOW_PENDING.load(Ordering::Relaxed) + bytes <= w.len() / 2
+}
+
 /// Records that queue `queue` was made out of order.
 pub(crate) fn note_out_of_order(queue: *mut c_void) {
     let mut o = objects();

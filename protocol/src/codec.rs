@@ -82,6 +82,11 @@ impl Writer {
         self.buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
     }
 
+    /// Overwrites the `u64` written at byte `at`.
+    pub fn patch_u64(&mut self, at: usize, v: u64) {
+        self.buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+
     /// A length-prefixed byte string.
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.u32(u32::try_from(v.len()).expect("payload items are capped below 4 GiB"));

@@ -1,8 +1,9 @@
-/* A blocking write whose data travels in the request returns once the data is sent
- * (the specification asks only that the application's memory be reusable then), so
- * it does not wait behind commands ahead of it in an in-order queue. Run through
- * Hira only: natively (PoCL) the first write below waits for the user event, which
- * this single thread sets only afterwards.
+/* A blocking write returns once its data is sent (the specification asks only that
+ * the application's memory be reusable then), whether the data travels in the
+ * request (small) or in the data window (large), so it does not wait behind
+ * commands ahead of it in an in-order queue. Run through Hira only: natively (PoCL)
+ * the gated writes below wait for the user event, which this single thread sets
+ * only afterwards.
  *
  * Prints "ok" when: the write behind a user-event barrier returned; the memory it
  * came from, overwritten at once, did not change what reached the buffer; a blocking
@@ -38,6 +39,45 @@ int main(void) {
         printf("wrong data %u %u %u %u\n", back[0], back[1], back[2], back[3]);
         return 1;
     }
+    /* The same with 4 MiB, which travels in the data window: returns behind a shut
+     * queue, the window keeps the data until the host has read it. Twice, so the
+     * second finds the window partly held. */
+    enum { BIG = 1 << 20 };
+    cl_mem big = clCreateBuffer(ctx, CL_MEM_READ_WRITE, BIG * sizeof(cl_uint), NULL, &err);
+    if (err) return 2;
+    cl_uint *src = malloc(BIG * sizeof(cl_uint)), *dst = malloc(BIG * sizeof(cl_uint));
+    cl_event gate2 = clCreateUserEvent(ctx, &err);
+    if (err || !src || !dst) return 2;
+    if (clEnqueueBarrierWithWaitList(q, 1, &gate2, NULL)) return 2;
+    for (cl_uint round = 0; round < 2; round++) {
+        for (cl_uint i = 0; i < BIG; i++) src[i] = i * 7u + round;
+        if (clEnqueueWriteBuffer(q, big, CL_TRUE, 0, BIG * sizeof(cl_uint), src, 0, NULL, NULL)) {
+            printf("big write failed\n");
+            return 1;
+        }
+        memset(src, 0xab, BIG * sizeof(cl_uint));
+    }
+    clSetUserEventStatus(gate2, CL_COMPLETE);
+    if (clEnqueueReadBuffer(q, big, CL_TRUE, 0, BIG * sizeof(cl_uint), dst, 0, NULL, NULL)) return 2;
+    for (cl_uint i = 0; i < BIG; i++)
+        if (dst[i] != i * 7u + 1) {
+            printf("big data wrong at %u: %u\n", i, dst[i]);
+            return 1;
+        }
+    /* Non-blocking writes from the window, many more than it holds at once. */
+    for (cl_uint round = 0; round < 40; round++) {
+        for (cl_uint i = 0; i < BIG; i += 4096) src[i] = round;
+        if (clEnqueueWriteBuffer(q, big, CL_FALSE, 0, BIG * sizeof(cl_uint), src, 0, NULL, NULL)) return 2;
+        if (clFinish(q)) return 2;
+    }
+    if (clEnqueueReadBuffer(q, big, CL_TRUE, 0, sizeof(cl_uint), dst, 0, NULL, NULL) || dst[0] != 39) {
+        printf("non-blocking window writes: %u\n", dst[0]);
+        return 1;
+    }
+    clReleaseEvent(gate2);
+    clReleaseMemObject(big);
+    free(src);
+    free(dst);
     /* With an event asked for, the write completes before it returns, as natively. */
     cl_event done;
     cl_uint five = 5;

@@ -115,6 +115,18 @@ impl Deferred {
         p
     }
 
+    /// Tells the guest at once that output `token` is over (a write whose window data
+    /// the host no longer needs, or never read).
+    pub fn done_now(&self, token: u64, status: cl_int) {
+        let o = OutputDone {
+            token,
+            status,
+            data: None,
+        };
+        self.writer
+            .send(FrameKind::Notify, OUTPUT_DONE, 0, 0, &o.encode());
+    }
+
     /// Whether another read may be deferred (`CL_OUT_OF_RESOURCES` when the session
     /// has too many in flight).
     pub fn may_defer(&self) -> Result<(), Fail> {

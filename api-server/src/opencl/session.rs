@@ -1203,6 +1203,34 @@ impl<'a> Session<'a> {
             .ok_or(Fail::Status(CL_INVALID_VALUE))
     }
 
+    /// Whether input bytes are in the data window.
+    pub fn in_window(b: &BytesIn<'_>) -> bool {
+        matches!(b, BytesIn::Window(..))
+    }
+
+    /// A write sent without a reply left its data in the window under `token`: the
+    /// guest may reuse that part of the window once the host has read it, which an
+    /// `OUTPUT_DONE` for the token says (now, if the write failed or has no event).
+    /// `owned`: `ev` is the server's own reference, which this takes over.
+    pub fn window_read_when_complete(
+        &self,
+        token: u64,
+        status: cl_int,
+        ev: opencl_sys::cl_event,
+        owned: bool,
+    ) {
+        if status != CL_SUCCESS || ev.is_null() {
+            if owned && !ev.is_null() {
+                self.rt().clReleaseEvent(ev);
+            }
+            self.b.deferred.done_now(token, status.min(0));
+            return;
+        }
+        self.b
+            .deferred
+            .add(token, ev, owned, OutBuffer::Window(std::ptr::null_mut()));
+    }
+
     /// Copies input bytes into a buffer the host may read after the call returns.
     pub fn detach(b: &BytesIn<'_>) -> (*mut c_void, Option<Box<[u8]>>) {
         let (src, len): (*const u8, usize) = match b {
