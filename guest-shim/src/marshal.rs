@@ -165,12 +165,12 @@ impl Call {
         self.w.patch_u64(at + 4, token);
         let regions = std::mem::take(&mut self.regions);
         let bytes = self.window_in;
-        rt::window_pending(bytes as isize);
+        rt::window_pending(bytes, false);
         conn.on_output(
             token,
             Box::new(move |_, _| {
                 drop(regions);
-                rt::window_pending(-(bytes as isize));
+                rt::window_pending(bytes, true);
             }),
         );
         true

@@ -313,24 +313,32 @@ pub(crate) fn released(ptr: *mut c_void) {
 }
 
 /// Bytes of the window that writes sent without a reply hold until the host has
-/// read them.
+/// read them, and how many such writes there are.
 static WINDOW_PENDING: AtomicUsize = AtomicUsize::new(0);
+static WINDOW_WRITES: AtomicUsize = AtomicUsize::new(0);
+/// Most writes in flight without a reply: each is an event the API server follows,
+/// and a few dozen already keep the host busy while the guest copies the next.
+const MAX_WINDOW_WRITES: usize = 32;
 
-/// Adds (or with a negative count, gives back) window bytes held by writes in flight.
-pub(crate) fn window_pending(delta: isize) {
-    if delta >= 0 {
-        WINDOW_PENDING.fetch_add(delta as usize, Ordering::Relaxed);
+/// A write of `bytes` now holds part of the window (`done`: no longer).
+pub(crate) fn window_pending(bytes: usize, done: bool) {
+    if done {
+        WINDOW_PENDING.fetch_sub(bytes, Ordering::Relaxed);
+        WINDOW_WRITES.fetch_sub(1, Ordering::Relaxed);
     } else {
-        WINDOW_PENDING.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        WINDOW_PENDING.fetch_add(bytes, Ordering::Relaxed);
+        WINDOW_WRITES.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 /// Whether a write of `bytes` in the window may be sent without a reply: writes in
-/// flight hold at most half the window, so other calls always find room.
+/// flight hold at most half the window, so other calls always find room, and are
+/// at most [`MAX_WINDOW_WRITES`].
 pub(crate) fn window_budget(bytes: usize) -> bool {
     let Ok(c) = conn() else { return false };
     let Some(w) = c.window() else { return false };
-    WINDOW_PENDING.load(Ordering::Relaxed) + bytes <= w.len() / 2
+    WINDOW_WRITES.load(Ordering::Relaxed) < MAX_WINDOW_WRITES
+        && WINDOW_PENDING.load(Ordering::Relaxed) + bytes <= w.len() / 2
 }
 
 /// Records that queue `queue` was made out of order.
