@@ -664,87 +664,54 @@ pub struct Config {
     pub cgroup: Option<PathBuf>,
 }
 
-/// One per-VM setting as every listener and VM spec gives it; a VM given two
-/// different values is an error.
-fn per_vm<T: Copy + PartialEq + std::fmt::Debug>(
-    set: impl Iterator<Item = (String, Option<T>)>,
-    what: &str,
-) -> Result<Vec<(String, T)>, String> {
-    let mut out: Vec<(String, T)> = Vec::new();
-    for (vm, value) in set {
-        let Some(x) = value else { continue };
-        match out.iter().find(|(v, _)| *v == vm) {
-            Some((_, other)) if *other != x => {
-                return Err(format!(
-                    "VM {vm:?} is given two {what} ({other:?} and {x:?})"
-                ));
-            }
-            Some(_) => {}
-            None => out.push((vm, x)),
-        }
-    }
-    Ok(out)
-}
-
 impl Config {
+    /// One per-VM setting as every listener (`listener`) and VM spec (`vm`) gives it;
+    /// a VM given two different values is an error.
+    fn per_vm<T: Copy + PartialEq + std::fmt::Debug>(
+        &self,
+        listener: impl Fn(&LocalListener) -> Option<T>,
+        vm: impl Fn(&VmSpec) -> Option<T>,
+        what: &str,
+    ) -> Result<Vec<(String, T)>, String> {
+        let set = self
+            .listeners
+            .iter()
+            .map(|l| (&l.vm, listener(l)))
+            .chain(self.vhost_user_vms.iter().map(|v| (&v.name, vm(v))));
+        let mut out: Vec<(String, T)> = Vec::new();
+        for (name, value) in set {
+            let Some(x) = value else { continue };
+            match out.iter().find(|(v, _)| v == name) {
+                Some((_, other)) if *other != x => {
+                    return Err(format!(
+                        "VM {name:?} is given two {what} ({other:?} and {x:?})"
+                    ));
+                }
+                Some(_) => {}
+                None => out.push((name.clone(), x)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Each VM's memory quota as its listeners and VM specs set it.
     pub fn mem_quotas(&self) -> Result<Vec<(String, u64)>, String> {
-        per_vm(
-            self.listeners
-                .iter()
-                .map(|l| (l.vm.clone(), l.mem_quota))
-                .chain(
-                    self.vhost_user_vms
-                        .iter()
-                        .map(|v| (v.name.clone(), v.mem_quota)),
-                ),
-            "memory quotas",
-        )
+        self.per_vm(|l| l.mem_quota, |v| v.mem_quota, "memory quotas")
     }
 
     /// Each VM's cap on sessions as its listeners and VM specs set it.
     pub fn max_sessions(&self) -> Result<Vec<(String, usize)>, String> {
-        per_vm(
-            self.listeners
-                .iter()
-                .map(|l| (l.vm.clone(), l.max_sessions))
-                .chain(
-                    self.vhost_user_vms
-                        .iter()
-                        .map(|v| (v.name.clone(), v.max_sessions)),
-                ),
-            "session caps",
-        )
+        self.per_vm(|l| l.max_sessions, |v| v.max_sessions, "session caps")
     }
 
     /// Each VM's cap on host memory as its listeners and VM specs set it.
     pub fn host_mems(&self) -> Result<Vec<(String, u64)>, String> {
-        per_vm(
-            self.listeners
-                .iter()
-                .map(|l| (l.vm.clone(), l.host_mem))
-                .chain(
-                    self.vhost_user_vms
-                        .iter()
-                        .map(|v| (v.name.clone(), v.host_mem)),
-                ),
-            "host-memory caps",
-        )
+        self.per_vm(|l| l.host_mem, |v| v.host_mem, "host-memory caps")
     }
 
     /// Each VM's share of device time as its listeners and VM specs set it.
     pub fn shares(&self) -> Result<Vec<(String, u32)>, String> {
-        per_vm(
-            self.listeners
-                .iter()
-                .map(|l| (l.vm.clone(), l.share))
-                .chain(
-                    self.vhost_user_vms
-                        .iter()
-                        .map(|v| (v.name.clone(), v.share)),
-                ),
-            "shares",
-        )
+        self.per_vm(|l| l.share, |v| v.share, "shares")
     }
 }
 

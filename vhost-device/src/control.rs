@@ -156,6 +156,22 @@ fn vm_status(name: String, q: &VmQueue) -> VmStatus {
     }
 }
 
+/// A size setting of `set`: absent (`None`), `null` (`Some(None)`: no limit) or a
+/// positive number of bytes; anything else is the error answer.
+fn bytes_or_null(req: &Value, key: &str) -> Result<Option<Option<u64>>, Value> {
+    match req.get(key) {
+        None => Ok(None),
+        Some(Value::Null) => Ok(Some(None)),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n > 0)
+            .map(|n| Some(Some(n)))
+            .ok_or_else(
+                || json!({ "error": format!("{key} must be a positive number of bytes or null") }),
+            ),
+    }
+}
+
 /// `set`: changes a VM's settings live.
 fn set(req: &Value, router: &Router) -> Value {
     let Some(vm) = req.get("vm").and_then(Value::as_str) else {
@@ -166,15 +182,9 @@ fn set(req: &Value, router: &Router) -> Value {
         return json!({ "error": format!("no VM {vm:?} (known: {})", known.join(", ")) });
     };
     // Everything is checked before anything changes.
-    let quota = match req.get("mem_quota") {
-        None => None,
-        Some(Value::Null) => Some(None),
-        Some(v) => match v.as_u64().filter(|&n| n > 0) {
-            Some(n) => Some(Some(n)),
-            None => {
-                return json!({ "error": "mem_quota must be a positive number of bytes or null" });
-            }
-        },
+    let quota = match bytes_or_null(req, "mem_quota") {
+        Ok(q) => q,
+        Err(e) => return e,
     };
     let share = match req.get("share") {
         None => None,
@@ -190,15 +200,9 @@ fn set(req: &Value, router: &Router) -> Value {
             None => return json!({ "error": "max_sessions must be a number from 1 to 4096" }),
         },
     };
-    let host_mem = match req.get("host_mem") {
-        None => None,
-        Some(Value::Null) => Some(None),
-        Some(v) => match v.as_u64().filter(|&n| n > 0) {
-            Some(n) => Some(Some(n)),
-            None => {
-                return json!({ "error": "host_mem must be a positive number of bytes or null" });
-            }
-        },
+    let host_mem = match bytes_or_null(req, "host_mem") {
+        Ok(h) => h,
+        Err(e) => return e,
     };
     if quota.is_none() && share.is_none() && max_sessions.is_none() && host_mem.is_none() {
         return json!({ "error": "set needs a setting (known: mem_quota, share, max_sessions, host_mem)" });

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Daemon, LineProgram, Vendors, c_program, ensure_built, run_with_timeout};
+use crate::support::{Daemon, Vendors, ensure_built, run_with_timeout, vm_entry};
 
 const MIB: u64 = 1 << 20;
 
@@ -64,29 +64,6 @@ impl Drop for TestCgroup {
     }
 }
 
-fn vm<'a>(status: &'a Value, name: &str) -> &'a Value {
-    status["vms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == name)
-        .unwrap_or_else(|| panic!("no VM {name} in {status}"))
-}
-
-fn allocator(d: &Daemon, vendors: &Vendors, vm: &str) -> LineProgram {
-    LineProgram::start(d.guest(vendors, vm, &c_program("quota")))
-}
-
-fn ctl_ok(d: &Daemon, args: &[&str]) -> String {
-    let o = d.ctl(args);
-    assert!(
-        o.status.success(),
-        "hira-ctl {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 #[test]
 fn a_vm_over_its_host_memory_cap_loses_only_that_api_server() {
     let root = match TestCgroup::find() {
@@ -104,13 +81,16 @@ fn a_vm_over_its_host_memory_cap_loses_only_that_api_server() {
     );
     let vendors = Vendors::hira();
     let status = d.status();
-    assert_eq!(vm(&status, "capped")["host_mem"], 256 * MIB);
-    assert_eq!(vm(&status, "capped")["host_mem_kills"], 0);
-    assert_eq!(vm(&status, "free")["host_mem"], Value::Null);
-    assert!(vm(&status, "free")["host_mem_used"].is_u64(), "{status}");
+    assert_eq!(vm_entry(&status, "capped")["host_mem"], 256 * MIB);
+    assert_eq!(vm_entry(&status, "capped")["host_mem_kills"], 0);
+    assert_eq!(vm_entry(&status, "free")["host_mem"], Value::Null);
+    assert!(
+        vm_entry(&status, "free")["host_mem_used"].is_u64(),
+        "{status}"
+    );
 
     // The VM's API server runs in the VM's cgroup and works under the cap.
-    let mut a = allocator(&d, &vendors, "capped");
+    let mut a = d.allocator(&vendors, "capped");
     let pid = d.api_servers()[0];
     let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     assert!(own.contains("vm-capped"), "{own}");
@@ -126,7 +106,10 @@ fn a_vm_over_its_host_memory_cap_loses_only_that_api_server() {
     d.wait_idle(Duration::from_secs(60));
     let status = d.status();
     assert!(
-        vm(&status, "capped")["host_mem_kills"].as_u64().unwrap() >= 1,
+        vm_entry(&status, "capped")["host_mem_kills"]
+            .as_u64()
+            .unwrap()
+            >= 1,
         "{status}"
     );
     assert_eq!(status["api_server_crashes"], 1);
@@ -141,27 +124,29 @@ fn a_vm_over_its_host_memory_cap_loses_only_that_api_server() {
     );
 
     // Another VM is not touched, and has no cap.
-    let mut b = allocator(&d, &vendors, "free");
+    let mut b = d.allocator(&vendors, "free");
     assert_eq!(b.ask(&format!("hostbuf {}", 512 * MIB)), "ok 0");
 
     // The VM itself goes on: a new guest works, and with the cap lifted live it gets
     // what was refused before.
-    let list = ctl_ok(&d, &["list"]);
+    let list = d.ctl_ok(&["list"]);
     assert!(
         list.lines()
             .any(|l| l.starts_with("capped ") && l.contains("256.0 MiB")),
         "{list}"
     );
-    let out = ctl_ok(&d, &["set", "capped", "host-mem=none"]);
+    let out = d.ctl_ok(&["set", "capped", "host-mem=none"]);
     assert!(out.contains("host memory"), "{out}");
-    assert_eq!(vm(&d.status(), "capped")["host_mem"], Value::Null);
-    let mut c = allocator(&d, &vendors, "capped");
+    assert_eq!(vm_entry(&d.status(), "capped")["host_mem"], Value::Null);
+    let mut c = d.allocator(&vendors, "capped");
     assert_eq!(c.ask(&format!("hostbuf {}", 512 * MIB)), "ok 0");
     // Raised live to a new cap above what it holds.
-    ctl_ok(&d, &["set", "capped", "host-mem=2G"]);
-    assert_eq!(vm(&d.status(), "capped")["host_mem"], 2048 * MIB);
+    d.ctl_ok(&["set", "capped", "host-mem=2G"]);
+    assert_eq!(vm_entry(&d.status(), "capped")["host_mem"], 2048 * MIB);
     assert_eq!(c.ask("buf 4096"), "ok 1");
-    let used = vm(&d.status(), "capped")["host_mem_used"].as_u64().unwrap();
+    let used = vm_entry(&d.status(), "capped")["host_mem_used"]
+        .as_u64()
+        .unwrap();
     assert!(
         used >= 512 * MIB,
         "the VM's API server holds its buffer: {used}"
@@ -194,7 +179,7 @@ fn host_memory_caps_need_a_cgroup() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--cgroup"), "{err}");
     let status = d.status();
-    assert_eq!(vm(&status, "v")["host_mem"], Value::Null);
-    assert_eq!(vm(&status, "v")["host_mem_used"], Value::Null);
+    assert_eq!(vm_entry(&status, "v")["host_mem"], Value::Null);
+    assert_eq!(vm_entry(&status, "v")["host_mem_used"], Value::Null);
     assert!(!d.ctl(&["set", "v", "host-mem=0"]).status.success());
 }

@@ -6,15 +6,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{Daemon, LineProgram, Vendors, c_program};
+use crate::support::{Daemon, LineProgram, Vendors, vm_entry};
 
 const MIB: u64 = 1 << 20;
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// `tests/c/quota.c` running as a guest of VM `vm`.
-fn allocator(d: &Daemon, vendors: &Vendors, vm: &str) -> LineProgram {
-    LineProgram::start(d.guest(vendors, vm, &c_program("quota")))
-}
 
 /// The number of the object a command made.
 fn made(p: &mut LineProgram, cmd: &str) -> u32 {
@@ -25,37 +20,18 @@ fn made(p: &mut LineProgram, cmd: &str) -> u32 {
     id.parse().unwrap()
 }
 
-fn vm<'a>(status: &'a Value, name: &str) -> &'a Value {
-    status["vms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == name)
-        .unwrap_or_else(|| panic!("no VM {name} in {status}"))
-}
-
 fn used(d: &Daemon) -> u64 {
-    vm(&d.status(), "q")["mem_used"].as_u64().unwrap()
-}
-
-fn ctl_ok(d: &Daemon, args: &[&str]) -> String {
-    let o = d.ctl(args);
-    assert!(
-        o.status.success(),
-        "hira-ctl {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    vm_entry(&d.status(), "q")["mem_used"].as_u64().unwrap()
 }
 
 #[test]
 fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
     let d = Daemon::start(&["q,mem-quota=8M", "other"]);
     let vendors = Vendors::hira();
-    let mut a = allocator(&d, &vendors, "q");
-    let mut b = allocator(&d, &vendors, "q");
-    let mut other = allocator(&d, &vendors, "other");
-    assert_eq!(vm(&d.status(), "q")["mem_quota"], 8 * MIB);
+    let mut a = d.allocator(&vendors, "q");
+    let mut b = d.allocator(&vendors, "q");
+    let mut other = d.allocator(&vendors, "other");
+    assert_eq!(vm_entry(&d.status(), "q")["mem_quota"], 8 * MIB);
 
     // Up to the quota, and not a byte more, with OpenCL's own error.
     let first = made(&mut a, &format!("buf {}", 4 * MIB));
@@ -86,25 +62,25 @@ fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
     assert_eq!(held, [4096, 4 * MIB], "each session's own memory");
 
     // Raised live: the next allocations see it (images and SVM are charged too).
-    let out = ctl_ok(&d, &["set", "q", "mem-quota=64M"]);
+    let out = d.ctl_ok(&["set", "q", "mem-quota=64M"]);
     assert!(out.contains("64.0 MiB"), "{out}");
     made(&mut a, &format!("buf {}", 32 * MIB));
     made(&mut a, "image 1024 1024");
     made(&mut a, &format!("svm {}", MIB));
     assert_eq!(used(&d), 4 * MIB + 4096 + 32 * MIB + 4 * MIB + MIB);
-    let list = ctl_ok(&d, &["list"]);
+    let list = d.ctl_ok(&["list"]);
     assert!(
         list.lines()
             .any(|l| l.starts_with("q ") && l.contains("64.0 MiB")),
         "{list}"
     );
     // Lowered below what is held: nothing is taken back, nothing new is given.
-    ctl_ok(&d, &["set", "q", "mem-quota=1M"]);
+    d.ctl_ok(&["set", "q", "mem-quota=1M"]);
     assert_eq!(a.ask("buf 4096"), "err -4");
     assert_eq!(a.ask(&format!("use {first}")), "ok");
-    ctl_ok(&d, &["set", "q", "mem-quota=none"]);
-    let json: Value = serde_json::from_str(&ctl_ok(&d, &["list", "--json"])).unwrap();
-    assert_eq!(vm(&json, "q")["mem_quota"], Value::Null);
+    d.ctl_ok(&["set", "q", "mem-quota=none"]);
+    let json: Value = serde_json::from_str(&d.ctl_ok(&["list", "--json"])).unwrap();
+    assert_eq!(vm_entry(&json, "q")["mem_quota"], Value::Null);
     made(&mut a, &format!("buf {}", 16 * MIB));
 
     // Bad requests get clear errors and change nothing.
@@ -119,7 +95,7 @@ fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(says), "{args:?}: {err}");
     }
-    assert_eq!(vm(&d.status(), "q")["mem_quota"], Value::Null);
+    assert_eq!(vm_entry(&d.status(), "q")["mem_quota"], Value::Null);
 
     // A guest that ends holding memory gets it released by its API server.
     drop(a);
@@ -141,5 +117,5 @@ fn a_vms_sessions_share_its_memory_quota_set_live_with_hira_ctl() {
     assert_eq!(used(&d), 0);
     drop(other);
     d.wait_idle(TIMEOUT);
-    assert_eq!(vm(&d.status(), "other")["mem_used"], 0);
+    assert_eq!(vm_entry(&d.status(), "other")["mem_used"], 0);
 }

@@ -341,6 +341,22 @@ impl Daemon {
     }
 
     /// Runs `hira-ctl --socket <this daemon's control socket> ARGS`.
+    /// Runs `hira-ctl ARGS`, which must succeed; its standard output.
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let o = self.ctl(args);
+        assert!(
+            o.status.success(),
+            "hira-ctl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// `tests/c/quota.c` (device memory on command) running as a guest of VM `vm`.
+    pub fn allocator(&self, vendors: &Vendors, vm: &str) -> LineProgram {
+        LineProgram::start(self.guest(vendors, vm, &c_program("quota")))
+    }
+
     pub fn ctl(&self, args: &[&str]) -> Output {
         Command::new(bin_dir().join("hira-ctl"))
             .arg("--socket")
@@ -717,4 +733,14 @@ impl Drop for LineProgram {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// VM `name`'s entry in a control-socket `status` answer.
+pub fn vm_entry<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    status["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no VM {name} in {status}"))
 }
