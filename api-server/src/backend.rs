@@ -66,6 +66,15 @@ pub trait Backend: Send + Sync {
     /// (`None`: it names none).
     fn may_async(&self, opcode: u16) -> Option<bool>;
 
+    /// Captures the session for migration, with `pending` (the guest's input read
+    /// and not executed): called with no call running. Returns the snapshot, or why
+    /// the session cannot move now (it then goes on unchanged).
+    fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, String>;
+
+    /// Restores a snapshot into this fresh session; returns the guest's input to
+    /// execute first.
+    fn restore(&self, snapshot: &[u8]) -> Result<Vec<u8>, String>;
+
     /// Releases every object the guest still holds.
     fn teardown(&self) -> TeardownReport;
 }

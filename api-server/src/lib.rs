@@ -25,7 +25,7 @@ pub mod window;
 use std::os::fd::OwnedFd;
 
 pub use backend::TeardownReport;
-pub use server::{ServerError, run};
+pub use server::{Outcome, ServerError, run};
 
 /// Validated configuration of one API server.
 #[derive(Debug)]

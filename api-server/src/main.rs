@@ -140,11 +140,13 @@ fn main() -> anyhow::Result<()> {
     for line in sandbox::enter(&sandbox_config).lines() {
         log::debug!("sandbox {line}");
     }
-    let report = hira_api_server::run(config).context("API server failed")?;
-    log::info!(
-        "teardown: released {} objects ({} failed)",
-        report.released,
-        report.failed
-    );
+    match hira_api_server::run(config).context("API server failed")? {
+        hira_api_server::Outcome::Ended(report) => log::info!(
+            "teardown: released {} objects ({} failed)",
+            report.released,
+            report.failed
+        ),
+        hira_api_server::Outcome::Moved => {}
+    }
     Ok(())
 }

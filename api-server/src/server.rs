@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
     ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload,
-    Welcome, error_code,
+    Welcome, error_code, migrate,
 };
 use hira_protocol::usage::UsagePage;
 use hira_protocol::{FrameHeader, FrameKind, Writer, ring, unix};
@@ -50,18 +50,108 @@ struct Frame {
     body: Vec<u8>,
 }
 
-fn read_frame(s: &mut impl Read) -> std::io::Result<Option<Frame>> {
-    let mut hb = [0u8; HEADER_LEN];
-    match s.read_exact(&mut hb) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+/// Bytes read from the guest at a time.
+const INPUT_CHUNK: usize = 64 * 1024;
+
+/// The guest's input, cut into frames. What was read and is not yet a whole frame
+/// stays here when a read is interrupted (the daemon has a message), so that a
+/// migration can carry it to the next API server, which executes it first.
+struct Input<R> {
+    src: R,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// A frame larger than the buffer, being read straight into its body.
+    big: Option<(FrameHeader, Vec<u8>, usize)>,
+}
+
+fn invalid(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+}
+
+impl<R: Read> Input<R> {
+    /// Input from `src`, after the bytes `pending` (a migrated session's).
+    fn new(src: R, pending: &[u8]) -> Self {
+        let mut buf = vec![0u8; INPUT_CHUNK.max(pending.len())];
+        buf[..pending.len()].copy_from_slice(pending);
+        Input {
+            src,
+            buf,
+            start: 0,
+            end: pending.len(),
+            big: None,
+        }
     }
-    let header = FrameHeader::decode(&hb)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    let mut body = vec![0u8; header.len as usize];
-    s.read_exact(&mut body)?;
-    Ok(Some(Frame { header, body }))
+
+    /// What was read and not yet returned as a frame.
+    fn pending(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        if let Some((h, body, filled)) = &self.big {
+            v.extend_from_slice(&h.encode());
+            v.extend_from_slice(&body[..*filled]);
+        }
+        v.extend_from_slice(&self.buf[self.start..self.end]);
+        v
+    }
+
+    /// Reads until at least `n` bytes are buffered (`n` fits the buffer). `false` at
+    /// the end of the input.
+    fn fill(&mut self, n: usize) -> std::io::Result<bool> {
+        if self.buf.len() - self.start < n {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        while self.end - self.start < n {
+            match self.src.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Ok(false),
+                Ok(k) => self.end += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next frame; `None` at the end of the input (a partial frame there is
+    /// dropped, as the guest that sent it is gone).
+    fn next(&mut self) -> std::io::Result<Option<Frame>> {
+        if let Some((_, body, filled)) = &mut self.big {
+            while *filled < body.len() {
+                match self.src.read(&mut body[*filled..]) {
+                    Ok(0) => return Ok(None),
+                    Ok(k) => *filled += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let (header, body, _) = self.big.take().unwrap_or_else(|| unreachable!());
+            return Ok(Some(Frame { header, body }));
+        }
+        if !self.fill(HEADER_LEN)? {
+            return Ok(None);
+        }
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&self.buf[self.start..self.start + HEADER_LEN]);
+        let header = FrameHeader::decode(&hb).map_err(invalid)?;
+        let total = HEADER_LEN + header.len as usize;
+        if total <= self.buf.len() {
+            if !self.fill(total)? {
+                return Ok(None);
+            }
+            let body = self.buf[self.start + HEADER_LEN..self.start + total].to_vec();
+            self.start += total;
+            return Ok(Some(Frame { header, body }));
+        }
+        // Larger than the buffer: everything buffered belongs to it.
+        let mut body = vec![0u8; header.len as usize];
+        let have = self.end - self.start - HEADER_LEN;
+        body[..have].copy_from_slice(&self.buf[self.start + HEADER_LEN..self.end]);
+        self.start = 0;
+        self.end = 0;
+        self.big = Some((header, body, have));
+        self.next()
+    }
 }
 
 /// Writes whole frames to the guest (its completion ring, or the socket); shared by
@@ -91,18 +181,44 @@ impl FrameWriter {
     }
 }
 
-/// Receives the `Hello` hira-vhost forwards, with the window fd if the guest sent one.
-fn receive_hello(s: &mut UnixStream) -> Result<(Hello, Option<OwnedFd>), ServerError> {
-    let (header, payload, fd) =
-        unix::recv_frame_with_fd(s).map_err(|e| ServerError::Hello(e.to_string()))?;
+/// What the daemon hands a server that takes over a migrated session: the snapshot
+/// and, for host-local rings, the guest's region and eventfds.
+struct Adopt {
+    snapshot: OwnedFd,
+    rings: Vec<OwnedFd>,
+}
+
+/// Receives the `Hello` hira-vhost forwards, with the window fd if the guest sent one,
+/// and before it, for a migrated session, what to adopt.
+fn receive_hello(
+    s: &mut UnixStream,
+) -> Result<(Option<Adopt>, Hello, Option<OwnedFd>), ServerError> {
+    let (mut header, mut payload, mut fds) =
+        unix::recv_frame_with_fds(s).map_err(|e| ServerError::Hello(e.to_string()))?;
+    let mut adopt = None;
+    if header.kind == FrameKind::Notify && header.opcode == migrate::ADOPT {
+        let mut it = fds.into_iter();
+        let snapshot = it
+            .next()
+            .ok_or_else(|| ServerError::Hello("adopt without a snapshot".into()))?;
+        adopt = Some(Adopt {
+            snapshot,
+            rings: it.collect(),
+        });
+        (header, payload, fds) =
+            unix::recv_frame_with_fds(s).map_err(|e| ServerError::Hello(e.to_string()))?;
+    }
     if header.kind != FrameKind::Hello {
         return Err(ServerError::Hello(format!(
             "first frame is {:?}",
             header.kind
         )));
     }
+    if fds.len() > 1 {
+        return Err(ServerError::Hello("more than one window".into()));
+    }
     let hello = Hello::decode(&payload).map_err(|e| ServerError::Hello(e.to_string()))?;
-    Ok((hello, fd))
+    Ok((adopt, hello, fds.into_iter().next()))
 }
 
 /// How long the API server spins on an empty submission ring (or a full completion
@@ -146,13 +262,36 @@ fn setup_rings(live: &UnixStream) -> std::io::Result<Rings> {
     })
 }
 
+/// A migrated session's host-local rings, as the guest has them: both sides go on
+/// from the positions the region holds.
+fn adopt_rings(fds: Vec<OwnedFd>, live: &UnixStream) -> std::io::Result<Rings> {
+    use std::os::fd::AsRawFd;
+    let mut it = fds.into_iter();
+    let region_fd = it
+        .next()
+        .ok_or_else(|| invalid("adopted rings without a region"))?;
+    let region = ring::Region::map(&region_fd, ring::DEFAULT_CAPACITY)?;
+    let ends = ring::server_ends(Arc::new(region), it.collect(), live.as_raw_fd())?;
+    Ok(Rings {
+        ends,
+        handoff: None,
+    })
+}
+
 /// A VM guest's rings: at `offset` of the VM's shared window, where the daemon put
 /// them, woken by doorbell frames on the socket to the daemon.
-fn setup_vm_rings(window: &OwnedFd, offset: u64, live: &UnixStream) -> std::io::Result<Rings> {
+fn setup_vm_rings(
+    window: &OwnedFd,
+    offset: u64,
+    live: &UnixStream,
+    adopted: bool,
+) -> std::io::Result<Rings> {
     use std::os::fd::AsRawFd;
     let region = ring::Region::map_at(window, offset, ring::DEFAULT_CAPACITY, false)?;
-    // The slot may hold an earlier session's rings.
-    region.reset();
+    if !adopted {
+        // The slot may hold an earlier session's rings.
+        region.reset();
+    }
     Ok(Rings {
         ends: ring::server_ends_vm(Arc::new(region), live.as_raw_fd()),
         handoff: None,
@@ -164,18 +303,27 @@ fn setup_vm_rings(window: &OwnedFd, offset: u64, live: &UnixStream) -> std::io::
 /// The socket from hira-vhost carries the handshake and, at the end, the teardown
 /// report. The guest's frames travel on the same socket (relayed by the daemon), or,
 /// when the guest asked for them, on shared-memory rings straight to this process.
-pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
+pub fn run(config: Config) -> Result<Outcome, ServerError> {
     let mut control = UnixStream::from(config.socket);
-    let (hello, window_fd) = receive_hello(&mut control)?;
+    let (mut adopt, hello, window_fd) = receive_hello(&mut control)?;
     let control_writer = FrameWriter::new(control.try_clone()?);
     let window = match &window_fd {
         Some(fd) => Some(WindowMap::map(fd, hello.window_len, hello.window_offset)?),
         None => None,
     };
+    let adopted_rings = adopt
+        .as_mut()
+        .map(|a| std::mem::take(&mut a.rings))
+        .filter(|r| !r.is_empty());
     let rings = match (&window_fd, hello.rings, hello.ring_offset) {
         (_, false, _) => None,
-        (Some(fd), true, offset) if offset > 0 => Some(setup_vm_rings(fd, offset, &control)),
-        (_, true, _) => Some(setup_rings(&control)),
+        (Some(fd), true, offset) if offset > 0 => {
+            Some(setup_vm_rings(fd, offset, &control, adopt.is_some()))
+        }
+        (_, true, _) => Some(match adopted_rings {
+            Some(fds) => adopt_rings(fds, &control),
+            None => setup_rings(&control),
+        }),
     };
     let rings = rings.and_then(|r| {
         r.inspect_err(|e| warn!("no rings, frames go through hira-vhost: {e}"))
@@ -217,6 +365,21 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
             return Err(ServerError::Backend(e));
         }
     };
+    // A migrated session: its objects come back before anything of the guest runs.
+    let pending = match adopt {
+        Some(a) => match read_snapshot(a.snapshot).and_then(|b| backend.restore(&b)) {
+            Ok(p) => {
+                info!("session {}: restored from a snapshot", config.session);
+                p
+            }
+            Err(e) => {
+                let e = format!("cannot restore the session: {e}");
+                refuse(&control_writer, &e);
+                return Err(ServerError::Backend(e));
+            }
+        },
+        None => Vec::new(),
+    };
     info!(
         "session {}: {} (pid {}), window {} bytes, {}",
         config.session,
@@ -254,13 +417,21 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
     // The window stays mapped until the process exits: the host may still be writing
     // the output of a non-blocking read into it while objects are released.
     std::mem::forget(window.clone());
-    serve(
-        &mut std::io::BufReader::with_capacity(64 * 1024, reader),
+    let mut input = Input::new(reader, &pending);
+    let control = on_rings.then_some(&mut control);
+    let moved = serve(
+        &mut input,
         backend.clone(),
         writer.clone(),
         window,
         config.usage.as_deref(),
+        control.map(|c| (c, &control_writer)),
     )?;
+    if moved {
+        // The session's objects live in the next API server now; nothing is released.
+        info!("session {}: moved to another API server", config.session);
+        return Ok(Outcome::Moved);
+    }
     let report = backend.teardown();
     // The daemon keeps reading until this process exits, for this report.
     let payload = TeardownPayload {
@@ -268,7 +439,117 @@ pub fn run(config: Config) -> Result<TeardownReport, ServerError> {
         failed: report.failed as u64,
     };
     control_writer.send(FrameKind::Notify, TEARDOWN_REPORT, 0, 0, &payload.encode());
-    Ok(report)
+    Ok(Outcome::Ended(report))
+}
+
+/// How a session ended in this API server.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The guest went away; what it held was released.
+    Ended(TeardownReport),
+    /// The session migrated to another API server.
+    Moved,
+}
+
+/// The snapshot the daemon handed over, in a memfd.
+fn read_snapshot(fd: OwnedFd) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::from(fd);
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut v = vec![0u8; usize::try_from(len).map_err(|e| e.to_string())?];
+    f.read_exact_at(&mut v, 0).map_err(|e| e.to_string())?;
+    Ok(v)
+}
+
+/// Most time a capture waits for calls already read to finish.
+const QUIESCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What became of a session asked to migrate.
+enum Migration {
+    /// It moved to another API server.
+    Moved,
+    /// It goes on here, where it stopped.
+    Stays,
+    /// The daemon closed the socket: the session is over.
+    Over,
+}
+
+/// The daemon's message while the guest's input waits: a migration's capture.
+fn migration<R: Read>(
+    control: &mut UnixStream,
+    to_daemon: &FrameWriter,
+    input: &Input<R>,
+    workers: &HashMap<u32, Worker>,
+    backend: &dyn Backend,
+) -> Result<Migration, ServerError> {
+    use std::os::unix::fs::FileExt;
+    let (h, _, fds) = match unix::recv_frame_with_fds(control) {
+        Ok(f) => f,
+        Err(unix::UnixFrameError::Closed) => return Ok(Migration::Over),
+        Err(e) => return Err(ServerError::Hello(e.to_string())),
+    };
+    if h.kind != FrameKind::Notify || h.opcode != migrate::CAPTURE || fds.len() != 1 {
+        return Err(ServerError::Hello(format!(
+            "unexpected message from hira-vhost: {:?} {:#x}",
+            h.kind, h.opcode
+        )));
+    }
+    let started = std::time::Instant::now();
+    let mut result = Ok(());
+    // Calls read before the capture finish first; nothing new is read.
+    while workers
+        .values()
+        .any(|w| w.pending.load(Ordering::Acquire) > 0)
+    {
+        if started.elapsed() > QUIESCE_LIMIT {
+            result = Err("calls of the session did not finish in time".to_string());
+            break;
+        }
+        std::thread::yield_now();
+    }
+    let captured = result.and_then(|()| backend.capture(input.pending()));
+    let captured = captured.and_then(|bytes| {
+        let f = std::fs::File::from(fds.into_iter().next().unwrap_or_else(|| unreachable!()));
+        f.write_all_at(&bytes, 0)
+            .map(|()| bytes.len() as u64)
+            .map_err(|e| format!("cannot write the snapshot: {e}"))
+    });
+    match captured {
+        Ok(len) => {
+            info!(
+                "captured the session ({len} bytes) in {:?}",
+                started.elapsed()
+            );
+            to_daemon.send(
+                FrameKind::Notify,
+                migrate::CAPTURED,
+                0,
+                0,
+                &len.to_le_bytes(),
+            );
+        }
+        Err(m) => {
+            warn!("cannot capture the session: {m}");
+            to_daemon.send(FrameKind::Notify, migrate::FAILED, 0, 0, m.as_bytes());
+            return Ok(Migration::Stays);
+        }
+    }
+    // The daemon's verdict: the next server took over, or it could not.
+    match unix::recv_frame_with_fds(control) {
+        Ok((h, _, _)) if h.kind == FrameKind::Notify && h.opcode == migrate::COMMIT => {
+            Ok(Migration::Moved)
+        }
+        Ok((h, _, _)) if h.kind == FrameKind::Notify && h.opcode == migrate::ABORT => {
+            info!("the migration was abandoned; serving on");
+            Ok(Migration::Stays)
+        }
+        Ok((h, _, _)) => Err(ServerError::Hello(format!(
+            "unexpected message from hira-vhost: {:?} {:#x}",
+            h.kind, h.opcode
+        ))),
+        Err(unix::UnixFrameError::Closed) => Ok(Migration::Over),
+        Err(e) => Err(ServerError::Hello(e.to_string())),
+    }
 }
 
 fn refuse(writer: &FrameWriter, message: &str) {
@@ -286,14 +567,18 @@ struct Worker {
     pending: Arc<AtomicUsize>,
 }
 
-/// Executes requests until hira-vhost closes the socket.
-fn serve(
-    reader: &mut impl Read,
+/// Executes requests until hira-vhost closes the socket (`false`) or the session
+/// migrates away (`true`). `control`: the socket to hira-vhost and a writer on it,
+/// for a session whose input comes on rings (messages from the daemon then interrupt
+/// the input).
+fn serve<R: Read>(
+    input: &mut Input<R>,
     backend: Arc<dyn Backend>,
     writer: Arc<FrameWriter>,
     window: Arc<Option<WindowMap>>,
     usage: Option<&UsagePage>,
-) -> Result<(), ServerError> {
+    mut control: Option<(&mut UnixStream, &FrameWriter)>,
+) -> Result<bool, ServerError> {
     let rejected = || {
         if let Some(u) = usage {
             u.rejected();
@@ -330,10 +615,24 @@ fn serve(
             w.pending.fetch_sub(1, Ordering::AcqRel);
         }
     };
+    let mut moved = false;
     loop {
-        let f = match read_frame(reader) {
+        let f = match input.next() {
             Ok(Some(f)) => f,
             Ok(None) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let Some((c, to_daemon)) = control.as_mut() else {
+                    break;
+                };
+                match migration(c, to_daemon, input, &workers, &*backend)? {
+                    Migration::Moved => {
+                        moved = true;
+                        break;
+                    }
+                    Migration::Stays => continue,
+                    Migration::Over => break,
+                }
+            }
             Err(e) => {
                 // A frame that cannot be decoded (or a corrupt ring) loses the
                 // framing: the session ends, with a word to the guest on why.
@@ -418,7 +717,7 @@ fn serve(
         drop(w.jobs);
         let _ = w.thread.join();
     }
-    Ok(())
+    Ok(moved)
 }
 
 fn error_reply(writer: &FrameWriter, h: &FrameHeader, code: u32, message: &str) {

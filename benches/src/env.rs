@@ -98,6 +98,8 @@ pub struct BenchEnv {
     pub native: tempfile::TempDir,
     pub hira: tempfile::TempDir,
     pub socket: PathBuf,
+    /// The daemon's control socket.
+    pub control: Option<PathBuf>,
     /// Extra environment for runs through Hira (`HIRA_SYNC=1`, `HIRA_RINGS=0`, ...).
     pub hira_env: Vec<(String, String)>,
     daemon: Child,
@@ -146,18 +148,22 @@ impl BenchEnv {
         )?;
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("bench.sock");
+        let control = dir.path().join("control.sock");
         let daemon = start_daemon(
             bin,
             dir.path(),
             [
                 "--local-socket".to_string(),
                 format!("bench={}", socket.display()),
+                "--control-socket".to_string(),
+                control.display().to_string(),
             ],
         )?;
         Ok(BenchEnv {
             native,
             hira,
             socket,
+            control: Some(control),
             hira_env: Vec::new(),
             daemon,
             _dir: dir,

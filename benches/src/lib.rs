@@ -17,6 +17,7 @@
 pub mod env;
 pub mod fairness;
 pub mod measure;
+pub mod migrate;
 pub mod overhead;
 pub mod report;
 pub mod rodinia;

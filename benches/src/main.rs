@@ -54,6 +54,26 @@ enum Cmd {
         #[arg(required = true, last = true)]
         program: Vec<String>,
     },
+    /// Moves each suite workload to a new API server at random points while it runs
+    /// through Hira; checks its output against native and reports each move's pause
+    /// and snapshot size.
+    Migrate {
+        /// The small configuration the test suite uses.
+        #[arg(long)]
+        short: bool,
+        /// Runs of each workload with moves.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Moves asked for per run, at random times.
+        #[arg(long, default_value_t = 3)]
+        points: usize,
+        /// Seed of the random points.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where to write the Markdown report.
+        #[arg(long, default_value = "target/hira-bench/migrate.md")]
+        out: PathBuf,
+    },
     /// A bounded soak: well-behaved guests looping real programs on four VMs, hostile
     /// guests of every class in the second half; reports correctness, call latency
     /// and the daemon's threads, descriptors and memory.
@@ -245,6 +265,37 @@ fn main() -> Result<()> {
             ensure!(
                 bad.is_empty(),
                 "not built or not identical: {}",
+                bad.join(", ")
+            );
+            Ok(())
+        }
+        Cmd::Migrate {
+            short,
+            rounds,
+            points,
+            seed,
+            out,
+        } => {
+            let bin = env::build_components()?;
+            let dir = tempfile::tempdir()?;
+            let exes = suite::compile_all(dir.path())?;
+            let bench = env::BenchEnv::start(&bin)?;
+            let results = hira_benches::migrate::run(&bench, &exes, short, rounds, points, seed)?;
+            let md = hira_benches::migrate::report(&results, points, seed);
+            print!("{md}");
+            if let Some(dir) = out.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&out, &md)?;
+            eprintln!("wrote {}", out.display());
+            let bad: Vec<&str> = results
+                .iter()
+                .filter(|w| !w.outputs_match)
+                .map(|w| w.name.as_str())
+                .collect();
+            ensure!(
+                bad.is_empty(),
+                "outputs differ from native: {}",
                 bad.join(", ")
             );
             Ok(())

@@ -8,6 +8,9 @@
 //!   sessions and cap on its API servers' host memory live.
 //! - `hira-ctl top`: a refreshing view of each VM's share of device time, call rate,
 //!   data rate and memory.
+//! - `hira-ctl migrate SESSION|VM`: moves a session (or each of a VM's sessions) to a
+//!   new API server, with its objects and their contents; the application sees a
+//!   pause.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -50,6 +53,16 @@ enum Cmd {
         vm: String,
         #[arg(value_name = "KEY=VALUE", required = true)]
         settings: Vec<String>,
+    },
+    /// Moves a live session (a number, as `list` shows it) or each session of a VM
+    /// (a name) to a new API server: its objects, their contents and the calls in
+    /// flight go along; the application sees a pause. A session that cannot move
+    /// stays where it was, and the reason is printed.
+    Migrate {
+        target: String,
+        /// Print the daemon's answers as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// A refreshing view of each VM's share of device time, calls per second, data
     /// rate and memory.
@@ -301,6 +314,53 @@ fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::
     }
 }
 
+/// The sessions `target` names: one by number, or a VM's by name.
+fn sessions_of(status: &Value, target: &str) -> anyhow::Result<Vec<u64>> {
+    let live = status["sessions"].as_array().cloned().unwrap_or_default();
+    if let Ok(id) = target.parse::<u64>() {
+        return Ok(vec![id]);
+    }
+    let ids: Vec<u64> = live
+        .iter()
+        .filter(|s| s["vm"].as_str() == Some(target))
+        .filter_map(|s| s["id"].as_u64())
+        .collect();
+    if ids.is_empty() {
+        bail!("no live session is {target:?} or belongs to a VM of that name");
+    }
+    Ok(ids)
+}
+
+fn migrate(c: &mut Control, target: &str, json: bool) -> anyhow::Result<()> {
+    let status = c.ask(&json!({"cmd": "status"}))?;
+    let mut failed = 0;
+    for id in sessions_of(&status, target)? {
+        match c.ask(&json!({"cmd": "migrate", "session": id})) {
+            Ok(answer) if json => println!("{}", answer["moved"]),
+            Ok(answer) => {
+                let m = &answer["moved"];
+                println!(
+                    "session {id}: API server {} -> {}, snapshot {}, paused {:.1} ms (capture {:.1}, restore {:.1})",
+                    u(m, "from_pid"),
+                    u(m, "to_pid"),
+                    size(u(m, "snapshot_bytes")),
+                    m["pause_ms"].as_f64().unwrap_or(0.0),
+                    m["capture_ms"].as_f64().unwrap_or(0.0),
+                    m["restore_ms"].as_f64().unwrap_or(0.0),
+                );
+            }
+            Err(e) => {
+                eprintln!("session {id}: not moved: {e}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} session(s) could not move");
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let socket = args
@@ -337,6 +397,7 @@ fn main() -> anyhow::Result<()> {
                 None => println!(),
             }
         }
+        Cmd::Migrate { target, json } => migrate(&mut c, &target, json)?,
         Cmd::Top {
             interval_ms,
             iterations,

@@ -18,4 +18,4 @@ pub mod log;
 pub mod snapshot;
 
 pub use log::{Entry, Log, ObjectId};
-pub use snapshot::{Snapshot, SnapshotError};
+pub use snapshot::{Snapshot, SnapshotError, StandIn};

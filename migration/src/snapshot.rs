@@ -16,6 +16,9 @@
 //!   refs      u32 count, each: object u64, the application's references u32
 //!   contents  u32 count, each: object u64, total u64, then the bytes in pieces of at
 //!             most 1 GiB (u32 length, bytes) until `total` is reached
+//!   stand-ins u32 count, each: object u64, kind u8, owner u64, references u32,
+//!             state (u32 length, bytes: what the API's backend keeps about it)
+//!   pending   u32 length, bytes: the session's input read and not yet executed
 //! ```
 //!
 //! Everything a snapshot holds may come from elsewhere (a file, another host):
@@ -48,6 +51,26 @@ pub struct Snapshot {
     pub refs: Vec<(ObjectId, u32)>,
     /// Contents of memory objects, read at a quiesced point.
     pub contents: Vec<(ObjectId, Vec<u8>)>,
+    /// Objects no logged call made, recreated as stand-ins (an event of a finished
+    /// command becomes a completed event of the same context).
+    pub standins: Vec<StandIn>,
+    /// The guest's input the source had read and not yet executed, to execute first.
+    pub pending: Vec<u8>,
+}
+
+/// An object the log cannot recreate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StandIn {
+    pub id: ObjectId,
+    /// The object's kind, as the API's handle kinds number them.
+    pub kind: u8,
+    /// The object it belongs to (an event's context).
+    pub owner: ObjectId,
+    /// The application's references.
+    pub refs: u32,
+    /// What the API's backend keeps about it (an event's command type, queue and
+    /// timestamps), in the backend's own encoding.
+    pub state: Vec<u8>,
 }
 
 /// Why a snapshot cannot be read.
@@ -77,6 +100,8 @@ impl Snapshot {
             entries: log.entries().cloned().collect(),
             refs,
             contents,
+            standins: Vec::new(),
+            pending: Vec::new(),
         }
     }
 
@@ -110,6 +135,15 @@ impl Snapshot {
                 b.bytes(piece);
             }
         }
+        b.u32(self.standins.len() as u32);
+        for s in &self.standins {
+            b.u64(s.id)
+                .u8(s.kind)
+                .u64(s.owner)
+                .u32(s.refs)
+                .bytes(&s.state);
+        }
+        b.bytes(&self.pending);
         let body = b.into_vec();
         let mut out = Vec::with_capacity(HEADER + body.len());
         out.extend_from_slice(MAGIC);
@@ -210,12 +244,26 @@ impl Snapshot {
             }
             contents.push((id, bytes));
         }
+        let n = count(&mut r, 29)?;
+        let mut standins = Vec::with_capacity(n);
+        for _ in 0..n {
+            standins.push(StandIn {
+                id: r.u64()?,
+                kind: r.u8()?,
+                owner: r.u64()?,
+                refs: r.u32()?,
+                state: r.bytes(MAX_REQUEST)?.to_vec(),
+            });
+        }
+        let pending = r.bytes(MAX_REQUEST)?.to_vec();
         r.finish()?;
         Ok(Snapshot {
             api,
             entries,
             refs,
             contents,
+            standins,
+            pending,
         })
     }
 }
@@ -255,7 +303,16 @@ mod tests {
         log.configured(60, vec![9; 40], 8, Some(0), vec![7]);
         log.configured(86, vec![], 8, None, vec![]);
         log.retained(7);
-        Snapshot::of(1, &log, vec![(7, (0..=255).collect()), (9, vec![])])
+        let mut s = Snapshot::of(1, &log, vec![(7, (0..=255).collect()), (9, vec![])]);
+        s.standins.push(StandIn {
+            id: 11,
+            kind: 7,
+            owner: 1,
+            refs: 2,
+            state: vec![1, 2, 3],
+        });
+        s.pending = b"half a frame".to_vec();
+        s
     }
 
     #[test]

@@ -243,6 +243,16 @@ impl<'a> Reader<'a> {
         self.buf.len() - self.pos
     }
 
+    /// Bytes consumed so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The next byte, without consuming it.
+    pub fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
     /// Succeeds only if every byte was consumed.
     pub fn finish(&self) -> Result<(), DecodeError> {
         match self.remaining() {

@@ -455,3 +455,25 @@ mod output_done_tests {
         assert!(OutputDone::decode(&[0u8; 5]).is_err());
     }
 }
+
+/// Migration between the daemon and an API server, as `Notify` frames on the socket
+/// between them (never seen by a guest). A migration of a session runs:
+///
+/// 1. daemon → source server: [`migrate::CAPTURE`], with a memfd. The server stops
+///    reading the guest's input, lets what it read finish (the device drained), writes
+///    the session's snapshot into the memfd and answers [`migrate::CAPTURED`] (a `u64`
+///    length) or [`migrate::FAILED`] (a message) and waits.
+/// 2. daemon → new server: [`migrate::ADOPT`], with the memfd and the guest's ring
+///    region and eventfds, then the session's `Hello`; the new server restores the
+///    snapshot and answers `Welcome`, or `Error` if it cannot.
+/// 3. daemon → source: [`migrate::COMMIT`] (the source exits without releasing
+///    anything: its objects now live in the new server) or [`migrate::ABORT`] (it goes
+///    on serving where it stopped).
+pub mod migrate {
+    pub const CAPTURE: u16 = 0xFFF0;
+    pub const CAPTURED: u16 = 0xFFF1;
+    pub const FAILED: u16 = 0xFFF2;
+    pub const ADOPT: u16 = 0xFFF3;
+    pub const COMMIT: u16 = 0xFFF4;
+    pub const ABORT: u16 = 0xFFF5;
+}

@@ -247,9 +247,42 @@ fn ring_bell(fd: RawFd) {
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
-/// Sleeps until `bell` rings or `live` becomes readable (or hangs up). Returns
-/// whether `live` did.
-fn sleep_on(bell: RawFd, live: RawFd) -> std::io::Result<bool> {
+/// Why a sleep ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Woke {
+    /// The peer rang (or nothing: look again).
+    Bell,
+    /// `live` has data and is still open: for the API server, a message from the
+    /// daemon (see [`Signal::Eventfds`]).
+    LiveData,
+    /// `live` hung up (or its peer shut its writing side) or failed.
+    LiveEnd,
+}
+
+/// What `live` says without waiting.
+fn look_at_live(live: RawFd) -> Woke {
+    let mut fds = [libc::pollfd {
+        fd: live,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    }];
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+    live_state(n, fds[0].revents)
+}
+
+fn live_state(n: i32, revents: i16) -> Woke {
+    if n <= 0 || revents == 0 {
+        Woke::Bell
+    } else if revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        Woke::LiveEnd
+    } else {
+        Woke::LiveData
+    }
+}
+
+/// Sleeps until `bell` rings or `live` becomes readable (or hangs up).
+fn sleep_on(bell: RawFd, live: RawFd) -> std::io::Result<Woke> {
     let mut fds = [
         libc::pollfd {
             fd: bell,
@@ -258,7 +291,7 @@ fn sleep_on(bell: RawFd, live: RawFd) -> std::io::Result<bool> {
         },
         libc::pollfd {
             fd: live,
-            events: libc::POLLIN,
+            events: libc::POLLIN | libc::POLLRDHUP,
             revents: 0,
         },
     ];
@@ -277,19 +310,23 @@ fn sleep_on(bell: RawFd, live: RawFd) -> std::io::Result<bool> {
             // SAFETY: reads 8 bytes into a local from a non-blocking eventfd.
             unsafe { libc::read(bell, (&mut v as *mut u64).cast(), 8) };
         }
-        return Ok(fds[1].revents != 0);
+        return Ok(live_state(1, fds[1].revents));
     }
 }
 
 /// How one end of a ring wakes its peer and sleeps.
 #[derive(Debug)]
 enum Signal {
-    /// Host-local: eventfds. `live` (the socket to the daemon) readable or hung up
-    /// means the session is over.
+    /// Host-local: eventfds. `live` (the socket to the daemon) hung up means the
+    /// session is over; readable means the same on the guest's side, and on the API
+    /// server's (`control`) that the daemon has a message for it (a migration's
+    /// quiesce), which the consumer reports as [`ErrorKind::WouldBlock`] for the
+    /// caller to read.
     Eventfds {
         own: OwnedFd,
         peer: OwnedFd,
         live: RawFd,
+        control: bool,
     },
     /// Inside a VM no descriptor is shared with the host: a producer wakes a sleeping
     /// consumer with a doorbell frame on its socket (vsock for the guest, the socket
@@ -461,22 +498,49 @@ impl End {
         }
     }
 
-    /// Sleeps until the peer may have moved; returns whether the session is over.
-    fn sleep(&self) -> std::io::Result<bool> {
+    /// Sleeps until the peer may have moved, or the daemon has a message for this
+    /// side.
+    fn sleep(&self) -> std::io::Result<Woke> {
         match &self.signal {
-            Signal::Eventfds { own, live, .. } => sleep_on(own.as_raw_fd(), *live),
+            Signal::Eventfds {
+                own, live, control, ..
+            } => match sleep_on(own.as_raw_fd(), *live)? {
+                Woke::LiveData if !*control => Ok(Woke::LiveEnd),
+                Woke::LiveData if self.producer => {
+                    // The message is for the consumer to read; this side only waits
+                    // for space, looking again shortly.
+                    std::thread::sleep(FULL_RING_POLL);
+                    Ok(Woke::Bell)
+                }
+                w => Ok(w),
+            },
             Signal::Doorbells { socket } if self.producer => {
                 // The doorbells on the socket are the consumer's: only look.
                 std::thread::sleep(FULL_RING_POLL);
-                Ok(matches!(pending(*socket, false)?, Pending::End))
+                Ok(match pending(*socket, false)? {
+                    Pending::End => Woke::LiveEnd,
+                    _ => Woke::Bell,
+                })
             }
             Signal::Doorbells { socket } => loop {
                 match pending(*socket, true)? {
-                    Pending::Doorbell => return Ok(false),
-                    Pending::End => return Ok(true),
+                    Pending::Doorbell => return Ok(Woke::Bell),
+                    Pending::End => return Ok(Woke::LiveEnd),
                     Pending::Nothing => wait_readable(*socket)?,
                 }
             },
+        }
+    }
+
+    /// For the API server's consumer: whether the daemon has a message waiting.
+    fn daemon_calls(&self) -> bool {
+        match &self.signal {
+            Signal::Eventfds {
+                live,
+                control: true,
+                ..
+            } if !self.producer => look_at_live(*live) == Woke::LiveData,
+            _ => false,
         }
     }
 
@@ -507,7 +571,12 @@ impl End {
                 }
             } else {
                 // Still polling, but giving the CPU to anything runnable (the device's
-                // own threads on a CPU implementation, the peer on a busy host).
+                // own threads on a CPU implementation, the peer on a busy host). A
+                // peer that keeps this side spinning must not hide the daemon's
+                // messages.
+                if self.daemon_calls() {
+                    return Err(daemon_message());
+                }
                 std::thread::yield_now();
             }
         }
@@ -521,16 +590,25 @@ impl End {
                 flag.store(0, Ordering::Relaxed);
                 return Ok(());
             }
-            let ended = self.sleep()?;
+            let woke = self.sleep()?;
             flag.store(0, Ordering::Relaxed);
             if ready()? {
                 return Ok(());
             }
-            if ended {
-                return Err(Error::new(ErrorKind::BrokenPipe, "the session is over"));
+            match woke {
+                Woke::LiveEnd => {
+                    return Err(Error::new(ErrorKind::BrokenPipe, "the session is over"));
+                }
+                Woke::LiveData => return Err(daemon_message()),
+                Woke::Bell => {}
             }
         }
     }
+}
+
+/// What the API server's consumer returns when the daemon has a message for it.
+fn daemon_message() -> Error {
+    Error::new(ErrorKind::WouldBlock, "the daemon has a message")
 }
 
 fn corrupt(what: &str) -> Error {
@@ -573,11 +651,13 @@ pub fn guest_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::i
             own: p_own,
             peer: p_peer,
             live,
+            control: false,
         },
         Signal::Eventfds {
             own: c_own,
             peer: c_peer,
             live,
+            control: false,
         },
     ))
 }
@@ -594,11 +674,13 @@ pub fn server_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::
             own: p_own,
             peer: p_peer,
             live,
+            control: true,
         },
         Signal::Eventfds {
             own: c_own,
             peer: c_peer,
             live,
+            control: true,
         },
     ))
 }

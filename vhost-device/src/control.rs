@@ -18,6 +18,11 @@
 //!   `--cgroup`) live; answers with the VM's new state. The VM must be one the daemon
 //!   serves.
 //!
+//! - `{"cmd":"migrate","session":ID,"timeout_ms":N}`: moves a live session to a new
+//!   API server (see `migrate`) and answers with what it did (`{"moved":{...}}`: the
+//!   old and new API-server pids, the snapshot's size, the pause), or with why the
+//!   session stays where it was (`{"error":...}`).
+//!
 //! The socket gets the same owner and mode as the guest sockets.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -260,10 +265,40 @@ pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
                 life.wait_sessions(count, started, Duration::from_millis(ms).min(MAX_WAIT));
             json!({ "reached": reached, "status": status(life, router) })
         }
+        Some("migrate") => migrate(&req, life),
         Some(other) => json!({
-            "error": format!("unknown command {other:?} (known: status, set, wait_idle, wait_live)")
+            "error": format!("unknown command {other:?} (known: status, set, wait_idle, wait_live, migrate)")
         }),
         None => json!({ "error": "a request is {\"cmd\": ...}" }),
+    }
+}
+
+/// Longest a migration may take by default.
+const MIGRATE_WAIT: Duration = Duration::from_secs(300);
+
+fn migrate(req: &Value, life: &Lifecycle) -> Value {
+    let Some(id) = req.get("session").and_then(Value::as_u64) else {
+        return json!({ "error": "migrate needs \"session\": a live session's id" });
+    };
+    let timeout = req
+        .get("timeout_ms")
+        .and_then(Value::as_u64)
+        .map_or(MIGRATE_WAIT, Duration::from_millis)
+        .min(MAX_WAIT);
+    let Some(door) = life.door(id) else {
+        return json!({
+            "error": format!("session {id} is not live or cannot migrate (host-local sessions on shared-memory rings can)")
+        });
+    };
+    match door.ask(timeout) {
+        Ok(moved) => {
+            info!(
+                "session {id} migrated to API server {} ({} bytes, paused {:.1} ms)",
+                moved.to_pid, moved.snapshot_bytes, moved.pause_ms
+            );
+            json!({ "moved": moved })
+        }
+        Err(e) => json!({ "error": e }),
     }
 }
 

@@ -21,6 +21,7 @@ pub mod control;
 pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
+pub mod migrate;
 pub mod router;
 pub mod scheduler;
 pub mod session;

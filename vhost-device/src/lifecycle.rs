@@ -25,6 +25,8 @@ pub struct LiveSession {
     pub process: String,
     pub guest_pid: u32,
     pub api_server_pid: Option<u32>,
+    /// Times the session moved to a new API server.
+    pub migrations: u32,
 }
 
 /// A session that ended.
@@ -54,6 +56,8 @@ pub struct EndedSession {
 struct State {
     live: HashMap<u64, (UnixStream, LiveSession)>,
     ended: VecDeque<EndedSession>,
+    /// Sessions that can migrate, by id.
+    doors: HashMap<u64, Arc<crate::migrate::Door>>,
 }
 
 /// Live sessions, ended sessions and the stop flag.
@@ -88,6 +92,20 @@ impl Registration {
         self.life.changed.notify_all();
     }
 
+    /// Lets the control socket ask this session to migrate, through `door`.
+    pub fn accept_migrations(&self, door: Arc<crate::migrate::Door>) {
+        self.life.lock().doors.insert(self.id, door);
+    }
+
+    /// Records that the session moved to API server `pid`.
+    pub fn moved(&self, pid: u32) {
+        if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
+            s.api_server_pid = Some(pid);
+            s.migrations += 1;
+        }
+        self.life.changed.notify_all();
+    }
+
     /// Keeps `guard` (a connection slot) until the session ends.
     pub fn hold(&mut self, guard: Box<dyn std::fmt::Debug + Send>) {
         self.held = Some(guard);
@@ -103,6 +121,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         drop(self.held.take());
         let mut s = self.life.lock();
+        s.doors.remove(&self.id);
         let live = s.live.remove(&self.id);
         let mut e = self.ended.take().unwrap_or_default();
         if let Some((_, l)) = live {
@@ -171,6 +190,12 @@ impl Lifecycle {
             ended: None,
             held: None,
         })
+    }
+
+    /// Where to ask live session `id` to migrate; `None` if it is not live or cannot
+    /// migrate.
+    pub fn door(&self, id: u64) -> Option<Arc<crate::migrate::Door>> {
+        self.lock().doors.get(&id).cloned()
     }
 
     /// Live sessions.

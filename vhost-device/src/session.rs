@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
-    DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code,
+    DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code, migrate,
 };
 use hira_protocol::opencl::op_info;
 use hira_protocol::{FrameHeader, FrameKind, ring, unix};
@@ -249,10 +249,12 @@ fn serve(
     let vm_page = queue.page().map_err(SessionError::Spawn)?;
     let cgroup = queue.cgroup.get().map(crate::cgroup::VmCgroup::procs_fd);
     let kills_before = queue.host_memory().2;
-    let (child, mut server, usage) =
+    let (mut child, mut server, usage) =
         spawn::api_server(config, id, &vm_page.fd, cgroup).map_err(SessionError::Spawn)?;
-    let usage = Arc::new(usage);
-    let _tracked = queue.track(id, usage.clone());
+    let mut usage = Arc::new(usage);
+    let mut tracked = queue.track(id, usage.clone());
+    // What API servers the session left by migrating counted.
+    let mut carried = hira_protocol::usage::Usage::default();
     registration.describe(&hello.process_name, hello.pid, child.id());
     info!(
         "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
@@ -270,6 +272,9 @@ fn serve(
             ..header
         };
         unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
+        // A host-local session on rings can migrate: the next API server gets the
+        // same window, hello and data plane.
+        let keep_window = window.as_ref().map(OwnedFd::try_clone).transpose()?;
         drop(window);
         let (rh, rp, ring_fds) = unix::recv_frame_with_fds(&mut server)
             .map_err(|e| SessionError::Handshake(e.to_string()))?;
@@ -320,14 +325,34 @@ fn serve(
             let fds: Vec<&OwnedFd> = ring_fds.iter().collect();
             unix::send_frame_with_fds(&mut g, &wh, &welcome, &fds)?;
         }
-        drop(ring_fds);
         let server_r = server.try_clone()?;
         let relay_guest = guest_w.clone();
+        let link = Arc::new(RelayLink::default());
+        let relay_link = link.clone();
         let relay = std::thread::Builder::new()
             .name(format!("relay-{id}"))
-            .spawn(move || relay_to_guest(server_r, &relay_guest))?;
+            .spawn(move || relay_to_guest(server_r, &relay_guest, &relay_link))?;
         let res = if rings && local_rings {
-            wait_for_guest_end(&mut guest)
+            let door = crate::migrate::Door::new()?;
+            registration.accept_migrations(door.clone());
+            let mut m = Mover {
+                config,
+                id,
+                queue,
+                vm_page: &vm_page.fd,
+                cgroup,
+                hello: (h, hello_bytes),
+                window: keep_window,
+                rings: ring_fds,
+                link,
+                child: &mut child,
+                server: &mut server,
+                usage: &mut usage,
+                tracked: &mut tracked,
+                carried: &mut carried,
+                registration,
+            };
+            serve_on_rings(&mut guest, &door, &mut m)
         } else {
             // Relayed: every frame, or on a VM's rings the doorbells only.
             let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
@@ -356,9 +381,10 @@ fn serve(
     // What the API server counted: every frame it received, however it came.
     let counted = usage.read();
     queue.session_ended(&counted);
-    stats.commands = counted.commands;
-    stats.bytes = counted.bytes;
-    stats.rejected += counted.rejected;
+    drop(tracked);
+    stats.commands = counted.commands + carried.commands;
+    stats.bytes = counted.bytes + carried.bytes;
+    stats.rejected += counted.rejected + carried.rejected;
     stats.last_call = counted.last_opcode.and_then(op_info).map(|o| o.name);
     if crashed {
         life.api_server_crashes
@@ -400,11 +426,28 @@ fn serve(
     result
 }
 
+/// Where the relay thread passes a migration's answer (its opcode and payload).
+type AnswerTo = std::sync::mpsc::Sender<(u16, Vec<u8>)>;
+
+/// What the relay thread and a migration share: where the migration's answers go,
+/// and the API server to go on with once the old one has closed.
+#[derive(Debug, Default)]
+struct RelayLink {
+    answers: Mutex<Option<AnswerTo>>,
+    next: Mutex<Option<UnixStream>>,
+}
+
 /// Copies replies and notifications to the guest until the API server closes; then
 /// tells the guest its session is over. Returns the API server's teardown report,
 /// which is for the daemon and never reaches the guest. Once the guest is gone, the
-/// API server's frames are read and dropped, so that the report still arrives.
-fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) -> Option<TeardownPayload> {
+/// API server's frames are read and dropped, so that the report still arrives. A
+/// migration's answers go to the migration; when a migrated session's old API server
+/// closes, the relay goes on with the new one.
+fn relay_to_guest(
+    server: UnixStream,
+    guest: &Mutex<UnixStream>,
+    link: &RelayLink,
+) -> Option<TeardownPayload> {
     let mut server = BufReader::with_capacity(RELAY_CHUNK, server);
     let mut buf = vec![0u8; RELAY_CHUNK];
     let mut report = None;
@@ -412,7 +455,14 @@ fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) -> Option<Teard
     loop {
         let mut hb = [0u8; HEADER_LEN];
         if server.read_exact(&mut hb).is_err() {
-            break;
+            let next = link.next.lock().unwrap_or_else(|e| e.into_inner()).take();
+            match next {
+                Some(s) => {
+                    server = BufReader::with_capacity(RELAY_CHUNK, s);
+                    continue;
+                }
+                None => break,
+            }
         }
         let Ok(h) = FrameHeader::decode(&hb) else {
             warn!("API server sent a malformed frame; ending the session");
@@ -424,6 +474,16 @@ fn relay_to_guest(server: UnixStream, guest: &Mutex<UnixStream>) -> Option<Teard
                 break;
             }
             report = TeardownPayload::decode(&p).ok();
+            continue;
+        }
+        if h.kind == FrameKind::Notify && matches!(h.opcode, migrate::CAPTURED | migrate::FAILED) {
+            let mut p = vec![0u8; (h.len as usize).min(64 * 1024)];
+            if h.len as usize > p.len() || server.read_exact(&mut p).is_err() {
+                break;
+            }
+            if let Some(tx) = &*link.answers.lock().unwrap_or_else(|e| e.into_inner()) {
+                let _ = tx.send((h.opcode, p));
+            }
             continue;
         }
         if guest_gone {
@@ -506,16 +566,184 @@ fn skip(from: &mut impl Read, mut n: usize, buf: &mut [u8]) -> std::io::Result<(
     Ok(())
 }
 
-/// Waits until a guest whose frames travel on rings closes its socket. It has nothing
-/// to send there: anything it does send ends the session.
-fn wait_for_guest_end(guest: &mut UnixStream) -> Result<(), SessionError> {
-    let mut b = [0u8; 1];
-    match guest.read(&mut b) {
-        Ok(0) => Ok(()),
-        Ok(_) => Err(SessionError::Handshake(
-            "the guest sent on its socket while on rings".into(),
-        )),
-        Err(e) => Err(e.into()),
+/// Longest a migration waits for the old API server's capture, and for the new one
+/// to restore.
+const CAPTURE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+const RESTORE_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// What moving a host-local session on rings to a new API server needs, and what it
+/// changes.
+struct Mover<'a> {
+    config: &'a Config,
+    id: u64,
+    queue: &'a Arc<VmQueue>,
+    vm_page: &'a OwnedFd,
+    cgroup: Option<std::os::fd::RawFd>,
+    /// The hello the API server got, as it got it.
+    hello: (FrameHeader, Vec<u8>),
+    window: Option<OwnedFd>,
+    /// The guest's ring region and eventfds.
+    rings: Vec<OwnedFd>,
+    link: Arc<RelayLink>,
+    child: &'a mut std::process::Child,
+    server: &'a mut UnixStream,
+    usage: &'a mut Arc<hira_protocol::usage::UsagePage>,
+    tracked: &'a mut crate::router::Tracked,
+    carried: &'a mut hira_protocol::usage::Usage,
+    registration: &'a Registration,
+}
+
+fn notify(to: &mut UnixStream, opcode: u16, fds: &[&OwnedFd]) -> std::io::Result<()> {
+    let h = FrameHeader::new(FrameKind::Notify, opcode, 0, 0, 0);
+    unix::send_frame_with_fds(to, &h, &[], fds)
+}
+
+impl Mover<'_> {
+    /// Moves the session to a new API server, or leaves it where it is.
+    fn migrate(&mut self) -> Result<crate::migrate::Moved, String> {
+        let start = std::time::Instant::now();
+        let snapshot = crate::migrate::snapshot_file().map_err(|e| e.to_string())?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.link.answers.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        notify(self.server, migrate::CAPTURE, &[&snapshot])
+            .map_err(|e| format!("cannot reach the API server: {e}"))?;
+        let (op, answer) = match rx.recv_timeout(CAPTURE_LIMIT) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = notify(self.server, migrate::ABORT, &[]);
+                return Err("the API server did not capture the session in time".into());
+            }
+        };
+        if op == migrate::FAILED {
+            return Err(String::from_utf8_lossy(&answer).into_owned());
+        }
+        let snapshot_bytes = answer
+            .get(..8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+        let captured = start.elapsed();
+        match self.start_next(&snapshot) {
+            Ok((child, server, usage)) => {
+                let to_pid = child.id();
+                // The relay goes on with the new server once the old one closes.
+                *self.link.next.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(server.try_clone().map_err(|e| e.to_string())?);
+                let pause = start.elapsed();
+                let _ = notify(self.server, migrate::COMMIT, &[]);
+                let old = std::mem::replace(self.child, child);
+                let from_pid = old.id();
+                *self.server = server;
+                let (how, _) = spawn::reap(old, self.config.limits.teardown_grace);
+                let old_usage = self.usage.read();
+                self.queue.session_ended(&old_usage);
+                self.carried.commands += old_usage.commands;
+                self.carried.bytes += old_usage.bytes;
+                self.carried.rejected += old_usage.rejected;
+                *self.usage = Arc::new(usage);
+                *self.tracked = self.queue.track(self.id, self.usage.clone());
+                self.registration.moved(to_pid);
+                info!(
+                    "session {}: moved from API server {from_pid} ({how}) to {to_pid}; {snapshot_bytes} bytes, paused {pause:?}",
+                    self.id
+                );
+                Ok(crate::migrate::Moved {
+                    session: self.id,
+                    from_pid,
+                    to_pid,
+                    snapshot_bytes,
+                    pause_ms: pause.as_secs_f64() * 1e3,
+                    capture_ms: captured.as_secs_f64() * 1e3,
+                    restore_ms: (pause - captured).as_secs_f64() * 1e3,
+                })
+            }
+            Err(e) => {
+                let _ = notify(self.server, migrate::ABORT, &[]);
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts the API server that takes over, and waits until it has restored the
+    /// snapshot.
+    fn start_next(
+        &mut self,
+        snapshot: &OwnedFd,
+    ) -> Result<
+        (
+            std::process::Child,
+            UnixStream,
+            hira_protocol::usage::UsagePage,
+        ),
+        String,
+    > {
+        let (mut child, mut server, usage) =
+            spawn::api_server(self.config, self.id, self.vm_page, self.cgroup)
+                .map_err(|e| format!("cannot start an API server: {e}"))?;
+        let handed = (|| -> Result<(), String> {
+            let mut fds = vec![snapshot];
+            fds.extend(self.rings.iter());
+            let h = FrameHeader::new(FrameKind::Notify, migrate::ADOPT, 0, 0, 0);
+            unix::send_frame_with_fds(&mut server, &h, &[], &fds).map_err(|e| e.to_string())?;
+            unix::send_frame_with_fd(
+                &mut server,
+                &self.hello.0,
+                &self.hello.1,
+                self.window.as_ref(),
+            )
+            .map_err(|e| e.to_string())?;
+            server
+                .set_read_timeout(Some(RESTORE_LIMIT))
+                .map_err(|e| e.to_string())?;
+            let (h, p, _) = unix::recv_frame_with_fds(&mut server).map_err(|e| e.to_string())?;
+            server.set_read_timeout(None).map_err(|e| e.to_string())?;
+            if h.kind != FrameKind::Welcome {
+                return Err(ErrorPayload::decode(&p)
+                    .map(|e| e.message)
+                    .unwrap_or_else(|_| "the new API server failed".into()));
+            }
+            Ok(())
+        })();
+        match handed {
+            Ok(()) => Ok((child, server, usage)),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                // What it charged to the VM while restoring goes back.
+                self.queue.session_ended(&usage.read());
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Waits until a guest whose frames travel on rings closes its socket (it has
+/// nothing to send there: anything it does send ends the session), carrying out the
+/// migrations asked for meanwhile.
+fn serve_on_rings(
+    guest: &mut UnixStream,
+    door: &crate::migrate::Door,
+    m: &mut Mover<'_>,
+) -> Result<(), SessionError> {
+    loop {
+        let (guest_ready, asked) = crate::migrate::wait_either(&*guest, &door.rung)?;
+        if asked {
+            for reply in door.take() {
+                let res = m.migrate();
+                if let Err(e) = &res {
+                    warn!("session {}: migration failed, the session stays: {e}", m.id);
+                }
+                let _ = reply.send(res);
+            }
+        }
+        if guest_ready || crate::migrate::readable(&*guest) {
+            let mut b = [0u8; 1];
+            return match guest.read(&mut b) {
+                Ok(0) => Ok(()),
+                Ok(_) => Err(SessionError::Handshake(
+                    "the guest sent on its socket while on rings".into(),
+                )),
+                Err(e) => Err(e.into()),
+            };
+        }
     }
 }
 

@@ -115,6 +115,11 @@ impl Deferred {
         p
     }
 
+    /// Whether every deferred output has been delivered.
+    pub fn is_idle(&self) -> bool {
+        self.pending().is_empty()
+    }
+
     /// Tells the guest at once that output `token` is over (a write whose window data
     /// the host no longer needs, or never read).
     pub fn done_now(&self, token: u64, status: cl_int) {

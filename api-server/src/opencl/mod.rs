@@ -16,6 +16,7 @@ pub mod builds;
 pub mod custom;
 pub mod deferred;
 pub mod device_time;
+pub mod migrate;
 pub mod session;
 pub(crate) mod sizes;
 pub mod staging;
@@ -75,6 +76,8 @@ pub struct OpenClBackend {
     /// User events created and not yet given a status: while there are any, a call
     /// that blocks may be waiting for the guest to set one.
     open_user_events: AtomicUsize,
+    /// The log and state migration needs.
+    pub(crate) migration: migrate::Migration,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -193,6 +196,7 @@ impl OpenClBackend {
             device_time: device_time::DeviceTime::new(rt, quota.clone()),
             quota,
             open_user_events: AtomicUsize::new(0),
+            migration: migrate::Migration::default(),
             writer,
         })
     }
@@ -207,11 +211,22 @@ impl Backend for OpenClBackend {
         w: &mut Writer,
     ) -> Result<(), Fail> {
         let mut r = Reader::new(payload);
-        let mut s = Session::new(self);
+        let keep = migrate::Migration::keeps(opcode);
+        let mut s = if keep {
+            Session::recording(self)
+        } else {
+            Session::new(self)
+        };
         let res = generated::dispatch(&mut s, opcode, &mut r, frame, w);
         // Whatever this call showed complete, the guest must hold its data first.
         self.deferred.settle();
         let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
+        if succeeded
+            && keep
+            && let Some(rec) = s.take_rec()
+        {
+            self.migration.record(opcode, payload, rec);
+        }
         if succeeded && opcode == op::clCreateUserEvent {
             self.open_user_events.fetch_add(1, Ordering::AcqRel);
         } else if succeeded && opcode == op::clSetUserEventStatus {
@@ -237,6 +252,14 @@ impl Backend for OpenClBackend {
 
     fn may_async(&self, opcode: u16) -> Option<bool> {
         op_info(opcode).map(|o| o.may_async)
+    }
+
+    fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, String> {
+        self.capture_session(pending)
+    }
+
+    fn restore(&self, snapshot: &[u8]) -> Result<Vec<u8>, String> {
+        self.restore_session(snapshot)
     }
 
     fn teardown(&self) -> TeardownReport {

@@ -122,6 +122,46 @@ impl Handles {
         HOST_ID_BIT | self.next_host_id
     }
 
+    /// Every object the table names: id, kind, host handle, the guest's references.
+    pub(crate) fn objects(&self) -> Vec<(u64, Kind, usize, u32)> {
+        self.by_id
+            .iter()
+            .map(|(&id, e)| (id, e.kind, e.host, e.guest_refs))
+            .collect()
+    }
+
+    /// The id of a host object the table names.
+    pub(crate) fn id_of(&self, host: usize) -> Option<u64> {
+        self.by_host.get(&host).copied()
+    }
+
+    /// The host handle of `id`, if it is of `kind`.
+    pub(crate) fn host_of(&self, id: u64, kind: Kind) -> Option<usize> {
+        self.get(id, kind)
+    }
+
+    /// Names host object `host` as `id` with the guest's `refs` (a restored stand-in).
+    pub(crate) fn adopt(&mut self, id: u64, kind: Kind, host: usize, refs: u32) {
+        self.insert(id, kind, host, refs);
+    }
+
+    /// Sets the guest's references to `id`.
+    pub(crate) fn set_refs(&mut self, id: u64, refs: u32) {
+        if let Some(e) = self.by_id.get_mut(&id) {
+            e.guest_refs = refs;
+        }
+    }
+
+    /// Forgets `id` (the guest holds no reference to it any more).
+    pub(crate) fn forget(&mut self, id: u64) {
+        if let Some(e) = self.by_id.remove(&id) {
+            self.kernels.remove(&id);
+            if self.by_host.get(&e.host) == Some(&id) {
+                self.by_host.remove(&e.host);
+            }
+        }
+    }
+
     /// Number of ids in the table.
     pub fn len(&self) -> usize {
         self.by_id.len()
@@ -144,6 +184,21 @@ impl Handles {
         self.kernels.clear();
         v.sort_by_key(|(k, _, _)| k.teardown_rank());
         v
+    }
+}
+
+/// Takes one more reference to a host object.
+pub(crate) fn retain(rt: &OpenCl, kind: Kind, p: *mut c_void) -> Option<cl_int> {
+    match kind {
+        Kind::Event => rt.clRetainEvent(p.cast()),
+        Kind::Kernel => rt.clRetainKernel(p.cast()),
+        Kind::Program => rt.clRetainProgram(p.cast()),
+        Kind::Sampler => rt.clRetainSampler(p.cast()),
+        Kind::Mem => rt.clRetainMemObject(p.cast()),
+        Kind::Queue => rt.clRetainCommandQueue(p.cast()),
+        Kind::Context => rt.clRetainContext(p.cast()),
+        Kind::Device => rt.clRetainDevice(p.cast()),
+        Kind::Platform => Some(CL_SUCCESS),
     }
 }
 
@@ -391,6 +446,17 @@ struct CallbackContext {
     handles: Arc<Mutex<Handles>>,
     writer: Arc<FrameWriter>,
     deferred: Arc<super::deferred::Deferred>,
+    /// For a one-shot callback (a build's, an event's): the count of those not yet
+    /// delivered, which a migration waits to reach zero.
+    one_shot: Option<Arc<std::sync::atomic::AtomicUsize>>,
+}
+
+impl Drop for CallbackContext {
+    fn drop(&mut self) {
+        if let Some(n) = &self.one_shot {
+            n.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
 }
 
 impl CallbackContext {
@@ -489,11 +555,32 @@ unsafe extern "C" fn uncharge_trampoline(_mem: cl_mem, data: *mut c_void) {
 #[derive(Debug)]
 pub struct Session<'a> {
     b: &'a OpenClBackend,
+    /// What a call that migration keeps named, while it runs.
+    rec: Option<std::cell::RefCell<super::migrate::Rec>>,
 }
 
 impl<'a> Session<'a> {
     pub fn new(b: &'a OpenClBackend) -> Self {
-        Session { b }
+        Session { b, rec: None }
+    }
+
+    /// A view that also notes what the call names, for migration's log.
+    pub fn recording(b: &'a OpenClBackend) -> Self {
+        Session {
+            b,
+            rec: Some(Default::default()),
+        }
+    }
+
+    /// What the call named, if it was recorded.
+    pub(crate) fn take_rec(&mut self) -> Option<super::migrate::Rec> {
+        self.rec.take().map(std::cell::RefCell::into_inner)
+    }
+
+    fn note(&self, f: impl FnOnce(&mut super::migrate::Rec)) {
+        if let Some(r) = &self.rec {
+            f(&mut r.borrow_mut());
+        }
     }
 
     pub fn rt(&self) -> &'static OpenCl {
@@ -527,10 +614,13 @@ impl<'a> Session<'a> {
                 Err(Fail::Status(kind.invalid_code()))
             };
         }
-        self.handles()
+        let p = self
+            .handles()
             .get(id, kind)
             .map(|p| p as *mut c_void)
-            .ok_or(Fail::Status(kind.invalid_code()))
+            .ok_or(Fail::Status(kind.invalid_code()))?;
+        self.note(|r| r.uses.push(id));
+        Ok(p)
     }
 
     /// An optional array of ids.
@@ -553,6 +643,7 @@ impl<'a> Session<'a> {
         code: cl_int,
     ) -> Result<Option<Vec<*mut c_void>>, Fail> {
         let Some(ids) = ids else { return Ok(None) };
+        self.note(|r| r.uses.extend(&ids));
         let h = self.handles();
         ids.into_iter()
             .map(|id| {
@@ -591,6 +682,7 @@ impl<'a> Session<'a> {
             return code;
         }
         let signature = (kind == Kind::Kernel).then(|| self.kernel_signature(host));
+        self.note(|r| r.creates.push(id));
         let mut h = self.handles();
         h.insert(id, kind, host as usize, 1);
         if let Some(sig) = signature {
@@ -718,9 +810,11 @@ impl<'a> Session<'a> {
         {
             e.guest_refs += 1;
         }
+        self.b.migration.retained(id);
     }
 
     pub fn released(&self, id: u64) {
+        self.b.migration.released(id);
         let mut h = self.handles();
         let Some(e) = h.by_id.get_mut(&id) else {
             return;
@@ -731,6 +825,9 @@ impl<'a> Session<'a> {
         e.guest_refs = e.guest_refs.saturating_sub(1);
         if e.guest_refs == 0 {
             let host = e.host;
+            if e.kind == Kind::Event {
+                self.b.migration.forget_event(host);
+            }
             h.by_id.remove(&id);
             h.kernels.remove(&id);
             if h.by_host.get(&host) == Some(&id) {
@@ -759,6 +856,7 @@ impl<'a> Session<'a> {
             .map(|&p| {
                 if owned {
                     let id = h.fresh_host_id();
+                    self.note(|r| r.creates.push(id));
                     h.insert(id, kind, p as usize, 1);
                     if let Some(sig) = signatures.next() {
                         h.kernels.insert(id, sig);
@@ -933,6 +1031,45 @@ impl<'a> Session<'a> {
         frame: &FrameData<'_>,
         opaque: bool,
     ) -> Result<BytesIn<'f>, Fail> {
+        let start = r.position();
+        let out_of_line = self.rec.is_some() && matches!(r.peek(), Some(tag::WINDOW | tag::STAGED));
+        let b = self.bytes_in_at(r, frame, opaque)?;
+        if self.rec.is_some() {
+            // Migration keeps the request whole: data that came in the window or
+            // staged is written into it, as if it had come inline.
+            let copied = match &b {
+                BytesIn::Svm(..) => {
+                    self.note(|rec| rec.unmigratable = Some("data in SVM memory"));
+                    None
+                }
+                BytesIn::Window(p, len) if out_of_line => {
+                    // SAFETY: the span lies inside the mapped window (checked by
+                    // `span`); a raw copy makes no reference to guest-writable memory.
+                    Some(unsafe { std::slice::from_raw_parts(*p, *len) }.to_vec())
+                }
+                BytesIn::Aligned(words, len) if out_of_line => {
+                    // SAFETY: `words` holds at least `len` bytes.
+                    Some(
+                        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), *len) }
+                            .to_vec(),
+                    )
+                }
+                _ => None,
+            };
+            if let Some(bytes) = copied {
+                let end = r.position();
+                self.note(|rec| rec.splices.push((start, end, bytes)));
+            }
+        }
+        Ok(b)
+    }
+
+    fn bytes_in_at<'f>(
+        &self,
+        r: &mut Reader<'f>,
+        frame: &FrameData<'_>,
+        opaque: bool,
+    ) -> Result<BytesIn<'f>, Fail> {
         match r.u8()? {
             tag::NULL => Ok(BytesIn::Null),
             tag::INLINE => {
@@ -1063,6 +1200,7 @@ impl<'a> Session<'a> {
         arg_size: usize,
         k: KernelArg,
     ) -> Result<KernelArg, Fail> {
+        self.note(|r| r.key = Some(u64::from(index)));
         let signature = self.handles().kernels.get(&kernel).cloned();
         let kind = match &signature {
             // The host checks the index; nothing of the value reaches it then.
@@ -1315,12 +1453,18 @@ impl<'a> Session<'a> {
         self.b.deferred.add(token, event, owned, out);
     }
 
-    fn callback_context(&self, id: u64) -> *mut c_void {
+    fn callback_context(&self, id: u64, one_shot: bool) -> *mut c_void {
+        let one_shot = one_shot.then(|| {
+            let n = self.b.migration.one_shot_callbacks();
+            n.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            n
+        });
         Box::into_raw(Box::new(CallbackContext {
             id,
             handles: self.b.handles.clone(),
             writer: self.b.writer.clone(),
             deferred: self.b.deferred.clone(),
+            one_shot,
         }))
         .cast()
     }
@@ -1338,32 +1482,34 @@ impl<'a> Session<'a> {
     /// The host's function and user data for guest callback `id`: none (0), none but a
     /// non-null stand-in ([`CALLBACK_DATA_ONLY`]), or `trampoline` with a context that
     /// delivers the callback to the guest.
-    fn callback<F>(&self, id: u64, trampoline: F) -> (Option<F>, *mut c_void) {
+    fn callback<F>(&self, id: u64, trampoline: F, one_shot: bool) -> (Option<F>, *mut c_void) {
         match id {
             0 => (None, std::ptr::null_mut()),
+            // A replayed build's callback was delivered where the build first ran.
+            _ if one_shot && self.b.migration.replaying() => (None, std::ptr::null_mut()),
             CALLBACK_DATA_ONLY => (None, DATA_ONLY),
-            _ => (Some(trampoline), self.callback_context(id)),
+            _ => (Some(trampoline), self.callback_context(id, one_shot)),
         }
     }
 
     pub fn callback_context_fn(&self, id: u64) -> (Option<ContextFn>, *mut c_void) {
-        self.callback(id, context_trampoline as ContextFn)
+        self.callback(id, context_trampoline as ContextFn, false)
     }
 
     pub fn callback_program(&self, id: u64) -> (Option<ProgramFn>, *mut c_void) {
-        self.callback(id, program_trampoline as ProgramFn)
+        self.callback(id, program_trampoline as ProgramFn, true)
     }
 
     pub fn callback_event(&self, id: u64) -> (Option<EventFn>, *mut c_void) {
-        self.callback(id, event_trampoline as EventFn)
+        self.callback(id, event_trampoline as EventFn, true)
     }
 
     pub fn callback_destructor(&self, id: u64) -> (Option<DestructorFn>, *mut c_void) {
-        self.callback(id, destructor_trampoline as DestructorFn)
+        self.callback(id, destructor_trampoline as DestructorFn, false)
     }
 
     pub fn callback_mem(&self, id: u64) -> (Option<MemFn>, *mut c_void) {
-        self.callback(id, mem_trampoline as MemFn)
+        self.callback(id, mem_trampoline as MemFn, false)
     }
 
     /// Whether a wait list is exactly as long as its count says (an inconsistent one is
@@ -1404,6 +1550,25 @@ impl<'a> Session<'a> {
     ) -> Result<(), Fail> {
         if function == "clGetProgramInfo" && param == CL_PROGRAM_BINARIES {
             return self.program_binaries(w, query);
+        }
+        let queue_host = |id| self.handles().get(id, Kind::Queue).unwrap_or(0);
+        if let Some(answer) = self
+            .b
+            .migration
+            .stand_in_answer(function, object, param, queue_host)
+        {
+            match answer {
+                Ok(mut buf) => {
+                    if let Some(how) = opencl::info_handles(function, param) {
+                        self.host_to_ids(how, &mut buf);
+                    }
+                    w.i32(CL_SUCCESS).bytes(&buf);
+                }
+                Err(status) => {
+                    w.i32(status);
+                }
+            }
+            return Ok(());
         }
         let mut size = 0usize;
         let status = query(param, 0, std::ptr::null_mut(), &mut size).ok_or(Fail::Status(-59))?;

@@ -61,6 +61,12 @@ impl Staging {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether no transfer is staged (in either direction).
+    pub fn is_empty(&self) -> bool {
+        let i = self.inner();
+        i.inputs.is_empty() && i.outputs.is_empty()
+    }
+
     /// Appends `chunk` at `offset` of input `token`, whose whole length is `total`.
     pub fn stage(&self, token: u64, total: usize, offset: usize, chunk: &[u8]) -> i32 {
         let mut st = self.inner();

@@ -41,6 +41,11 @@ impl Svm {
         }
     }
 
+    /// Whether the session holds no SVM allocation.
+    pub fn is_empty(&self) -> bool {
+        self.table().is_empty()
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Alloc>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }

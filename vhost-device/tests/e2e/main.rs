@@ -7,6 +7,7 @@ mod host_memory;
 mod isolation;
 mod kernel_args;
 mod malformed;
+mod migration;
 mod piglit;
 mod programs;
 mod pyopencl;

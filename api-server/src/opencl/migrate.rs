@@ -1,0 +1,730 @@
+//! Migration's side of the OpenCL backend: the session's log, recorded as calls
+//! succeed; the capture of a quiesced session into a snapshot; and its restore into
+//! a fresh API server.
+//!
+//! What the log keeps is decided by the API description (`OpInfo::replay`), through
+//! `hira_migration::Log`. This module adds what only the host API can do: read and
+//! write the contents of memory objects, stand in for the events of finished
+//! commands, and put the guest's reference counts back on the host's objects.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cl3::OpenCl;
+use hira_migration::{Log, Snapshot, StandIn};
+use hira_protocol::frame::MAX_FRAME_BODY;
+use hira_protocol::handshake::ApiKind;
+use hira_protocol::opencl::{Kind, Replay, op, op_info, tag};
+use hira_protocol::{Reader, Writer};
+use opencl_sys::{cl_command_queue, cl_context, cl_int, cl_mem};
+
+use super::OpenClBackend;
+use super::session::{self, Session};
+use crate::backend::FrameData;
+
+const CL_SUCCESS: cl_int = 0;
+const CL_COMPLETE: cl_int = 0;
+const CL_MEM_READ_WRITE: u64 = 1;
+const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
+const CL_MEM_TYPE: u32 = 0x1100;
+const CL_MEM_SIZE: u32 = 0x1102;
+const CL_MEM_CONTEXT: u32 = 0x1106;
+const CL_MEM_ASSOCIATED_MEMOBJECT: u32 = 0x1107;
+const CL_CONTEXT_DEVICES: u32 = 0x1081;
+const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
+const CL_EVENT_COMMAND_TYPE: u32 = 0x11D1;
+const CL_EVENT_CONTEXT: u32 = 0x11D4;
+/// `CL_PROFILING_COMMAND_QUEUED` .. `CL_PROFILING_COMMAND_COMPLETE`.
+const PROFILING: std::ops::RangeInclusive<u32> = 0x1280..=0x1284;
+const CL_IMAGE_ELEMENT_SIZE: u32 = 0x1111;
+const CL_IMAGE_WIDTH: u32 = 0x1114;
+const CL_IMAGE_HEIGHT: u32 = 0x1115;
+const CL_IMAGE_DEPTH: u32 = 0x1116;
+const CL_IMAGE_ARRAY_SIZE: u32 = 0x1117;
+const CL_MEM_OBJECT_BUFFER: u32 = 0x10F0;
+const CL_MEM_OBJECT_IMAGE2D: u32 = 0x10F1;
+const CL_MEM_OBJECT_IMAGE3D: u32 = 0x10F2;
+const CL_MEM_OBJECT_IMAGE2D_ARRAY: u32 = 0x10F3;
+const CL_MEM_OBJECT_IMAGE1D: u32 = 0x10F4;
+const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
+const CL_MEM_OBJECT_IMAGE1D_BUFFER: u32 = 0x10F6;
+
+/// How long a capture waits for builds' and events' callbacks to be delivered.
+const CALLBACKS_DRAIN: Duration = Duration::from_secs(10);
+
+/// What one call that the log keeps named while it ran.
+#[derive(Debug, Default)]
+pub(crate) struct Rec {
+    /// Objects it made, in order.
+    pub creates: Vec<u64>,
+    /// Objects its arguments named, in order (a configuring call's subject first).
+    pub uses: Vec<u64>,
+    /// The setting it changed (a kernel argument's index).
+    pub key: Option<u64>,
+    /// Byte arguments that came out of line (window, stage), to write into the kept
+    /// request inline: the request's byte range and the bytes.
+    pub splices: Vec<(usize, usize, Vec<u8>)>,
+    /// Why the session can no longer migrate, if this call made it so.
+    pub unmigratable: Option<&'static str>,
+}
+
+/// The session's migration state.
+#[derive(Debug, Default)]
+pub struct Migration {
+    log: Mutex<Log>,
+    /// Why the session cannot migrate (a call used something a snapshot cannot hold).
+    unmigratable: Mutex<Option<String>>,
+    /// One-shot callbacks (builds', events') registered and not yet delivered.
+    one_shot: Arc<AtomicUsize>,
+    /// Set while a snapshot is replayed: callbacks already delivered are not
+    /// registered again.
+    replaying: AtomicBool,
+    /// Events of commands finished before a migration, by their stand-in's host
+    /// handle: what the event told before, which the stand-in tells alike.
+    finished: Mutex<HashMap<usize, Finished>>,
+}
+
+/// What an event of a finished command answers after a migration.
+#[derive(Debug, Clone, Copy, Default)]
+struct Finished {
+    command_type: u32,
+    /// The queue's id (0: none, as for a user event).
+    queue: u64,
+    /// Its profiling timestamps, if its queue had profiling on.
+    profiling: Option<[u64; 5]>,
+}
+
+impl Finished {
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(self.command_type).u64(self.queue);
+        match self.profiling {
+            Some(p) => {
+                w.u8(1);
+                for t in p {
+                    w.u64(t);
+                }
+            }
+            None => {
+                w.u8(0);
+            }
+        }
+        w.into_vec()
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, String> {
+        let mut r = Reader::new(b);
+        let bad = |e: hira_protocol::DecodeError| format!("a stand-in's state: {e}");
+        let command_type = r.u32().map_err(bad)?;
+        let queue = r.u64().map_err(bad)?;
+        let profiling = match r.u8().map_err(bad)? {
+            0 => None,
+            _ => {
+                let mut p = [0u64; 5];
+                for t in &mut p {
+                    *t = r.u64().map_err(bad)?;
+                }
+                Some(p)
+            }
+        };
+        r.finish().map_err(bad)?;
+        Ok(Finished {
+            command_type,
+            queue,
+            profiling,
+        })
+    }
+}
+
+/// The request as it would have come with every byte argument inline.
+fn splice(payload: &[u8], splices: &[(usize, usize, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len());
+    let mut at = 0;
+    for (start, end, bytes) in splices {
+        out.extend_from_slice(&payload[at..*start]);
+        out.push(tag::INLINE);
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(bytes);
+        at = *end;
+    }
+    out.extend_from_slice(&payload[at..]);
+    out
+}
+
+impl Migration {
+    fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn one_shot_callbacks(&self) -> Arc<AtomicUsize> {
+        self.one_shot.clone()
+    }
+
+    pub(crate) fn replaying(&self) -> bool {
+        self.replaying.load(Ordering::Acquire)
+    }
+
+    /// Whether call `opcode` is kept by the log (an event's callback is not: it is
+    /// delivered before any capture completes, and once only).
+    pub(crate) fn keeps(opcode: u16) -> bool {
+        opcode != op::clSetEventCallback
+            && op_info(opcode)
+                .is_some_and(|o| matches!(o.replay, Replay::Creates(_) | Replay::Configures))
+    }
+
+    /// The answer to `function`'s query `param` of `object` if it is the stand-in of
+    /// an event of a finished command (in host form: a queue as its host handle).
+    pub(crate) fn stand_in_answer(
+        &self,
+        function: &str,
+        object: *mut c_void,
+        param: u32,
+        queue_host: impl FnOnce(u64) -> usize,
+    ) -> Option<Result<Vec<u8>, cl_int>> {
+        if !matches!(function, "clGetEventInfo" | "clGetEventProfilingInfo") {
+            return None;
+        }
+        let f = *self
+            .finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(object as usize))?;
+        match (function, param) {
+            ("clGetEventInfo", CL_EVENT_COMMAND_TYPE) => {
+                Some(Ok(f.command_type.to_le_bytes().to_vec()))
+            }
+            ("clGetEventInfo", CL_EVENT_COMMAND_QUEUE) => {
+                Some(Ok(queue_host(f.queue).to_le_bytes().to_vec()))
+            }
+            ("clGetEventProfilingInfo", p) if PROFILING.contains(&p) => Some(match f.profiling {
+                Some(t) => Ok(t[(p - PROFILING.start()) as usize].to_le_bytes().to_vec()),
+                // CL_PROFILING_INFO_NOT_AVAILABLE, as before.
+                None => Err(-7),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The guest released event `host` for good: the host may reuse its handle.
+    pub(crate) fn forget_event(&self, host: usize) {
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&host);
+    }
+
+    pub(crate) fn retained(&self, id: u64) {
+        self.log().retained(id);
+    }
+
+    pub(crate) fn released(&self, id: u64) {
+        self.log().released(id);
+    }
+
+    /// Records a kept call that succeeded.
+    pub(crate) fn record(&self, opcode: u16, payload: &[u8], rec: Rec) {
+        let name = op_info(opcode).map_or("a call", |o| o.name);
+        let why = rec
+            .unmigratable
+            .map(|w| format!("{name} used {w}"))
+            .or_else(|| {
+                rec.splices
+                    .iter()
+                    .any(|(_, _, b)| b.len() > MAX_FRAME_BODY - 4096)
+                    .then(|| format!("{name} passed more host data than a request holds"))
+            });
+        if let Some(why) = why {
+            let mut u = self.unmigratable.lock().unwrap_or_else(|e| e.into_inner());
+            u.get_or_insert(why);
+            return;
+        }
+        let request = splice(payload, &rec.splices);
+        let Some(role) = op_info(opcode).map(|o| o.replay) else {
+            return;
+        };
+        let mut log = self.log();
+        match role {
+            Replay::Creates(_) => log.created(opcode, request, rec.creates, rec.uses),
+            Replay::Configures => {
+                let mut uses = rec.uses.into_iter();
+                if let Some(subject) = uses.next() {
+                    log.configured(opcode, request, subject, rec.key, uses.collect());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A command queue per context, made for moving contents and released after.
+struct Queues<'a> {
+    rt: &'a OpenCl,
+    by_context: HashMap<usize, cl_command_queue>,
+}
+
+impl Drop for Queues<'_> {
+    fn drop(&mut self) {
+        for &q in self.by_context.values() {
+            self.rt.clReleaseCommandQueue(q);
+        }
+    }
+}
+
+fn info_value<T: Copy + Default>(
+    f: impl FnOnce(usize, *mut c_void, *mut usize) -> Option<cl_int>,
+) -> Option<T> {
+    let mut v = T::default();
+    let status = f(
+        size_of::<T>(),
+        (&mut v as *mut T).cast(),
+        std::ptr::null_mut(),
+    );
+    (status == Some(CL_SUCCESS)).then_some(v)
+}
+
+fn mem_info<T: Copy + Default>(rt: &OpenCl, m: cl_mem, param: u32) -> Option<T> {
+    info_value(|n, p, r| rt.clGetMemObjectInfo(m, param, n, p, r))
+}
+
+fn image_info<T: Copy + Default>(rt: &OpenCl, m: cl_mem, param: u32) -> Option<T> {
+    info_value(|n, p, r| rt.clGetImageInfo(m, param, n, p, r))
+}
+
+impl<'a> Queues<'a> {
+    fn new(rt: &'a OpenCl) -> Self {
+        Queues {
+            rt,
+            by_context: HashMap::new(),
+        }
+    }
+
+    fn for_context(&mut self, ctx: cl_context) -> Result<cl_command_queue, String> {
+        if let Some(&q) = self.by_context.get(&(ctx as usize)) {
+            return Ok(q);
+        }
+        let rt = self.rt;
+        let device: opencl_sys::cl_device_id =
+            info_value(|n, p, r| rt.clGetContextInfo(ctx, CL_CONTEXT_DEVICES, n, p, r))
+                .ok_or("a context has no device")?;
+        let mut err = CL_SUCCESS;
+        #[allow(deprecated)]
+        let q = rt
+            .clCreateCommandQueue(ctx, device, 0, &mut err)
+            .filter(|q| !q.is_null() && err == CL_SUCCESS)
+            .ok_or_else(|| format!("cannot make a queue to move contents ({err})"))?;
+        self.by_context.insert(ctx as usize, q);
+        Ok(q)
+    }
+}
+
+/// Where a memory object's contents are and how many bytes they hold.
+struct Layout {
+    context: cl_context,
+    /// `None`: a buffer; else an image's region.
+    region: Option<[usize; 3]>,
+    bytes: usize,
+}
+
+/// The layout of `m`; `None` for objects whose contents live elsewhere (sub-buffers,
+/// image views of a buffer), which their parent carries.
+fn layout(rt: &OpenCl, m: cl_mem) -> Result<Option<Layout>, String> {
+    let ty: u32 = mem_info(rt, m, CL_MEM_TYPE).ok_or("cannot read a memory object's type")?;
+    let parent: cl_mem =
+        mem_info(rt, m, CL_MEM_ASSOCIATED_MEMOBJECT).unwrap_or(std::ptr::null_mut());
+    let context: cl_context =
+        mem_info(rt, m, CL_MEM_CONTEXT).ok_or("a memory object has no context")?;
+    if !parent.is_null() || ty == CL_MEM_OBJECT_IMAGE1D_BUFFER {
+        return Ok(None);
+    }
+    if ty == CL_MEM_OBJECT_BUFFER {
+        let bytes: usize = mem_info(rt, m, CL_MEM_SIZE).ok_or("cannot read a buffer's size")?;
+        return Ok(Some(Layout {
+            context,
+            region: None,
+            bytes,
+        }));
+    }
+    let get = |p| image_info::<usize>(rt, m, p).ok_or("cannot describe an image");
+    let (w, h, d, a) = (
+        get(CL_IMAGE_WIDTH)?,
+        get(CL_IMAGE_HEIGHT)?,
+        get(CL_IMAGE_DEPTH)?,
+        get(CL_IMAGE_ARRAY_SIZE)?,
+    );
+    let region = match ty {
+        CL_MEM_OBJECT_IMAGE1D => [w, 1, 1],
+        CL_MEM_OBJECT_IMAGE1D_ARRAY => [w, a, 1],
+        CL_MEM_OBJECT_IMAGE2D => [w, h, 1],
+        CL_MEM_OBJECT_IMAGE2D_ARRAY => [w, h, a],
+        CL_MEM_OBJECT_IMAGE3D => [w, h, d],
+        _ => return Err(format!("memory objects of type {ty:#x} cannot migrate")),
+    };
+    let elem = get(CL_IMAGE_ELEMENT_SIZE)?;
+    Ok(Some(Layout {
+        context,
+        region: Some(region),
+        bytes: elem * region.iter().product::<usize>(),
+    }))
+}
+
+/// A plain buffer of `bytes` in `ctx` for moving contents (initialised from `data`).
+fn bounce(
+    rt: &OpenCl,
+    ctx: cl_context,
+    bytes: usize,
+    data: Option<&[u8]>,
+) -> Result<cl_mem, String> {
+    let mut err = CL_SUCCESS;
+    let (flags, ptr) = match data {
+        Some(d) => (
+            CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+            d.as_ptr() as *mut c_void,
+        ),
+        None => (CL_MEM_READ_WRITE, std::ptr::null_mut()),
+    };
+    rt.clCreateBuffer(ctx, flags, bytes.max(1), ptr, &mut err)
+        .filter(|m| !m.is_null() && err == CL_SUCCESS)
+        .ok_or_else(|| format!("cannot allocate {bytes} bytes to move contents ({err})"))
+}
+
+fn check(status: Option<cl_int>, what: &str) -> Result<(), String> {
+    match status {
+        Some(CL_SUCCESS) => Ok(()),
+        s => Err(format!("{what} failed ({s:?})")),
+    }
+}
+
+/// Reads `m`'s contents through a bounce buffer (so host-access flags do not matter).
+fn read_contents(
+    rt: &OpenCl,
+    qs: &mut Queues<'_>,
+    m: cl_mem,
+    l: &Layout,
+) -> Result<Vec<u8>, String> {
+    let q = qs.for_context(l.context)?;
+    let tmp = bounce(rt, l.context, l.bytes, None)?;
+    let mut out = vec![0u8; l.bytes];
+    let none = std::ptr::null_mut();
+    let res = (|| {
+        match l.region {
+            None => check(
+                rt.clEnqueueCopyBuffer(q, m, tmp, 0, 0, l.bytes, 0, std::ptr::null(), none),
+                "copying a buffer",
+            )?,
+            Some(region) => check(
+                rt.clEnqueueCopyImageToBuffer(
+                    q,
+                    m,
+                    tmp,
+                    [0usize; 3].as_ptr(),
+                    region.as_ptr(),
+                    0,
+                    0,
+                    std::ptr::null(),
+                    none,
+                ),
+                "copying an image",
+            )?,
+        }
+        check(
+            rt.clEnqueueReadBuffer(
+                q,
+                tmp,
+                1,
+                0,
+                l.bytes,
+                out.as_mut_ptr().cast(),
+                0,
+                std::ptr::null(),
+                none,
+            ),
+            "reading contents",
+        )
+    })();
+    rt.clReleaseMemObject(tmp);
+    res.map(|()| out)
+}
+
+fn write_contents(rt: &OpenCl, qs: &mut Queues<'_>, m: cl_mem, data: &[u8]) -> Result<(), String> {
+    let l = layout(rt, m)?.ok_or("contents for an object that holds none")?;
+    if l.bytes != data.len() {
+        return Err(format!(
+            "contents of {} bytes for an object of {}",
+            data.len(),
+            l.bytes
+        ));
+    }
+    if data.is_empty() {
+        return Ok(());
+    }
+    let q = qs.for_context(l.context)?;
+    let tmp = bounce(rt, l.context, l.bytes, Some(data))?;
+    let none = std::ptr::null_mut();
+    let res = (|| {
+        match l.region {
+            None => check(
+                rt.clEnqueueCopyBuffer(q, tmp, m, 0, 0, l.bytes, 0, std::ptr::null(), none),
+                "copying a buffer",
+            )?,
+            Some(region) => check(
+                rt.clEnqueueCopyBufferToImage(
+                    q,
+                    tmp,
+                    m,
+                    0,
+                    [0usize; 3].as_ptr(),
+                    region.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                    none,
+                ),
+                "copying an image",
+            )?,
+        }
+        check(rt.clFinish(q), "finishing a restore")
+    })();
+    rt.clReleaseMemObject(tmp);
+    res
+}
+
+impl OpenClBackend {
+    /// Captures the quiesced session (no call runs; the guest's input read and not
+    /// executed is `pending`): drains the device, then writes the log, the stand-ins
+    /// and the contents of every memory object into a snapshot.
+    pub(crate) fn capture_session(&self, pending: Vec<u8>) -> Result<Vec<u8>, String> {
+        let m = &self.migration;
+        if let Some(why) = m
+            .unmigratable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(format!("the session cannot migrate: {why}"));
+        }
+        if self.open_user_events.load(Ordering::Acquire) > 0 {
+            return Err(
+                "the session has a user event without a status; try again when it is set".into(),
+            );
+        }
+        if !self.svm.is_empty() {
+            return Err("the session holds SVM allocations, whose addresses cannot move".into());
+        }
+        if !self.staging.is_empty() {
+            return Err("a staged transfer is under way; try again".into());
+        }
+        let rt = self.rt;
+        let objects = self
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .objects();
+        for &(_, kind, host, _) in &objects {
+            if kind == Kind::Queue {
+                check(rt.clFinish(host as cl_command_queue), "draining a queue")?;
+            }
+        }
+        let start = Instant::now();
+        while m.one_shot.load(Ordering::Acquire) > 0 || !self.deferred.is_idle() {
+            if start.elapsed() > CALLBACKS_DRAIN {
+                return Err("callbacks of finished commands are still undelivered".into());
+            }
+            self.deferred.settle();
+            std::thread::yield_now();
+        }
+        let mut log = m.log();
+        log.compact();
+        let logged: HashSet<u64> = log
+            .entries()
+            .flat_map(|e| e.creates.iter().copied())
+            .collect();
+        let mut qs = Queues::new(rt);
+        let mut contents = Vec::new();
+        let mut standins = Vec::new();
+        let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        for &(id, kind, host, refs) in &objects {
+            match kind {
+                Kind::Mem if logged.contains(&id) => {
+                    if let Some(l) = layout(rt, host as cl_mem)? {
+                        contents.push((id, read_contents(rt, &mut qs, host as cl_mem, &l)?));
+                    }
+                }
+                Kind::Event if refs > 0 && !logged.contains(&id) => {
+                    let ctx: cl_context = info_value(|n, p, r| {
+                        rt.clGetEventInfo(host as _, CL_EVENT_CONTEXT, n, p, r)
+                    })
+                    .ok_or("cannot read an event's context")?;
+                    let owner = handles
+                        .id_of(ctx as usize)
+                        .ok_or("an event of a context the guest no longer names")?;
+                    let ev = host as opencl_sys::cl_event;
+                    let earlier = m
+                        .finished
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&host)
+                        .copied();
+                    let finished = match earlier {
+                        // Moved before: it tells what it told then.
+                        Some(f) => f,
+                        None => {
+                            let queue: cl_command_queue = info_value(|n, p, r| {
+                                rt.clGetEventInfo(ev, CL_EVENT_COMMAND_QUEUE, n, p, r)
+                            })
+                            .unwrap_or(std::ptr::null_mut());
+                            let mut profiling = [0u64; 5];
+                            let timed = PROFILING.zip(profiling.iter_mut()).all(|(p, t)| {
+                                info_value(|n, v, r| rt.clGetEventProfilingInfo(ev, p, n, v, r))
+                                    .map(|v| *t = v)
+                                    .is_some()
+                            });
+                            Finished {
+                                command_type: info_value(|n, p, r| {
+                                    rt.clGetEventInfo(ev, CL_EVENT_COMMAND_TYPE, n, p, r)
+                                })
+                                .ok_or("cannot read an event's command type")?,
+                                queue: handles.id_of(queue as usize).unwrap_or(0),
+                                profiling: timed.then_some(profiling),
+                            }
+                        }
+                    };
+                    standins.push(StandIn {
+                        id,
+                        kind: Kind::Event as u8,
+                        owner,
+                        refs,
+                        state: finished.encode(),
+                    });
+                }
+                Kind::Platform | Kind::Device => {}
+                _ if refs > 0 && !logged.contains(&id) => {
+                    return Err(format!(
+                        "a {kind:?} that no logged call made cannot migrate"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        drop(handles);
+        contents.sort_unstable_by_key(|c| c.0);
+        standins.sort_unstable_by_key(|s| s.id);
+        let mut snap = Snapshot::of(ApiKind::OpenCl as u16, &log, contents);
+        snap.standins = standins;
+        snap.pending = pending;
+        Ok(snap.encode())
+    }
+
+    /// Restores a snapshot into this fresh session: replays the log, makes the
+    /// stand-ins, writes the contents and sets the guest's reference counts. Returns
+    /// the guest's input to execute first.
+    pub(crate) fn restore_session(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
+        let snap = Snapshot::decode(bytes).map_err(|e| e.to_string())?;
+        if snap.api != ApiKind::OpenCl as u16 {
+            return Err("the snapshot is not of an OpenCL session".into());
+        }
+        let rt = self.rt;
+        let m = &self.migration;
+        m.replaying.store(true, Ordering::Release);
+        let replayed = (|| {
+            let frame = FrameData {
+                spans: &[],
+                window: None,
+            };
+            let mut w = Writer::new();
+            for e in &snap.entries {
+                let name = op_info(e.opcode).map_or("an unknown call", |o| o.name);
+                if !Migration::keeps(e.opcode) {
+                    return Err(format!("the snapshot keeps {name}, which no log keeps"));
+                }
+                w.clear();
+                let mut s = Session::new(self);
+                let mut r = Reader::new(&e.request);
+                super::generated::dispatch(&mut s, e.opcode, &mut r, &frame, &mut w)
+                    .map_err(|f| format!("replaying {name}: {f}"))?;
+                let status = w.as_slice().get(..4).map_or(CL_SUCCESS, |b| {
+                    i32::from_le_bytes(b.try_into().unwrap_or_default())
+                });
+                if status != CL_SUCCESS {
+                    return Err(format!("replaying {name} failed with {status}"));
+                }
+                self.deferred.settle();
+            }
+            Ok(())
+        })();
+        m.replaying.store(false, Ordering::Release);
+        replayed?;
+        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        for si in &snap.standins {
+            if si.kind != Kind::Event as u8 || si.refs == 0 {
+                return Err("the snapshot holds a stand-in this build cannot make".into());
+            }
+            let ctx = handles
+                .host_of(si.owner, Kind::Context)
+                .ok_or("a stand-in event of an unknown context")?;
+            if handles.host_of(si.id, Kind::Event).is_some() {
+                return Err("a stand-in names a live object".into());
+            }
+            let mut err = CL_SUCCESS;
+            let ev = rt
+                .clCreateUserEvent(ctx as cl_context, &mut err)
+                .filter(|e| !e.is_null() && err == CL_SUCCESS)
+                .ok_or_else(|| format!("cannot make a stand-in event ({err})"))?;
+            let finished = Finished::decode(&si.state)?;
+            if finished.queue != 0 && handles.host_of(finished.queue, Kind::Queue).is_none() {
+                return Err("a stand-in event of an unknown queue".into());
+            }
+            m.finished
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(ev as usize, finished);
+            handles.adopt(si.id, Kind::Event, ev as usize, si.refs);
+            check(
+                rt.clSetUserEventStatus(ev, CL_COMPLETE),
+                "completing a stand-in event",
+            )?;
+            for _ in 1..si.refs {
+                session::retain(rt, Kind::Event, ev.cast());
+            }
+        }
+        let mut qs = Queues::new(rt);
+        for (id, data) in &snap.contents {
+            let host = handles
+                .host_of(*id, Kind::Mem)
+                .ok_or("contents for an object the log did not make")?;
+            write_contents(rt, &mut qs, host as cl_mem, data)?;
+        }
+        drop(qs);
+        // Every object the log made holds one reference; the guest's count goes back
+        // on, and objects only kept for others lose theirs.
+        let refs: HashMap<u64, u32> = snap.refs.iter().copied().collect();
+        let made: HashMap<u64, (Kind, usize)> = handles
+            .objects()
+            .into_iter()
+            .map(|(id, kind, host, _)| (id, (kind, host)))
+            .collect();
+        for e in snap.entries.iter().rev() {
+            for &id in &e.creates {
+                let Some(&(kind, host)) = made.get(&id) else {
+                    continue;
+                };
+                match refs.get(&id).copied().unwrap_or(0) {
+                    0 => {
+                        handles.forget(id);
+                        session::release(rt, kind, host as *mut c_void);
+                    }
+                    n => {
+                        for _ in 1..n {
+                            session::retain(rt, kind, host as *mut c_void);
+                        }
+                        handles.set_refs(id, n);
+                    }
+                }
+            }
+        }
+        drop(handles);
+        *m.log() = snap.log();
+        Ok(snap.pending)
+    }
+}

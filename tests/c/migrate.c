@@ -1,0 +1,216 @@
+/* State that a migration must carry, on command, for the migration tests: one
+ * command per line on stdin, one answer per line on stdout, so a test can move the
+ * session between commands (or while one runs) and compare every answer with a
+ * native run's.
+ *
+ * Made at start, before "ready": a context; an in-order queue with profiling; a
+ * program (built with options, then released while its kernels live) with three
+ * kernels whose arguments are set once; buffers made from host data, written by a
+ * command, written only by kernels (host no-access), and a sub-buffer; a 2D image
+ * made from host data; a sampler; a user event completed; a retained event of a
+ * finished command; a memory-object destructor callback.
+ *
+ *   step       scale(a, 1.5) + add(a, b) -> c, read c through the sub-buffer too
+ *              -> "step N SUM SUBSUM" (N counts steps; the sums depend on every step)
+ *   loop K     K steps without answering in between -> "loop SUM"
+ *   check      the kept event's status and command type, the user event's status,
+ *              the image read back, a copy of the no-access buffer, the kernel's
+ *              argument count, the program's build options
+ *              -> "check ..."
+ *   end        releases everything and waits for the destructor callback -> "end ok"
+ */
+#include "cl30.h"
+#include <stdio.h>
+#include <sched.h>
+#include <string.h>
+
+#define N 4096
+
+static const char *src =
+    "__kernel void scale(__global float *a, float f, __global float *hidden) {\n"
+    "    size_t i = get_global_id(0);\n"
+    "    a[i] = a[i] * f - (float)(i % 7);\n"
+    "    hidden[i] += a[i] * 0.25f;\n"
+    "}\n"
+    "__kernel void add(__global const float *a, __global const float *b, __global float *c) {\n"
+    "    size_t i = get_global_id(0);\n"
+    "    c[i] = a[i] + b[i] * SCALE;\n"
+    "}\n"
+    "__kernel void sample(__read_only image2d_t img, sampler_t s, __global uint *out) {\n"
+    "    int x = get_global_id(0), y = get_global_id(1);\n"
+    "    uint4 p = read_imageui(img, s, (int2)(x, y));\n"
+    "    out[y * 8 + x] = p.x + 2 * p.y + 3 * p.z + 5 * p.w;\n"
+    "}\n";
+
+static int destroyed = 0;
+
+static void CL_CALLBACK on_destroy(cl_mem m, void *data) {
+    (void)m;
+    __atomic_store_n((int *)data, 1, __ATOMIC_RELEASE);
+}
+
+static double sum(const float *v, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += v[i] * (double)((i % 13) + 1);
+    return s;
+}
+
+#define CHECK(x)                                                                   \
+    do {                                                                           \
+        cl_int e_ = (x);                                                           \
+        if (e_ != CL_SUCCESS) {                                                    \
+            printf("error %d at line %d\n", e_, __LINE__);                         \
+            return 3;                                                              \
+        }                                                                          \
+    } while (0)
+
+int main(void) {
+    cl_platform_id platform;
+    cl_device_id device;
+    cl_int err;
+    cl_context ctx = first_context(&platform, &device);
+    cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+    cl_command_queue q = clCreateCommandQueueWithProperties(ctx, device, props, &err);
+    CHECK(err);
+    cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+    CHECK(err);
+    CHECK(clBuildProgram(prog, 1, &device, "-DSCALE=0.5f", NULL, NULL));
+    cl_kernel scale = clCreateKernel(prog, "scale", &err);
+    CHECK(err);
+    cl_kernel add = clCreateKernel(prog, "add", &err);
+    CHECK(err);
+    cl_kernel sample = clCreateKernel(prog, "sample", &err);
+    CHECK(err);
+    CHECK(clReleaseProgram(prog));
+
+    static float host_a[N], host_b[N], out[N];
+    for (int i = 0; i < N; i++) {
+        host_a[i] = (float)(i % 101) * 0.5f;
+        host_b[i] = (float)((i * 7) % 53);
+    }
+    cl_mem a = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof host_a, host_a, &err);
+    CHECK(err);
+    cl_mem b = clCreateBuffer(ctx, CL_MEM_READ_ONLY, sizeof host_b, NULL, &err);
+    CHECK(err);
+    CHECK(clEnqueueWriteBuffer(q, b, CL_TRUE, 0, sizeof host_b, host_b, 0, NULL, NULL));
+    cl_mem c = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY | CL_MEM_HOST_READ_ONLY, sizeof out, NULL, &err);
+    CHECK(err);
+    cl_mem hidden = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_HOST_NO_ACCESS, sizeof out, NULL, &err);
+    CHECK(err);
+    float zero = 0;
+    CHECK(clEnqueueFillBuffer(q, hidden, &zero, sizeof zero, 0, sizeof out, 0, NULL, NULL));
+    cl_buffer_region half = {sizeof out / 2, sizeof out / 2};
+    cl_mem upper = clCreateSubBuffer(c, CL_MEM_WRITE_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &half, &err);
+    CHECK(err);
+    CHECK(clSetMemObjectDestructorCallback(b, on_destroy, &destroyed));
+
+    cl_image_format fmt = {CL_RGBA, CL_UNSIGNED_INT8};
+    cl_image_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+    desc.image_width = 8;
+    desc.image_height = 8;
+    unsigned char pixels[8 * 8 * 4];
+    for (int i = 0; i < (int)sizeof pixels; i++) pixels[i] = (unsigned char)(i * 37 + 11);
+    cl_mem img = clCreateImage(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, &fmt, &desc, pixels, &err);
+    CHECK(err);
+    cl_sampler_properties sp[] = {CL_SAMPLER_NORMALIZED_COORDS, CL_FALSE, CL_SAMPLER_ADDRESSING_MODE,
+                                  CL_ADDRESS_CLAMP_TO_EDGE, CL_SAMPLER_FILTER_MODE, CL_FILTER_NEAREST, 0};
+    cl_sampler smp = clCreateSamplerWithProperties(ctx, sp, &err);
+    CHECK(err);
+    cl_mem texels = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64 * sizeof(cl_uint), NULL, &err);
+    CHECK(err);
+
+    float f = 1.5f;
+    CHECK(clSetKernelArg(scale, 0, sizeof a, &a));
+    CHECK(clSetKernelArg(scale, 1, sizeof f, &f));
+    CHECK(clSetKernelArg(scale, 2, sizeof hidden, &hidden));
+    CHECK(clSetKernelArg(add, 0, sizeof a, &a));
+    CHECK(clSetKernelArg(add, 1, sizeof b, &b));
+    CHECK(clSetKernelArg(add, 2, sizeof c, &c));
+    CHECK(clSetKernelArg(sample, 0, sizeof img, &img));
+    CHECK(clSetKernelArg(sample, 1, sizeof smp, &smp));
+    CHECK(clSetKernelArg(sample, 2, sizeof texels, &texels));
+
+    cl_event user = clCreateUserEvent(ctx, &err);
+    CHECK(err);
+    CHECK(clSetUserEventStatus(user, CL_COMPLETE));
+    cl_event kept;
+    size_t n = N;
+    CHECK(clEnqueueNDRangeKernel(q, add, 1, NULL, &n, NULL, 1, &user, &kept));
+    CHECK(clWaitForEvents(1, &kept));
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("ready\n");
+    unsigned steps = 0;
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        char cmd[32];
+        unsigned long k = 0;
+        if (sscanf(line, "%31s %lu", cmd, &k) < 1) return 2;
+        if (!strcmp(cmd, "step") || !strcmp(cmd, "loop")) {
+            unsigned long times = strcmp(cmd, "loop") ? 1 : k;
+            double total = 0, subtotal = 0;
+            for (unsigned long t = 0; t < times; t++) {
+                CHECK(clEnqueueNDRangeKernel(q, scale, 1, NULL, &n, NULL, 0, NULL, NULL));
+                CHECK(clEnqueueNDRangeKernel(q, add, 1, NULL, &n, NULL, 1, &user, NULL));
+                CHECK(clEnqueueReadBuffer(q, c, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+                total += sum(out, N);
+                CHECK(clEnqueueReadBuffer(q, upper, CL_TRUE, 0, sizeof out / 2, out, 0, NULL, NULL));
+                subtotal += sum(out, N / 2);
+                steps++;
+            }
+            if (times == 1)
+                printf("step %u %.6e %.6e\n", steps, total, subtotal);
+            else
+                printf("loop %.6e %.6e\n", total, subtotal);
+        } else if (!strcmp(cmd, "check")) {
+            cl_int status, user_status;
+            cl_command_type type;
+            CHECK(clGetEventInfo(kept, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL));
+            CHECK(clGetEventInfo(kept, CL_EVENT_COMMAND_TYPE, sizeof type, &type, NULL));
+            CHECK(clGetEventInfo(user, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof user_status, &user_status, NULL));
+            CHECK(clWaitForEvents(1, &kept));
+            size_t two[2] = {8, 8};
+            CHECK(clEnqueueNDRangeKernel(q, sample, 2, NULL, two, NULL, 1, &kept, NULL));
+            cl_uint tex[64];
+            CHECK(clEnqueueReadBuffer(q, texels, CL_TRUE, 0, sizeof tex, tex, 0, NULL, NULL));
+            unsigned long texsum = 0;
+            for (int i = 0; i < 64; i++) texsum += tex[i] * (unsigned long)(i + 1);
+            CHECK(clEnqueueCopyBuffer(q, hidden, c, 0, 0, sizeof out, 0, NULL, NULL));
+            CHECK(clEnqueueReadBuffer(q, c, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+            cl_uint nargs;
+            CHECK(clGetKernelInfo(add, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL));
+            cl_program p;
+            CHECK(clGetKernelInfo(add, CL_KERNEL_PROGRAM, sizeof p, &p, NULL));
+            char options[64] = {0};
+            CHECK(clGetProgramBuildInfo(p, device, CL_PROGRAM_BUILD_OPTIONS, sizeof options - 1, options, NULL));
+            printf("check status %d type %#x user %d tex %lu hidden %.6e args %u options %s\n",
+                   status, type, user_status, texsum, sum(out, N), nargs, options);
+        } else if (!strcmp(cmd, "end")) {
+            clReleaseEvent(kept);
+            clReleaseEvent(user);
+            clReleaseKernel(scale);
+            clReleaseKernel(add);
+            clReleaseKernel(sample);
+            clReleaseMemObject(upper);
+            clReleaseMemObject(a);
+            clReleaseMemObject(b);
+            clReleaseMemObject(c);
+            clReleaseMemObject(hidden);
+            clReleaseMemObject(img);
+            clReleaseMemObject(texels);
+            clReleaseSampler(smp);
+            CHECK(clFinish(q));
+            clReleaseCommandQueue(q);
+            clReleaseContext(ctx);
+            /* The callback comes when the host destroys the buffer, maybe later. */
+            while (!__atomic_load_n(&destroyed, __ATOMIC_ACQUIRE)) sched_yield();
+            printf("end ok\n");
+            return 0;
+        } else {
+            return 2;
+        }
+    }
+    return 0;
+}

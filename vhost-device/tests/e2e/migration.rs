@@ -1,0 +1,179 @@
+//! Migration of live sessions to new API servers (`hira-ctl migrate`): a real
+//! program's objects, their contents and its calls in flight move, and every answer
+//! it gives is the one it gives natively.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::support::*;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The answers `tests/c/migrate.c` gives natively to `script`.
+fn native(script: &[&str]) -> Vec<String> {
+    let vendors = Vendors::native();
+    let mut cmd = std::process::Command::new(c_program("migrate"));
+    cmd.env("OCL_ICD_VENDORS", vendors.dir.path());
+    let mut p = LineProgram::start(cmd);
+    script.iter().map(|c| p.ask(c)).collect()
+}
+
+/// The one live session: its id and API-server pid.
+fn the_session(d: &Daemon) -> (u64, u32) {
+    let s = d.status();
+    let live = s["sessions"].as_array().unwrap();
+    assert_eq!(live.len(), 1, "{s}");
+    (
+        live[0]["id"].as_u64().unwrap(),
+        live[0]["api_server_pid"].as_u64().unwrap() as u32,
+    )
+}
+
+/// Moves session `id` through the control socket; the daemon's answer.
+fn migrate(d: &Daemon, id: u64) -> Value {
+    d.control(json!({"cmd": "migrate", "session": id}))
+}
+
+fn moved(answer: &Value) -> &Value {
+    assert!(answer["moved"].is_object(), "migration failed: {answer}");
+    &answer["moved"]
+}
+
+#[test]
+fn a_session_moves_between_api_servers_with_its_objects_and_contents() {
+    let script = ["step", "step", "check", "loop 5", "check", "end"];
+    let expected = native(&script);
+    let d = Daemon::start(&["vm0"]);
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let (id, first) = the_session(&d);
+    let mut pids = vec![first];
+    let mut got = Vec::new();
+    for (i, cmd) in script.iter().enumerate() {
+        got.push(p.ask(cmd));
+        if i + 1 == script.len() {
+            break;
+        }
+        // Alternately through hira-ctl and the control socket.
+        let to = if i % 2 == 0 {
+            let out = d.ctl_ok(&["migrate", &id.to_string()]);
+            assert!(out.contains(&format!("session {id}: API server")), "{out}");
+            the_session(&d).1
+        } else {
+            let a = migrate(&d, id);
+            let m = moved(&a);
+            assert_eq!(
+                m["from_pid"].as_u64(),
+                Some(u64::from(*pids.last().unwrap()))
+            );
+            assert!(m["snapshot_bytes"].as_u64().unwrap() > 4 * 16384, "{m}");
+            m["to_pid"].as_u64().unwrap() as u32
+        };
+        assert_eq!(the_session(&d), (id, to));
+        assert!(
+            !pids.contains(&to),
+            "a new API server each time: {pids:?} {to}"
+        );
+        // The old API server is gone once the migration answers.
+        assert!(wait_exit(*pids.last().unwrap(), TIMEOUT));
+        pids.push(to);
+    }
+    assert_eq!(
+        got, expected,
+        "answers through migrations differ from native"
+    );
+    let s = d.status();
+    assert_eq!(
+        s["sessions"][0]["migrations"],
+        json!(script.len() - 1),
+        "{s}"
+    );
+    drop(p);
+    let ended = d.wait_idle(TIMEOUT);
+    let e = ended.iter().find(|e| e["id"] == json!(id)).unwrap();
+    assert_eq!(e["api_server_pid"], json!(pids.last().unwrap()), "{e}");
+}
+
+#[test]
+fn a_session_moves_while_its_calls_run() {
+    for sync in [false, true] {
+        let script = ["loop 40", "check", "step", "end"];
+        let expected = native(&script);
+        let d = Daemon::start(&["vm0"]);
+        let vendors = Vendors::hira();
+        let mut cmd = d.guest(&vendors, "vm0", &c_program("migrate"));
+        if sync {
+            cmd.env("HIRA_SYNC", "1");
+        }
+        let mut p = LineProgram::start(cmd);
+        let (id, _) = the_session(&d);
+        // The program is in its loop (40 rounds of launches and blocking reads) while
+        // it moves, twice; wherever the moves land, every call runs once.
+        p.send(script[0]);
+        moved(&migrate(&d, id));
+        moved(&migrate(&d, id));
+        let mut got = vec![p.line()];
+        for cmd in &script[1..] {
+            got.push(p.ask(cmd));
+        }
+        assert_eq!(got, expected, "HIRA_SYNC={sync}");
+    }
+}
+
+#[test]
+fn a_session_that_cannot_move_now_stays_and_moves_later() {
+    let d = Daemon::start(&["vm0"]);
+    let vendors = Vendors::hira();
+    // A launch waits behind the program's own user event: the device cannot drain.
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("busy")));
+    let (id, pid) = the_session(&d);
+    assert_eq!(p.ask("gate"), "ok");
+    let a = migrate(&d, id);
+    let e = a["error"].as_str().unwrap_or_else(|| panic!("{a}"));
+    assert!(e.contains("user event"), "{e}");
+    assert_eq!(the_session(&d), (id, pid), "the session stays where it was");
+    assert_eq!(p.ask("open"), "ok");
+    assert_eq!(p.ask("once 1000"), "ok");
+    let m = migrate(&d, id);
+    assert_ne!(moved(&m)["to_pid"], json!(pid));
+    assert_eq!(p.ask("once 1000"), "ok");
+}
+
+#[test]
+fn a_failed_restore_leaves_the_guest_on_its_api_server() {
+    let script = ["step", "step", "check", "end"];
+    let expected = native(&script);
+    let d = Daemon::start(&["vm0"]);
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let (id, pid) = the_session(&d);
+    let mut got = vec![p.ask(script[0])];
+    // The program holds about 65 KiB of device memory. Under a 100 KiB quota the
+    // new API server cannot make it all again while the old one still holds it.
+    d.ctl_ok(&["set", "vm0", "mem-quota=100K"]);
+    let a = migrate(&d, id);
+    let e = a["error"].as_str().unwrap_or_else(|| panic!("{a}"));
+    assert!(e.contains("restore"), "{e}");
+    assert_eq!(the_session(&d), (id, pid));
+    got.push(p.ask(script[1]));
+    // What the failed server had charged went back: the quota holds only the source.
+    let used = vm_entry(&d.status(), "vm0")["mem_used"].as_u64().unwrap();
+    assert!(used < 100 << 10, "{used}");
+    d.ctl_ok(&["set", "vm0", "mem-quota=none"]);
+    moved(&migrate(&d, id));
+    got.push(p.ask(script[2]));
+    got.push(p.ask(script[3]));
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn migrating_what_is_not_a_live_session_is_refused() {
+    let d = Daemon::start(&["vm0"]);
+    let a = migrate(&d, 12345);
+    assert!(a["error"].as_str().unwrap().contains("not live"), "{a}");
+    let a = d.control(json!({"cmd": "migrate"}));
+    assert!(a["error"].as_str().unwrap().contains("session"), "{a}");
+    let o = d.ctl(&["migrate", "no-such-vm"]);
+    assert!(!o.status.success());
+}
