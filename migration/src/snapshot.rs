@@ -38,7 +38,9 @@ const HEADER: usize = 28;
 const PIECE: usize = 1 << 30;
 /// Most entries, objects, ids per entry and bytes per request a snapshot may hold.
 const MAX_ITEMS: usize = 1 << 24;
-const MAX_REQUEST: usize = 64 << 20;
+pub const MAX_REQUEST: usize = 64 << 20;
+/// Most bytes of pending input: a whole frame and its header.
+const MAX_PENDING: usize = 257 << 20;
 
 /// A session's state as migration moves it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -255,7 +257,7 @@ impl Snapshot {
                 state: r.bytes(MAX_REQUEST)?.to_vec(),
             });
         }
-        let pending = r.bytes(MAX_REQUEST)?.to_vec();
+        let pending = r.bytes(MAX_PENDING)?.to_vec();
         r.finish()?;
         Ok(Snapshot {
             api,

@@ -44,7 +44,8 @@ type Reply = Sender<Result<Moved, String>>;
 /// Where migration requests for one session wait for its thread.
 #[derive(Debug)]
 pub struct Door {
-    requests: Mutex<VecDeque<Reply>>,
+    /// The requests waiting, or, once the session cannot migrate, why.
+    requests: Mutex<Result<VecDeque<Reply>, String>>,
     bell: UnixStream,
     /// Readable while requests wait; the session thread polls it.
     pub(crate) rung: UnixStream,
@@ -56,7 +57,7 @@ impl Door {
         bell.set_nonblocking(true)?;
         rung.set_nonblocking(true)?;
         Ok(Arc::new(Door {
-            requests: Mutex::new(VecDeque::new()),
+            requests: Mutex::new(Ok(VecDeque::new())),
             bell,
             rung,
         }))
@@ -65,10 +66,10 @@ impl Door {
     /// Asks for the session to move and waits for the outcome.
     pub fn ask(&self, timeout: Duration) -> Result<Moved, String> {
         let (tx, rx): (Reply, Receiver<_>) = channel();
-        self.requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(tx);
+        match &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()) {
+            Ok(q) => q.push_back(tx),
+            Err(why) => return Err(why.clone()),
+        }
         let _ = (&self.bell).write_one();
         rx.recv_timeout(timeout)
             .map_err(|_| "the session did not answer (it may have ended)".to_string())?
@@ -78,11 +79,21 @@ impl Door {
     pub(crate) fn take(&self) -> Vec<Reply> {
         let mut b = [0u8; 64];
         while matches!((&self.rung).read_some(&mut b), Ok(n) if n > 0) {}
-        self.requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect()
+        match &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()) {
+            Ok(q) => q.drain(..).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// From now on the session cannot migrate, for `why`; requests waiting get it.
+    pub fn close(&self, why: &str) {
+        let old = std::mem::replace(
+            &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()),
+            Err(why.to_string()),
+        );
+        for reply in old.into_iter().flatten() {
+            let _ = reply.send(Err(why.to_string()));
+        }
     }
 }
 

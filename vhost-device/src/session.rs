@@ -256,6 +256,10 @@ fn serve(
     // What API servers the session left by migrating counted.
     let mut carried = hira_protocol::usage::Usage::default();
     registration.describe(&hello.process_name, hello.pid, child.id());
+    // Requests to migrate wait from now on: the session takes them once its data
+    // plane is up, or answers why it cannot.
+    let door = crate::migrate::Door::new().map_err(SessionError::Spawn)?;
+    registration.accept_migrations(door.clone());
     info!(
         "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
         hello.process_name,
@@ -333,8 +337,6 @@ fn serve(
             .name(format!("relay-{id}"))
             .spawn(move || relay_to_guest(server_r, &relay_guest, &relay_link))?;
         let res = if rings && local_rings {
-            let door = crate::migrate::Door::new()?;
-            registration.accept_migrations(door.clone());
             let mut m = Mover {
                 config,
                 id,
@@ -354,6 +356,14 @@ fn serve(
             };
             serve_on_rings(&mut guest, &door, &mut m)
         } else {
+            door.close(&format!(
+                "session {id} cannot migrate: {}; host-local sessions on shared-memory rings can",
+                if rings {
+                    "VM sessions cannot yet"
+                } else {
+                    "its frames are relayed by the daemon"
+                }
+            ));
             // Relayed: every frame, or on a VM's rings the doorbells only.
             let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
             relay_to_server(
@@ -373,6 +383,7 @@ fn serve(
         let _ = guest.shutdown(std::net::Shutdown::Both);
         Ok((res, relay))
     })();
+    door.close(&format!("session {id} has ended"));
     let child_id = child.id();
     let (mut how, crashed) = spawn::reap(child, config.limits.teardown_grace);
     if crashed && queue.host_memory().2 > kills_before {

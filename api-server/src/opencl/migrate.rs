@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cl3::OpenCl;
+use hira_migration::snapshot::MAX_REQUEST;
 use hira_migration::{Log, Snapshot, StandIn};
-use hira_protocol::frame::MAX_FRAME_BODY;
 use hira_protocol::handshake::ApiKind;
 use hira_protocol::opencl::{Kind, Replay, op, op_info, tag};
 use hira_protocol::{Reader, Writer};
@@ -55,6 +55,20 @@ const CL_MEM_OBJECT_IMAGE1D_BUFFER: u32 = 0x10F6;
 /// How long a capture waits for builds' and events' callbacks to be delivered.
 const CALLBACKS_DRAIN: Duration = Duration::from_secs(10);
 
+/// The stage token that, in a replayed request, stands for zeros of the given
+/// length (the initial data of a memory object, whose contents travel separately).
+/// Guests never see it: a replay only reads requests from a snapshot.
+pub(crate) const ZEROS: u64 = 0;
+
+/// How a byte argument is kept in a recorded request.
+#[derive(Debug)]
+pub(crate) enum Splice {
+    /// Its bytes, inline (they came in the window or staged).
+    Inline(Vec<u8>),
+    /// Zeros of this length (a memory object's initial data).
+    Zeros(usize),
+}
+
 /// What one call that the log keeps named while it ran.
 #[derive(Debug, Default)]
 pub(crate) struct Rec {
@@ -64,11 +78,23 @@ pub(crate) struct Rec {
     pub uses: Vec<u64>,
     /// The setting it changed (a kernel argument's index).
     pub key: Option<u64>,
-    /// Byte arguments that came out of line (window, stage), to write into the kept
-    /// request inline: the request's byte range and the bytes.
-    pub splices: Vec<(usize, usize, Vec<u8>)>,
+    /// Byte arguments kept otherwise than they came: the request's byte range and
+    /// what goes there.
+    pub splices: Vec<(usize, usize, Splice)>,
     /// Why the session can no longer migrate, if this call made it so.
     pub unmigratable: Option<&'static str>,
+    /// Whether the call creates a memory object (its initial data is not kept).
+    pub creates_memory: bool,
+}
+
+impl Rec {
+    /// The record of a call `opcode` about to run.
+    pub(crate) fn of(opcode: u16) -> Self {
+        Rec {
+            creates_memory: op_info(opcode).is_some_and(|o| o.replay == Replay::Creates(Kind::Mem)),
+            ..Rec::default()
+        }
+    }
 }
 
 /// The session's migration state.
@@ -139,15 +165,25 @@ impl Finished {
     }
 }
 
-/// The request as it would have come with every byte argument inline.
-fn splice(payload: &[u8], splices: &[(usize, usize, Vec<u8>)]) -> Vec<u8> {
+/// The request as a replay reads it: byte arguments inline, or zeros standing for a
+/// memory object's initial data.
+fn splice(payload: &[u8], splices: &[(usize, usize, Splice)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len());
     let mut at = 0;
-    for (start, end, bytes) in splices {
+    for (start, end, s) in splices {
         out.extend_from_slice(&payload[at..*start]);
-        out.push(tag::INLINE);
-        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        out.extend_from_slice(bytes);
+        match s {
+            Splice::Inline(bytes) => {
+                out.push(tag::INLINE);
+                out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                out.extend_from_slice(bytes);
+            }
+            Splice::Zeros(len) => {
+                out.push(tag::STAGED);
+                out.extend_from_slice(&ZEROS.to_le_bytes());
+                out.extend_from_slice(&(*len as u64).to_le_bytes());
+            }
+        }
         at = *end;
     }
     out.extend_from_slice(&payload[at..]);
@@ -227,21 +263,19 @@ impl Migration {
     /// Records a kept call that succeeded.
     pub(crate) fn record(&self, opcode: u16, payload: &[u8], rec: Rec) {
         let name = op_info(opcode).map_or("a call", |o| o.name);
-        let why = rec
-            .unmigratable
-            .map(|w| format!("{name} used {w}"))
-            .or_else(|| {
-                rec.splices
-                    .iter()
-                    .any(|(_, _, b)| b.len() > MAX_FRAME_BODY - 4096)
-                    .then(|| format!("{name} passed more host data than a request holds"))
-            });
+        let request = splice(payload, &rec.splices);
+        let why = match rec.unmigratable {
+            Some(w) => Some(format!("{name} used {w}")),
+            None if request.len() > MAX_REQUEST => {
+                Some(format!("{name} passed more data than a kept request holds"))
+            }
+            None => None,
+        };
         if let Some(why) = why {
             let mut u = self.unmigratable.lock().unwrap_or_else(|e| e.into_inner());
             u.get_or_insert(why);
             return;
         }
-        let request = splice(payload, &rec.splices);
         let Some(role) = op_info(opcode).map(|o| o.replay) else {
             return;
         };

@@ -213,7 +213,7 @@ impl Backend for OpenClBackend {
         let mut r = Reader::new(payload);
         let keep = migrate::Migration::keeps(opcode);
         let mut s = if keep {
-            Session::recording(self)
+            Session::recording(self, opcode)
         } else {
             Session::new(self)
         };

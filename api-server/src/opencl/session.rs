@@ -564,11 +564,11 @@ impl<'a> Session<'a> {
         Session { b, rec: None }
     }
 
-    /// A view that also notes what the call names, for migration's log.
-    pub fn recording(b: &'a OpenClBackend) -> Self {
+    /// A view that also notes what call `opcode` names, for migration's log.
+    pub fn recording(b: &'a OpenClBackend, opcode: u16) -> Self {
         Session {
             b,
-            rec: Some(Default::default()),
+            rec: Some(std::cell::RefCell::new(super::migrate::Rec::of(opcode))),
         }
     }
 
@@ -1034,31 +1034,44 @@ impl<'a> Session<'a> {
         let start = r.position();
         let out_of_line = self.rec.is_some() && matches!(r.peek(), Some(tag::WINDOW | tag::STAGED));
         let b = self.bytes_in_at(r, frame, opaque)?;
-        if self.rec.is_some() {
-            // Migration keeps the request whole: data that came in the window or
-            // staged is written into it, as if it had come inline.
-            let copied = match &b {
+        if let Some(rec) = &self.rec {
+            let end = r.position();
+            let splice = match &b {
                 BytesIn::Svm(..) => {
-                    self.note(|rec| rec.unmigratable = Some("data in SVM memory"));
+                    rec.borrow_mut().unmigratable = Some("data in SVM memory");
                     None
+                }
+                // A memory object's initial data (bytes the host copies without
+                // reading them) is not kept: its contents are, and a replay makes it
+                // from zeros of the same length.
+                BytesIn::Slice(_) | BytesIn::Aligned(..) | BytesIn::Window(..)
+                    if opaque && rec.borrow().creates_memory =>
+                {
+                    let len = match &b {
+                        BytesIn::Slice(s) => s.len(),
+                        BytesIn::Aligned(_, l) | BytesIn::Window(_, l) => *l,
+                        _ => 0,
+                    };
+                    Some(super::migrate::Splice::Zeros(len))
                 }
                 BytesIn::Window(p, len) if out_of_line => {
                     // SAFETY: the span lies inside the mapped window (checked by
                     // `span`); a raw copy makes no reference to guest-writable memory.
-                    Some(unsafe { std::slice::from_raw_parts(*p, *len) }.to_vec())
+                    Some(super::migrate::Splice::Inline(
+                        unsafe { std::slice::from_raw_parts(*p, *len) }.to_vec(),
+                    ))
                 }
                 BytesIn::Aligned(words, len) if out_of_line => {
                     // SAFETY: `words` holds at least `len` bytes.
-                    Some(
+                    Some(super::migrate::Splice::Inline(
                         unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), *len) }
                             .to_vec(),
-                    )
+                    ))
                 }
                 _ => None,
             };
-            if let Some(bytes) = copied {
-                let end = r.position();
-                self.note(|rec| rec.splices.push((start, end, bytes)));
+            if let Some(splice) = splice {
+                rec.borrow_mut().splices.push((start, end, splice));
             }
         }
         Ok(b)
@@ -1089,6 +1102,9 @@ impl<'a> Session<'a> {
             tag::STAGED => {
                 let token = r.u64()?;
                 let len = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
+                if token == super::migrate::ZEROS && self.b.migration.replaying() {
+                    return Ok(BytesIn::Aligned(vec![0u64; len.div_ceil(8).max(1)], len));
+                }
                 let staged = self
                     .b
                     .staging

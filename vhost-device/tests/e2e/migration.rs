@@ -176,4 +176,14 @@ fn migrating_what_is_not_a_live_session_is_refused() {
     assert!(a["error"].as_str().unwrap().contains("session"), "{a}");
     let o = d.ctl(&["migrate", "no-such-vm"]);
     assert!(!o.status.success());
+    // A session whose frames the daemon relays says why it cannot move, and runs on.
+    let vendors = Vendors::hira();
+    let mut cmd = d.guest(&vendors, "vm0", &c_program("migrate"));
+    cmd.env("HIRA_RINGS", "0");
+    let mut p = LineProgram::start(cmd);
+    let (id, pid) = the_session(&d);
+    let a = migrate(&d, id);
+    assert!(a["error"].as_str().unwrap().contains("relayed"), "{a}");
+    assert_eq!(the_session(&d), (id, pid));
+    assert_eq!(p.ask("step"), native(&["step"])[0]);
 }
