@@ -8,9 +8,12 @@
 //!   sessions and cap on its API servers' host memory live.
 //! - `hira-ctl top`: a refreshing view of each VM's share of device time, call rate,
 //!   data rate and memory.
-//! - `hira-ctl migrate SESSION|VM`: moves a session (or each of a VM's sessions) to a
-//!   new API server, with its objects and their contents; the application sees a
-//!   pause.
+//! - `hira-ctl migrate SESSION|VM [--to CONTROL_SOCKET]`: moves a session (or each
+//!   of a VM's sessions) to a new API server, of this daemon or of another one, with
+//!   its objects and their contents; the application sees a pause.
+//! - `hira-ctl checkpoint SESSION FILE` / `hira-ctl restore FILE`: suspends a session
+//!   into a file, and lets a daemon (this one, a restarted one, another one) resume
+//!   it when its guest reconnects.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -60,10 +63,21 @@ enum Cmd {
     /// stays where it was, and the reason is printed.
     Migrate {
         target: String,
+        /// Another daemon's control socket on this host: the session is suspended
+        /// here and resumed there, its guest reconnecting to that daemon.
+        #[arg(long, value_name = "CONTROL_SOCKET")]
+        to: Option<PathBuf>,
         /// Print the daemon's answers as JSON.
         #[arg(long)]
         json: bool,
     },
+    /// Suspends a live session into FILE: its application waits (up to its
+    /// HIRA_RESUME_SECS, 60 s by default) until `hira-ctl restore FILE` on a daemon
+    /// it can reach, such as this daemon restarted or upgraded, resumes it.
+    Checkpoint { session: u64, file: PathBuf },
+    /// Hands a session suspended with `checkpoint` to the daemon, which resumes it
+    /// when its guest reconnects.
+    Restore { file: PathBuf },
     /// A refreshing view of each VM's share of device time, calls per second, data
     /// rate and memory.
     Top {
@@ -331,12 +345,30 @@ fn sessions_of(status: &Value, target: &str) -> anyhow::Result<Vec<u64>> {
     Ok(ids)
 }
 
-fn migrate(c: &mut Control, target: &str, json: bool) -> anyhow::Result<()> {
+fn migrate(
+    c: &mut Control,
+    target: &str,
+    to: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<()> {
     let status = c.ask(&json!({"cmd": "status"}))?;
     let mut failed = 0;
     for id in sessions_of(&status, target)? {
-        match c.ask(&json!({"cmd": "migrate", "session": id})) {
-            Ok(answer) if json => println!("{}", answer["moved"]),
+        let mut req = json!({"cmd": "migrate", "session": id});
+        if let Some(to) = to {
+            req["to"] = json!(to.display().to_string());
+        }
+        match c.ask(&req) {
+            Ok(answer) if json => println!("{answer}"),
+            Ok(answer) if to.is_some() => {
+                let s = &answer["suspended"];
+                println!(
+                    "session {id}: suspended here ({}, captured in {:.1} ms) and waiting at {} for its guest",
+                    size(u(s, "snapshot_bytes")),
+                    s["capture_ms"].as_f64().unwrap_or(0.0),
+                    answer["to"].as_str().unwrap_or("?"),
+                );
+            }
             Ok(answer) => {
                 let m = &answer["moved"];
                 println!(
@@ -358,6 +390,93 @@ fn migrate(c: &mut Control, target: &str, json: bool) -> anyhow::Result<()> {
     if failed > 0 {
         bail!("{failed} session(s) could not move");
     }
+    Ok(())
+}
+
+/// A memfd holding the rest of `from`.
+fn memfd_from(from: &mut impl std::io::Read) -> anyhow::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated literal name and valid flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"hira-session".as_ptr(), libc::MFD_CLOEXEC) };
+    anyhow::ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: memfd_create just returned this descriptor to this process.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let mut f = std::fs::File::from(fd);
+    std::io::copy(from, &mut f)?;
+    Ok(f.into())
+}
+
+fn checkpoint(socket: &PathBuf, session: u64, file: &PathBuf) -> anyhow::Result<()> {
+    let mut s = UnixStream::connect(socket)
+        .with_context(|| format!("cannot reach the control socket {}", socket.display()))?;
+    writeln!(s, "{}", json!({"cmd": "checkpoint", "session": session}))?;
+    let (_, payload, fds) = hira_protocol::unix::recv_frame_with_fds(&mut s)
+        .map_err(|e| anyhow::anyhow!("the daemon's answer: {e}"))?;
+    let v: Value = serde_json::from_slice(&payload).context("the daemon's answer is not JSON")?;
+    if let Some(e) = v["error"].as_str() {
+        bail!("session {session}: not suspended: {e}");
+    }
+    let susp = &v["suspended"];
+    let stored = (|| -> anyhow::Result<()> {
+        let snapshot = fds.into_iter().next().context("no snapshot came")?;
+        let token: [u8; 16] = hira_vhost::migrate::token_from_hex(s_(susp, "token"))
+            .context("the daemon sent no token")?;
+        let mut out = std::fs::File::create(file)
+            .with_context(|| format!("cannot create {}", file.display()))?;
+        hira_vhost::migrate::file::write_header(&mut out, &token, s_(susp, "vm"))?;
+        std::io::copy(&mut std::fs::File::from(snapshot), &mut out)?;
+        out.sync_all()?;
+        Ok(())
+    })();
+    let ack = match &stored {
+        Ok(()) => json!({"stored": true}),
+        Err(e) => json!({"stored": false, "error": format!("{e:#}")}),
+    };
+    writeln!(s, "{ack}")?;
+    let line = hira_vhost::control::read_line_unbuffered(&mut s)?;
+    let end: Value = serde_json::from_str(&line)?;
+    stored?;
+    if let Some(e) = end["error"].as_str() {
+        bail!("session {session}: {e}");
+    }
+    println!(
+        "session {session}: suspended into {} ({}, VM {}); `hira-ctl restore {}` resumes it",
+        file.display(),
+        size(u(susp, "snapshot_bytes")),
+        s_(susp, "vm"),
+        file.display()
+    );
+    Ok(())
+}
+
+fn s_<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or("")
+}
+
+fn restore(socket: &PathBuf, file: &PathBuf) -> anyhow::Result<()> {
+    let mut f =
+        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    let (token, vm) = hira_vhost::migrate::file::read_header(&mut f)
+        .with_context(|| format!("{} is not a session file", file.display()))?;
+    let snapshot = memfd_from(&mut f)?;
+    let mut s = UnixStream::connect(socket)
+        .with_context(|| format!("cannot reach the control socket {}", socket.display()))?;
+    let req = json!({"cmd": "restore", "vm": vm, "token": hira_vhost::migrate::token_hex(&token)});
+    writeln!(s, "{req}")?;
+    let v: Value = serde_json::from_str(&hira_vhost::control::read_line_unbuffered(&mut s)?)?;
+    if let Some(e) = v["error"].as_str() {
+        bail!("{e}");
+    }
+    let h = hira_protocol::FrameHeader::new(hira_protocol::FrameKind::Notify, 0, 0, 0, 0);
+    hira_protocol::unix::send_frame_with_fds(&mut s, &h, &[], &[&snapshot])?;
+    let v: Value = serde_json::from_str(&hira_vhost::control::read_line_unbuffered(&mut s)?)?;
+    if let Some(e) = v["error"].as_str() {
+        bail!("{e}");
+    }
+    println!(
+        "a session of VM {vm} waits for its guest ({})",
+        size(u(&v["parked"], "snapshot_bytes"))
+    );
     Ok(())
 }
 
@@ -397,7 +516,9 @@ fn main() -> anyhow::Result<()> {
                 None => println!(),
             }
         }
-        Cmd::Migrate { target, json } => migrate(&mut c, &target, json)?,
+        Cmd::Migrate { target, to, json } => migrate(&mut c, &target, to.as_deref(), json)?,
+        Cmd::Checkpoint { session, file } => checkpoint(&socket, session, &file)?,
+        Cmd::Restore { file } => restore(&socket, &file)?,
         Cmd::Top {
             interval_ms,
             iterations,

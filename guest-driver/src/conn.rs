@@ -8,7 +8,8 @@ use std::sync::{Condvar, Mutex};
 
 use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
 use hira_protocol::handshake::{
-    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Welcome,
+    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Token,
+    Welcome, error_code,
 };
 use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
 use log::{debug, warn};
@@ -226,8 +227,37 @@ pub struct Connection {
     spin: std::time::Duration,
     /// Latest round trip of each opcode, in microseconds.
     recent_us: Box<[std::sync::atomic::AtomicU32]>,
+    /// What resumes the session if the host suspends it (host-local sessions on
+    /// rings).
+    resume: Option<Resume>,
     pub welcome: Welcome,
 }
+
+/// What a suspended session is resumed with: where the guest connected, its token,
+/// and its ring region and eventfds, which it hands to the API server that resumes it.
+struct Resume {
+    path: std::path::PathBuf,
+    api: ApiKind,
+    token: Token,
+    rings: Vec<std::os::fd::OwnedFd>,
+}
+
+/// How long a guest whose session was suspended tries to resume it
+/// (`HIRA_RESUME_SECS`, default 60).
+fn resume_limit() -> std::time::Duration {
+    let secs = std::env::var("HIRA_RESUME_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(60);
+    std::time::Duration::from_secs(secs)
+}
+
+/// Pauses between attempts to resume (the session may not be placed yet, or its
+/// daemon restarting): growing from the first to the last.
+const RESUME_RETRY: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(5),
+    std::time::Duration::from_millis(200),
+);
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -408,11 +438,17 @@ impl Connection {
         );
         let spin = crate::endpoint::spin();
         let clone = || stream.try_clone().map_err(|e| connect_err(e.to_string()));
+        let mut kept = Vec::new();
         let (tx, rx) = if welcome.ring_capacity > 0 {
             let bad = |e: String| TransportError::Malformed(format!("data plane: {e}"));
             let capacity = usize::try_from(welcome.ring_capacity).unwrap_or(0);
             let mut ends = match &stream {
                 Stream::Unix(_) => {
+                    kept = ring_fds
+                        .iter()
+                        .map(|f| f.try_clone())
+                        .collect::<std::io::Result<Vec<_>>>()
+                        .map_err(|e| bad(e.to_string()))?;
                     let mut fds = ring_fds.into_iter();
                     let region = fds.next().ok_or_else(|| bad("no region".into()))?;
                     let region =
@@ -453,8 +489,108 @@ impl Connection {
             recent_us: (0..256)
                 .map(|_| std::sync::atomic::AtomicU32::new(0))
                 .collect(),
+            resume: match endpoint {
+                Endpoint::Unix(path) if !kept.is_empty() && welcome.token != [0; 16] => {
+                    Some(Resume {
+                        path: path.clone(),
+                        api,
+                        token: welcome.token,
+                        rings: kept,
+                    })
+                }
+                _ => None,
+            },
             welcome,
         })
+    }
+
+    /// Resumes the session after the host suspended it: connects again (to `to`, or
+    /// where it first connected) with its token, window, ring region and eventfds,
+    /// until a daemon that holds the session takes it or the time runs out. The new
+    /// socket takes the old one's descriptor numbers, which the rings watch; the
+    /// rings go on from where they were.
+    fn resume_session(&self, to: &str) -> Result<(), TransportError> {
+        let Some(kit) = &self.resume else {
+            return Err(TransportError::Closed(
+                "the host suspended the session, which cannot resume here".into(),
+            ));
+        };
+        let path = if to.is_empty() {
+            kit.path.clone()
+        } else {
+            std::path::PathBuf::from(to)
+        };
+        let start = std::time::Instant::now();
+        let limit = resume_limit();
+        let mut pause = RESUME_RETRY.0;
+        let socket = loop {
+            match self.try_resume(&path, kit) {
+                Ok(s) => break s,
+                Err(e) if start.elapsed() < limit => {
+                    debug!("resuming: {e}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RESUME_RETRY.1);
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        use std::os::fd::AsRawFd;
+        let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: dup2 onto descriptors this connection owns, replacing them
+        // atomically with the new socket.
+        unsafe { libc::dup2(socket.as_raw_fd(), self.socket.raw_fd()) };
+        if let Rx::Ring {
+            socket: rs, over, ..
+        } = r.get_mut()
+        {
+            // SAFETY: as above.
+            unsafe { libc::dup2(socket.as_raw_fd(), rs.raw_fd()) };
+            *over = false;
+        }
+        log::info!(
+            "the Hira session moved; resumed after {:?}",
+            start.elapsed()
+        );
+        Ok(())
+    }
+
+    fn try_resume(
+        &self,
+        path: &std::path::Path,
+        kit: &Resume,
+    ) -> Result<UnixStream, TransportError> {
+        let err = |reason: String| TransportError::Connect {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut s = UnixStream::connect(path).map_err(|e| err(e.to_string()))?;
+        let mut hl = Hello::new(
+            kit.api,
+            std::process::id(),
+            &process_name(),
+            self.window.as_ref().map_or(0, |w| w.len() as u64),
+        );
+        hl.rings = true;
+        hl.resume = Some(kit.token);
+        let h = hl.encode();
+        let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
+        let mut fds: Vec<&std::os::fd::OwnedFd> = self
+            .window
+            .as_ref()
+            .and_then(Window::fd)
+            .into_iter()
+            .collect();
+        fds.extend(kit.rings.iter());
+        unix::send_frame_with_fds(&mut s, &header, &h, &fds).map_err(|e| err(e.to_string()))?;
+        let (rh, rp, _) = unix::recv_frame_with_fds(&mut s).map_err(|e| err(e.to_string()))?;
+        match rh.kind {
+            FrameKind::Welcome => Ok(s),
+            _ => Err(TransportError::Refused(
+                ErrorPayload::decode(&rp)
+                    .map(|e| e.message)
+                    .unwrap_or_default(),
+            )),
+        }
     }
 
     /// The shared data window, if the host accepted one.
@@ -637,14 +773,28 @@ impl Connection {
                             d.replies.insert(fk, f);
                         }
                         FrameKind::Error => {
-                            let msg = ErrorPayload::decode(&f.payload)
-                                .map(|e| e.message)
-                                .unwrap_or_default();
+                            let e = ErrorPayload::decode(&f.payload).ok();
+                            let msg = e.as_ref().map(|e| e.message.clone()).unwrap_or_default();
                             drop(d);
-                            self.kill(TransportError::Closed(format!(
-                                "host ended the session: {msg}"
-                            )));
-                            d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                            if e.is_some_and(|e| e.code == error_code::MOVED) {
+                                // Suspended: calls wait while the session moves.
+                                d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                                d.reading = true;
+                                drop(d);
+                                let resumed = self.resume_session(&msg);
+                                d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                                d.reading = false;
+                                if let Err(e) = resumed {
+                                    drop(d);
+                                    self.kill(e);
+                                    d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                                }
+                            } else {
+                                self.kill(TransportError::Closed(format!(
+                                    "host ended the session: {msg}"
+                                )));
+                                d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                            }
                         }
                         other => {
                             drop(d);

@@ -10,7 +10,7 @@ use crate::codec::{DecodeError, Reader, Writer};
 /// "HIRA" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIRA");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Longest process name a guest may report.
 pub const MAX_PROCESS_NAME: usize = 256;
 
@@ -81,7 +81,14 @@ pub struct Hello {
     /// For a VM session on rings: where the ring region starts in the descriptor
     /// passed along. Set by the daemon for the API server, 0 from guests.
     pub ring_offset: u64,
+    /// A guest whose session was suspended (moved off its daemon) resumes it with
+    /// the token its `Welcome` gave; its window and, host-local, its ring region and
+    /// eventfds travel with this frame again, in that order.
+    pub resume: Option<Token>,
 }
+
+/// A session's resume token: a secret the daemon gives the guest in its `Welcome`.
+pub type Token = [u8; 16];
 
 /// Why a `Hello` was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -108,6 +115,7 @@ impl Hello {
             window_offset: 0,
             rings: false,
             ring_offset: 0,
+            resume: None,
         }
     }
 
@@ -123,6 +131,10 @@ impl Hello {
             .u64(self.window_offset)
             .u8(u8::from(self.rings))
             .u64(self.ring_offset);
+        match &self.resume {
+            Some(t) => w.u8(1).raw(t),
+            None => w.u8(0),
+        };
         w.into_vec()
     }
 
@@ -146,6 +158,11 @@ impl Hello {
         let window_offset = r.u64()?;
         let rings = r.flag()?;
         let ring_offset = r.u64()?;
+        let resume = if r.flag()? {
+            Some(token(&mut r)?)
+        } else {
+            None
+        };
         r.finish()?;
         Ok(Hello {
             magic,
@@ -158,8 +175,17 @@ impl Hello {
             window_offset,
             rings,
             ring_offset,
+            resume,
         })
     }
+}
+
+fn token(r: &mut Reader<'_>) -> Result<Token, DecodeError> {
+    let mut t = [0u8; 16];
+    for b in &mut t {
+        *b = r.u8()?;
+    }
+    Ok(t)
 }
 
 /// The host's acceptance of a session.
@@ -182,6 +208,9 @@ pub struct Welcome {
     /// For a VM session on rings: where the ring region starts in the VM's shared
     /// window.
     pub ring_offset: u64,
+    /// The token that resumes this session after it was suspended (all zero: it
+    /// cannot be).
+    pub token: Token,
 }
 
 impl Welcome {
@@ -193,7 +222,8 @@ impl Welcome {
             .u64(self.window_len)
             .u64(self.window_offset)
             .u64(self.ring_capacity)
-            .u64(self.ring_offset);
+            .u64(self.ring_offset)
+            .raw(&self.token);
         w.into_vec()
     }
 
@@ -206,6 +236,7 @@ impl Welcome {
         let window_offset = r.u64()?;
         let ring_capacity = r.u64()?;
         let ring_offset = r.u64()?;
+        let token = token(&mut r)?;
         r.finish()?;
         Ok(Welcome {
             version,
@@ -215,6 +246,7 @@ impl Welcome {
             window_offset,
             ring_capacity,
             ring_offset,
+            token,
         })
     }
 }
@@ -240,6 +272,9 @@ pub mod error_code {
     pub const BAD_SPAN: u32 = 5;
     /// Policy refused the call (quota).
     pub const POLICY: u32 = 6;
+    /// The session was suspended: the guest reconnects with its resume token, to the
+    /// endpoint the message names (empty: the one it used), where a daemon resumes it.
+    pub const MOVED: u32 = 7;
 }
 
 impl ErrorPayload {
@@ -313,6 +348,13 @@ mod tests {
     }
 
     #[test]
+    fn a_resuming_hello_round_trips() {
+        let mut h = Hello::new(ApiKind::OpenCl, 1, "x", 4096);
+        h.resume = Some([9; 16]);
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
     fn welcome_round_trips() {
         let w = Welcome {
             version: VERSION,
@@ -322,6 +364,7 @@ mod tests {
             window_offset: 4096,
             ring_capacity: 1 << 20,
             ring_offset: 8192,
+            token: [7; 16],
         };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
     }

@@ -23,10 +23,24 @@
 //!   old and new API-server pids, the snapshot's size, the pause), or with why the
 //!   session stays where it was (`{"error":...}`).
 //!
+//!   With `"to":PATH` (another daemon's control socket on this host) the session is
+//!   suspended here and resumed there: its guest reconnects to that daemon.
+//! - `{"cmd":"checkpoint","session":ID}`: suspends a session into a snapshot that the
+//!   client stores. The answer is a frame (the protocol's header, a JSON payload)
+//!   with the snapshot's memfd attached; the client answers `{"stored":true}` (or
+//!   false, and the session goes on here), and the daemon's last line says what
+//!   happened. The guest then waits to reconnect.
+//! - `{"cmd":"restore","vm":NAME,"token":HEX}`: the daemon answers `{"send":...}`,
+//!   the client sends a frame with the snapshot's memfd, and the session waits here
+//!   for its guest, which resumes it on reconnecting (`{"parked":{"endpoint":...}}`).
+//!
 //! The socket gets the same owner and mode as the guest sockets.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -265,6 +279,9 @@ pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
                 life.wait_sessions(count, started, Duration::from_millis(ms).min(MAX_WAIT));
             json!({ "reached": reached, "status": status(life, router) })
         }
+        Some("migrate") if req.get("to").is_some() => json!({
+            "error": "migrating to another daemon needs a connection that can carry descriptors"
+        }),
         Some("migrate") => migrate(&req, life),
         Some(other) => json!({
             "error": format!("unknown command {other:?} (known: status, set, wait_idle, wait_live, migrate)")
@@ -302,7 +319,12 @@ fn migrate(req: &Value, life: &Lifecycle) -> Value {
     }
 }
 
-fn serve_client(stream: UnixStream, life: &Lifecycle, router: &Router) -> std::io::Result<()> {
+fn serve_client(
+    stream: UnixStream,
+    life: &Lifecycle,
+    router: &Router,
+    endpoints: &HashMap<String, PathBuf>,
+) -> std::io::Result<()> {
     let mut w = stream.try_clone()?;
     let mut r = BufReader::new(stream);
     let mut line = String::new();
@@ -312,17 +334,247 @@ fn serve_client(stream: UnixStream, life: &Lifecycle, router: &Router) -> std::i
         if n == 0 {
             return Ok(());
         }
-        let answer = if line.ends_with('\n') {
-            answer(line.trim(), life, router)
-        } else {
-            json!({ "error": format!("request longer than {MAX_REQUEST} bytes") })
+        let req: Option<Value> = serde_json::from_str(line.trim()).ok();
+        let cmd = req.as_ref().and_then(|v| v.get("cmd")?.as_str());
+        let answer = match (cmd, &req) {
+            _ if !line.ends_with('\n') => {
+                json!({ "error": format!("request longer than {MAX_REQUEST} bytes") })
+            }
+            (Some("checkpoint"), Some(req)) => {
+                // Answered in frames (one carries the snapshot), then one line.
+                match checkpoint(req, life, &mut r, &mut w)? {
+                    Some(v) => v,
+                    None => continue,
+                }
+            }
+            (Some("restore"), Some(req)) => restore(req, life, endpoints, &mut r, &mut w)?,
+            (Some("migrate"), Some(req)) if req.get("to").is_some() => migrate_to(req, life),
+            _ => answer(line.trim(), life, router),
         };
         writeln!(w, "{answer}")?;
     }
 }
 
+/// The session `req` names and the door to it.
+fn door_of(req: &Value, life: &Lifecycle) -> Result<(u64, Arc<crate::migrate::Door>), Value> {
+    let id = req
+        .get("session")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| json!({ "error": "a live session's id is needed as \"session\"" }))?;
+    let door = life.door(id).ok_or_else(|| {
+        json!({
+            "error": format!("session {id} is not live or cannot migrate (host-local sessions on shared-memory rings can)")
+        })
+    })?;
+    Ok((id, door))
+}
+
+fn suspended(c: &crate::migrate::Captured) -> Value {
+    json!({
+        "vm": c.vm,
+        "token": crate::migrate::token_hex(&c.token),
+        "snapshot_bytes": c.bytes,
+        "from_pid": c.from_pid,
+        "capture_ms": c.capture_ms,
+    })
+}
+
+/// A frame with a JSON payload and descriptors, as `checkpoint` answers.
+fn json_frame(w: &mut UnixStream, v: &Value, fds: &[&std::os::fd::OwnedFd]) -> std::io::Result<()> {
+    let payload = v.to_string();
+    let h =
+        hira_protocol::FrameHeader::new(hira_protocol::FrameKind::Notify, 0, 0, 0, payload.len());
+    hira_protocol::unix::send_frame_with_fds(w, &h, payload.as_bytes(), fds)
+}
+
+/// `checkpoint`: the snapshot goes to the client, which stores it. The first answer
+/// is a frame: the snapshot (with `"suspended"`) or why not (`"error"`, and nothing
+/// follows); after the client's word, a line says how it ended (returned; `None` when
+/// the frame was the whole answer).
+fn checkpoint(
+    req: &Value,
+    life: &Lifecycle,
+    r: &mut BufReader<UnixStream>,
+    w: &mut UnixStream,
+) -> std::io::Result<Option<Value>> {
+    let (id, door) = match door_of(req, life) {
+        Ok(d) => d,
+        Err(e) => {
+            json_frame(w, &e, &[])?;
+            return Ok(None);
+        }
+    };
+    let mut io_error = None;
+    let mut placed = false;
+    let res = door.suspend(MIGRATE_WAIT, |c| {
+        placed = true;
+        let stored =
+            json_frame(w, &json!({ "suspended": suspended(c) }), &[&c.snapshot]).and_then(|()| {
+                let mut ack = String::new();
+                r.read_line(&mut ack)?;
+                Ok(ack)
+            });
+        match stored {
+            Ok(ack) => {
+                let v: Value = serde_json::from_str(ack.trim()).unwrap_or(Value::Null);
+                if v["stored"] == true {
+                    Ok(String::new())
+                } else {
+                    Err(format!(
+                        "the client did not store the snapshot: {}",
+                        v["error"].as_str().unwrap_or("no reason given")
+                    ))
+                }
+            }
+            Err(e) => {
+                let m = format!("the client went away: {e}");
+                io_error = Some(e);
+                Err(m)
+            }
+        }
+    });
+    if let Some(e) = io_error {
+        return Err(e);
+    }
+    match res {
+        Ok(c) => {
+            info!(
+                "session {id} checkpointed ({} bytes) and suspended",
+                c.bytes
+            );
+            Ok(Some(json!({ "suspended": suspended(&c) })))
+        }
+        Err(e) if placed => Ok(Some(json!({ "error": e }))),
+        Err(e) => {
+            json_frame(w, &json!({ "error": e }), &[])?;
+            Ok(None)
+        }
+    }
+}
+
+/// `restore`: a snapshot from the client waits here for its guest.
+fn restore(
+    req: &Value,
+    life: &Lifecycle,
+    endpoints: &HashMap<String, PathBuf>,
+    r: &mut BufReader<UnixStream>,
+    w: &mut UnixStream,
+) -> std::io::Result<Value> {
+    let Some(vm) = req.get("vm").and_then(Value::as_str) else {
+        return Ok(json!({ "error": "restore needs \"vm\"" }));
+    };
+    let Some(token) = req
+        .get("token")
+        .and_then(Value::as_str)
+        .and_then(crate::migrate::token_from_hex)
+    else {
+        return Ok(json!({ "error": "restore needs \"token\": 32 hex digits" }));
+    };
+    writeln!(w, "{}", json!({ "send": "snapshot" }))?;
+    if !r.buffer().is_empty() {
+        return Ok(json!({ "error": "send the snapshot only when asked" }));
+    }
+    let (_, _, mut fds) = hira_protocol::unix::recv_frame_with_fds(r.get_mut())
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    if fds.len() != 1 {
+        return Ok(json!({ "error": "one snapshot descriptor expected" }));
+    }
+    let snapshot = fds.remove(0);
+    // SAFETY: a zeroed stat is a valid out-parameter; `snapshot` is open.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(snapshot.as_raw_fd(), &mut st) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFREG
+    {
+        return Ok(json!({ "error": "the snapshot must be a regular file or memfd" }));
+    }
+    let endpoint = endpoints
+        .get(vm)
+        .map_or_else(String::new, |p| p.display().to_string());
+    life.park(crate::migrate::Parked {
+        token,
+        vm: vm.to_string(),
+        snapshot,
+        bytes: st.st_size as u64,
+    });
+    info!("a suspended session of VM {vm:?} waits for its guest");
+    Ok(json!({ "parked": { "vm": vm, "endpoint": endpoint, "snapshot_bytes": st.st_size } }))
+}
+
+/// Parks `c` at the daemon whose control socket is `path`; returns where the guest
+/// reconnects.
+pub fn restore_at(path: &std::path::Path, c: &crate::migrate::Captured) -> Result<String, String> {
+    let fail = |e: std::io::Error| format!("cannot reach {}: {e}", path.display());
+    let mut s = UnixStream::connect(path).map_err(fail)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(fail)?;
+    let req = json!({
+        "cmd": "restore",
+        "vm": c.vm,
+        "token": crate::migrate::token_hex(&c.token),
+    });
+    writeln!(s, "{req}").map_err(fail)?;
+    let line = read_line_unbuffered(&mut s).map_err(fail)?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+    if v.get("send").is_none() {
+        return Err(format!("{} refused: {}", path.display(), v["error"]));
+    }
+    let h = hira_protocol::FrameHeader::new(hira_protocol::FrameKind::Notify, 0, 0, 0, 0);
+    hira_protocol::unix::send_frame_with_fds(&mut s, &h, &[], &[&c.snapshot]).map_err(fail)?;
+    let line = read_line_unbuffered(&mut s).map_err(fail)?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+    match v["parked"]["endpoint"].as_str() {
+        Some(e) => Ok(e.to_string()),
+        None => Err(format!("{} refused: {}", path.display(), v["error"])),
+    }
+}
+
+/// One line, read a byte at a time so that nothing after it is taken from the socket.
+pub fn read_line_unbuffered(s: &mut UnixStream) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        if s.read(&mut b)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if b[0] == b'\n' {
+            return String::from_utf8(line).map_err(std::io::Error::other);
+        }
+        line.push(b[0]);
+        if line.len() > MAX_REQUEST {
+            return Err(std::io::Error::other("answer too long"));
+        }
+    }
+}
+
+/// `migrate` with `to`: suspended here, resumed at the other daemon.
+fn migrate_to(req: &Value, life: &Lifecycle) -> Value {
+    let (id, door) = match door_of(req, life) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let Some(to) = req.get("to").and_then(Value::as_str) else {
+        return json!({ "error": "\"to\" is another daemon's control socket" });
+    };
+    let to = PathBuf::from(to);
+    match door.suspend(MIGRATE_WAIT, |c| restore_at(&to, c)) {
+        Ok(c) => {
+            info!("session {id} moved to the daemon at {}", to.display());
+            json!({ "suspended": suspended(&c), "to": to.display().to_string() })
+        }
+        Err(e) => json!({ "error": e }),
+    }
+}
+
 /// Serves the control socket until the daemon exits; each client on its own thread.
-pub fn serve(listener: UnixListener, life: Arc<Lifecycle>, router: Arc<Router>) {
+/// `endpoints`: each VM's local guest socket, where a restored session's guest
+/// reconnects.
+pub fn serve(
+    listener: UnixListener,
+    life: Arc<Lifecycle>,
+    router: Arc<Router>,
+    endpoints: Arc<HashMap<String, PathBuf>>,
+) {
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -331,11 +583,11 @@ pub fn serve(listener: UnixListener, life: Arc<Lifecycle>, router: Arc<Router>) 
                 continue;
             }
         };
-        let (life, router) = (life.clone(), router.clone());
+        let (life, router, endpoints) = (life.clone(), router.clone(), endpoints.clone());
         let spawned = std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                if let Err(e) = serve_client(stream, &life, &router) {
+                if let Err(e) = serve_client(stream, &life, &router, &endpoints) {
                     debug!("control client: {e}");
                 }
             });

@@ -149,7 +149,13 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
         created.push(path.clone());
         info!("control socket on {}", path.display());
         let (life, router) = (life.clone(), router.clone());
-        std::thread::spawn(move || control::serve(l, life, router));
+        let endpoints: std::collections::HashMap<String, PathBuf> = config
+            .listeners
+            .iter()
+            .map(|l| (l.vm.clone(), l.path.clone()))
+            .collect();
+        let endpoints = Arc::new(endpoints);
+        std::thread::spawn(move || control::serve(l, life, router, endpoints));
     }
     for (l, vm) in listeners {
         let (config, router, life) = (config.clone(), router.clone(), life.clone());

@@ -58,6 +58,8 @@ struct State {
     ended: VecDeque<EndedSession>,
     /// Sessions that can migrate, by id.
     doors: HashMap<u64, Arc<crate::migrate::Door>>,
+    /// Suspended sessions waiting for their guests, by token.
+    parked: HashMap<hira_protocol::handshake::Token, crate::migrate::Parked>,
 }
 
 /// Live sessions, ended sessions and the stop flag.
@@ -102,6 +104,14 @@ impl Registration {
         if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
             s.api_server_pid = Some(pid);
             s.migrations += 1;
+        }
+        self.life.changed.notify_all();
+    }
+
+    /// Records that the session left this daemon (suspended): it has no API server.
+    pub fn suspended(&self) {
+        if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
+            s.api_server_pid = None;
         }
         self.life.changed.notify_all();
     }
@@ -196,6 +206,38 @@ impl Lifecycle {
     /// migrate.
     pub fn door(&self, id: u64) -> Option<Arc<crate::migrate::Door>> {
         self.lock().doors.get(&id).cloned()
+    }
+
+    /// Keeps a suspended session for its guest to resume.
+    pub fn park(&self, p: crate::migrate::Parked) {
+        self.lock().parked.insert(p.token, p);
+        self.changed.notify_all();
+    }
+
+    /// Takes the suspended session `token` of VM `vm`, if it is parked here.
+    pub fn unpark(
+        &self,
+        token: &hira_protocol::handshake::Token,
+        vm: &str,
+    ) -> Option<crate::migrate::Parked> {
+        let mut s = self.lock();
+        if s.parked.get(token).is_some_and(|p| p.vm == vm) {
+            s.parked.remove(token)
+        } else {
+            None
+        }
+    }
+
+    /// The suspended sessions parked here: VM and snapshot size.
+    pub fn parked(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<_> = self
+            .lock()
+            .parked
+            .values()
+            .map(|p| (p.vm.clone(), p.bytes))
+            .collect();
+        v.sort();
+        v
     }
 
     /// Live sessions.

@@ -20,6 +20,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hira_protocol::handshake::Token;
 use serde::Serialize;
 
 /// What one migration did.
@@ -41,11 +42,57 @@ pub struct Moved {
 
 type Reply = Sender<Result<Moved, String>>;
 
+/// A session captured for a suspension: the snapshot and what resumes it.
+#[derive(Debug)]
+pub struct Captured {
+    pub snapshot: OwnedFd,
+    pub bytes: u64,
+    pub token: Token,
+    pub vm: String,
+    pub from_pid: u32,
+    pub capture_ms: f64,
+}
+
+/// A suspension asked of a session's thread: it sends what it captured, and waits to
+/// hear whether the snapshot was placed (and where the guest is to reconnect: empty
+/// for the endpoint it used) before it lets the API server go.
+#[derive(Debug)]
+pub(crate) struct Suspension {
+    pub captured: Sender<Result<Captured, String>>,
+    pub placed: Receiver<Result<String, String>>,
+    /// Told once the session has left this daemon (its API server gone, its guest
+    /// told where to go).
+    pub done: Sender<()>,
+}
+
+/// What a session's thread is asked to do.
+#[derive(Debug)]
+pub(crate) enum Ask {
+    Migrate(Reply),
+    Suspend(Suspension),
+}
+
+impl Ask {
+    pub(crate) fn refuse(self, why: &str) {
+        match self {
+            Ask::Migrate(r) => {
+                let _ = r.send(Err(why.to_string()));
+            }
+            Ask::Suspend(s) => {
+                let _ = s.captured.send(Err(why.to_string()));
+            }
+        }
+    }
+}
+
+/// Longest a suspension waits for its snapshot to be placed.
+pub(crate) const PLACE_LIMIT: Duration = Duration::from_secs(300);
+
 /// Where migration requests for one session wait for its thread.
 #[derive(Debug)]
 pub struct Door {
     /// The requests waiting, or, once the session cannot migrate, why.
-    requests: Mutex<Result<VecDeque<Reply>, String>>,
+    requests: Mutex<Result<VecDeque<Ask>, String>>,
     bell: UnixStream,
     /// Readable while requests wait; the session thread polls it.
     pub(crate) rung: UnixStream,
@@ -66,17 +113,49 @@ impl Door {
     /// Asks for the session to move and waits for the outcome.
     pub fn ask(&self, timeout: Duration) -> Result<Moved, String> {
         let (tx, rx): (Reply, Receiver<_>) = channel();
-        match &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()) {
-            Ok(q) => q.push_back(tx),
-            Err(why) => return Err(why.clone()),
-        }
-        let _ = (&self.bell).write_one();
+        self.push(Ask::Migrate(tx))?;
         rx.recv_timeout(timeout)
             .map_err(|_| "the session did not answer (it may have ended)".to_string())?
     }
 
+    /// Suspends the session: captures it, lets `place` put the snapshot where a
+    /// daemon will resume it (returning where the guest reconnects; empty: where it
+    /// connected), then ends it here. If `place` fails, the session goes on here.
+    pub fn suspend(
+        &self,
+        timeout: Duration,
+        place: impl FnOnce(&Captured) -> Result<String, String>,
+    ) -> Result<Captured, String> {
+        let (ctx, crx) = channel();
+        let (ptx, prx) = channel();
+        let (dtx, drx) = channel();
+        self.push(Ask::Suspend(Suspension {
+            captured: ctx,
+            placed: prx,
+            done: dtx,
+        }))?;
+        let captured = crx
+            .recv_timeout(timeout)
+            .map_err(|_| "the session did not answer (it may have ended)".to_string())??;
+        let placed = place(&captured);
+        let _ = ptx.send(placed.clone());
+        placed?;
+        // The session's thread confirms it let go (or hung up, which is as good).
+        let _ = drx.recv_timeout(timeout);
+        Ok(captured)
+    }
+
+    fn push(&self, ask: Ask) -> Result<(), String> {
+        match &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()) {
+            Ok(q) => q.push_back(ask),
+            Err(why) => return Err(why.clone()),
+        }
+        let _ = (&self.bell).write_one();
+        Ok(())
+    }
+
     /// The requests waiting, emptying the bell.
-    pub(crate) fn take(&self) -> Vec<Reply> {
+    pub(crate) fn take(&self) -> Vec<Ask> {
         let mut b = [0u8; 64];
         while matches!((&self.rung).read_some(&mut b), Ok(n) if n > 0) {}
         match &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -91,8 +170,8 @@ impl Door {
             &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()),
             Err(why.to_string()),
         );
-        for reply in old.into_iter().flatten() {
-            let _ = reply.send(Err(why.to_string()));
+        for ask in old.into_iter().flatten() {
+            ask.refuse(why);
         }
     }
 }
@@ -156,6 +235,123 @@ pub(crate) fn wait_either(a: &impl AsFd, b: &impl AsFd) -> std::io::Result<(bool
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
             return Err(e);
+        }
+    }
+}
+
+/// A fresh resume token.
+pub fn new_token() -> Token {
+    let mut t = [0u8; 16];
+    let mut got = 0;
+    while got < t.len() {
+        // SAFETY: writes at most the remaining bytes of a local buffer.
+        let n = unsafe { libc::getrandom(t[got..].as_mut_ptr().cast(), t.len() - got, 0) };
+        if n > 0 {
+            got += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // No randomness at all: a token nobody can guess is impossible, and a
+            // guessable one would let another guest take the session.
+            panic!("getrandom failed: {}", std::io::Error::last_os_error());
+        }
+    }
+    t
+}
+
+/// A token as text, for the control socket.
+pub fn token_hex(t: &Token) -> String {
+    t.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A token from its text.
+pub fn token_from_hex(s: &str) -> Option<Token> {
+    if s.len() != 32 || !s.is_ascii() {
+        return None;
+    }
+    let mut t = [0u8; 16];
+    for (i, b) in t.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(t)
+}
+
+/// A suspended session waiting here for its guest.
+#[derive(Debug)]
+pub struct Parked {
+    pub token: Token,
+    pub vm: String,
+    pub snapshot: OwnedFd,
+    pub bytes: u64,
+}
+
+/// Whether `fd` is an eventfd.
+pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
+}
+
+/// A file of a suspended session, as `hira-ctl checkpoint` writes it and `hira-ctl
+/// restore` reads it:
+///
+/// ```text
+/// magic "HIRASESS" (8), version u16 (1), token (16), VM name (u16 length, bytes),
+/// then the snapshot (the API server's format; see the migration crate)
+/// ```
+pub mod file {
+    use std::io::{Read, Write};
+
+    use hira_protocol::handshake::Token;
+
+    const MAGIC: &[u8; 8] = b"HIRASESS";
+    const VERSION: u16 = 1;
+
+    /// Writes the header; the snapshot follows.
+    pub fn write_header(w: &mut impl Write, token: &Token, vm: &str) -> std::io::Result<()> {
+        w.write_all(MAGIC)?;
+        w.write_all(&VERSION.to_le_bytes())?;
+        w.write_all(token)?;
+        let name = vm.as_bytes();
+        let len =
+            u16::try_from(name.len()).map_err(|_| std::io::Error::other("VM name too long"))?;
+        w.write_all(&len.to_le_bytes())?;
+        w.write_all(name)
+    }
+
+    /// Reads the header; the reader is left at the snapshot.
+    pub fn read_header(r: &mut impl Read) -> std::io::Result<(Token, String)> {
+        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+        let mut magic = [0u8; 8];
+        r.read_exact(&mut magic)?;
+        if &magic != MAGIC {
+            return Err(bad("not a Hira session file"));
+        }
+        let mut v = [0u8; 2];
+        r.read_exact(&mut v)?;
+        if u16::from_le_bytes(v) != VERSION {
+            return Err(bad("a session file of another version"));
+        }
+        let mut token = [0u8; 16];
+        r.read_exact(&mut token)?;
+        let mut len = [0u8; 2];
+        r.read_exact(&mut len)?;
+        let mut name = vec![0u8; u16::from_le_bytes(len) as usize];
+        r.read_exact(&mut name)?;
+        let vm = String::from_utf8(name).map_err(|_| bad("the VM name is not UTF-8"))?;
+        Ok((token, vm))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_header_reads_back_and_others_are_refused() {
+            let mut b = Vec::new();
+            write_header(&mut b, &[3; 16], "vm-a").unwrap();
+            b.extend_from_slice(b"snapshot");
+            let mut r = &b[..];
+            assert_eq!(read_header(&mut r).unwrap(), ([3; 16], "vm-a".to_string()));
+            assert_eq!(r, b"snapshot");
+            assert!(read_header(&mut &b"HIRASNAP........"[..]).is_err());
         }
     }
 }

@@ -152,7 +152,7 @@ fn serve(
     // A guest that connects and says nothing, or sends part of a hello, is cut off.
     let deadline = config.limits.handshake_timeout;
     guest.set_read_timeout(Some(deadline))?;
-    let (header, payload, fd) = match unix::recv_frame_with_fd(&mut guest) {
+    let (header, payload, fds) = match unix::recv_frame_with_fds(&mut guest) {
         Ok(x) => x,
         Err(unix::UnixFrameError::Closed) => {
             debug!("VM {vm:?} session {id}: closed before its hello");
@@ -183,6 +183,25 @@ fn serve(
             send_error(&guest_w, None, error_code::HANDSHAKE, &e.to_string());
             return Err(SessionError::Handshake(e.to_string()));
         }
+    };
+    let mut fds = fds.into_iter();
+    let fd = fds.next();
+    // A guest resuming a suspended session brings back its ring region and eventfds.
+    let guest_rings: Vec<OwnedFd> = fds.collect();
+    let mut parked = match hello.resume.take() {
+        Some(token) => match resumable(life, &token, vm, &hello, &guest_rings) {
+            Ok(p) => Some(p),
+            Err(m) => {
+                send_error(&guest_w, None, error_code::HANDSHAKE, &m);
+                return Err(SessionError::Refused(m));
+            }
+        },
+        None if !guest_rings.is_empty() => {
+            let m = "a new session passes at most its window";
+            send_error(&guest_w, None, error_code::HANDSHAKE, m);
+            return Err(SessionError::Handshake(m.into()));
+        }
+        None => None,
     };
     // Rings: host-local, for a guest that can pass descriptors (it sent its window);
     // in a VM, at the end of the session's window slot (below).
@@ -249,22 +268,28 @@ fn serve(
     let vm_page = queue.page().map_err(SessionError::Spawn)?;
     let cgroup = queue.cgroup.get().map(crate::cgroup::VmCgroup::procs_fd);
     let kills_before = queue.host_memory().2;
-    let (mut child, mut server, usage) =
+    let token = parked
+        .as_ref()
+        .map_or_else(crate::migrate::new_token, |p| p.token);
+    let (child, mut server, usage) =
         spawn::api_server(config, id, &vm_page.fd, cgroup).map_err(SessionError::Spawn)?;
+    let child_pid = child.id();
+    let mut child = Some(child);
     let mut usage = Arc::new(usage);
     let mut tracked = queue.track(id, usage.clone());
     // What API servers the session left by migrating counted.
     let mut carried = hira_protocol::usage::Usage::default();
-    registration.describe(&hello.process_name, hello.pid, child.id());
+    registration.describe(&hello.process_name, hello.pid, child_pid);
     // Requests to migrate wait from now on: the session takes them once its data
     // plane is up, or answers why it cannot.
     let door = crate::migrate::Door::new().map_err(SessionError::Spawn)?;
     registration.accept_migrations(door.clone());
     info!(
-        "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}",
+        "VM {vm:?} session {id}: {} (guest pid {}) -> API server pid {}{}",
         hello.process_name,
         hello.pid,
-        child.id()
+        child_pid,
+        if parked.is_some() { ", resuming" } else { "" }
     );
     let mut stats = SessionStats::default();
     type Relay = std::thread::JoinHandle<Option<TeardownPayload>>;
@@ -275,6 +300,13 @@ fn serve(
             len: hello_bytes.len() as u32,
             ..header
         };
+        if let Some(p) = &parked {
+            // The API server restores the session before it answers.
+            let mut fds = vec![&p.snapshot];
+            fds.extend(guest_rings.iter());
+            let ah = FrameHeader::new(FrameKind::Notify, migrate::ADOPT, 0, 0, 0);
+            unix::send_frame_with_fds(&mut server, &ah, &[], &fds)?;
+        }
         unix::send_frame_with_fd(&mut server, &h, &hello_bytes, window.as_ref())?;
         // A host-local session on rings can migrate: the next API server gets the
         // same window, hello and data plane.
@@ -287,6 +319,10 @@ fn serve(
                 .map(|e| e.message)
                 .unwrap_or_default();
             send_error(&guest_w, None, error_code::HANDSHAKE, &m);
+            if let Some(p) = parked.take() {
+                // The guest may try again; the snapshot stays parked.
+                life.park(p);
+            }
             return Err(SessionError::Handshake(format!("API server refused: {m}")));
         }
         let server_welcome =
@@ -295,7 +331,7 @@ fn serve(
         // as they came; from then on the daemon carries no frame of this session.
         let rings = server_welcome.ring_capacity > 0;
         on_rings = rings;
-        let fds_expected = if rings && local_rings {
+        let fds_expected = if rings && local_rings && parked.is_none() {
             1 + ring::EVENTFDS
         } else {
             0
@@ -321,6 +357,7 @@ fn serve(
             } else {
                 0
             },
+            token,
         }
         .encode();
         let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
@@ -340,12 +377,19 @@ fn serve(
             let mut m = Mover {
                 config,
                 id,
+                vm,
+                token,
+                guest_w: &guest_w,
                 queue,
                 vm_page: &vm_page.fd,
                 cgroup,
                 hello: (h, hello_bytes),
                 window: keep_window,
-                rings: ring_fds,
+                rings: if parked.is_some() {
+                    guest_rings
+                } else {
+                    ring_fds
+                },
                 link,
                 child: &mut child,
                 server: &mut server,
@@ -384,8 +428,14 @@ fn serve(
         Ok((res, relay))
     })();
     door.close(&format!("session {id} has ended"));
-    let child_id = child.id();
-    let (mut how, crashed) = spawn::reap(child, config.limits.teardown_grace);
+    let child_id = child.as_ref().map_or(0, std::process::Child::id);
+    let (mut how, crashed) = match child.take() {
+        Some(c) => spawn::reap(c, config.limits.teardown_grace),
+        None => (
+            "suspended: the session moved off this daemon".to_string(),
+            false,
+        ),
+    };
     if crashed && queue.host_memory().2 > kills_before {
         how += " (killed by the kernel: the VM reached its host-memory cap)";
     }
@@ -446,6 +496,8 @@ type AnswerTo = std::sync::mpsc::Sender<(u16, Vec<u8>)>;
 struct RelayLink {
     answers: Mutex<Option<AnswerTo>>,
     next: Mutex<Option<UnixStream>>,
+    /// The session was suspended: its API server's end is no news to the guest.
+    quiet: std::sync::atomic::AtomicBool,
 }
 
 /// Copies replies and notifications to the guest until the API server closes; then
@@ -516,7 +568,7 @@ fn relay_to_guest(
             guest_gone = true;
         }
     }
-    if !guest_gone {
+    if !guest_gone && !link.quiet.load(std::sync::atomic::Ordering::Acquire) {
         send_error(
             guest,
             None,
@@ -577,6 +629,38 @@ fn skip(from: &mut impl Read, mut n: usize, buf: &mut [u8]) -> std::io::Result<(
     Ok(())
 }
 
+/// Checks a resuming guest's hello and descriptors (its ring region and eventfds,
+/// which the API server will map and signal) and takes its parked session.
+fn resumable(
+    life: &Lifecycle,
+    token: &hira_protocol::handshake::Token,
+    vm: &str,
+    hello: &Hello,
+    rings: &[OwnedFd],
+) -> Result<crate::migrate::Parked, String> {
+    if !hello.rings || rings.len() != 1 + ring::EVENTFDS {
+        return Err("a resuming guest passes its window, ring region and eventfds".into());
+    }
+    let region_ok = window_size(&rings[0]) == Some(ring::region_len(ring::DEFAULT_CAPACITY) as u64)
+        && sealed_against_shrinking(&rings[0]);
+    if !region_ok {
+        return Err("the ring region passed is not one an API server made".into());
+    }
+    for fd in &rings[1..] {
+        if !crate::migrate::is_eventfd(fd) {
+            return Err("a descriptor passed as an eventfd is not one".into());
+        }
+        // Signalling never blocks the API server, whatever the guest did to it.
+        // SAFETY: sets a status flag on a descriptor this process holds.
+        unsafe {
+            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+    }
+    life.unpark(token, vm)
+        .ok_or_else(|| format!("no suspended session with this token for VM {vm:?} here (yet)"))
+}
+
 /// Longest a migration waits for the old API server's capture, and for the new one
 /// to restore.
 const CAPTURE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -587,6 +671,10 @@ const RESTORE_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 struct Mover<'a> {
     config: &'a Config,
     id: u64,
+    vm: &'a str,
+    /// What resumes the session after a suspension.
+    token: hira_protocol::handshake::Token,
+    guest_w: &'a Mutex<UnixStream>,
     queue: &'a Arc<VmQueue>,
     vm_page: &'a OwnedFd,
     cgroup: Option<std::os::fd::RawFd>,
@@ -596,7 +684,8 @@ struct Mover<'a> {
     /// The guest's ring region and eventfds.
     rings: Vec<OwnedFd>,
     link: Arc<RelayLink>,
-    child: &'a mut std::process::Child,
+    /// The API server (none once the session was suspended).
+    child: &'a mut Option<std::process::Child>,
     server: &'a mut UnixStream,
     usage: &'a mut Arc<hira_protocol::usage::UsagePage>,
     tracked: &'a mut crate::router::Tracked,
@@ -610,9 +699,9 @@ fn notify(to: &mut UnixStream, opcode: u16, fds: &[&OwnedFd]) -> std::io::Result
 }
 
 impl Mover<'_> {
-    /// Moves the session to a new API server, or leaves it where it is.
-    fn migrate(&mut self) -> Result<crate::migrate::Moved, String> {
-        let start = std::time::Instant::now();
+    /// Has the API server capture the session into a fresh memfd; on success it
+    /// waits for the verdict. Returns the memfd and the snapshot's length.
+    fn capture(&mut self) -> Result<(OwnedFd, u64), String> {
         let snapshot = crate::migrate::snapshot_file().map_err(|e| e.to_string())?;
         let (tx, rx) = std::sync::mpsc::channel();
         *self.link.answers.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
@@ -628,9 +717,89 @@ impl Mover<'_> {
         if op == migrate::FAILED {
             return Err(String::from_utf8_lossy(&answer).into_owned());
         }
-        let snapshot_bytes = answer
+        let len = answer
             .get(..8)
             .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+        Ok((snapshot, len))
+    }
+
+    /// Suspends the session: captured, placed where a daemon will resume it (the
+    /// caller's part), then its API server goes and the guest is told to reconnect.
+    /// Returns whether the session left (else it goes on here).
+    fn suspend(&mut self, s: crate::migrate::Suspension) -> bool {
+        let start = std::time::Instant::now();
+        let (snapshot, bytes) = match self.capture() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = s.captured.send(Err(e));
+                return false;
+            }
+        };
+        let from_pid = self.child.as_ref().map_or(0, std::process::Child::id);
+        let captured = snapshot
+            .try_clone()
+            .map(|snapshot| crate::migrate::Captured {
+                snapshot,
+                bytes,
+                token: self.token,
+                vm: self.vm.to_string(),
+                from_pid,
+                capture_ms: start.elapsed().as_secs_f64() * 1e3,
+            });
+        let sent = match captured {
+            Ok(c) => s.captured.send(Ok(c)).is_ok(),
+            Err(e) => {
+                let _ = s.captured.send(Err(e.to_string()));
+                false
+            }
+        };
+        let placed = if sent {
+            s.placed
+                .recv_timeout(crate::migrate::PLACE_LIMIT)
+                .unwrap_or_else(|_| Err("the snapshot was not placed in time".into()))
+        } else {
+            Err("nobody took the snapshot".into())
+        };
+        let endpoint = match placed {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(
+                    "session {}: suspension abandoned, the session stays: {e}",
+                    self.id
+                );
+                let _ = notify(self.server, migrate::ABORT, &[]);
+                return false;
+            }
+        };
+        // The guest hears where to go before the old API server leaves (whose end
+        // the relay then keeps to itself: the guest's socket closes after this word).
+        self.link
+            .quiet
+            .store(true, std::sync::atomic::Ordering::Release);
+        send_error(self.guest_w, None, error_code::MOVED, &endpoint);
+        let _ = notify(self.server, migrate::COMMIT, &[]);
+        if let Some(old) = self.child.take() {
+            spawn::reap(old, self.config.limits.teardown_grace);
+        }
+        self.registration.suspended();
+        let _ = s.done.send(());
+        info!(
+            "session {}: suspended ({bytes} bytes) after {:?}; its guest reconnects to {}",
+            self.id,
+            start.elapsed(),
+            if endpoint.is_empty() {
+                "its endpoint"
+            } else {
+                &endpoint
+            }
+        );
+        true
+    }
+
+    /// Moves the session to a new API server, or leaves it where it is.
+    fn migrate(&mut self) -> Result<crate::migrate::Moved, String> {
+        let start = std::time::Instant::now();
+        let (snapshot, snapshot_bytes) = self.capture()?;
         let captured = start.elapsed();
         match self.start_next(&snapshot) {
             Ok((child, server, usage)) => {
@@ -640,10 +809,12 @@ impl Mover<'_> {
                     Some(server.try_clone().map_err(|e| e.to_string())?);
                 let pause = start.elapsed();
                 let _ = notify(self.server, migrate::COMMIT, &[]);
-                let old = std::mem::replace(self.child, child);
-                let from_pid = old.id();
+                let old = self.child.replace(child);
+                let from_pid = old.as_ref().map_or(0, std::process::Child::id);
                 *self.server = server;
-                let (how, _) = spawn::reap(old, self.config.limits.teardown_grace);
+                let how = old.map_or_else(String::new, |o| {
+                    spawn::reap(o, self.config.limits.teardown_grace).0
+                });
                 let old_usage = self.usage.read();
                 self.queue.session_ended(&old_usage);
                 self.carried.commands += old_usage.commands;
@@ -737,12 +908,26 @@ fn serve_on_rings(
     loop {
         let (guest_ready, asked) = crate::migrate::wait_either(&*guest, &door.rung)?;
         if asked {
-            for reply in door.take() {
-                let res = m.migrate();
-                if let Err(e) = &res {
-                    warn!("session {}: migration failed, the session stays: {e}", m.id);
+            let mut asks = door.take().into_iter();
+            while let Some(ask) = asks.next() {
+                match ask {
+                    crate::migrate::Ask::Migrate(reply) => {
+                        let res = m.migrate();
+                        if let Err(e) = &res {
+                            warn!("session {}: migration failed, the session stays: {e}", m.id);
+                        }
+                        let _ = reply.send(res);
+                    }
+                    crate::migrate::Ask::Suspend(s) => {
+                        if m.suspend(s) {
+                            door.close(&format!("session {} was suspended", m.id));
+                            for rest in asks {
+                                rest.refuse("the session was suspended");
+                            }
+                            return Ok(());
+                        }
+                    }
                 }
-                let _ = reply.send(res);
             }
         }
         if guest_ready || crate::migrate::readable(&*guest) {

@@ -187,3 +187,130 @@ fn migrating_what_is_not_a_live_session_is_refused() {
     assert_eq!(the_session(&d), (id, pid));
     assert_eq!(p.ask("step"), native(&["step"])[0]);
 }
+
+/// Suspends session `id` into `file` with hira-ctl.
+fn checkpoint(d: &Daemon, id: u64, file: &std::path::Path) {
+    let out = d.ctl_ok(&["checkpoint", &id.to_string(), file.to_str().unwrap()]);
+    assert!(out.contains("suspended into"), "{out}");
+}
+
+#[test]
+fn a_checkpointed_session_resumes_when_restored() {
+    let script = ["step", "step", "check", "end"];
+    let expected = native(&script);
+    let d = Daemon::start(&["vm0"]);
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let (id, _) = the_session(&d);
+    let mut got = vec![p.ask(script[0])];
+    let file = d.dir.path().join("session.hira");
+    checkpoint(&d, id, &file);
+    // The session is gone from the daemon (what is live are the guest's attempts to
+    // resume, refused before any API server starts); the application waits.
+    let s = d.status();
+    assert!(
+        s["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["api_server_pid"].is_null()),
+        "{s}"
+    );
+    p.send(script[1]);
+    d.ctl_ok(&["restore", file.to_str().unwrap()]);
+    got.push(p.line());
+    got.push(p.ask(script[2]));
+    got.push(p.ask(script[3]));
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn a_session_survives_a_daemon_restart_through_a_checkpoint() {
+    let script = ["step", "loop 3", "check", "end"];
+    let expected = native(&script);
+    let d = Daemon::start(&["vm0"]);
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let (id, first) = the_session(&d);
+    let mut got = vec![p.ask(script[0])];
+    let file = d.dir.path().join("session.hira");
+    checkpoint(&d, id, &file);
+    p.send(script[1]);
+    // The daemon stops and a new one (an upgrade, say) starts on the same sockets
+    // while the application waits.
+    let d = d.restart(&["vm0"]);
+    d.ctl_ok(&["restore", file.to_str().unwrap()]);
+    got.push(p.line());
+    let (_, now) = the_session(&d);
+    assert_ne!(now, first);
+    got.push(p.ask(script[2]));
+    got.push(p.ask(script[3]));
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn a_session_moves_to_another_daemon() {
+    let script = ["step", "step", "check", "end"];
+    let expected = native(&script);
+    let a = Daemon::start(&["vm0"]);
+    let b = Daemon::start(&["vm0"]);
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(a.guest(&vendors, "vm0", &c_program("migrate")));
+    let (id, _) = the_session(&a);
+    let mut got = vec![p.ask(script[0])];
+    let to = b.dir.path().join("control.sock");
+    let out = a.ctl_ok(&["migrate", &id.to_string(), "--to", to.to_str().unwrap()]);
+    assert!(out.contains("waiting at"), "{out}");
+    got.push(p.ask(script[1]));
+    // It runs at b now, and a has nothing left of it.
+    let (_, pid) = the_session(&b);
+    assert!(a.status()["sessions"].as_array().unwrap().is_empty());
+    got.push(p.ask(script[2]));
+    got.push(p.ask(script[3]));
+    assert_eq!(got, expected);
+    drop(p);
+    b.wait_idle(TIMEOUT);
+    assert!(wait_exit(pid, TIMEOUT));
+}
+
+#[test]
+fn a_resume_without_a_parked_session_or_its_descriptors_is_refused() {
+    use hira_protocol::handshake::{ApiKind, Hello};
+    use hira_protocol::{FrameHeader, FrameKind, unix};
+    let d = Daemon::start(&["vm0"]);
+    let window = window_memfd(1 << 20);
+    for with_rings in [false, true] {
+        let mut s = std::os::unix::net::UnixStream::connect(d.socket("vm0")).unwrap();
+        let mut h = Hello::new(ApiKind::OpenCl, 1, "resumer", 1 << 20);
+        h.rings = true;
+        h.resume = Some([0x5a; 16]);
+        let body = h.encode();
+        let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, body.len());
+        // Eventfds the guest made itself, and a region of the right size, sealed.
+        let region = unix::sealed_memfd(
+            c"region",
+            hira_protocol::ring::region_len(hira_protocol::ring::DEFAULT_CAPACITY),
+        )
+        .unwrap();
+        let efds = hira_protocol::ring::eventfds().unwrap();
+        let mut fds = vec![&window];
+        if with_rings {
+            fds.push(&region);
+            fds.extend(efds.iter());
+        }
+        unix::send_frame_with_fds(&mut s, &header, &body, &fds).unwrap();
+        let (rh, rp, _) = unix::recv_frame_with_fds(&mut s).unwrap();
+        assert_eq!(rh.kind, FrameKind::Error);
+        let e = hira_protocol::handshake::ErrorPayload::decode(&rp).unwrap();
+        let want = if with_rings {
+            "no suspended session"
+        } else {
+            "ring region and eventfds"
+        };
+        assert!(e.message.contains(want), "{}", e.message);
+    }
+    // The daemon serves on.
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    assert_eq!(p.ask("step"), native(&["step"])[0]);
+}
