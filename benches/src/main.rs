@@ -70,6 +70,10 @@ enum Cmd {
         /// Seed of the random points.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Move between two daemons (suspend here, resume there) instead of between
+        /// API servers of one daemon.
+        #[arg(long)]
+        between_daemons: bool,
         /// Where to write the Markdown report.
         #[arg(long, default_value = "target/hira-bench/migrate.md")]
         out: PathBuf,
@@ -274,13 +278,21 @@ fn main() -> Result<()> {
             rounds,
             points,
             seed,
+            between_daemons,
             out,
         } => {
             let bin = env::build_components()?;
             let dir = tempfile::tempdir()?;
             let exes = suite::compile_all(dir.path())?;
             let bench = env::BenchEnv::start(&bin)?;
-            let results = hira_benches::migrate::run(&bench, &exes, short, rounds, points, seed)?;
+            let second = if between_daemons {
+                Some(env::BenchEnv::start(&bin)?)
+            } else {
+                None
+            };
+            let other = second.as_ref().and_then(|b| b.control.as_deref());
+            let results =
+                hira_benches::migrate::run(&bench, other, &exes, short, rounds, points, seed)?;
             let md = hira_benches::migrate::report(&results, points, seed);
             print!("{md}");
             if let Some(dir) = out.parent() {

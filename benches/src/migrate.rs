@@ -8,6 +8,11 @@
 //! session cannot move (a user event without a status, say) or after the program has
 //! ended is counted as refused with its reason; it never fails the run. A wrong
 //! output does.
+//!
+//! Two kinds of move: to a new API server of the same daemon (`hira-ctl migrate`),
+//! and to another daemon (`hira-ctl migrate --to`: the session is suspended, placed
+//! at the other daemon, and resumed there when the guest reconnects; its pause runs
+//! until the session serves again at the other daemon).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -36,6 +41,7 @@ pub struct Move {
 #[derive(Debug, Default)]
 pub struct WorkloadMoves {
     pub name: String,
+    pub daemons: bool,
     pub runs: usize,
     pub outputs_match: bool,
     pub moves: Vec<Move>,
@@ -53,6 +59,9 @@ fn ask(control: &Path, req: &Value) -> Result<Value> {
 
 /// The live session of the guest process `pid`, once its API server has started.
 fn session_of(control: &Path, pid: u32) -> Result<Option<u64>> {
+    if !control.exists() {
+        return Ok(None);
+    }
     let status = ask(control, &json!({"cmd": "status"}))?;
     Ok(status["sessions"]
         .as_array()
@@ -70,10 +79,50 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Moves the session of guest `pid` to the other daemon; `None` if it has none.
+fn move_between(controls: [&Path; 2], pid: u32) -> Result<Option<Result<Move, String>>> {
+    for (i, from) in controls.iter().enumerate() {
+        let Some(id) = session_of(from, pid)? else {
+            continue;
+        };
+        let to = controls[1 - i];
+        let start = Instant::now();
+        let a = ask(
+            from,
+            &json!({"cmd": "migrate", "session": id, "to": to.display().to_string()}),
+        )?;
+        let Some(s) = a.get("suspended") else {
+            return Ok(Some(Err(a["error"]
+                .as_str()
+                .unwrap_or("unknown")
+                .to_string())));
+        };
+        // Paused until the session serves at the other daemon.
+        let deadline = start + Duration::from_secs(60);
+        while session_of(to, pid)?.is_none() {
+            if Instant::now() > deadline {
+                return Ok(Some(Err("the guest did not resume".into())));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let pause_ms = start.elapsed().as_secs_f64() * 1e3;
+        let capture_ms = s["capture_ms"].as_f64().unwrap_or(0.0);
+        return Ok(Some(Ok(Move {
+            pause_ms,
+            capture_ms,
+            restore_ms: pause_ms - capture_ms,
+            snapshot_bytes: s["snapshot_bytes"].as_u64().unwrap_or(0),
+        })));
+    }
+    Ok(None)
+}
+
 /// Runs every workload `rounds` times through Hira with `points` moves at random
-/// times each, after one native and one unmigrated Hira run.
+/// times each, after one native and one unmigrated Hira run; with `other` (a second
+/// daemon's control socket), the moves go between the two daemons.
 pub fn run(
     env: &BenchEnv,
+    other: Option<&Path>,
     exes: &[PathBuf],
     short: bool,
     rounds: usize,
@@ -102,6 +151,7 @@ pub fn run(
         let span = start.elapsed();
         let mut w = WorkloadMoves {
             name: name.to_string(),
+            daemons: other.is_some(),
             outputs_match: plain.stdout == native.stdout && plain.status.success(),
             ..WorkloadMoves::default()
         };
@@ -127,6 +177,14 @@ pub fn run(
                 }
                 if collector.is_finished() {
                     w.refused.push("the program had ended".into());
+                    continue;
+                }
+                if let Some(other) = other {
+                    match move_between([&control, other], pid)? {
+                        Some(Ok(m)) => w.moves.push(m),
+                        Some(Err(e)) => w.refused.push(e),
+                        None => w.refused.push("no session yet or any more".into()),
+                    }
                     continue;
                 }
                 let Some(id) = session_of(&control, pid)? else {
@@ -161,8 +219,14 @@ pub fn run(
 /// The report as Markdown.
 pub fn report(results: &[WorkloadMoves], points: usize, seed: u64) -> String {
     let mut s = String::new();
+    let daemons = results.first().is_some_and(|w| w.daemons);
     s.push_str(&format!(
-        "Moves at {points} random points per run (seed {seed}); pause = the guest's calls held, from the capture request until the new API server serves.\n\n"
+        "Moves {} at {points} random points per run (seed {seed}); pause = the guest's calls held, from the request until the session serves again.\n\n",
+        if daemons {
+            "between two daemons (suspend, place, resume)"
+        } else {
+            "to a new API server of the same daemon"
+        }
     ));
     s.push_str("| workload | runs | output = native | moves | refused | snapshot median / max | pause median / max (ms) | capture / restore median (ms) |\n|---|---|---|---|---|---|---|---|\n");
     let mut all: Vec<Move> = Vec::new();

@@ -192,13 +192,19 @@ fn print_list(status: &Value) {
             cap,
         );
     }
+    if let Some(parked) = status["parked"].as_array().filter(|p| !p.is_empty()) {
+        println!("\nsuspended sessions waiting for their guests:");
+        for p in parked {
+            println!("  VM {} ({})", s(p, "vm"), size(u(p, "snapshot_bytes")));
+        }
+    }
     if sessions.is_empty() {
         println!("\nno live sessions");
         return;
     }
     println!(
-        "\n{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12}",
-        "SESSION", "VM", "PROCESS", "GUEST-PID", "API-SERVER", "CALLS", "MEMORY"
+        "\n{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
+        "SESSION", "VM", "PROCESS", "GUEST-PID", "API-SERVER", "CALLS", "MEMORY", "MOVES"
     );
     for se in sessions {
         let api = se
@@ -206,7 +212,7 @@ fn print_list(status: &Value) {
             .and_then(Value::as_u64)
             .map_or_else(|| "-".into(), |p| p.to_string());
         println!(
-            "{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12}",
+            "{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
             u(se, "id"),
             s(se, "vm"),
             s(se, "process"),
@@ -214,6 +220,7 @@ fn print_list(status: &Value) {
             api,
             u(se, "commands"),
             size(u(se, "memory")),
+            u(se, "migrations"),
         );
     }
 }

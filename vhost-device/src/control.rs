@@ -112,6 +112,15 @@ pub struct Status {
     pub sandbox: Vec<String>,
     /// Where the Prometheus endpoint listens, if it does.
     pub metrics_address: Option<String>,
+    /// Suspended sessions restored here and waiting for their guests.
+    pub parked: Vec<ParkedStatus>,
+}
+
+/// A suspended session waiting for its guest.
+#[derive(Debug, Serialize)]
+pub struct ParkedStatus {
+    pub vm: String,
+    pub snapshot_bytes: u64,
 }
 
 /// The daemon's state as the control socket reports it.
@@ -148,6 +157,11 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
             .cloned()
             .unwrap_or_default(),
         metrics_address: crate::metrics::ADDRESS.get().map(ToString::to_string),
+        parked: life
+            .parked()
+            .into_iter()
+            .map(|(vm, snapshot_bytes)| ParkedStatus { vm, snapshot_bytes })
+            .collect(),
     }
 }
 
