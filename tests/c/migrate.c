@@ -17,6 +17,11 @@
  *              the image read back, a copy of the no-access buffer, the kernel's
  *              argument count, the program's build options
  *              -> "check ..."
+ *   pend       makes a user event and gives it no status yet -> "pend ok"
+ *   go         launches scale(a) behind that event, completes the event, waits
+ *              -> "go SUM"
+ *   unmap      unmaps a buffer mapped for writing at start (filled then) and reads
+ *              it back -> "unmap SUM"
  *   end        releases everything and waits for the destructor callback -> "end ok"
  */
 #include "cl30.h"
@@ -132,6 +137,14 @@ int main(void) {
     CHECK(clSetKernelArg(sample, 1, sizeof smp, &smp));
     CHECK(clSetKernelArg(sample, 2, sizeof texels, &texels));
 
+    cl_mem mapped = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 1024 * sizeof(float), NULL, &err);
+    CHECK(err);
+    float *view = clEnqueueMapBuffer(q, mapped, CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION, 0,
+                                     1024 * sizeof(float), 0, NULL, NULL, &err);
+    CHECK(err);
+    for (int i = 0; i < 1024; i++) view[i] = (float)(i * 3 % 17);
+    cl_event pend = NULL;
+
     cl_event user = clCreateUserEvent(ctx, &err);
     CHECK(err);
     CHECK(clSetUserEventStatus(user, CL_COMPLETE));
@@ -164,6 +177,21 @@ int main(void) {
                 printf("step %u %.6e %.6e\n", steps, total, subtotal);
             else
                 printf("loop %.6e %.6e\n", total, subtotal);
+        } else if (!strcmp(cmd, "pend")) {
+            pend = clCreateUserEvent(ctx, &err);
+            CHECK(err);
+            printf("pend ok\n");
+        } else if (!strcmp(cmd, "go")) {
+            CHECK(clEnqueueNDRangeKernel(q, scale, 1, NULL, &n, NULL, 1, &pend, NULL));
+            CHECK(clFlush(q));
+            CHECK(clSetUserEventStatus(pend, CL_COMPLETE));
+            CHECK(clFinish(q));
+            CHECK(clEnqueueReadBuffer(q, a, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+            printf("go %.6e\n", sum(out, N));
+        } else if (!strcmp(cmd, "unmap")) {
+            CHECK(clEnqueueUnmapMemObject(q, mapped, view, 0, NULL, NULL));
+            CHECK(clEnqueueReadBuffer(q, mapped, CL_TRUE, 0, 1024 * sizeof(float), out, 0, NULL, NULL));
+            printf("unmap %.6e\n", sum(out, 1024));
         } else if (!strcmp(cmd, "check")) {
             cl_int status, user_status;
             cl_command_type type;

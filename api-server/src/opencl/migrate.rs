@@ -53,7 +53,64 @@ const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
 const CL_MEM_OBJECT_IMAGE1D_BUFFER: u32 = 0x10F6;
 
 /// How long a capture waits for builds' and events' callbacks to be delivered.
-const CALLBACKS_DRAIN: Duration = Duration::from_secs(10);
+const CALLBACKS_DRAIN: Duration = Duration::from_secs(2);
+/// How long a capture waits for the device to finish what was enqueued.
+const DEVICE_DRAIN: Duration = Duration::from_secs(30);
+/// How long it waits while the session has a user event without a status, which may
+/// be what holds the commands back.
+const USER_EVENT_DRAIN: Duration = Duration::from_secs(2);
+
+/// Waits until every command enqueued on `queues` has finished. Commands behind a
+/// user event the application has not set cannot finish: then, after a while, the
+/// capture is refused (rather than waiting for ever as `clFinish` would). A user event
+/// without a status that nothing waits on does not stop a capture: it moves as it is.
+fn drain(
+    rt: &OpenCl,
+    queues: &[cl_command_queue],
+    user_events_open: impl Fn() -> bool,
+) -> Result<(), String> {
+    const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
+    let mut markers = Vec::new();
+    for &q in queues {
+        let mut ev: opencl_sys::cl_event = std::ptr::null_mut();
+        check(
+            rt.clEnqueueMarkerWithWaitList(q, 0, std::ptr::null(), &mut ev),
+            "marking a queue",
+        )?;
+        rt.clFlush(q);
+        markers.push(ev);
+    }
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    let res = loop {
+        let done = markers.iter().all(|&ev| {
+            info_value::<cl_int>(|n, p, r| {
+                rt.clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, n, p, r)
+            })
+            .is_some_and(|s| s <= CL_COMPLETE)
+        });
+        if done {
+            break Ok(());
+        }
+        if start.elapsed() > USER_EVENT_DRAIN && user_events_open() {
+            break Err(
+                "commands wait on a user event without a status; try again once it is set".into(),
+            );
+        }
+        if start.elapsed() > DEVICE_DRAIN {
+            break Err(format!(
+                "the device did not finish the session's commands in {DEVICE_DRAIN:?}; try again"
+            ));
+        }
+        // Polling: the host gives no way to wait for several events with a timeout.
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
+    };
+    for ev in markers {
+        rt.clReleaseEvent(ev);
+    }
+    res
+}
 
 /// The stage token that, in a replayed request, stands for zeros of the given
 /// length (the initial data of a memory object, whose contents travel separately).
@@ -538,11 +595,6 @@ impl OpenClBackend {
         {
             return Err(format!("the session cannot migrate: {why}"));
         }
-        if self.open_user_events.load(Ordering::Acquire) > 0 {
-            return Err(
-                "the session has a user event without a status; try again when it is set".into(),
-            );
-        }
         if !self.svm.is_empty() {
             return Err("the session holds SVM allocations, whose addresses cannot move".into());
         }
@@ -555,15 +607,21 @@ impl OpenClBackend {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .objects();
-        for &(_, kind, host, _) in &objects {
-            if kind == Kind::Queue {
-                check(rt.clFinish(host as cl_command_queue), "draining a queue")?;
-            }
-        }
+        let queues: Vec<cl_command_queue> = objects
+            .iter()
+            .filter(|o| o.1 == Kind::Queue)
+            .map(|o| o.2 as cl_command_queue)
+            .collect();
+        drain(rt, &queues, || {
+            self.open_user_events.load(Ordering::Acquire) > 0
+        })?;
         let start = Instant::now();
         while m.one_shot.load(Ordering::Acquire) > 0 || !self.deferred.is_idle() {
             if start.elapsed() > CALLBACKS_DRAIN {
-                return Err("callbacks of finished commands are still undelivered".into());
+                return Err(
+                    "an event callback waits on a user event without a status; try again once it is set"
+                        .into(),
+                );
             }
             self.deferred.settle();
             std::thread::yield_now();
@@ -758,6 +816,10 @@ impl OpenClBackend {
             }
         }
         drop(handles);
+        // User events the application has not set yet go on waiting for it.
+        let count = |op| snap.entries.iter().filter(|e| e.opcode == op).count();
+        let open = count(op::clCreateUserEvent).saturating_sub(count(op::clSetUserEventStatus));
+        self.open_user_events.store(open, Ordering::Release);
         *m.log() = snap.log();
         Ok(snap.pending)
     }

@@ -122,6 +122,26 @@ fn a_session_moves_while_its_calls_run() {
 }
 
 #[test]
+fn pending_user_events_and_mapped_buffers_move() {
+    let script = ["step", "pend", "go", "unmap", "check", "end"];
+    let expected = native(&script);
+    let d = Daemon::start(&["vm0"]);
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let (id, _) = the_session(&d);
+    let mut got = Vec::new();
+    for cmd in script {
+        got.push(p.ask(cmd));
+        // A buffer is mapped from the start; a user event has no status between
+        // "pend" and "go": the session moves in every state.
+        if cmd != "end" {
+            moved(&migrate(&d, id));
+        }
+    }
+    assert_eq!(got, expected);
+}
+
+#[test]
 fn a_session_that_cannot_move_now_stays_and_moves_later() {
     let d = Daemon::start(&["vm0"]);
     let vendors = Vendors::hira();
