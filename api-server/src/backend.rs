@@ -71,9 +71,10 @@ pub trait Backend: Send + Sync {
     /// the session cannot move now (it then goes on unchanged).
     fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, String>;
 
-    /// Restores a snapshot into this fresh session; returns the guest's input to
+    /// Restores a snapshot into this fresh session, on the host's device of index
+    /// `device` if given (else on the devices it used); returns the guest's input to
     /// execute first.
-    fn restore(&self, snapshot: &[u8]) -> Result<Vec<u8>, String>;
+    fn restore(&self, snapshot: &[u8], device: Option<u32>) -> Result<Vec<u8>, String>;
 
     /// Releases every object the guest still holds.
     fn teardown(&self) -> TeardownReport;

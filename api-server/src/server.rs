@@ -186,6 +186,9 @@ impl FrameWriter {
 struct Adopt {
     snapshot: OwnedFd,
     rings: Vec<OwnedFd>,
+    /// The host device to move the session to (the `ADOPT` payload: a `u32` index;
+    /// empty: the devices it used).
+    device: Option<u32>,
 }
 
 /// Receives the `Hello` hira-vhost forwards, with the window fd if the guest sent one,
@@ -201,9 +204,17 @@ fn receive_hello(
         let snapshot = it
             .next()
             .ok_or_else(|| ServerError::Hello("adopt without a snapshot".into()))?;
+        let device = match payload.len() {
+            0 => None,
+            4 => Some(u32::from_le_bytes(
+                payload[..4].try_into().unwrap_or_default(),
+            )),
+            _ => return Err(ServerError::Hello("malformed adopt".into())),
+        };
         adopt = Some(Adopt {
             snapshot,
             rings: it.collect(),
+            device,
         });
         (header, payload, fds) =
             unix::recv_frame_with_fds(s).map_err(|e| ServerError::Hello(e.to_string()))?;
@@ -367,7 +378,7 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
     };
     // A migrated session: its objects come back before anything of the guest runs.
     let pending = match adopt {
-        Some(a) => match read_snapshot(a.snapshot).and_then(|b| backend.restore(&b)) {
+        Some(a) => match read_snapshot(a.snapshot).and_then(|b| backend.restore(&b, a.device)) {
             Ok(p) => {
                 info!("session {}: restored from a snapshot", config.session);
                 p

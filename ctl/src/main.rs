@@ -65,8 +65,12 @@ enum Cmd {
         target: String,
         /// Another daemon's control socket on this host: the session is suspended
         /// here and resumed there, its guest reconnecting to that daemon.
-        #[arg(long, value_name = "CONTROL_SOCKET")]
+        #[arg(long, value_name = "CONTROL_SOCKET", conflicts_with = "to_device")]
         to: Option<PathBuf>,
+        /// The host device (its index in the host's list) the session moves to; the
+        /// session must use one device.
+        #[arg(long, value_name = "INDEX")]
+        to_device: Option<u32>,
         /// Print the daemon's answers as JSON.
         #[arg(long)]
         json: bool,
@@ -356,6 +360,7 @@ fn migrate(
     c: &mut Control,
     target: &str,
     to: Option<&std::path::Path>,
+    device: Option<u32>,
     json: bool,
 ) -> anyhow::Result<()> {
     let status = c.ask(&json!({"cmd": "status"}))?;
@@ -364,6 +369,9 @@ fn migrate(
         let mut req = json!({"cmd": "migrate", "session": id});
         if let Some(to) = to {
             req["to"] = json!(to.display().to_string());
+        }
+        if let Some(d) = device {
+            req["device"] = json!(d);
         }
         match c.ask(&req) {
             Ok(answer) if json => println!("{answer}"),
@@ -523,7 +531,12 @@ fn main() -> anyhow::Result<()> {
                 None => println!(),
             }
         }
-        Cmd::Migrate { target, to, json } => migrate(&mut c, &target, to.as_deref(), json)?,
+        Cmd::Migrate {
+            target,
+            to,
+            to_device,
+            json,
+        } => migrate(&mut c, &target, to.as_deref(), to_device, json)?,
         Cmd::Checkpoint { session, file } => checkpoint(&socket, session, &file)?,
         Cmd::Restore { file } => restore(&socket, &file)?,
         Cmd::Top {

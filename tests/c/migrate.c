@@ -22,6 +22,8 @@
  *              -> "go SUM"
  *   unmap      unmaps a buffer mapped for writing at start (filled then) and reads
  *              it back -> "unmap SUM"
+ *   devices    where the context's device is in the platform's device list now
+ *              -> "devices INDEX of COUNT"
  *   end        releases everything and waits for the destructor callback -> "end ok"
  */
 #include "cl30.h"
@@ -177,6 +179,14 @@ int main(void) {
                 printf("step %u %.6e %.6e\n", steps, total, subtotal);
             else
                 printf("loop %.6e %.6e\n", total, subtotal);
+        } else if (!strcmp(cmd, "devices")) {
+            cl_device_id all[8];
+            cl_uint count = 0;
+            CHECK(clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 8, all, &count));
+            cl_uint at = count;
+            for (cl_uint i = 0; i < count && i < 8; i++)
+                if (all[i] == device) at = i;
+            printf("devices %u of %u\n", at, count);
         } else if (!strcmp(cmd, "pend")) {
             pend = clCreateUserEvent(ctx, &err);
             CHECK(err);

@@ -18,8 +18,8 @@
 //!   `--cgroup`) live; answers with the VM's new state. The VM must be one the daemon
 //!   serves.
 //!
-//! - `{"cmd":"migrate","session":ID,"timeout_ms":N}`: moves a live session to a new
-//!   API server (see `migrate`) and answers with what it did (`{"moved":{...}}`: the
+//! - `{"cmd":"migrate","session":ID,"timeout_ms":N,"device":K}`: moves a live session
+//!   to a new API server (see `migrate`), on the host's device of index K if given and answers with what it did (`{"moved":{...}}`: the
 //!   old and new API-server pids, the snapshot's size, the pause), or with why the
 //!   session stays where it was (`{"error":...}`).
 //!
@@ -321,7 +321,14 @@ fn migrate(req: &Value, life: &Lifecycle) -> Value {
             "error": format!("session {id} is not live or cannot migrate (host-local sessions on shared-memory rings can)")
         });
     };
-    match door.ask(timeout) {
+    let device = match req.get("device") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().and_then(|d| u32::try_from(d).ok()) {
+            Some(d) => Some(d),
+            None => return json!({ "error": "\"device\" is a device's index on the host" }),
+        },
+    };
+    match door.ask(timeout, device) {
         Ok(moved) => {
             info!(
                 "session {id} migrated to API server {} ({} bytes, paused {:.1} ms)",

@@ -68,14 +68,15 @@ pub(crate) struct Suspension {
 /// What a session's thread is asked to do.
 #[derive(Debug)]
 pub(crate) enum Ask {
-    Migrate(Reply),
+    /// To a new API server; on the host's device of this index, if given.
+    Migrate(Reply, Option<u32>),
     Suspend(Suspension),
 }
 
 impl Ask {
     pub(crate) fn refuse(self, why: &str) {
         match self {
-            Ask::Migrate(r) => {
+            Ask::Migrate(r, _) => {
                 let _ = r.send(Err(why.to_string()));
             }
             Ask::Suspend(s) => {
@@ -110,10 +111,11 @@ impl Door {
         }))
     }
 
-    /// Asks for the session to move and waits for the outcome.
-    pub fn ask(&self, timeout: Duration) -> Result<Moved, String> {
+    /// Asks for the session to move to a new API server (on the host's device of
+    /// index `device`, if given) and waits for the outcome.
+    pub fn ask(&self, timeout: Duration, device: Option<u32>) -> Result<Moved, String> {
         let (tx, rx): (Reply, Receiver<_>) = channel();
-        self.push(Ask::Migrate(tx))?;
+        self.push(Ask::Migrate(tx, device))?;
         rx.recv_timeout(timeout)
             .map_err(|_| "the session did not answer (it may have ended)".to_string())?
     }

@@ -796,12 +796,13 @@ impl Mover<'_> {
         true
     }
 
-    /// Moves the session to a new API server, or leaves it where it is.
-    fn migrate(&mut self) -> Result<crate::migrate::Moved, String> {
+    /// Moves the session to a new API server (on the host's device of index
+    /// `device`, if given), or leaves it where it is.
+    fn migrate(&mut self, device: Option<u32>) -> Result<crate::migrate::Moved, String> {
         let start = std::time::Instant::now();
         let (snapshot, snapshot_bytes) = self.capture()?;
         let captured = start.elapsed();
-        match self.start_next(&snapshot) {
+        match self.start_next(&snapshot, device) {
             Ok((child, server, usage)) => {
                 let to_pid = child.id();
                 // The relay goes on with the new server once the old one closes.
@@ -849,6 +850,7 @@ impl Mover<'_> {
     fn start_next(
         &mut self,
         snapshot: &OwnedFd,
+        device: Option<u32>,
     ) -> Result<
         (
             std::process::Child,
@@ -863,8 +865,10 @@ impl Mover<'_> {
         let handed = (|| -> Result<(), String> {
             let mut fds = vec![snapshot];
             fds.extend(self.rings.iter());
-            let h = FrameHeader::new(FrameKind::Notify, migrate::ADOPT, 0, 0, 0);
-            unix::send_frame_with_fds(&mut server, &h, &[], &fds).map_err(|e| e.to_string())?;
+            let payload = device.map(u32::to_le_bytes);
+            let payload: &[u8] = payload.as_ref().map_or(&[], |p| p);
+            let h = FrameHeader::new(FrameKind::Notify, migrate::ADOPT, 0, 0, payload.len());
+            unix::send_frame_with_fds(&mut server, &h, payload, &fds).map_err(|e| e.to_string())?;
             unix::send_frame_with_fd(
                 &mut server,
                 &self.hello.0,
@@ -911,8 +915,8 @@ fn serve_on_rings(
             let mut asks = door.take().into_iter();
             while let Some(ask) = asks.next() {
                 match ask {
-                    crate::migrate::Ask::Migrate(reply) => {
-                        let res = m.migrate();
+                    crate::migrate::Ask::Migrate(reply, device) => {
+                        let res = m.migrate(device);
                         if let Err(e) = &res {
                             warn!("session {}: migration failed, the session stays: {e}", m.id);
                         }

@@ -582,6 +582,45 @@ fn write_contents(rt: &OpenCl, qs: &mut Queues<'_>, m: cl_mem, data: &[u8]) -> R
 }
 
 impl OpenClBackend {
+    /// Points the one device the snapshot's calls name at host device `k`.
+    fn retarget(&self, snap: &Snapshot, k: u32) -> Result<(), String> {
+        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let devices: Vec<(u64, usize)> = {
+            let mut d: Vec<_> = handles
+                .objects()
+                .into_iter()
+                .filter(|o| o.1 == Kind::Device)
+                .map(|o| (o.0, o.2))
+                .collect();
+            // Found in the host's order, so ids follow it.
+            d.sort_unstable();
+            d
+        };
+        let target = devices
+            .get(k as usize)
+            .ok_or_else(|| format!("the host has no device {k} (it has {})", devices.len()))?
+            .0;
+        let used: HashSet<u64> = snap
+            .entries
+            .iter()
+            .flat_map(|e| e.uses.iter().copied())
+            .filter(|id| devices.iter().any(|d| d.0 == *id))
+            .collect();
+        match used.len() {
+            0 => Ok(()),
+            1 => {
+                let from = *used.iter().next().unwrap_or_else(|| unreachable!());
+                if from != target && !handles.swap(from, target) {
+                    return Err("cannot move the session's device".into());
+                }
+                Ok(())
+            }
+            n => Err(format!(
+                "the session uses {n} devices; it can move to another device only with one"
+            )),
+        }
+    }
+
     /// Captures the quiesced session (no call runs; the guest's input read and not
     /// executed is `pending`): drains the device, then writes the log, the stand-ins
     /// and the contents of every memory object into a snapshot.
@@ -709,15 +748,24 @@ impl OpenClBackend {
     }
 
     /// Restores a snapshot into this fresh session: replays the log, makes the
-    /// stand-ins, writes the contents and sets the guest's reference counts. Returns
+    /// stand-ins, writes the contents and sets the guest's reference counts. With
+    /// `device`, the device the session used becomes the host's device of that index
+    /// (its id then names it; the device that had that id gets the old one's). Returns
     /// the guest's input to execute first.
-    pub(crate) fn restore_session(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    pub(crate) fn restore_session(
+        &self,
+        bytes: &[u8],
+        device: Option<u32>,
+    ) -> Result<Vec<u8>, String> {
         let snap = Snapshot::decode(bytes).map_err(|e| e.to_string())?;
         if snap.api != ApiKind::OpenCl as u16 {
             return Err("the snapshot is not of an OpenCL session".into());
         }
         let rt = self.rt;
         let m = &self.migration;
+        if let Some(k) = device {
+            self.retarget(&snap, k)?;
+        }
         m.replaying.store(true, Ordering::Release);
         let replayed = (|| {
             let frame = FrameData {

@@ -258,8 +258,8 @@ impl Backend for OpenClBackend {
         self.capture_session(pending)
     }
 
-    fn restore(&self, snapshot: &[u8]) -> Result<Vec<u8>, String> {
-        self.restore_session(snapshot)
+    fn restore(&self, snapshot: &[u8], device: Option<u32>) -> Result<Vec<u8>, String> {
+        self.restore_session(snapshot, device)
     }
 
     fn teardown(&self) -> TeardownReport {

@@ -145,6 +145,20 @@ impl Handles {
         self.insert(id, kind, host, refs);
     }
 
+    /// Swaps the host objects two ids name (both must be known and of one kind).
+    pub(crate) fn swap(&mut self, a: u64, b: u64) -> bool {
+        let (Some(ea), Some(eb)) = (self.by_id.get(&a).copied(), self.by_id.get(&b).copied())
+        else {
+            return false;
+        };
+        if ea.kind != eb.kind {
+            return false;
+        }
+        self.insert(a, eb.kind, eb.host, ea.guest_refs);
+        self.insert(b, ea.kind, ea.host, eb.guest_refs);
+        true
+    }
+
     /// Sets the guest's references to `id`.
     pub(crate) fn set_refs(&mut self, id: u64, refs: u32) {
         if let Some(e) = self.by_id.get_mut(&id) {

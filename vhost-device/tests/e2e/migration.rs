@@ -334,3 +334,41 @@ fn a_resume_without_a_parked_session_or_its_descriptors_is_refused() {
     let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
     assert_eq!(p.ask("step"), native(&["step"])[0]);
 }
+
+#[test]
+fn a_session_moves_to_another_device() {
+    // PoCL with two CPU devices stands in for a host with two GPUs.
+    let two = [("POCL_DEVICES", "pthread pthread")];
+    let script = ["devices", "step", "devices", "step", "check", "end"];
+    let vendors = Vendors::native();
+    let mut cmd = std::process::Command::new(c_program("migrate"));
+    cmd.env("OCL_ICD_VENDORS", vendors.dir.path()).envs(two);
+    let mut native = LineProgram::start(cmd);
+    let expected: Vec<String> = script.iter().map(|c| native.ask(c)).collect();
+    assert_eq!(expected[0], "devices 0 of 2");
+    let d = Daemon::start_with_env(&["vm0"], &two);
+    let vendors = Vendors::hira();
+    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let (id, _) = the_session(&d);
+    let mut got = vec![p.ask(script[0]), p.ask(script[1])];
+    let out = d.ctl_ok(&["migrate", &id.to_string(), "--to-device", "1"]);
+    assert!(out.contains("->"), "{out}");
+    // The application's device handle now names the host's second device.
+    got.push(p.ask(script[2]));
+    assert_eq!(got[2], "devices 1 of 2");
+    // A device the host does not have is refused; the session stays.
+    let pid = the_session(&d).1;
+    let a = d.control(json!({"cmd": "migrate", "session": id, "device": 5}));
+    let e = a["error"].as_str().unwrap_or_else(|| panic!("{a}"));
+    assert!(e.contains("no device 5"), "{e}");
+    assert_eq!(the_session(&d), (id, pid));
+    for cmd in &script[3..] {
+        got.push(p.ask(cmd));
+    }
+    assert_eq!(got[..2], expected[..2]);
+    assert_eq!(
+        got[3..],
+        expected[3..],
+        "the work gives the same results there"
+    );
+}
