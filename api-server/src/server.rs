@@ -831,3 +831,69 @@ fn execute(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(opcode: u16, body: &[u8]) -> Vec<u8> {
+        let mut v = FrameHeader::new(FrameKind::Request, opcode, 1, 1, body.len())
+            .encode()
+            .to_vec();
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// A source that hands out its bytes in the given pieces, then reports
+    /// `WouldBlock` (the daemon has a message) once, then the rest.
+    struct Pieces(std::collections::VecDeque<Option<Vec<u8>>>);
+
+    impl Read for Pieces {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            match self.0.pop_front() {
+                None => Ok(0),
+                Some(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+                Some(Some(mut p)) => {
+                    let n = p.len().min(buf.len());
+                    buf[..n].copy_from_slice(&p[..n]);
+                    if n < p.len() {
+                        self.0.push_front(Some(p.split_off(n)));
+                    }
+                    Ok(n)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn input_interrupted_mid_frame_keeps_what_it_read_for_the_next_server() {
+        let small = frame(7, b"hello");
+        let big = frame(9, &vec![0xAB; INPUT_CHUNK + 1000]);
+        let mut all = small.clone();
+        all.extend_from_slice(&big);
+        for cut in [3, small.len() + 10, small.len() + INPUT_CHUNK / 2] {
+            let pieces = vec![Some(all[..cut].to_vec()), None, Some(all[cut..].to_vec())];
+            let mut input = Input::new(Pieces(pieces.into()), &[]);
+            let mut got = Vec::new();
+            let pending = loop {
+                match input.next() {
+                    Ok(Some(f)) => got.push(f.header.opcode),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        break input.pending();
+                    }
+                    other => panic!("{other:?}"),
+                }
+            };
+            // A new server starts from the pending bytes, then reads on.
+            let mut next = Input::new(Pieces(vec![Some(all[cut..].to_vec())].into()), &pending);
+            while let Some(f) = next.next().unwrap() {
+                got.push(f.header.opcode);
+                if f.header.opcode == 9 {
+                    assert_eq!(f.body.len(), INPUT_CHUNK + 1000);
+                    assert!(f.body.iter().all(|&b| b == 0xAB));
+                }
+            }
+            assert_eq!(got, [7, 9], "cut at {cut}");
+        }
+    }
+}

@@ -57,7 +57,7 @@ fn ask(control: &Path, req: &Value) -> Result<Value> {
     Ok(serde_json::from_str(&line)?)
 }
 
-/// The live session of the guest process `pid`, once its API server has started.
+/// The live session of the guest process `pid`, once it is served.
 fn session_of(control: &Path, pid: u32) -> Result<Option<u64>> {
     if !control.exists() {
         return Ok(None);
@@ -67,7 +67,7 @@ fn session_of(control: &Path, pid: u32) -> Result<Option<u64>> {
         .as_array()
         .into_iter()
         .flatten()
-        .find(|s| s["guest_pid"] == json!(pid) && s["api_server_pid"].is_u64())
+        .find(|s| s["guest_pid"] == json!(pid) && s["serving"] == json!(true))
         .and_then(|s| s["id"].as_u64()))
 }
 
@@ -80,7 +80,11 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Moves the session of guest `pid` to the other daemon; `None` if it has none.
-fn move_between(controls: [&Path; 2], pid: u32) -> Result<Option<Result<Move, String>>> {
+fn move_between(
+    controls: [&Path; 2],
+    pid: u32,
+    ended: &dyn Fn() -> bool,
+) -> Result<Option<Result<Move, String>>> {
     for (i, from) in controls.iter().enumerate() {
         let Some(id) = session_of(from, pid)? else {
             continue;
@@ -100,6 +104,10 @@ fn move_between(controls: [&Path; 2], pid: u32) -> Result<Option<Result<Move, St
         // Paused until the session serves at the other daemon.
         let deadline = start + Duration::from_secs(60);
         while session_of(to, pid)?.is_none() {
+            if ended() {
+                // Told to move on its way out: it had no more calls to make.
+                return Ok(Some(Err("the program had ended".into())));
+            }
             if Instant::now() > deadline {
                 return Ok(Some(Err("the guest did not resume".into())));
             }
@@ -180,7 +188,7 @@ pub fn run(
                     continue;
                 }
                 if let Some(other) = other {
-                    match move_between([&control, other], pid)? {
+                    match move_between([&control, other], pid, &|| collector.is_finished())? {
                         Some(Ok(m)) => w.moves.push(m),
                         Some(Err(e)) => w.refused.push(e),
                         None => w.refused.push("no session yet or any more".into()),

@@ -27,6 +27,9 @@ pub struct LiveSession {
     pub api_server_pid: Option<u32>,
     /// Times the session moved to a new API server.
     pub migrations: u32,
+    /// Whether its handshake is done (its API server answered and the guest was
+    /// welcomed): from then on its calls are served.
+    pub serving: bool,
 }
 
 /// A session that ended.
@@ -58,8 +61,8 @@ struct State {
     ended: VecDeque<EndedSession>,
     /// Sessions that can migrate, by id.
     doors: HashMap<u64, Arc<crate::migrate::Door>>,
-    /// Suspended sessions waiting for their guests, by token.
-    parked: HashMap<hira_protocol::handshake::Token, crate::migrate::Parked>,
+    /// Suspended sessions waiting for their guests, by token, with when they came.
+    parked: HashMap<hira_protocol::handshake::Token, (crate::migrate::Parked, Instant)>,
 }
 
 /// Live sessions, ended sessions and the stop flag.
@@ -112,6 +115,15 @@ impl Registration {
     pub fn suspended(&self) {
         if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
             s.api_server_pid = None;
+            s.serving = false;
+        }
+        self.life.changed.notify_all();
+    }
+
+    /// Records that the session's handshake is done and its calls are served.
+    pub fn serving(&self) {
+        if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
+            s.serving = true;
         }
         self.life.changed.notify_all();
     }
@@ -210,8 +222,26 @@ impl Lifecycle {
 
     /// Keeps a suspended session for its guest to resume.
     pub fn park(&self, p: crate::migrate::Parked) {
-        self.lock().parked.insert(p.token, p);
+        let mut s = self.lock();
+        Self::expire(&mut s);
+        s.parked.insert(p.token, (p, Instant::now()));
+        drop(s);
         self.changed.notify_all();
+    }
+
+    /// Drops parked sessions whose guests did not come back in time.
+    fn expire(s: &mut State) {
+        s.parked.retain(|_, (p, since)| {
+            let keep = since.elapsed() < crate::migrate::PARK_LIMIT;
+            if !keep {
+                log::warn!(
+                    "a suspended session of VM {:?} was not resumed in {:?}; dropped",
+                    p.vm,
+                    crate::migrate::PARK_LIMIT
+                );
+            }
+            keep
+        });
     }
 
     /// Takes the suspended session `token` of VM `vm`, if it is parked here.
@@ -221,8 +251,9 @@ impl Lifecycle {
         vm: &str,
     ) -> Option<crate::migrate::Parked> {
         let mut s = self.lock();
-        if s.parked.get(token).is_some_and(|p| p.vm == vm) {
-            s.parked.remove(token)
+        Self::expire(&mut s);
+        if s.parked.get(token).is_some_and(|(p, _)| p.vm == vm) {
+            s.parked.remove(token).map(|(p, _)| p)
         } else {
             None
         }
@@ -230,11 +261,12 @@ impl Lifecycle {
 
     /// The suspended sessions parked here: VM and snapshot size.
     pub fn parked(&self) -> Vec<(String, u64)> {
-        let mut v: Vec<_> = self
-            .lock()
+        let mut s = self.lock();
+        Self::expire(&mut s);
+        let mut v: Vec<_> = s
             .parked
             .values()
-            .map(|p| (p.vm.clone(), p.bytes))
+            .map(|(p, _)| (p.vm.clone(), p.bytes))
             .collect();
         v.sort();
         v

@@ -285,6 +285,10 @@ pub struct Parked {
     pub bytes: u64,
 }
 
+/// How long a parked session waits for its guest before its snapshot is dropped
+/// (guests give up after their `HIRA_RESUME_SECS`, 60 s by default).
+pub const PARK_LIMIT: Duration = Duration::from_secs(600);
+
 /// Whether `fd` is an eventfd.
 pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))

@@ -366,6 +366,7 @@ fn serve(
             let fds: Vec<&OwnedFd> = ring_fds.iter().collect();
             unix::send_frame_with_fds(&mut g, &wh, &welcome, &fds)?;
         }
+        registration.serving();
         let server_r = server.try_clone()?;
         let relay_guest = guest_w.clone();
         let link = Arc::new(RelayLink::default());

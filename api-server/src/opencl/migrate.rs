@@ -872,3 +872,50 @@ impl OpenClBackend {
         Ok(snap.pending)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_request_carries_data_inline_and_initial_contents_as_zeros() {
+        let payload = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        let out = splice(
+            &payload,
+            &[
+                (1, 3, Splice::Inline(vec![9, 9])),
+                (5, 7, Splice::Zeros(4096)),
+            ],
+        );
+        let mut r = Reader::new(&out);
+        assert_eq!(r.u8().unwrap(), 1);
+        assert_eq!(r.u8().unwrap(), tag::INLINE);
+        assert_eq!(r.bytes(16).unwrap(), [9, 9]);
+        assert_eq!(r.u8().unwrap(), 4);
+        assert_eq!(r.u8().unwrap(), 5);
+        assert_eq!(r.u8().unwrap(), tag::STAGED);
+        assert_eq!(r.u64().unwrap(), ZEROS);
+        assert_eq!(r.u64().unwrap(), 4096);
+        assert_eq!(r.u8().unwrap(), 8);
+        r.finish().unwrap();
+    }
+
+    #[test]
+    fn a_finished_event_reads_back_as_written() {
+        for f in [
+            Finished {
+                command_type: 0x11F0,
+                queue: 5,
+                profiling: Some([1, 2, 3, 4, 5]),
+            },
+            Finished::default(),
+        ] {
+            let back = Finished::decode(&f.encode()).unwrap();
+            assert_eq!(
+                (back.command_type, back.queue, back.profiling),
+                (f.command_type, f.queue, f.profiling)
+            );
+        }
+        assert!(Finished::decode(&[1, 2, 3]).is_err());
+    }
+}
