@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
-    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload,
-    Welcome, error_code, migrate,
+    ASYNC_FAILURE, ApiKind, AsyncFailure, DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT,
+    TeardownPayload, Welcome, error_code, migrate,
 };
 use hira_protocol::usage::UsagePage;
 use hira_protocol::{FrameHeader, FrameKind, Writer, ring, unix};
@@ -547,8 +547,15 @@ fn migration<R: Read>(
             return Ok(Migration::Stays);
         }
     }
-    // The daemon's verdict: the next server took over, or it could not.
-    match unix::recv_frame_with_fds(control) {
+    // The daemon's verdict: the next server took over, or it could not. (A VM
+    // guest's doorbells, which the daemon relays on this socket, may come first.)
+    let verdict = loop {
+        match unix::recv_frame_with_fds(control) {
+            Ok((h, _, _)) if h.kind == FrameKind::Notify && h.opcode == DOORBELL => {}
+            other => break other,
+        }
+    };
+    match verdict {
         Ok((h, _, _)) if h.kind == FrameKind::Notify && h.opcode == migrate::COMMIT => {
             Ok(Migration::Moved)
         }

@@ -334,7 +334,7 @@ enum Signal {
     /// else), a consumer sleeps until one arrives, and a producer that finds the ring
     /// full polls it on a short timer (full rings are rare). Anything else on the
     /// socket, or its end, means the session is over.
-    Doorbells { socket: RawFd },
+    Doorbells { socket: RawFd, control: bool },
 }
 
 /// How long a waiting side polls without giving up its CPU; after this, until its
@@ -348,6 +348,9 @@ const FULL_RING_POLL: Duration = Duration::from_micros(200);
 enum Pending {
     Nothing,
     Doorbell,
+    /// A message from the daemon to the API server (a migration's), left for the
+    /// caller to read.
+    Control,
     /// The end of the session: the socket closed, or the daemon's error frame, which
     /// is left for the caller to read.
     End,
@@ -388,10 +391,19 @@ fn pending(socket: RawFd, consume: bool) -> std::io::Result<Pending> {
                 unsafe { libc::recv(socket, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
             }
             Pending::Doorbell
+        } else if is_control(&b) {
+            Pending::Control
         } else {
             Pending::End
         });
     }
+}
+
+/// A migration's capture request from the daemon (see `handshake::migrate`).
+fn is_control(b: &[u8; crate::frame::HEADER_LEN]) -> bool {
+    crate::frame::FrameHeader::decode(b).is_ok_and(|h| {
+        h.kind == crate::frame::FrameKind::Notify && h.opcode == crate::handshake::migrate::CAPTURE
+    })
 }
 
 fn is_doorbell(b: &[u8; crate::frame::HEADER_LEN]) -> bool {
@@ -479,7 +491,7 @@ impl End {
     fn ring_peer(&self) {
         match &self.signal {
             Signal::Eventfds { peer, .. } => ring_bell(peer.as_raw_fd()),
-            Signal::Doorbells { socket } if self.producer => {
+            Signal::Doorbells { socket, .. } if self.producer => {
                 let b = doorbell_frame();
                 // SAFETY: sends a local 24-byte buffer without blocking or SIGPIPE; a
                 // full or closed socket drops the doorbell, and the session's end
@@ -514,7 +526,7 @@ impl End {
                 }
                 w => Ok(w),
             },
-            Signal::Doorbells { socket } if self.producer => {
+            Signal::Doorbells { socket, .. } if self.producer => {
                 // The doorbells on the socket are the consumer's: only look.
                 std::thread::sleep(FULL_RING_POLL);
                 Ok(match pending(*socket, false)? {
@@ -522,10 +534,11 @@ impl End {
                     _ => Woke::Bell,
                 })
             }
-            Signal::Doorbells { socket } => loop {
+            Signal::Doorbells { socket, control } => loop {
                 match pending(*socket, true)? {
                     Pending::Doorbell => return Ok(Woke::Bell),
-                    Pending::End => return Ok(Woke::LiveEnd),
+                    Pending::Control if *control => return Ok(Woke::LiveData),
+                    Pending::End | Pending::Control => return Ok(Woke::LiveEnd),
                     Pending::Nothing => wait_readable(*socket)?,
                 }
             },
@@ -540,6 +553,10 @@ impl End {
                 control: true,
                 ..
             } if !self.producer => look_at_live(*live) == Woke::LiveData,
+            Signal::Doorbells {
+                socket,
+                control: true,
+            } if !self.producer => matches!(pending(*socket, true), Ok(Pending::Control)),
             _ => false,
         }
     }
@@ -687,24 +704,32 @@ pub fn server_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::
 
 /// A VM guest's ends: doorbell frames on its vsock `socket` (see [`Signal`]).
 pub fn guest_ends_vm(region: Arc<Region>, socket: RawFd) -> Ends {
+    let signal = || Signal::Doorbells {
+        socket,
+        control: false,
+    };
     ends(
         region,
         Which::Submission,
         Which::Completion,
-        Signal::Doorbells { socket },
-        Signal::Doorbells { socket },
+        signal(),
+        signal(),
     )
 }
 
 /// The API server's ends for a VM guest: doorbell frames on its socket to the
 /// daemon, which relays them.
 pub fn server_ends_vm(region: Arc<Region>, socket: RawFd) -> Ends {
+    let signal = || Signal::Doorbells {
+        socket,
+        control: true,
+    };
     ends(
         region,
         Which::Completion,
         Which::Submission,
-        Signal::Doorbells { socket },
-        Signal::Doorbells { socket },
+        signal(),
+        signal(),
     )
 }
 

@@ -41,13 +41,15 @@ pub fn recv_frame_with_fd(
     Ok((header, payload, fd))
 }
 
-/// Receives one small frame and the descriptors sent with it, in order.
+/// Receives one small frame and the descriptors sent with it, in order. It reads no
+/// byte past the frame, so frames sent back to back each arrive whole.
 pub fn recv_frame_with_fds(
     s: &mut UnixStream,
 ) -> Result<(FrameHeader, Vec<u8>, Vec<OwnedFd>), UnixFrameError> {
     let mut buf = vec![0u8; MAX_SMALL_FRAME];
+    // The header alone first: descriptors come with a frame's first byte.
     let mut fds = [-1i32; MAX_FDS];
-    let (n, nfds) = s.recv_with_fd(&mut buf, &mut fds)?;
+    let (n, nfds) = s.recv_with_fd(&mut buf[..HEADER_LEN], &mut fds)?;
     let owned: Vec<OwnedFd> = fds[..nfds]
         .iter()
         .map(|&fd| {
@@ -138,4 +140,31 @@ pub fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> std::io::Result<OwnedF
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::FrameKind;
+
+    #[test]
+    fn frames_sent_back_to_back_arrive_whole_with_their_descriptors() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let fd = sealed_memfd(c"t", 4096).unwrap();
+        let h1 = FrameHeader::new(FrameKind::Notify, 1, 0, 0, 3);
+        let h2 = FrameHeader::new(FrameKind::Hello, 0, 0, 0, 5);
+        send_frame_with_fds(&mut a, &h1, b"abc", &[&fd]).unwrap();
+        send_frame_with_fds(&mut a, &h2, b"hello", &[]).unwrap();
+        a.write_all(&FrameHeader::new(FrameKind::Notify, 2, 0, 0, 0).encode())
+            .unwrap();
+        let (r1, p1, f1) = recv_frame_with_fds(&mut b).unwrap();
+        assert_eq!((r1.opcode, p1.as_slice(), f1.len()), (1, &b"abc"[..], 1));
+        let (r2, p2, f2) = recv_frame_with_fds(&mut b).unwrap();
+        assert_eq!(
+            (r2.kind, p2.as_slice(), f2.len()),
+            (FrameKind::Hello, &b"hello"[..], 0)
+        );
+        let (r3, p3, _) = recv_frame_with_fds(&mut b).unwrap();
+        assert_eq!((r3.opcode, p3.len()), (2, 0));
+    }
 }

@@ -374,7 +374,7 @@ fn serve(
         let relay = std::thread::Builder::new()
             .name(format!("relay-{id}"))
             .spawn(move || relay_to_guest(server_r, &relay_guest, &relay_link))?;
-        let res = if rings && local_rings {
+        let res = if rings {
             let mut m = Mover {
                 config,
                 id,
@@ -399,24 +399,25 @@ fn serve(
                 carried: &mut carried,
                 registration,
             };
-            serve_on_rings(&mut guest, &door, &mut m)
+            if local_rings {
+                serve_on_rings(&mut guest, &door, &mut m)
+            } else {
+                // A VM's rings: the daemon relays the doorbells on the guest's vsock.
+                let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
+                serve_vm_rings(&mut guest_r, &door, &mut m, &guest_w)
+            }
         } else {
             door.close(&format!(
-                "session {id} cannot migrate: {}; host-local sessions on shared-memory rings can",
-                if rings {
-                    "VM sessions cannot yet"
-                } else {
-                    "its frames are relayed by the daemon"
-                }
+                "session {id} cannot migrate: its frames are relayed by the daemon; sessions on shared-memory rings can"
             ));
-            // Relayed: every frame, or on a VM's rings the doorbells only.
+            // Relayed: every frame.
             let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
             relay_to_server(
                 &mut guest_r,
                 &server,
                 &guest_w,
                 server_welcome.window_len,
-                rings,
+                false,
                 &mut stats,
             )
         };
@@ -902,6 +903,73 @@ impl Mover<'_> {
     }
 }
 
+/// Carries out the migrations asked for (a VM session cannot be suspended yet).
+/// Returns whether the session was suspended (and so is over here).
+fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>, vm_session: bool) -> bool {
+    let mut asks = door.take().into_iter();
+    while let Some(ask) = asks.next() {
+        match ask {
+            crate::migrate::Ask::Migrate(reply, device) => {
+                let res = m.migrate(device);
+                if let Err(e) = &res {
+                    warn!("session {}: migration failed, the session stays: {e}", m.id);
+                }
+                let _ = reply.send(res);
+            }
+            crate::migrate::Ask::Suspend(s) if vm_session => {
+                let _ = s
+                    .captured
+                    .send(Err("a VM session cannot be suspended yet".into()));
+            }
+            crate::migrate::Ask::Suspend(s) => {
+                if m.suspend(s) {
+                    door.close(&format!("session {} was suspended", m.id));
+                    for rest in asks {
+                        rest.refuse("the session was suspended");
+                    }
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Relays a VM guest's doorbells to its API server until the guest leaves (a guest
+/// on rings may send nothing else), carrying out the migrations asked for meanwhile,
+/// between doorbells.
+fn serve_vm_rings(
+    guest: &mut BufReader<UnixStream>,
+    door: &crate::migrate::Door,
+    m: &mut Mover<'_>,
+    guest_w: &Mutex<UnixStream>,
+) -> Result<(), SessionError> {
+    loop {
+        if guest.buffer().is_empty() {
+            let (_, asked) = crate::migrate::wait_either(guest.get_ref(), &door.rung)?;
+            if asked {
+                answer_door(door, m, true);
+            }
+            if !crate::migrate::readable(guest.get_ref()) {
+                continue;
+            }
+        }
+        let mut hb = [0u8; HEADER_LEN];
+        match guest.read_exact(&mut hb) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let h = FrameHeader::decode(&hb).ok();
+        if !h.is_some_and(|h| h.kind == FrameKind::Notify && h.opcode == DOORBELL && h.len == 0) {
+            let m = "a guest on rings may only ring the doorbell on its socket";
+            send_error(guest_w, None, error_code::MALFORMED, m);
+            return Err(SessionError::Handshake(m.into()));
+        }
+        (&*m.server).write_all(&hb)?;
+    }
+}
+
 /// Waits until a guest whose frames travel on rings closes its socket (it has
 /// nothing to send there: anything it does send ends the session), carrying out the
 /// migrations asked for meanwhile.
@@ -912,28 +980,8 @@ fn serve_on_rings(
 ) -> Result<(), SessionError> {
     loop {
         let (guest_ready, asked) = crate::migrate::wait_either(&*guest, &door.rung)?;
-        if asked {
-            let mut asks = door.take().into_iter();
-            while let Some(ask) = asks.next() {
-                match ask {
-                    crate::migrate::Ask::Migrate(reply, device) => {
-                        let res = m.migrate(device);
-                        if let Err(e) = &res {
-                            warn!("session {}: migration failed, the session stays: {e}", m.id);
-                        }
-                        let _ = reply.send(res);
-                    }
-                    crate::migrate::Ask::Suspend(s) => {
-                        if m.suspend(s) {
-                            door.close(&format!("session {} was suspended", m.id));
-                            for rest in asks {
-                                rest.refuse("the session was suspended");
-                            }
-                            return Ok(());
-                        }
-                    }
-                }
-            }
+        if asked && answer_door(door, m, false) {
+            return Ok(());
         }
         if guest_ready || crate::migrate::readable(&*guest) {
             let mut b = [0u8; 1];

@@ -11,7 +11,7 @@ use super::support::*;
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The answers `tests/c/migrate.c` gives natively to `script`.
-fn native(script: &[&str]) -> Vec<String> {
+pub fn native(script: &[&str]) -> Vec<String> {
     let vendors = Vendors::native();
     let mut cmd = std::process::Command::new(c_program("migrate"));
     cmd.env("OCL_ICD_VENDORS", vendors.dir.path());

@@ -370,3 +370,114 @@ fn hostile_guest_traffic_does_not_stop_the_daemon_serving_vms() {
     );
     assert!(daemon.alive());
 }
+
+/// A QEMU guest's console as lines, read on a thread; and its input.
+struct Console {
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    child: std::process::Child,
+}
+
+impl Console {
+    fn start(mut q: Command) -> Console {
+        use std::io::BufRead;
+        let mut child = q
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("qemu starts");
+        let stdin = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out)
+                .split(b'\n')
+                .map_while(Result::ok)
+            {
+                let l = String::from_utf8_lossy(&l)
+                    .trim_end_matches('\r')
+                    .to_string();
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Console {
+            stdin,
+            lines,
+            child,
+        }
+    }
+
+    /// The next console line that starts with `prefix` (kernel messages skipped).
+    fn line_starting(&self, prefix: &str) -> String {
+        loop {
+            let l = self
+                .lines
+                .recv_timeout(Duration::from_secs(300))
+                .unwrap_or_else(|_| panic!("the guest said nothing starting with {prefix:?}"));
+            if l.starts_with(prefix) {
+                return l;
+            }
+        }
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        use std::io::Write;
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let word = cmd.split(' ').next().unwrap();
+        self.line_starting(word)
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_vm_guests_session_moves_between_api_servers_while_it_runs() {
+    ensure_built();
+    let script = ["step", "pend", "go", "loop 3", "unmap", "check", "end"];
+    let expected = crate::migration::native(&script);
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
+    // The program reads its commands from the console, without echo.
+    let image = image_with(
+        "migrate-window",
+        "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n",
+        &["migrate"],
+    );
+    let mut console = Console::start(qemu_with_window(
+        &image,
+        &daemon.vhost_socket("qvm"),
+        &daemon.window_file("qvm"),
+    ));
+    console.line_starting("ready");
+    let session = || {
+        let s = daemon.status();
+        let live = s["sessions"].as_array().unwrap().clone();
+        assert_eq!(live.len(), 1, "{s}");
+        (
+            live[0]["id"].as_u64().unwrap(),
+            live[0]["api_server_pid"].as_u64().unwrap(),
+        )
+    };
+    let mut got = Vec::new();
+    for cmd in script {
+        got.push(console.ask(cmd));
+        if cmd == "end" {
+            break;
+        }
+        // Between every two commands the VM's session moves to a new API server,
+        // its rings in the VM's shared window and its objects with it.
+        let (id, pid) = session();
+        let a = daemon.control(serde_json::json!({"cmd": "migrate", "session": id}));
+        assert!(a["moved"].is_object(), "{a}\n{}", daemon.log_text());
+        assert_ne!(session().1, pid);
+    }
+    assert_eq!(got, expected, "daemon log:\n{}", daemon.log_text());
+    assert_eq!(console.line_starting("=== exit"), "=== exit 0");
+}
