@@ -438,7 +438,9 @@ fn checkpoint(socket: &PathBuf, session: u64, file: &PathBuf) -> anyhow::Result<
             .context("the daemon sent no token")?;
         let mut out = std::fs::File::create(file)
             .with_context(|| format!("cannot create {}", file.display()))?;
-        hira_vhost::migrate::file::write_header(&mut out, &token, s_(susp, "vm"))?;
+        let slot: Option<hira_vhost::migrate::VmSlot> =
+            serde_json::from_value(susp["slot"].clone()).unwrap_or(None);
+        hira_vhost::migrate::file::write_header(&mut out, &token, s_(susp, "vm"), slot)?;
         std::io::copy(&mut std::fs::File::from(snapshot), &mut out)?;
         out.sync_all()?;
         Ok(())
@@ -471,12 +473,17 @@ fn s_<'a>(v: &'a Value, k: &str) -> &'a str {
 fn restore(socket: &PathBuf, file: &PathBuf) -> anyhow::Result<()> {
     let mut f =
         std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
-    let (token, vm) = hira_vhost::migrate::file::read_header(&mut f)
+    let (token, vm, slot) = hira_vhost::migrate::file::read_header(&mut f)
         .with_context(|| format!("{} is not a session file", file.display()))?;
     let snapshot = memfd_from(&mut f)?;
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("cannot reach the control socket {}", socket.display()))?;
-    let req = json!({"cmd": "restore", "vm": vm, "token": hira_vhost::migrate::token_hex(&token)});
+    let req = json!({
+        "cmd": "restore",
+        "vm": vm,
+        "token": hira_vhost::migrate::token_hex(&token),
+        "slot": slot,
+    });
     writeln!(s, "{req}")?;
     let v: Value = serde_json::from_str(&hira_vhost::control::read_line_unbuffered(&mut s)?)?;
     if let Some(e) = v["error"].as_str() {

@@ -236,9 +236,10 @@ pub struct Connection {
 /// What a suspended session is resumed with: where the guest connected, its token,
 /// and its ring region and eventfds, which it hands to the API server that resumes it.
 struct Resume {
-    path: std::path::PathBuf,
+    endpoint: Endpoint,
     api: ApiKind,
     token: Token,
+    /// Host-local: the ring region and eventfds (a VM's rings are in its window).
     rings: Vec<std::os::fd::OwnedFd>,
 }
 
@@ -490,15 +491,14 @@ impl Connection {
                 .map(|_| std::sync::atomic::AtomicU32::new(0))
                 .collect(),
             resume: match endpoint {
-                Endpoint::Unix(path) if !kept.is_empty() && welcome.token != [0; 16] => {
-                    Some(Resume {
-                        path: path.clone(),
-                        api,
-                        token: welcome.token,
-                        rings: kept,
-                    })
-                }
-                _ => None,
+                _ if welcome.token == [0; 16] || welcome.ring_capacity == 0 => None,
+                Endpoint::Unix(_) if kept.is_empty() => None,
+                e => Some(Resume {
+                    endpoint: e.clone(),
+                    api,
+                    token: welcome.token,
+                    rings: kept,
+                }),
             },
             welcome,
         })
@@ -515,16 +515,16 @@ impl Connection {
                 "the host suspended the session, which cannot resume here".into(),
             ));
         };
-        let path = if to.is_empty() {
-            kit.path.clone()
-        } else {
-            std::path::PathBuf::from(to)
+        let endpoint = match &kit.endpoint {
+            Endpoint::Unix(_) if !to.is_empty() => Endpoint::Unix(to.into()),
+            // A VM reaches whichever daemon serves its vsock device.
+            e => e.clone(),
         };
         let start = std::time::Instant::now();
         let limit = resume_limit();
         let mut pause = RESUME_RETRY.0;
         let socket = loop {
-            match self.try_resume(&path, kit) {
+            match self.try_resume(&endpoint, kit) {
                 Ok(s) => break s,
                 Err(e) if start.elapsed() < limit => {
                     debug!("resuming: {e}");
@@ -534,17 +534,16 @@ impl Connection {
                 Err(e) => return Err(e),
             }
         };
-        use std::os::fd::AsRawFd;
         let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: dup2 onto descriptors this connection owns, replacing them
         // atomically with the new socket.
-        unsafe { libc::dup2(socket.as_raw_fd(), self.socket.raw_fd()) };
+        unsafe { libc::dup2(socket.raw_fd(), self.socket.raw_fd()) };
         if let Rx::Ring {
             socket: rs, over, ..
         } = r.get_mut()
         {
             // SAFETY: as above.
-            unsafe { libc::dup2(socket.as_raw_fd(), rs.raw_fd()) };
+            unsafe { libc::dup2(socket.raw_fd(), rs.raw_fd()) };
             *over = false;
         }
         log::info!(
@@ -554,16 +553,11 @@ impl Connection {
         Ok(())
     }
 
-    fn try_resume(
-        &self,
-        path: &std::path::Path,
-        kit: &Resume,
-    ) -> Result<UnixStream, TransportError> {
+    fn try_resume(&self, endpoint: &Endpoint, kit: &Resume) -> Result<Stream, TransportError> {
         let err = |reason: String| TransportError::Connect {
-            path: path.display().to_string(),
+            path: format!("{endpoint:?}"),
             reason,
         };
-        let mut s = UnixStream::connect(path).map_err(|e| err(e.to_string()))?;
         let mut hl = Hello::new(
             kit.api,
             std::process::id(),
@@ -572,21 +566,50 @@ impl Connection {
         );
         hl.rings = true;
         hl.resume = Some(kit.token);
-        let h = hl.encode();
-        let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
-        let mut fds: Vec<&std::os::fd::OwnedFd> = self
-            .window
-            .as_ref()
-            .and_then(Window::fd)
-            .into_iter()
-            .collect();
-        fds.extend(kit.rings.iter());
-        unix::send_frame_with_fds(&mut s, &header, &h, &fds).map_err(|e| err(e.to_string()))?;
-        let (rh, rp, _) = unix::recv_frame_with_fds(&mut s).map_err(|e| err(e.to_string()))?;
-        match rh.kind {
-            FrameKind::Welcome => Ok(s),
+        let (stream, reply) = match endpoint {
+            Endpoint::Unix(path) => {
+                let mut s = UnixStream::connect(path).map_err(|e| err(e.to_string()))?;
+                let h = hl.encode();
+                let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
+                let mut fds: Vec<&std::os::fd::OwnedFd> = self
+                    .window
+                    .as_ref()
+                    .and_then(Window::fd)
+                    .into_iter()
+                    .collect();
+                fds.extend(kit.rings.iter());
+                unix::send_frame_with_fds(&mut s, &header, &h, &fds)
+                    .map_err(|e| err(e.to_string()))?;
+                let (rh, rp, _) =
+                    unix::recv_frame_with_fds(&mut s).map_err(|e| err(e.to_string()))?;
+                (
+                    Stream::Unix(s),
+                    Frame {
+                        header: rh,
+                        payload: rp,
+                    },
+                )
+            }
+            Endpoint::Vsock { cid, port } => {
+                let s = vsock::VsockStream::connect_with_cid_port(*cid, *port)
+                    .map_err(|e| err(e.to_string()))?;
+                let mut s = Stream::Vsock(s);
+                // Its window and rings are in its slot of the VM's window, which the
+                // daemon kept for it.
+                hl.window_len = 0;
+                hl.vm_window = true;
+                let h = hl.encode();
+                let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
+                frame::write_parts(&mut s, &[&header.encode(), &h])
+                    .map_err(|e| err(e.to_string()))?;
+                let f = read_frame(&mut s)?;
+                (s, f)
+            }
+        };
+        match reply.header.kind {
+            FrameKind::Welcome => Ok(stream),
             _ => Err(TransportError::Refused(
-                ErrorPayload::decode(&rp)
+                ErrorPayload::decode(&reply.payload)
                     .map(|e| e.message)
                     .unwrap_or_default(),
             )),

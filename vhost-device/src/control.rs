@@ -368,7 +368,7 @@ fn serve_client(
                     None => continue,
                 }
             }
-            (Some("restore"), Some(req)) => restore(req, life, endpoints, &mut r, &mut w)?,
+            (Some("restore"), Some(req)) => restore(req, life, router, endpoints, &mut r, &mut w)?,
             (Some("migrate"), Some(req)) if req.get("to").is_some() => migrate_to(req, life),
             _ => answer(line.trim(), life, router),
         };
@@ -393,6 +393,7 @@ fn door_of(req: &Value, life: &Lifecycle) -> Result<(u64, Arc<crate::migrate::Do
 fn suspended(c: &crate::migrate::Captured) -> Value {
     json!({
         "vm": c.vm,
+        "slot": c.slot,
         "token": crate::migrate::token_hex(&c.token),
         "snapshot_bytes": c.bytes,
         "from_pid": c.from_pid,
@@ -477,6 +478,7 @@ fn checkpoint(
 fn restore(
     req: &Value,
     life: &Lifecycle,
+    router: &Router,
     endpoints: &HashMap<String, PathBuf>,
     r: &mut BufReader<UnixStream>,
     w: &mut UnixStream,
@@ -491,6 +493,30 @@ fn restore(
     else {
         return Ok(json!({ "error": "restore needs \"token\": 32 hex digits" }));
     };
+    let slot: Option<crate::migrate::VmSlot> = match req.get("slot") {
+        None | Some(Value::Null) => None,
+        Some(v) => match serde_json::from_value(v.clone()) {
+            Ok(s) => Some(s),
+            Err(e) => return Ok(json!({ "error": format!("a malformed \"slot\": {e}") })),
+        },
+    };
+    // A VM session resumes in its slot of the VM's window, kept for it until then.
+    let slot = match slot {
+        None => None,
+        Some(s) => {
+            let Some(q) = router.get(vm) else {
+                return Ok(json!({ "error": format!("this daemon serves no VM {vm:?}") }));
+            };
+            if !q.window.get().is_some_and(|w| w.reserve(s.offset, s.len)) {
+                return Ok(json!({
+                    "error": format!("VM {vm:?} has no free window slot at {} of {} bytes here", s.offset, s.len)
+                }));
+            }
+            Some((s, q))
+        }
+    };
+    // Given back if anything below fails.
+    let parked_slot = crate::migrate::SlotGuard(slot);
     writeln!(w, "{}", json!({ "send": "snapshot" }))?;
     if !r.buffer().is_empty() {
         return Ok(json!({ "error": "send the snapshot only when asked" }));
@@ -517,6 +543,7 @@ fn restore(
         vm: vm.to_string(),
         snapshot,
         bytes: st.st_size as u64,
+        slot: parked_slot.take(),
     });
     info!("a suspended session of VM {vm:?} waits for its guest");
     Ok(json!({ "parked": { "vm": vm, "endpoint": endpoint, "snapshot_bytes": st.st_size } }))
@@ -533,6 +560,7 @@ pub fn restore_at(path: &std::path::Path, c: &crate::migrate::Captured) -> Resul
         "cmd": "restore",
         "vm": c.vm,
         "token": crate::migrate::token_hex(&c.token),
+        "slot": c.slot,
     });
     writeln!(s, "{req}").map_err(fail)?;
     let line = read_line_unbuffered(&mut s).map_err(fail)?;

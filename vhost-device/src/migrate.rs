@@ -49,6 +49,8 @@ pub struct Captured {
     pub bytes: u64,
     pub token: Token,
     pub vm: String,
+    /// A VM session's slot of the VM's window, where its rings stay.
+    pub slot: Option<VmSlot>,
     pub from_pid: u32,
     pub capture_ms: f64,
 }
@@ -276,6 +278,17 @@ pub fn token_from_hex(s: &str) -> Option<Token> {
     Some(t)
 }
 
+/// Where a VM session's data window and rings lie in the VM's shared window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct VmSlot {
+    /// The slot's offset and length in the window (as leased).
+    pub offset: u64,
+    pub len: u64,
+    /// The session's data window within it, and its rings.
+    pub window_len: u64,
+    pub ring_offset: u64,
+}
+
 /// A suspended session waiting here for its guest.
 #[derive(Debug)]
 pub struct Parked {
@@ -283,6 +296,47 @@ pub struct Parked {
     pub vm: String,
     pub snapshot: OwnedFd,
     pub bytes: u64,
+    /// A VM session's slot, reserved in `queue`'s window until it resumes.
+    pub slot: Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)>,
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        // A session that never resumes gives its slot back; one that resumes has
+        // taken it (see `take_slot`).
+        if let Some((s, q)) = self.slot.take()
+            && let Some(w) = q.window.get()
+        {
+            w.unreserve(s.offset, s.len);
+        }
+    }
+}
+
+/// A slot reserved for a session about to be parked: given back if it never is.
+#[derive(Debug)]
+pub struct SlotGuard(pub Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)>);
+
+impl SlotGuard {
+    pub fn take(mut self) -> Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)> {
+        self.0.take()
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if let Some((s, q)) = self.0.take()
+            && let Some(w) = q.window.get()
+        {
+            w.unreserve(s.offset, s.len);
+        }
+    }
+}
+
+impl Parked {
+    /// The slot, now that the session resumes in it.
+    pub fn take_slot(&mut self) -> Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)> {
+        self.slot.take()
+    }
 }
 
 /// How long a parked session waits for its guest before its snapshot is dropped
@@ -300,6 +354,7 @@ pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
 ///
 /// ```text
 /// magic "HIRASESS" (8), version u16 (1), token (16), VM name (u16 length, bytes),
+/// VM slot (u8 0, or 1 and four u64: offset, length, window length, ring offset),
 /// then the snapshot (the API server's format; see the migration crate)
 /// ```
 pub mod file {
@@ -311,7 +366,12 @@ pub mod file {
     const VERSION: u16 = 1;
 
     /// Writes the header; the snapshot follows.
-    pub fn write_header(w: &mut impl Write, token: &Token, vm: &str) -> std::io::Result<()> {
+    pub fn write_header(
+        w: &mut impl Write,
+        token: &Token,
+        vm: &str,
+        slot: Option<super::VmSlot>,
+    ) -> std::io::Result<()> {
         w.write_all(MAGIC)?;
         w.write_all(&VERSION.to_le_bytes())?;
         w.write_all(token)?;
@@ -319,11 +379,23 @@ pub mod file {
         let len =
             u16::try_from(name.len()).map_err(|_| std::io::Error::other("VM name too long"))?;
         w.write_all(&len.to_le_bytes())?;
-        w.write_all(name)
+        w.write_all(name)?;
+        match slot {
+            None => w.write_all(&[0]),
+            Some(s) => {
+                w.write_all(&[1])?;
+                for v in [s.offset, s.len, s.window_len, s.ring_offset] {
+                    w.write_all(&v.to_le_bytes())?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Reads the header; the reader is left at the snapshot.
-    pub fn read_header(r: &mut impl Read) -> std::io::Result<(Token, String)> {
+    pub fn read_header(
+        r: &mut impl Read,
+    ) -> std::io::Result<(Token, String, Option<super::VmSlot>)> {
         let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
         let mut magic = [0u8; 8];
         r.read_exact(&mut magic)?;
@@ -342,7 +414,27 @@ pub mod file {
         let mut name = vec![0u8; u16::from_le_bytes(len) as usize];
         r.read_exact(&mut name)?;
         let vm = String::from_utf8(name).map_err(|_| bad("the VM name is not UTF-8"))?;
-        Ok((token, vm))
+        let mut flag = [0u8; 1];
+        r.read_exact(&mut flag)?;
+        let slot = match flag[0] {
+            0 => None,
+            1 => {
+                let mut v = [0u64; 4];
+                for x in &mut v {
+                    let mut b = [0u8; 8];
+                    r.read_exact(&mut b)?;
+                    *x = u64::from_le_bytes(b);
+                }
+                Some(super::VmSlot {
+                    offset: v[0],
+                    len: v[1],
+                    window_len: v[2],
+                    ring_offset: v[3],
+                })
+            }
+            _ => return Err(bad("a malformed VM slot")),
+        };
+        Ok((token, vm, slot))
     }
 
     #[cfg(test)]
@@ -351,12 +443,23 @@ pub mod file {
 
         #[test]
         fn a_header_reads_back_and_others_are_refused() {
-            let mut b = Vec::new();
-            write_header(&mut b, &[3; 16], "vm-a").unwrap();
-            b.extend_from_slice(b"snapshot");
-            let mut r = &b[..];
-            assert_eq!(read_header(&mut r).unwrap(), ([3; 16], "vm-a".to_string()));
-            assert_eq!(r, b"snapshot");
+            let slot = super::super::VmSlot {
+                offset: 4096,
+                len: 8192,
+                window_len: 4096,
+                ring_offset: 8192,
+            };
+            for slot in [None, Some(slot)] {
+                let mut b = Vec::new();
+                write_header(&mut b, &[3; 16], "vm-a", slot).unwrap();
+                b.extend_from_slice(b"snapshot");
+                let mut r = &b[..];
+                assert_eq!(
+                    read_header(&mut r).unwrap(),
+                    ([3; 16], "vm-a".to_string(), slot)
+                );
+                assert_eq!(r, b"snapshot");
+            }
             assert!(read_header(&mut &b"HIRASNAP........"[..]).is_err());
         }
     }

@@ -226,6 +226,28 @@ fn serve(
             }
             ok.then_some(fd)
         }
+        None if hello.vm_window && parked.is_some() => {
+            // A VM session resuming: in its slot, where its rings are.
+            let reserved = parked.as_mut().and_then(crate::migrate::Parked::take_slot);
+            let slot = reserved.and_then(|(s, _)| {
+                let w = queue.window.get()?;
+                Some((s, w.lease_reserved(s.offset, s.len)?, w.open().ok()?))
+            });
+            match slot {
+                Some((s, l, fd)) => {
+                    hello.window_len = s.window_len;
+                    hello.window_offset = s.offset;
+                    hello.ring_offset = s.ring_offset;
+                    lease = Some(l);
+                    Some(fd)
+                }
+                None => {
+                    let m = "the suspended session's window slot is not kept here";
+                    send_error(&guest_w, None, error_code::HANDSHAKE, m);
+                    return Err(SessionError::Refused(m.into()));
+                }
+            }
+        }
         None if hello.vm_window => {
             let slot = queue
                 .window
@@ -375,11 +397,21 @@ fn serve(
             .name(format!("relay-{id}"))
             .spawn(move || relay_to_guest(server_r, &relay_guest, &relay_link))?;
         let res = if rings {
+            let slot = lease
+                .as_ref()
+                .filter(|_| vm_rings)
+                .map(|l| crate::migrate::VmSlot {
+                    offset: l.offset,
+                    len: l.len,
+                    window_len: hello.window_len,
+                    ring_offset: hello.ring_offset,
+                });
             let mut m = Mover {
                 config,
                 id,
                 vm,
                 token,
+                slot,
                 guest_w: &guest_w,
                 queue,
                 vm_page: &vm_page.fd,
@@ -640,6 +672,15 @@ fn resumable(
     hello: &Hello,
     rings: &[OwnedFd],
 ) -> Result<crate::migrate::Parked, String> {
+    if hello.vm_window && hello.rings && rings.is_empty() {
+        // A VM guest: its rings are in its slot of the VM's window.
+        return life
+            .unpark(token, vm)
+            .filter(|p| p.slot.is_some())
+            .ok_or_else(|| {
+                format!("no suspended session with this token for VM {vm:?} here (yet)")
+            });
+    }
     if !hello.rings || rings.len() != 1 + ring::EVENTFDS {
         return Err("a resuming guest passes its window, ring region and eventfds".into());
     }
@@ -676,6 +717,8 @@ struct Mover<'a> {
     vm: &'a str,
     /// What resumes the session after a suspension.
     token: hira_protocol::handshake::Token,
+    /// A VM session's slot of the VM's window.
+    slot: Option<crate::migrate::VmSlot>,
     guest_w: &'a Mutex<UnixStream>,
     queue: &'a Arc<VmQueue>,
     vm_page: &'a OwnedFd,
@@ -745,6 +788,7 @@ impl Mover<'_> {
                 bytes,
                 token: self.token,
                 vm: self.vm.to_string(),
+                slot: self.slot,
                 from_pid,
                 capture_ms: start.elapsed().as_secs_f64() * 1e3,
             });
@@ -903,9 +947,9 @@ impl Mover<'_> {
     }
 }
 
-/// Carries out the migrations asked for (a VM session cannot be suspended yet).
-/// Returns whether the session was suspended (and so is over here).
-fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>, vm_session: bool) -> bool {
+/// Carries out the migrations asked for. Returns whether the session was suspended
+/// (and so is over here).
+fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
     let mut asks = door.take().into_iter();
     while let Some(ask) = asks.next() {
         match ask {
@@ -915,11 +959,6 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>, vm_session: bool)
                     warn!("session {}: migration failed, the session stays: {e}", m.id);
                 }
                 let _ = reply.send(res);
-            }
-            crate::migrate::Ask::Suspend(s) if vm_session => {
-                let _ = s
-                    .captured
-                    .send(Err("a VM session cannot be suspended yet".into()));
             }
             crate::migrate::Ask::Suspend(s) => {
                 if m.suspend(s) {
@@ -947,8 +986,8 @@ fn serve_vm_rings(
     loop {
         if guest.buffer().is_empty() {
             let (_, asked) = crate::migrate::wait_either(guest.get_ref(), &door.rung)?;
-            if asked {
-                answer_door(door, m, true);
+            if asked && answer_door(door, m) {
+                return Ok(());
             }
             if !crate::migrate::readable(guest.get_ref()) {
                 continue;
@@ -980,7 +1019,7 @@ fn serve_on_rings(
 ) -> Result<(), SessionError> {
     loop {
         let (guest_ready, asked) = crate::migrate::wait_either(&*guest, &door.rung)?;
-        if asked && answer_door(door, m, false) {
+        if asked && answer_door(door, m) {
             return Ok(());
         }
         if guest_ready || crate::migrate::readable(&*guest) {

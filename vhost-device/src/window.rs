@@ -19,7 +19,18 @@ pub const DEFAULT_SLOTS: u64 = 4;
 pub struct VmWindow {
     path: PathBuf,
     slot_len: u64,
-    leased: Mutex<Vec<bool>>,
+    leased: Mutex<Vec<Slot>>,
+}
+
+/// What a slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Free,
+    Leased,
+    /// Kept for a suspended session that will resume here: its rings are in it.
+    Reserved,
+    /// Leased, and reserved once the lease ends.
+    LeasedReserved,
 }
 
 /// One session's slot, returned when dropped.
@@ -49,21 +60,74 @@ impl VmWindow {
         Ok(VmWindow {
             path: path.to_path_buf(),
             slot_len,
-            leased: Mutex::new(vec![false; if slot_len == 0 { 0 } else { slots as usize }]),
+            leased: Mutex::new(vec![
+                Slot::Free;
+                if slot_len == 0 { 0 } else { slots as usize }
+            ]),
         })
     }
 
     /// A free slot, if any.
     pub fn lease(&self) -> Option<Lease<'_>> {
         let mut l = self.leased.lock().unwrap_or_else(|e| e.into_inner());
-        let index = l.iter().position(|used| !used)?;
-        l[index] = true;
-        Some(Lease {
+        let index = l.iter().position(|s| *s == Slot::Free)?;
+        l[index] = Slot::Leased;
+        Some(self.lease_of(index))
+    }
+
+    fn lease_of(&self, index: usize) -> Lease<'_> {
+        Lease {
             window: self,
             index,
             offset: index as u64 * self.slot_len,
             len: self.slot_len,
-        })
+        }
+    }
+
+    /// The slot at `offset` of `len` bytes, if that is one of this window's.
+    fn index_of(&self, offset: u64, len: u64) -> Option<usize> {
+        let n = self.leased.lock().unwrap_or_else(|e| e.into_inner()).len();
+        (self.slot_len > 0 && len == self.slot_len && offset % self.slot_len == 0)
+            .then(|| (offset / self.slot_len) as usize)
+            .filter(|&i| i < n)
+    }
+
+    /// Keeps the slot at `offset` for a suspended session that will resume here
+    /// (once its current lease, if any, ends). False if there is no such slot or it
+    /// is kept already.
+    pub fn reserve(&self, offset: u64, len: u64) -> bool {
+        let Some(i) = self.index_of(offset, len) else {
+            return false;
+        };
+        let mut l = self.leased.lock().unwrap_or_else(|e| e.into_inner());
+        l[i] = match l[i] {
+            Slot::Free => Slot::Reserved,
+            Slot::Leased => Slot::LeasedReserved,
+            _ => return false,
+        };
+        true
+    }
+
+    /// Gives back a reservation that will not be used.
+    pub fn unreserve(&self, offset: u64, len: u64) {
+        if let Some(i) = self.index_of(offset, len) {
+            let mut l = self.leased.lock().unwrap_or_else(|e| e.into_inner());
+            l[i] = match l[i] {
+                Slot::Reserved => Slot::Free,
+                Slot::LeasedReserved => Slot::Leased,
+                s => s,
+            };
+        }
+    }
+
+    /// The reserved slot at `offset`, for the session resuming in it.
+    pub fn lease_reserved(&self, offset: u64, len: u64) -> Option<Lease<'_>> {
+        let i = self.index_of(offset, len)?;
+        let mut l = self.leased.lock().unwrap_or_else(|e| e.into_inner());
+        (l[i] == Slot::Reserved).then(|| {
+            l[i] = Slot::Leased;
+        })?;
+        Some(self.lease_of(i))
     }
 
     /// A descriptor of the window file, for the API server.
@@ -79,7 +143,10 @@ impl VmWindow {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         let mut l = self.window.leased.lock().unwrap_or_else(|e| e.into_inner());
-        l[self.index] = false;
+        l[self.index] = match l[self.index] {
+            Slot::LeasedReserved => Slot::Reserved,
+            _ => Slot::Free,
+        };
     }
 }
 
@@ -100,6 +167,28 @@ mod tests {
         drop(b);
         assert_eq!(w.lease().unwrap().offset, freed);
         drop((a, c, d));
+    }
+
+    #[test]
+    fn a_reserved_slot_goes_only_to_its_resuming_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = VmWindow::create(&dir.path().join("w"), 4 << 20, 2).unwrap();
+        let a = w.lease().unwrap();
+        let (offset, len) = (a.offset, a.len);
+        assert!(w.reserve(offset, len));
+        assert!(!w.reserve(offset, len), "once");
+        assert!(w.lease_reserved(offset, len).is_none(), "still leased");
+        drop(a);
+        let b = w.lease().unwrap();
+        assert_ne!(b.offset, offset, "a new session gets another slot");
+        assert!(w.lease().is_none());
+        let r = w.lease_reserved(offset, len).unwrap();
+        assert_eq!(r.offset, offset);
+        drop(r);
+        assert!(!w.reserve(offset + 1, len), "not a slot");
+        assert!(w.reserve(offset, len));
+        w.unreserve(offset, len);
+        assert!(w.lease().is_some());
     }
 
     #[test]

@@ -481,3 +481,41 @@ fn a_vm_guests_session_moves_between_api_servers_while_it_runs() {
     assert_eq!(got, expected, "daemon log:\n{}", daemon.log_text());
     assert_eq!(console.line_starting("=== exit"), "=== exit 0");
 }
+
+#[test]
+fn a_vm_guests_session_is_suspended_and_resumed_over_vsock() {
+    ensure_built();
+    let script = ["step", "pend", "loop 2", "check", "end"];
+    let expected = crate::migration::native(&script);
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let image = image_with(
+        "migrate-window",
+        "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n",
+        &["migrate"],
+    );
+    let mut console = Console::start(qemu_with_window(
+        &image,
+        &daemon.vhost_socket("qvm"),
+        &daemon.window_file("qvm"),
+    ));
+    console.line_starting("ready");
+    let file = daemon.dir.path().join("vm-session.hira");
+    let mut got = Vec::new();
+    for (i, cmd) in script.iter().enumerate() {
+        if i == 1 || i == 3 {
+            // Suspended into a file (its rings stay in the VM's window, its slot
+            // kept), then restored: the guest reconnects over vsock and goes on.
+            let s = daemon.status();
+            let id = s["sessions"][0]["id"].as_u64().unwrap();
+            daemon.ctl_ok(&["checkpoint", &id.to_string(), file.to_str().unwrap()]);
+            use std::io::Write;
+            writeln!(console.stdin, "{cmd}").unwrap();
+            daemon.ctl_ok(&["restore", file.to_str().unwrap()]);
+            got.push(console.line_starting(cmd.split(' ').next().unwrap()));
+            continue;
+        }
+        got.push(console.ask(cmd));
+    }
+    assert_eq!(got, expected, "daemon log:\n{}", daemon.log_text());
+    assert_eq!(console.line_starting("=== exit"), "=== exit 0");
+}
