@@ -87,7 +87,7 @@ impl VmWindow {
     /// The slot at `offset` of `len` bytes, if that is one of this window's.
     fn index_of(&self, offset: u64, len: u64) -> Option<usize> {
         let n = self.leased.lock().unwrap_or_else(|e| e.into_inner()).len();
-        (self.slot_len > 0 && len == self.slot_len && offset % self.slot_len == 0)
+        (self.slot_len > 0 && len == self.slot_len && offset.is_multiple_of(self.slot_len))
             .then(|| (offset / self.slot_len) as usize)
             .filter(|&i| i < n)
     }
