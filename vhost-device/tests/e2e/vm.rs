@@ -519,3 +519,198 @@ fn a_vm_guests_session_is_suspended_and_resumed_over_vsock() {
     assert_eq!(got, expected, "daemon log:\n{}", daemon.log_text());
     assert_eq!(console.line_starting("=== exit"), "=== exit 0");
 }
+
+/// A QMP connection to a QEMU (`-qmp unix:PATH,server=on,wait=off`).
+struct Qmp {
+    r: std::io::BufReader<std::os::unix::net::UnixStream>,
+    w: std::os::unix::net::UnixStream,
+}
+
+impl Qmp {
+    fn connect(path: &std::path::Path) -> Qmp {
+        let mut s = None;
+        // QEMU creates the socket as it starts: wait for it to accept.
+        for _ in 0..3000 {
+            if let Ok(c) = std::os::unix::net::UnixStream::connect(path) {
+                s = Some(c);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let s = s.expect("QEMU's QMP socket accepts");
+        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        let mut q = Qmp {
+            r: std::io::BufReader::new(s.try_clone().unwrap()),
+            w: s,
+        };
+        q.next(); // the greeting
+        q.execute("qmp_capabilities", serde_json::json!({}));
+        q
+    }
+
+    fn next(&mut self) -> serde_json::Value {
+        use std::io::BufRead;
+        let mut l = String::new();
+        self.r.read_line(&mut l).expect("QMP answers");
+        serde_json::from_str(&l).unwrap_or_else(|_| panic!("QMP said {l:?}"))
+    }
+
+    /// Runs a command; events that come before its answer are dropped.
+    fn execute(&mut self, cmd: &str, args: serde_json::Value) -> serde_json::Value {
+        use std::io::Write;
+        writeln!(
+            self.w,
+            "{}",
+            serde_json::json!({"execute": cmd, "arguments": args})
+        )
+        .unwrap();
+        loop {
+            let v = self.next();
+            if v.get("return").is_some() || v.get("error").is_some() {
+                assert!(v.get("error").is_none(), "{cmd}: {v}");
+                return v;
+            }
+        }
+    }
+
+    /// Waits for the event `name` whose data satisfies `pred`.
+    fn event(&mut self, name: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+        loop {
+            let v = self.next();
+            if v["event"] == name && pred(&v["data"]) {
+                return;
+            }
+        }
+    }
+}
+
+/// QEMU for the live-migration test: the guest image, Hira's window as ivshmem, the
+/// vhost-user chardev to `vhost` with the vsock device only if `with_vsock`, QMP on
+/// `qmp`, and `incoming` to receive a migration.
+fn qemu_migratable(
+    image: &std::path::Path,
+    vhost: &std::path::Path,
+    window: &std::path::Path,
+    qmp: &std::path::Path,
+    with_vsock: bool,
+    incoming: Option<&std::path::Path>,
+) -> Command {
+    let mut q = Command::new("qemu-system-x86_64");
+    q.args([
+        "-accel",
+        "tcg",
+        "-smp",
+        "1",
+        "-nographic",
+        "-no-reboot",
+        "-m",
+        "512M",
+    ])
+    .args([
+        "-object",
+        "memory-backend-memfd,id=mem,size=512M,share=on",
+        "-numa",
+        "node,memdev=mem",
+    ])
+    .arg("-chardev")
+    .arg(format!("socket,id=vsock0,path={}", vhost.display()))
+    .arg("-object")
+    .arg(format!(
+        "memory-backend-file,id=hirawin,mem-path={},size=64M,share=on",
+        window.display()
+    ))
+    .args(["-device", "ivshmem-plain,memdev=hirawin,addr=0x5,master=on"])
+    .arg("-qmp")
+    .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+    .arg("-kernel")
+    .arg(image.join("vmlinuz"))
+    .arg("-initrd")
+    .arg(image.join("initramfs.cpio.gz"))
+    .args(["-append", "console=ttyS0 quiet panic=-1"]);
+    if with_vsock {
+        q.args([
+            "-device",
+            "vhost-user-vsock-pci,chardev=vsock0,id=hiravsock,addr=0x6",
+        ]);
+    }
+    if let Some(p) = incoming {
+        q.arg("-incoming").arg(format!("unix:{}", p.display()));
+    }
+    q
+}
+
+#[test]
+fn a_vm_using_hira_live_migrates_to_another_qemu_and_daemon() {
+    ensure_built();
+    let script = ["step", "pend", "loop 2", "check", "end"];
+    let expected = crate::migration::native(&script);
+    let a = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let b = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let image = image_with(
+        "migrate-live",
+        "stty -echo\nHIRA_RESUME_SECS=600 /hira/migrate\necho \"=== exit $?\"\n",
+        &["migrate"],
+    );
+    let work = tempfile::tempdir().unwrap();
+    let (qmp_a, qmp_b, mig) = (
+        work.path().join("a.qmp"),
+        work.path().join("b.qmp"),
+        work.path().join("mig.sock"),
+    );
+    let mut source = Console::start(qemu_migratable(
+        &image,
+        &a.vhost_socket("qvm"),
+        &a.window_file("qvm"),
+        &qmp_a,
+        true,
+        None,
+    ));
+    let mut qa = Qmp::connect(&qmp_a);
+    source.line_starting("ready");
+    let mut got = vec![source.ask(script[0]), source.ask(script[1])];
+    // 1. The VM's session moves to daemon b: suspended here, its snapshot parked
+    //    there with its window slot kept; the guest is told to reconnect.
+    let id = a.status()["sessions"][0]["id"].as_u64().unwrap();
+    let to = b.dir.path().join("control.sock");
+    a.ctl_ok(&["migrate", &id.to_string(), "--to", to.to_str().unwrap()]);
+    // 2. QEMU cannot migrate a vhost-user vsock device: it leaves the source VM.
+    qa.execute("device_del", serde_json::json!({"id": "hiravsock"}));
+    qa.event("DEVICE_DELETED", |d| d["device"] == "hiravsock");
+    // 3. The destination QEMU, without it, takes the VM (its memory and the window's
+    //    contents, rings included).
+    let mut dest = Console::start(qemu_migratable(
+        &image,
+        &b.vhost_socket("qvm"),
+        &b.window_file("qvm"),
+        &qmp_b,
+        false,
+        Some(&mig),
+    ));
+    let mut qb = Qmp::connect(&qmp_b);
+    qa.execute(
+        "migrate-set-capabilities",
+        serde_json::json!({"capabilities": [{"capability": "events", "state": true}]}),
+    );
+    qa.execute(
+        "migrate",
+        serde_json::json!({"uri": format!("unix:{}", mig.display())}),
+    );
+    qa.event("MIGRATION", |d| d["status"] == "completed");
+    drop(qa);
+    drop(source);
+    qb.event("RESUME", |_| true);
+    // 4. The vsock device joins the destination VM, attached to daemon b: the guest
+    //    reconnects there and resumes its session.
+    qb.execute(
+        "device_add",
+        serde_json::json!({"driver": "vhost-user-vsock-pci", "chardev": "vsock0", "id": "hiravsock", "addr": "0x6"}),
+    );
+    for cmd in &script[2..] {
+        got.push(dest.ask(cmd));
+    }
+    assert_eq!(got, expected, "daemon b log:\n{}", b.log_text());
+    assert_eq!(dest.line_starting("=== exit"), "=== exit 0");
+    assert!(a.status()["sessions"].as_array().unwrap().is_empty());
+    // The session ran on at b: resumed there, from its parked snapshot.
+    assert!(b.log_text().contains("resuming"), "{}", b.log_text());
+}
