@@ -408,19 +408,6 @@ fn migrate(
     Ok(())
 }
 
-/// A memfd holding the rest of `from`.
-fn memfd_from(from: &mut impl std::io::Read) -> anyhow::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: a NUL-terminated literal name and valid flags; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"hira-session".as_ptr(), libc::MFD_CLOEXEC) };
-    anyhow::ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    // SAFETY: memfd_create just returned this descriptor to this process.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-    let mut f = std::fs::File::from(fd);
-    std::io::copy(from, &mut f)?;
-    Ok(f.into())
-}
-
 fn checkpoint(socket: &PathBuf, session: u64, file: &PathBuf) -> anyhow::Result<()> {
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("cannot reach the control socket {}", socket.display()))?;
@@ -475,7 +462,8 @@ fn restore(socket: &PathBuf, file: &PathBuf) -> anyhow::Result<()> {
         std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
     let (token, vm, slot) = hira_vhost::migrate::file::read_header(&mut f)
         .with_context(|| format!("{} is not a session file", file.display()))?;
-    let snapshot = memfd_from(&mut f)?;
+    let at = std::io::Seek::stream_position(&mut f)?;
+    let bytes = f.metadata()?.len().saturating_sub(at);
     let mut s = UnixStream::connect(socket)
         .with_context(|| format!("cannot reach the control socket {}", socket.display()))?;
     let req = json!({
@@ -483,14 +471,16 @@ fn restore(socket: &PathBuf, file: &PathBuf) -> anyhow::Result<()> {
         "vm": vm,
         "token": hira_vhost::migrate::token_hex(&token),
         "slot": slot,
+        "bytes": bytes,
     });
     writeln!(s, "{req}")?;
     let v: Value = serde_json::from_str(&hira_vhost::control::read_line_unbuffered(&mut s)?)?;
     if let Some(e) = v["error"].as_str() {
         bail!("{e}");
     }
-    let h = hira_protocol::FrameHeader::new(hira_protocol::FrameKind::Notify, 0, 0, 0, 0);
-    hira_protocol::unix::send_frame_with_fds(&mut s, &h, &[], &[&snapshot])?;
+    // The snapshot as bytes: the control socket may be forwarded from another host.
+    let sent = std::io::copy(&mut std::io::Read::take(&mut f, bytes), &mut s)?;
+    anyhow::ensure!(sent == bytes, "{} was cut short", file.display());
     let v: Value = serde_json::from_str(&hira_vhost::control::read_line_unbuffered(&mut s)?)?;
     if let Some(e) = v["error"].as_str() {
         bail!("{e}");

@@ -30,15 +30,16 @@
 //!   with the snapshot's memfd attached; the client answers `{"stored":true}` (or
 //!   false, and the session goes on here), and the daemon's last line says what
 //!   happened. The guest then waits to reconnect.
-//! - `{"cmd":"restore","vm":NAME,"token":HEX}`: the daemon answers `{"send":...}`,
-//!   the client sends a frame with the snapshot's memfd, and the session waits here
-//!   for its guest, which resumes it on reconnecting (`{"parked":{"endpoint":...}}`).
+//! - `{"cmd":"restore","vm":NAME,"token":HEX,"bytes":N,"slot":...}`: the daemon
+//!   answers `{"send":"bytes"}`, the client sends the snapshot's N bytes on the same
+//!   connection (so that it may be a socket forwarded from another host, `ssh -L`),
+//!   and the session waits here for its guest, which resumes it on reconnecting
+//!   (`{"parked":{"endpoint":...}}`).
 //!
 //! The socket gets the same owner and mode as the guest sockets.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -517,24 +518,24 @@ fn restore(
     };
     // Given back if anything below fails.
     let parked_slot = crate::migrate::SlotGuard(slot);
-    writeln!(w, "{}", json!({ "send": "snapshot" }))?;
-    if !r.buffer().is_empty() {
-        return Ok(json!({ "error": "send the snapshot only when asked" }));
+    let Some(bytes) = req.get("bytes").and_then(Value::as_u64) else {
+        return Ok(json!({ "error": "restore needs \"bytes\": the snapshot's length" }));
+    };
+    let snapshot = match crate::migrate::snapshot_file() {
+        Ok(f) => f,
+        Err(e) => return Ok(json!({ "error": format!("no room for the snapshot: {e}") })),
+    };
+    // The snapshot comes as bytes on this connection, so that it can come from
+    // another host through a forwarded socket (`ssh -L`), which carries no
+    // descriptor.
+    writeln!(w, "{}", json!({ "send": "bytes" }))?;
+    let mut file = std::fs::File::from(snapshot);
+    let copied = std::io::copy(&mut r.by_ref().take(bytes), &mut file)?;
+    if copied != bytes {
+        return Ok(json!({ "error": "the snapshot was cut short" }));
     }
-    let (_, _, mut fds) = hira_protocol::unix::recv_frame_with_fds(r.get_mut())
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    if fds.len() != 1 {
-        return Ok(json!({ "error": "one snapshot descriptor expected" }));
-    }
-    let snapshot = fds.remove(0);
-    // SAFETY: a zeroed stat is a valid out-parameter; `snapshot` is open.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(snapshot.as_raw_fd(), &mut st) } != 0
-        || st.st_mode & libc::S_IFMT != libc::S_IFREG
-    {
-        return Ok(json!({ "error": "the snapshot must be a regular file or memfd" }));
-    }
+    let snapshot = std::os::fd::OwnedFd::from(file);
+    let st_size = bytes;
     let endpoint = endpoints
         .get(vm)
         .map_or_else(String::new, |p| p.display().to_string());
@@ -542,11 +543,11 @@ fn restore(
         token,
         vm: vm.to_string(),
         snapshot,
-        bytes: st.st_size as u64,
+        bytes: st_size,
         slot: parked_slot.take(),
     });
     info!("a suspended session of VM {vm:?} waits for its guest");
-    Ok(json!({ "parked": { "vm": vm, "endpoint": endpoint, "snapshot_bytes": st.st_size } }))
+    Ok(json!({ "parked": { "vm": vm, "endpoint": endpoint, "snapshot_bytes": st_size } }))
 }
 
 /// Parks `c` at the daemon whose control socket is `path`; returns where the guest
@@ -561,6 +562,7 @@ pub fn restore_at(path: &std::path::Path, c: &crate::migrate::Captured) -> Resul
         "vm": c.vm,
         "token": crate::migrate::token_hex(&c.token),
         "slot": c.slot,
+        "bytes": c.bytes,
     });
     writeln!(s, "{req}").map_err(fail)?;
     let line = read_line_unbuffered(&mut s).map_err(fail)?;
@@ -568,14 +570,31 @@ pub fn restore_at(path: &std::path::Path, c: &crate::migrate::Captured) -> Resul
     if v.get("send").is_none() {
         return Err(format!("{} refused: {}", path.display(), v["error"]));
     }
-    let h = hira_protocol::FrameHeader::new(hira_protocol::FrameKind::Notify, 0, 0, 0, 0);
-    hira_protocol::unix::send_frame_with_fds(&mut s, &h, &[], &[&c.snapshot]).map_err(fail)?;
+    send_snapshot(&c.snapshot, c.bytes, &mut s).map_err(fail)?;
     let line = read_line_unbuffered(&mut s).map_err(fail)?;
     let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
     match v["parked"]["endpoint"].as_str() {
         Some(e) => Ok(e.to_string()),
         None => Err(format!("{} refused: {}", path.display(), v["error"])),
     }
+}
+
+/// Streams the first `bytes` of the snapshot memfd `from` to `to`.
+pub fn send_snapshot(
+    from: &std::os::fd::OwnedFd,
+    bytes: u64,
+    to: &mut impl Write,
+) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = std::fs::File::from(from.try_clone()?);
+    f.seek(SeekFrom::Start(0))?;
+    let sent = std::io::copy(&mut f.take(bytes), to)?;
+    if sent != bytes {
+        return Err(std::io::Error::other(
+            "the snapshot is shorter than it says",
+        ));
+    }
+    Ok(())
 }
 
 /// One line, read a byte at a time so that nothing after it is taken from the socket.

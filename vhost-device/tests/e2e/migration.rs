@@ -268,6 +268,28 @@ fn a_session_survives_a_daemon_restart_through_a_checkpoint() {
     assert_eq!(got, expected);
 }
 
+/// A forwarder of one Unix socket to another that carries bytes and nothing else
+/// (no descriptors), as `ssh -L` between two hosts does; serves its first `n`
+/// connections.
+fn forward(listen: &std::path::Path, to: std::path::PathBuf, n: usize) {
+    let l = std::os::unix::net::UnixListener::bind(listen).unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming().take(n) {
+            let c = c.unwrap();
+            let t = std::os::unix::net::UnixStream::connect(&to).unwrap();
+            let (mut c2, mut t2) = (c.try_clone().unwrap(), t.try_clone().unwrap());
+            let up = std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut t2);
+                let _ = t2.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut t, mut c) = (t, c);
+            let _ = std::io::copy(&mut t, &mut c);
+            let _ = c.shutdown(std::net::Shutdown::Write);
+            let _ = up.join();
+        }
+    });
+}
+
 #[test]
 fn a_session_moves_to_another_daemon() {
     let script = ["step", "step", "check", "end"];
@@ -278,7 +300,10 @@ fn a_session_moves_to_another_daemon() {
     let mut p = LineProgram::start(a.guest(&vendors, "vm0", &c_program("migrate")));
     let (id, _) = the_session(&a);
     let mut got = vec![p.ask(script[0])];
-    let to = b.dir.path().join("control.sock");
+    // b's control socket reached through a byte-only forwarder, as from another
+    // host: the snapshot travels as bytes.
+    let to = a.dir.path().join("forwarded-b.sock");
+    forward(&to, b.dir.path().join("control.sock"), 1);
     let out = a.ctl_ok(&["migrate", &id.to_string(), "--to", to.to_str().unwrap()]);
     assert!(out.contains("waiting at"), "{out}");
     got.push(p.ask(script[1]));
