@@ -487,6 +487,71 @@ enum Migration {
     Over,
 }
 
+/// Waits until the calls already read have finished.
+fn quiesce(workers: &HashMap<u32, Worker>) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    while workers
+        .values()
+        .any(|w| w.pending.load(Ordering::Acquire) > 0)
+    {
+        if started.elapsed() > QUIESCE_LIMIT {
+            return Err("calls of the session did not finish in time".to_string());
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// A relayed session's capture: the snapshot goes back in pieces on the stream,
+/// then the verdict comes in it.
+fn migration_inline<R: Read>(
+    input: &mut Input<R>,
+    writer: &FrameWriter,
+    workers: &HashMap<u32, Worker>,
+    backend: &dyn Backend,
+) -> Result<Migration, ServerError> {
+    let started = std::time::Instant::now();
+    match quiesce(workers).and_then(|()| backend.capture(input.pending())) {
+        Ok(bytes) => {
+            for piece in bytes.chunks(migrate::DATA_PIECE) {
+                writer.send(FrameKind::Notify, migrate::DATA, 0, 0, piece);
+            }
+            let len = bytes.len() as u64;
+            info!(
+                "captured the session ({len} bytes) in {:?}",
+                started.elapsed()
+            );
+            writer.send(
+                FrameKind::Notify,
+                migrate::CAPTURED,
+                0,
+                0,
+                &len.to_le_bytes(),
+            );
+        }
+        Err(m) => {
+            warn!("cannot capture the session: {m}");
+            writer.send(FrameKind::Notify, migrate::FAILED, 0, 0, m.as_bytes());
+            return Ok(Migration::Stays);
+        }
+    }
+    match input.next() {
+        Ok(Some(f)) if f.header.kind == FrameKind::Notify && f.header.opcode == migrate::COMMIT => {
+            Ok(Migration::Moved)
+        }
+        Ok(Some(f)) if f.header.kind == FrameKind::Notify && f.header.opcode == migrate::ABORT => {
+            info!("the migration was abandoned; serving on");
+            Ok(Migration::Stays)
+        }
+        Ok(Some(f)) => Err(ServerError::Hello(format!(
+            "unexpected frame during a migration: {:?} {:#x}",
+            f.header.kind, f.header.opcode
+        ))),
+        Ok(None) => Ok(Migration::Over),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The daemon's message while the guest's input waits: a migration's capture.
 fn migration<R: Read>(
     control: &mut UnixStream,
@@ -508,19 +573,8 @@ fn migration<R: Read>(
         )));
     }
     let started = std::time::Instant::now();
-    let mut result = Ok(());
     // Calls read before the capture finish first; nothing new is read.
-    while workers
-        .values()
-        .any(|w| w.pending.load(Ordering::Acquire) > 0)
-    {
-        if started.elapsed() > QUIESCE_LIMIT {
-            result = Err("calls of the session did not finish in time".to_string());
-            break;
-        }
-        std::thread::yield_now();
-    }
-    let captured = result.and_then(|()| backend.capture(input.pending()));
+    let captured = quiesce(workers).and_then(|()| backend.capture(input.pending()));
     let captured = captured.and_then(|bytes| {
         let f = std::fs::File::from(fds.into_iter().next().unwrap_or_else(|| unreachable!()));
         f.write_all_at(&bytes, 0)
@@ -668,6 +722,21 @@ fn serve<R: Read>(
                 break;
             }
         };
+        // A relayed session's migration comes in its stream, from the daemon (which
+        // forwards only requests from the guest).
+        if control.is_none()
+            && f.header.kind == FrameKind::Notify
+            && f.header.opcode == migrate::CAPTURE
+        {
+            match migration_inline(input, &writer, &workers, &*backend)? {
+                Migration::Moved => {
+                    moved = true;
+                    break;
+                }
+                Migration::Stays => continue,
+                Migration::Over => break,
+            }
+        }
         // What the daemon checked when it relayed frames is checked here, where
         // frames arrive straight from the guest.
         if f.header.kind != FrameKind::Request {

@@ -512,6 +512,11 @@ mod output_done_tests {
 /// 3. daemon → source: [`migrate::COMMIT`] (the source exits without releasing
 ///    anything: its objects now live in the new server) or [`migrate::ABORT`] (it goes
 ///    on serving where it stopped).
+///
+/// A session whose frames the daemon relays gets these in its stream of frames, at
+/// a frame boundary (the daemon forwards nothing else meanwhile), and `CAPTURE` there
+/// carries no memfd: the API server sends the snapshot back in [`migrate::DATA`]
+/// frames before `CAPTURED`.
 pub mod migrate {
     pub const CAPTURE: u16 = 0xFFF0;
     pub const CAPTURED: u16 = 0xFFF1;
@@ -519,4 +524,8 @@ pub mod migrate {
     pub const ADOPT: u16 = 0xFFF3;
     pub const COMMIT: u16 = 0xFFF4;
     pub const ABORT: u16 = 0xFFF5;
+    /// A piece of the snapshot, in order (relayed sessions).
+    pub const DATA: u16 = 0xFFF6;
+    /// Largest piece.
+    pub const DATA_PIECE: usize = 1 << 20;
 }

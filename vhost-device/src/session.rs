@@ -396,7 +396,7 @@ fn serve(
         let relay = std::thread::Builder::new()
             .name(format!("relay-{id}"))
             .spawn(move || relay_to_guest(server_r, &relay_guest, &relay_link))?;
-        let res = if rings {
+        let res = {
             let slot = lease
                 .as_ref()
                 .filter(|_| vm_rings)
@@ -424,6 +424,7 @@ fn serve(
                     ring_fds
                 },
                 link,
+                relayed: !rings,
                 child: &mut child,
                 server: &mut server,
                 usage: &mut usage,
@@ -431,27 +432,24 @@ fn serve(
                 carried: &mut carried,
                 registration,
             };
-            if local_rings {
+            if local_rings && rings {
                 serve_on_rings(&mut guest, &door, &mut m)
-            } else {
+            } else if rings {
                 // A VM's rings: the daemon relays the doorbells on the guest's vsock.
                 let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
                 serve_vm_rings(&mut guest_r, &door, &mut m, &guest_w)
+            } else {
+                // Relayed: every frame.
+                let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
+                relay_to_server(
+                    &mut guest_r,
+                    &door,
+                    &mut m,
+                    &guest_w,
+                    server_welcome.window_len,
+                    &mut stats,
+                )
             }
-        } else {
-            door.close(&format!(
-                "session {id} cannot migrate: its frames are relayed by the daemon; sessions on shared-memory rings can"
-            ));
-            // Relayed: every frame.
-            let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
-            relay_to_server(
-                &mut guest_r,
-                &server,
-                &guest_w,
-                server_welcome.window_len,
-                false,
-                &mut stats,
-            )
         };
         // The guest side ended: the API server sees its socket close, releases
         // what the guest held and reports it. It is reaped (killed after the grace
@@ -529,6 +527,8 @@ type AnswerTo = std::sync::mpsc::Sender<(u16, Vec<u8>)>;
 #[derive(Debug, Default)]
 struct RelayLink {
     answers: Mutex<Option<AnswerTo>>,
+    /// Where a relayed session's snapshot pieces go.
+    snapshot: Mutex<Option<std::fs::File>>,
     next: Mutex<Option<UnixStream>>,
     /// The session was suspended: its API server's end is no news to the guest.
     quiet: std::sync::atomic::AtomicBool,
@@ -573,7 +573,26 @@ fn relay_to_guest(
             report = TeardownPayload::decode(&p).ok();
             continue;
         }
+        if h.kind == FrameKind::Notify && h.opcode == migrate::DATA {
+            if h.len as usize > migrate::DATA_PIECE {
+                warn!("API server sent an oversized snapshot piece; ending the session");
+                break;
+            }
+            let mut p = vec![0u8; h.len as usize];
+            if server.read_exact(&mut p).is_err() {
+                break;
+            }
+            if let Some(f) = &mut *link.snapshot.lock().unwrap_or_else(|e| e.into_inner()) {
+                let _ = f.write_all(&p);
+            }
+            continue;
+        }
         if h.kind == FrameKind::Notify && matches!(h.opcode, migrate::CAPTURED | migrate::FAILED) {
+            // The snapshot is whole (or will not come): the memfd stays the migration's.
+            link.snapshot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
             let mut p = vec![0u8; (h.len as usize).min(64 * 1024)];
             if h.len as usize > p.len() || server.read_exact(&mut p).is_err() {
                 break;
@@ -729,6 +748,9 @@ struct Mover<'a> {
     /// The guest's ring region and eventfds.
     rings: Vec<OwnedFd>,
     link: Arc<RelayLink>,
+    /// The session's frames are relayed (no rings): the capture goes in-band and
+    /// the snapshot comes back in pieces.
+    relayed: bool,
     /// The API server (none once the session was suspended).
     child: &'a mut Option<std::process::Child>,
     server: &'a mut UnixStream,
@@ -750,8 +772,16 @@ impl Mover<'_> {
         let snapshot = crate::migrate::snapshot_file().map_err(|e| e.to_string())?;
         let (tx, rx) = std::sync::mpsc::channel();
         *self.link.answers.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
-        notify(self.server, migrate::CAPTURE, &[&snapshot])
-            .map_err(|e| format!("cannot reach the API server: {e}"))?;
+        let sent = if self.relayed {
+            // The pieces come back through the relay thread into the memfd.
+            let f = snapshot.try_clone().map_err(|e| e.to_string())?;
+            *self.link.snapshot.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(std::fs::File::from(f));
+            notify(self.server, migrate::CAPTURE, &[])
+        } else {
+            notify(self.server, migrate::CAPTURE, &[&snapshot])
+        };
+        sent.map_err(|e| format!("cannot reach the API server: {e}"))?;
         let (op, answer) = match rx.recv_timeout(CAPTURE_LIMIT) {
             Ok(a) => a,
             Err(_) => {
@@ -960,6 +990,11 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
                 }
                 let _ = reply.send(res);
             }
+            crate::migrate::Ask::Suspend(s) if m.relayed => {
+                let _ = s.captured.send(Err(
+                    "a session whose frames the daemon relays cannot be suspended: the calls it has in flight could not be resent; it can move to a new API server of this daemon".into(),
+                ));
+            }
             crate::migrate::Ask::Suspend(s) => {
                 if m.suspend(s) {
                     door.close(&format!("session {} was suspended", m.id));
@@ -1035,17 +1070,29 @@ fn serve_on_rings(
     }
 }
 
-/// Checks and forwards the guest's commands until it disconnects or breaks framing.
+/// Checks and forwards the guest's commands until it disconnects or breaks framing;
+/// between two of them, carries out the migrations asked for (the API server gets
+/// the capture in its stream, after every frame forwarded before).
 fn relay_to_server(
-    guest: &mut impl Read,
-    server: &UnixStream,
+    guest: &mut BufReader<UnixStream>,
+    door: &crate::migrate::Door,
+    m: &mut Mover<'_>,
     guest_w: &Mutex<UnixStream>,
     window_len: u64,
-    doorbells_only: bool,
     stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
     let mut buf = vec![0u8; RELAY_CHUNK];
     loop {
+        if guest.buffer().is_empty() {
+            let (_, asked) = crate::migrate::wait_either(guest.get_ref(), &door.rung)?;
+            if asked && answer_door(door, m) {
+                return Ok(());
+            }
+            if !crate::migrate::readable(guest.get_ref()) {
+                continue;
+            }
+        }
+        let server: &UnixStream = m.server;
         let mut hb = [0u8; HEADER_LEN];
         match guest.read_exact(&mut hb) {
             Ok(()) => {}
@@ -1062,17 +1109,6 @@ fn relay_to_server(
                 )));
             }
         };
-        if doorbells_only {
-            // A VM session on rings: its frames travel in shared memory; the socket
-            // carries only doorbells, which have no body to copy.
-            if h.kind == FrameKind::Notify && h.opcode == DOORBELL && h.len == 0 {
-                forward(guest, server, &hb, &[], 0, &mut buf)?;
-                continue;
-            }
-            let m = "a guest on rings may only ring the doorbell on its socket";
-            send_error(guest_w, None, error_code::MALFORMED, m);
-            return Err(SessionError::Handshake(m.into()));
-        }
         let span_bytes = h.span_count as usize * SPAN_LEN;
         let mut spans = vec![0u8; span_bytes];
         guest.read_exact(&mut spans)?;

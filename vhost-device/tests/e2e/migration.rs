@@ -196,16 +196,31 @@ fn migrating_what_is_not_a_live_session_is_refused() {
     assert!(a["error"].as_str().unwrap().contains("session"), "{a}");
     let o = d.ctl(&["migrate", "no-such-vm"]);
     assert!(!o.status.success());
-    // A session whose frames the daemon relays says why it cannot move, and runs on.
+    // A session whose frames the daemon relays moves between API servers (the
+    // capture in its stream of frames), but cannot be suspended, and says why.
     let vendors = Vendors::hira();
     let mut cmd = d.guest(&vendors, "vm0", &c_program("migrate"));
     cmd.env("HIRA_RINGS", "0");
     let mut p = LineProgram::start(cmd);
     let (id, pid) = the_session(&d);
-    let a = migrate(&d, id);
-    assert!(a["error"].as_str().unwrap().contains("relayed"), "{a}");
+    let file = d.dir.path().join("relayed.hira");
+    let o = d.ctl(&["checkpoint", &id.to_string(), file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("relays"),
+        "{o:?}"
+    );
     assert_eq!(the_session(&d), (id, pid));
-    assert_eq!(p.ask("step"), native(&["step"])[0]);
+    let script = ["step", "loop 3", "check", "end"];
+    let expected = native(&script);
+    let mut got = Vec::new();
+    for cmd in script {
+        got.push(p.ask(cmd));
+        if cmd != "end" {
+            moved(&migrate(&d, id));
+        }
+    }
+    assert_eq!(got, expected);
 }
 
 /// Suspends session `id` into `file` with hira-ctl.
@@ -401,7 +416,7 @@ fn a_session_moves_to_another_device() {
 /// Runs `program args` natively and through Hira while its session is moved to a
 /// new API server as often as it can be (each time the program has made calls since
 /// the last move), and checks that the output is the native one. Returns the moves.
-fn moves_while_running(program: &str, args: &[&str]) -> usize {
+fn moves_while_running(program: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
     let vendors = Vendors::native();
     let mut cmd = std::process::Command::new(c_program(program));
     cmd.args(args).env("OCL_ICD_VENDORS", vendors.dir.path());
@@ -410,7 +425,7 @@ fn moves_while_running(program: &str, args: &[&str]) -> usize {
     let d = Daemon::start(&["vm0"]);
     let hira = Vendors::hira();
     let mut cmd = d.guest(&hira, "vm0", &c_program(program));
-    cmd.args(args);
+    cmd.args(args).envs(env.iter().copied());
     let child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -466,7 +481,9 @@ fn programs_give_native_output_while_they_move_again_and_again() {
         ("usergate", &[]),
         ("stencil", &["300"]),
     ] {
-        let n = moves_while_running(p, args);
-        eprintln!("{p}: moved {n} times");
+        for env in [&[][..], &[("HIRA_RINGS", "0")]] {
+            let n = moves_while_running(p, args, env);
+            eprintln!("{p} {env:?}: moved {n} times");
+        }
     }
 }

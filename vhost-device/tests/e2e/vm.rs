@@ -440,21 +440,33 @@ impl Drop for Console {
 
 #[test]
 fn a_vm_guests_session_moves_between_api_servers_while_it_runs() {
+    // On rings in the VM's shared window, and relayed over vsock without one.
+    for window in [true, false] {
+        vm_session_moves(window);
+    }
+}
+
+fn vm_session_moves(window: bool) {
     ensure_built();
     let script = ["step", "pend", "go", "loop 3", "unmap", "check", "end"];
     let expected = crate::migration::native(&script);
-    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], window);
     // The program reads its commands from the console, without echo.
     let image = image_with(
         "migrate-window",
         "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n",
         &["migrate"],
     );
-    let mut console = Console::start(qemu_with_window(
-        &image,
-        &daemon.vhost_socket("qvm"),
-        &daemon.window_file("qvm"),
-    ));
+    let q = if window {
+        qemu_with_window(
+            &image,
+            &daemon.vhost_socket("qvm"),
+            &daemon.window_file("qvm"),
+        )
+    } else {
+        qemu(&image, &daemon.vhost_socket("qvm"))
+    };
+    let mut console = Console::start(q);
     console.line_starting("ready");
     let session = || {
         let s = daemon.status();
