@@ -115,6 +115,10 @@ pub struct Status {
     pub metrics_address: Option<String>,
     /// Suspended sessions restored here and waiting for their guests.
     pub parked: Vec<ParkedStatus>,
+    /// Sessions moved to a new API server, suspended to leave, and resumed here.
+    pub migrations: u64,
+    pub suspensions: u64,
+    pub resumptions: u64,
 }
 
 /// A suspended session waiting for its guest.
@@ -158,6 +162,9 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
             .cloned()
             .unwrap_or_default(),
         metrics_address: crate::metrics::ADDRESS.get().map(ToString::to_string),
+        migrations: life.migrations.load(Ordering::Relaxed),
+        suspensions: life.suspensions.load(Ordering::Relaxed),
+        resumptions: life.resumptions.load(Ordering::Relaxed),
         parked: life
             .parked()
             .into_iter()

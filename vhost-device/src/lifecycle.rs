@@ -73,6 +73,11 @@ pub struct Lifecycle {
     changed: Condvar,
     /// API servers that died of a signal the daemon did not send.
     pub api_server_crashes: AtomicU64,
+    /// Sessions moved to a new API server, suspended (to leave this daemon) and
+    /// resumed here.
+    pub migrations: AtomicU64,
+    pub suspensions: AtomicU64,
+    pub resumptions: AtomicU64,
 }
 
 /// A registered session; it leaves the registry when dropped.
@@ -104,6 +109,7 @@ impl Registration {
 
     /// Records that the session moved to API server `pid`.
     pub fn moved(&self, pid: u32) {
+        self.life.migrations.fetch_add(1, Ordering::Relaxed);
         if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
             s.api_server_pid = Some(pid);
             s.migrations += 1;
@@ -113,6 +119,7 @@ impl Registration {
 
     /// Records that the session left this daemon (suspended): it has no API server.
     pub fn suspended(&self) {
+        self.life.suspensions.fetch_add(1, Ordering::Relaxed);
         if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
             s.api_server_pid = None;
             s.serving = false;

@@ -120,6 +120,23 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
     );
     let s_commands = counter(&mut r, "session_commands", "Commands a live session sent");
     let crashes = counter(&mut r, "api_server_crashes", "API servers that crashed");
+    let s_moves = gauge(
+        &mut r,
+        "session_migrations",
+        "Times a live session moved to a new API server",
+    );
+    let moves = counter(&mut r, "migrations", "Sessions moved to a new API server");
+    let suspensions = counter(
+        &mut r,
+        "suspensions",
+        "Sessions suspended to leave this daemon (checkpoint, migrate --to)",
+    );
+    let resumptions = counter(&mut r, "resumptions", "Suspended sessions resumed here");
+    let parked = gauge(
+        &mut r,
+        "parked_sessions",
+        "Suspended sessions waiting here for their guests",
+    );
     for vm in &status.vms {
         let l = vec![("vm".to_string(), vm.name.clone())];
         sessions.get_or_create(&l).set(vm.sessions as i64);
@@ -153,7 +170,15 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
         s_device.get_or_create(&l).inc_by(s.device_ns as f64 / 1e9);
         s_memory.get_or_create(&l).set(i(s.memory));
         s_commands.get_or_create(&l).inc_by(s.commands);
+        s_moves
+            .get_or_create(&l)
+            .set(i64::from(s.session.migrations));
     }
+    let none = Vec::new();
+    moves.get_or_create(&none).inc_by(status.migrations);
+    suspensions.get_or_create(&none).inc_by(status.suspensions);
+    resumptions.get_or_create(&none).inc_by(status.resumptions);
+    parked.get_or_create(&none).set(status.parked.len() as i64);
     crashes
         .get_or_create(&Vec::new())
         .inc_by(status.api_server_crashes);

@@ -389,6 +389,10 @@ fn serve(
             unix::send_frame_with_fds(&mut g, &wh, &welcome, &fds)?;
         }
         registration.serving();
+        if parked.is_some() {
+            life.resumptions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let server_r = server.try_clone()?;
         let relay_guest = guest_w.clone();
         let link = Arc::new(RelayLink::default());

@@ -257,6 +257,12 @@ fn a_checkpointed_session_resumes_when_restored() {
     got.push(p.ask(script[2]));
     got.push(p.ask(script[3]));
     assert_eq!(got, expected);
+    let s = d.status();
+    assert_eq!(
+        (&s["suspensions"], &s["resumptions"]),
+        (&json!(1), &json!(1)),
+        "{s}"
+    );
 }
 
 #[test]
