@@ -251,6 +251,15 @@ fn prometheus_metrics_show_each_vms_device_time_memory_and_share() {
     // The busy program holds one 32-byte buffer.
     assert_eq!(metric(&body, "hira_vm_memory_bytes{vm=\"m\"}"), 32.0);
     assert!(metric(&body, "hira_session_device_seconds_total{vm=\"m\"") >= ns / 1e9);
+    // Moves are counted: the session moves once to a new API server.
+    assert_eq!(metric(&body, "hira_migrations_total"), 0.0);
+    let id = d.status()["sessions"][0]["id"].as_u64().unwrap();
+    let a = d.control(serde_json::json!({"cmd": "migrate", "session": id}));
+    assert!(a["moved"].is_object(), "{a}");
+    let (_, body) = http_get(&addr, "/metrics");
+    assert_eq!(metric(&body, "hira_migrations_total"), 1.0);
+    assert_eq!(metric(&body, "hira_session_migrations{vm=\"m\""), 1.0);
+    assert_eq!(metric(&body, "hira_parked_sessions"), 0.0);
     let (status, _) = http_get(&addr, "/other");
     assert!(status.contains("404"), "{status}");
     drop(g);
