@@ -113,7 +113,11 @@ impl Snapshot {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Writer::new();
+        // One buffer: the header's place first, the body after it, so that large
+        // contents are copied once.
+        let contents: usize = self.contents.iter().map(|(_, b)| b.len() + 64).sum();
+        let mut b = Writer::with_capacity(HEADER + contents + 4096);
+        b.raw(&[0u8; HEADER]);
         b.u32(self.entries.len() as u32);
         for e in &self.entries {
             b.u64(e.seq).u16(e.opcode);
@@ -146,16 +150,16 @@ impl Snapshot {
                 .bytes(&s.state);
         }
         b.bytes(&self.pending);
-        let body = b.into_vec();
-        let mut out = Vec::with_capacity(HEADER + body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&self.api.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        let crc = checksum(&out[8..24], &body);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out.extend_from_slice(&body);
+        let mut out = b.into_vec();
+        let body_len = (out.len() - HEADER) as u64;
+        out[..8].copy_from_slice(MAGIC);
+        out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[10..12].copy_from_slice(&self.api.to_le_bytes());
+        out[12..16].copy_from_slice(&0u32.to_le_bytes());
+        out[16..24].copy_from_slice(&body_len.to_le_bytes());
+        let (head, body) = out.split_at(HEADER);
+        let crc = checksum(&head[8..24], body);
+        out[24..28].copy_from_slice(&crc.to_le_bytes());
         out
     }
 

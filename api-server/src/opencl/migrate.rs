@@ -417,7 +417,13 @@ struct Layout {
     /// `None`: a buffer; else an image's region.
     region: Option<[usize; 3]>,
     bytes: usize,
+    /// A buffer the host may read and write: moved without a bounce buffer.
+    direct: bool,
 }
+
+const CL_MEM_FLAGS: u32 = 0x1101;
+/// `CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS`.
+const HOST_ACCESS_LIMITS: u64 = (1 << 7) | (1 << 8) | (1 << 9);
 
 /// The layout of `m`; `None` for objects whose contents live elsewhere (sub-buffers,
 /// image views of a buffer), which their parent carries.
@@ -432,10 +438,12 @@ fn layout(rt: &OpenCl, m: cl_mem) -> Result<Option<Layout>, String> {
     }
     if ty == CL_MEM_OBJECT_BUFFER {
         let bytes: usize = mem_info(rt, m, CL_MEM_SIZE).ok_or("cannot read a buffer's size")?;
+        let flags: u64 = mem_info(rt, m, CL_MEM_FLAGS).unwrap_or(HOST_ACCESS_LIMITS);
         return Ok(Some(Layout {
             context,
             region: None,
             bytes,
+            direct: flags & HOST_ACCESS_LIMITS == 0,
         }));
     }
     let get = |p| image_info::<usize>(rt, m, p).ok_or("cannot describe an image");
@@ -458,6 +466,7 @@ fn layout(rt: &OpenCl, m: cl_mem) -> Result<Option<Layout>, String> {
         context,
         region: Some(region),
         bytes: elem * region.iter().product::<usize>(),
+        direct: false,
     }))
 }
 
@@ -496,9 +505,26 @@ fn read_contents(
     l: &Layout,
 ) -> Result<Vec<u8>, String> {
     let q = qs.for_context(l.context)?;
-    let tmp = bounce(rt, l.context, l.bytes, None)?;
     let mut out = vec![0u8; l.bytes];
     let none = std::ptr::null_mut();
+    if l.direct {
+        check(
+            rt.clEnqueueReadBuffer(
+                q,
+                m,
+                1,
+                0,
+                l.bytes,
+                out.as_mut_ptr().cast(),
+                0,
+                std::ptr::null(),
+                none,
+            ),
+            "reading contents",
+        )?;
+        return Ok(out);
+    }
+    let tmp = bounce(rt, l.context, l.bytes, None)?;
     let res = (|| {
         match l.region {
             None => check(
@@ -552,6 +578,22 @@ fn write_contents(rt: &OpenCl, qs: &mut Queues<'_>, m: cl_mem, data: &[u8]) -> R
         return Ok(());
     }
     let q = qs.for_context(l.context)?;
+    if l.direct {
+        return check(
+            rt.clEnqueueWriteBuffer(
+                q,
+                m,
+                1,
+                0,
+                l.bytes,
+                data.as_ptr().cast(),
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            ),
+            "writing contents",
+        );
+    }
     let tmp = bounce(rt, l.context, l.bytes, Some(data))?;
     let none = std::ptr::null_mut();
     let res = (|| {
