@@ -13,7 +13,8 @@
 //!   its objects and their contents; the application sees a pause.
 //! - `hira-ctl checkpoint SESSION FILE` / `hira-ctl restore FILE`: suspends a session
 //!   into a file, and lets a daemon (this one, a restarted one, another one) resume
-//!   it when its guest reconnects.
+//!   it when its guest reconnects; `checkpoint all DIR` / `restore DIR` for every
+//!   session, around a daemon upgrade.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -77,10 +78,12 @@ enum Cmd {
     },
     /// Suspends a live session into FILE: its application waits (up to its
     /// HIRA_RESUME_SECS, 60 s by default) until `hira-ctl restore FILE` on a daemon
-    /// it can reach, such as this daemon restarted or upgraded, resumes it.
-    Checkpoint { session: u64, file: PathBuf },
+    /// it can reach, such as this daemon restarted or upgraded, resumes it. With a
+    /// VM's name (or `all`), suspends each of its sessions (every session) into a
+    /// file SESSION.hira in the directory FILE, for a daemon upgrade.
+    Checkpoint { target: String, file: PathBuf },
     /// Hands a session suspended with `checkpoint` to the daemon, which resumes it
-    /// when its guest reconnects.
+    /// when its guest reconnects; with a directory, each `*.hira` file in it.
     Restore { file: PathBuf },
     /// A refreshing view of each VM's share of device time, calls per second, data
     /// rate and memory.
@@ -453,6 +456,36 @@ fn checkpoint(socket: &PathBuf, session: u64, file: &PathBuf) -> anyhow::Result<
     Ok(())
 }
 
+/// `checkpoint VM|all DIR`: each session into DIR/SESSION.hira.
+fn checkpoint_all(
+    c: &mut Control,
+    socket: &PathBuf,
+    target: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let status = c.ask(&json!({"cmd": "status"}))?;
+    let ids: Vec<u64> = if target == "all" {
+        status["sessions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["id"].as_u64())
+            .collect()
+    } else {
+        sessions_of(&status, target)?
+    };
+    std::fs::create_dir_all(dir)?;
+    let mut failed = 0;
+    for id in ids {
+        if let Err(e) = checkpoint(socket, id, &dir.join(format!("{id}.hira"))) {
+            eprintln!("{e:#}");
+            failed += 1;
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} session(s) were not suspended");
+    Ok(())
+}
+
 fn s_<'a>(v: &'a Value, k: &str) -> &'a str {
     v[k].as_str().unwrap_or("")
 }
@@ -534,7 +567,22 @@ fn main() -> anyhow::Result<()> {
             to_device,
             json,
         } => migrate(&mut c, &target, to.as_deref(), to_device, json)?,
-        Cmd::Checkpoint { session, file } => checkpoint(&socket, session, &file)?,
+        Cmd::Checkpoint { target, file } => match target.parse::<u64>() {
+            Ok(session) => checkpoint(&socket, session, &file)?,
+            Err(_) => checkpoint_all(&mut c, &socket, &target, &file)?,
+        },
+        Cmd::Restore { file } if file.is_dir() => {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&file)?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "hira"))
+                .collect();
+            files.sort();
+            anyhow::ensure!(!files.is_empty(), "no *.hira file in {}", file.display());
+            for f in files {
+                restore(&socket, &f)?;
+            }
+        }
         Cmd::Restore { file } => restore(&socket, &file)?,
         Cmd::Top {
             interval_ms,

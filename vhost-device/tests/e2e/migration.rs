@@ -266,27 +266,36 @@ fn a_checkpointed_session_resumes_when_restored() {
 }
 
 #[test]
-fn a_session_survives_a_daemon_restart_through_a_checkpoint() {
+fn sessions_survive_a_daemon_restart_through_checkpoints() {
     let script = ["step", "loop 3", "check", "end"];
     let expected = native(&script);
-    let d = Daemon::start(&["vm0"]);
+    let d = Daemon::start(&["vm0", "vm1"]);
     let vendors = Vendors::hira();
     let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
-    let (id, first) = the_session(&d);
-    let mut got = vec![p.ask(script[0])];
-    let file = d.dir.path().join("session.hira");
-    checkpoint(&d, id, &file);
+    let mut q = LineProgram::start(d.guest(&vendors, "vm1", &c_program("migrate")));
+    let first: Vec<u64> = d.api_servers().into_iter().map(u64::from).collect();
+    let (mut got_p, mut got_q) = (vec![p.ask(script[0])], vec![q.ask(script[0])]);
+    // The upgrade procedure: every session into a directory, the daemon stopped and
+    // a new one started on the same sockets while the applications wait, then the
+    // directory restored.
+    let dir = d.dir.path().join("upgrade");
+    let out = d.ctl_ok(&["checkpoint", "all", dir.to_str().unwrap()]);
+    assert_eq!(out.matches("suspended into").count(), 2, "{out}");
     p.send(script[1]);
-    // The daemon stops and a new one (an upgrade, say) starts on the same sockets
-    // while the application waits.
-    let d = d.restart(&["vm0"]);
-    d.ctl_ok(&["restore", file.to_str().unwrap()]);
-    got.push(p.line());
-    let (_, now) = the_session(&d);
-    assert_ne!(now, first);
-    got.push(p.ask(script[2]));
-    got.push(p.ask(script[3]));
-    assert_eq!(got, expected);
+    q.send(script[1]);
+    let d = d.restart(&["vm0", "vm1"]);
+    d.ctl_ok(&["restore", dir.to_str().unwrap()]);
+    got_p.push(p.line());
+    got_q.push(q.line());
+    let now = d.api_servers();
+    assert_eq!(now.len(), 2);
+    assert!(now.iter().all(|p| !first.contains(&u64::from(*p))));
+    for cmd in &script[2..] {
+        got_p.push(p.ask(cmd));
+        got_q.push(q.ask(cmd));
+    }
+    assert_eq!(got_p, expected);
+    assert_eq!(got_q, expected);
 }
 
 /// A forwarder of one Unix socket to another that carries bytes and nothing else
