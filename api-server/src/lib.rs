@@ -41,4 +41,6 @@ pub struct Config {
     /// The page of the session's VM: its device-memory quota and what its sessions
     /// hold together.
     pub vm_page: Option<hira_protocol::usage::VmPage>,
+    /// When the process started, for the log of how long a restore took.
+    pub started: std::time::Instant,
 }

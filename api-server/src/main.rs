@@ -106,6 +106,7 @@ impl TryFrom<Args> for Config {
             None => None,
         };
         Ok(Config {
+            started: std::time::Instant::now(),
             socket,
             usage,
             vm_page,

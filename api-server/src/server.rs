@@ -377,10 +377,16 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
         }
     };
     // A migrated session: its objects come back before anything of the guest runs.
+    let restoring = std::time::Instant::now();
     let pending = match adopt {
         Some(a) => match read_snapshot(a.snapshot).and_then(|b| backend.restore(&b, a.device)) {
             Ok(p) => {
-                info!("session {}: restored from a snapshot", config.session);
+                info!(
+                    "session {}: restored from a snapshot in {:?} ({:?} after this process started)",
+                    config.session,
+                    restoring.elapsed(),
+                    config.started.elapsed()
+                );
                 p
             }
             Err(e) => {
