@@ -453,7 +453,7 @@ fn vm_session_moves(window: bool) {
     let daemon = Daemon::start_vms_with(&[("qvm", 3)], window);
     // The program reads its commands from the console, without echo.
     let image = image_with(
-        "migrate-window",
+        "migrate-moves",
         "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n",
         &["migrate"],
     );
@@ -501,7 +501,7 @@ fn a_vm_guests_session_is_suspended_and_resumed_over_vsock() {
     let expected = crate::migration::native(&script);
     let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
     let image = image_with(
-        "migrate-window",
+        "migrate-suspend",
         "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n",
         &["migrate"],
     );
