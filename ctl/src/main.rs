@@ -490,37 +490,18 @@ fn s_<'a>(v: &'a Value, k: &str) -> &'a str {
     v[k].as_str().unwrap_or("")
 }
 
-fn restore(socket: &PathBuf, file: &PathBuf) -> anyhow::Result<()> {
+fn restore(socket: &std::path::Path, file: &std::path::Path) -> anyhow::Result<()> {
     let mut f =
         std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
     let (token, vm, slot) = hira_vhost::migrate::file::read_header(&mut f)
         .with_context(|| format!("{} is not a session file", file.display()))?;
     let at = std::io::Seek::stream_position(&mut f)?;
     let bytes = f.metadata()?.len().saturating_sub(at);
-    let mut s = UnixStream::connect(socket)
-        .with_context(|| format!("cannot reach the control socket {}", socket.display()))?;
-    let req = json!({
-        "cmd": "restore",
-        "vm": vm,
-        "token": hira_vhost::migrate::token_hex(&token),
-        "slot": slot,
-        "bytes": bytes,
-    });
-    writeln!(s, "{req}")?;
-    let v: Value = serde_json::from_str(&hira_vhost::control::read_line_unbuffered(&mut s)?)?;
-    if let Some(e) = v["error"].as_str() {
-        bail!("{e}");
-    }
-    // The snapshot as bytes: the control socket may be forwarded from another host.
-    let sent = std::io::copy(&mut std::io::Read::take(&mut f, bytes), &mut s)?;
-    anyhow::ensure!(sent == bytes, "{} was cut short", file.display());
-    let v: Value = serde_json::from_str(&hira_vhost::control::read_line_unbuffered(&mut s)?)?;
-    if let Some(e) = v["error"].as_str() {
-        bail!("{e}");
-    }
+    let parked = hira_vhost::control::park_at(socket, &vm, &token, slot, bytes, &mut f)
+        .map_err(anyhow::Error::msg)?;
     println!(
         "a session of VM {vm} waits for its guest ({})",
-        size(u(&v["parked"], "snapshot_bytes"))
+        size(u(&parked, "snapshot_bytes"))
     );
     Ok(())
 }

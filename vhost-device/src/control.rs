@@ -560,48 +560,57 @@ fn restore(
 /// Parks `c` at the daemon whose control socket is `path`; returns where the guest
 /// reconnects.
 pub fn restore_at(path: &std::path::Path, c: &crate::migrate::Captured) -> Result<String, String> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = c
+        .snapshot
+        .try_clone()
+        .map(std::fs::File::from)
+        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
+        .map_err(|e| e.to_string())?;
+    let parked = park_at(path, &c.vm, &c.token, c.slot, c.bytes, &mut f)?;
+    Ok(parked["endpoint"].as_str().unwrap_or_default().to_string())
+}
+
+/// Hands a suspended session of VM `vm` (its snapshot: the next `bytes` of `from`)
+/// to the daemon whose control socket is `path`, as bytes on the connection (which
+/// may be forwarded from another host); the daemon's `parked` answer.
+pub fn park_at(
+    path: &std::path::Path,
+    vm: &str,
+    token: &hira_protocol::handshake::Token,
+    slot: Option<crate::migrate::VmSlot>,
+    bytes: u64,
+    from: &mut impl Read,
+) -> Result<Value, String> {
     let fail = |e: std::io::Error| format!("cannot reach {}: {e}", path.display());
     let mut s = UnixStream::connect(path).map_err(fail)?;
     s.set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(fail)?;
     let req = json!({
         "cmd": "restore",
-        "vm": c.vm,
-        "token": crate::migrate::token_hex(&c.token),
-        "slot": c.slot,
-        "bytes": c.bytes,
+        "vm": vm,
+        "token": crate::migrate::token_hex(token),
+        "slot": slot,
+        "bytes": bytes,
     });
     writeln!(s, "{req}").map_err(fail)?;
-    let line = read_line_unbuffered(&mut s).map_err(fail)?;
-    let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
+    let answer = |s: &mut UnixStream| -> Result<Value, String> {
+        let line = read_line_unbuffered(s).map_err(fail)?;
+        serde_json::from_str(&line).map_err(|e| e.to_string())
+    };
+    let v = answer(&mut s)?;
     if v.get("send").is_none() {
         return Err(format!("{} refused: {}", path.display(), v["error"]));
     }
-    send_snapshot(&c.snapshot, c.bytes, &mut s).map_err(fail)?;
-    let line = read_line_unbuffered(&mut s).map_err(fail)?;
-    let v: Value = serde_json::from_str(&line).map_err(|e| e.to_string())?;
-    match v["parked"]["endpoint"].as_str() {
-        Some(e) => Ok(e.to_string()),
+    let sent = std::io::copy(&mut from.take(bytes), &mut s).map_err(fail)?;
+    if sent != bytes {
+        return Err("the snapshot is shorter than it says".into());
+    }
+    let v = answer(&mut s)?;
+    match v.get("parked") {
+        Some(p) => Ok(p.clone()),
         None => Err(format!("{} refused: {}", path.display(), v["error"])),
     }
-}
-
-/// Streams the first `bytes` of the snapshot memfd `from` to `to`.
-pub fn send_snapshot(
-    from: &std::os::fd::OwnedFd,
-    bytes: u64,
-    to: &mut impl Write,
-) -> std::io::Result<()> {
-    use std::io::{Seek, SeekFrom};
-    let mut f = std::fs::File::from(from.try_clone()?);
-    f.seek(SeekFrom::Start(0))?;
-    let sent = std::io::copy(&mut f.take(bytes), to)?;
-    if sent != bytes {
-        return Err(std::io::Error::other(
-            "the snapshot is shorter than it says",
-        ));
-    }
-    Ok(())
 }
 
 /// One line, read a byte at a time so that nothing after it is taken from the socket.

@@ -154,14 +154,14 @@ impl Door {
             Ok(q) => q.push_back(ask),
             Err(why) => return Err(why.clone()),
         }
-        let _ = (&self.bell).write_one();
+        let _ = std::io::Write::write(&mut &self.bell, &[1]);
         Ok(())
     }
 
     /// The requests waiting, emptying the bell.
     pub(crate) fn take(&self) -> Vec<Ask> {
         let mut b = [0u8; 64];
-        while matches!((&self.rung).read_some(&mut b), Ok(n) if n > 0) {}
+        while matches!(std::io::Read::read(&mut &self.rung, &mut b), Ok(n) if n > 0) {}
         match &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()) {
             Ok(q) => q.drain(..).collect(),
             Err(_) => Vec::new(),
@@ -180,20 +180,6 @@ impl Door {
     }
 }
 
-trait Bell {
-    fn write_one(self) -> std::io::Result<usize>;
-    fn read_some(self, b: &mut [u8]) -> std::io::Result<usize>;
-}
-
-impl Bell for &UnixStream {
-    fn write_one(mut self) -> std::io::Result<usize> {
-        std::io::Write::write(&mut self, &[1])
-    }
-    fn read_some(mut self, b: &mut [u8]) -> std::io::Result<usize> {
-        std::io::Read::read(&mut self, b)
-    }
-}
-
 /// An empty memfd for a snapshot.
 pub(crate) fn snapshot_file() -> std::io::Result<OwnedFd> {
     // SAFETY: the name is a NUL-terminated literal; the flags are valid.
@@ -203,17 +189,6 @@ pub(crate) fn snapshot_file() -> std::io::Result<OwnedFd> {
     }
     // SAFETY: memfd_create just returned this descriptor, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Whether `fd` is readable now (or hung up).
-pub(crate) fn readable(fd: &impl AsFd) -> bool {
-    let mut p = [libc::pollfd {
-        fd: fd.as_fd().as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
-    // SAFETY: one valid pollfd; a zero timeout never blocks.
-    unsafe { libc::poll(p.as_mut_ptr(), 1, 0) > 0 }
 }
 
 /// Waits until `a` or `b` is readable (or hung up); returns which are.

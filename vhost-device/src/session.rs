@@ -438,12 +438,8 @@ fn serve(
             };
             if local_rings && rings {
                 serve_on_rings(&mut guest, &door, &mut m)
-            } else if rings {
-                // A VM's rings: the daemon relays the doorbells on the guest's vsock.
-                let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
-                serve_vm_rings(&mut guest_r, &door, &mut m, &guest_w)
             } else {
-                // Relayed: every frame.
+                // Relayed: every frame, or on a VM's rings the doorbells only.
                 let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
                 relay_to_server(
                     &mut guest_r,
@@ -451,6 +447,7 @@ fn serve(
                     &mut m,
                     &guest_w,
                     server_welcome.window_len,
+                    rings,
                     &mut stats,
                 )
             }
@@ -1013,38 +1010,22 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
     false
 }
 
-/// Relays a VM guest's doorbells to its API server until the guest leaves (a guest
-/// on rings may send nothing else), carrying out the migrations asked for meanwhile,
-/// between doorbells.
-fn serve_vm_rings(
-    guest: &mut BufReader<UnixStream>,
+/// Waits until the guest has something to read (or hung up), carrying out the
+/// migrations asked for meanwhile. False once the session was suspended (it is over
+/// here).
+fn guest_or_door(
+    guest: &UnixStream,
     door: &crate::migrate::Door,
     m: &mut Mover<'_>,
-    guest_w: &Mutex<UnixStream>,
-) -> Result<(), SessionError> {
+) -> Result<bool, SessionError> {
     loop {
-        if guest.buffer().is_empty() {
-            let (_, asked) = crate::migrate::wait_either(guest.get_ref(), &door.rung)?;
-            if asked && answer_door(door, m) {
-                return Ok(());
-            }
-            if !crate::migrate::readable(guest.get_ref()) {
-                continue;
-            }
+        let (ready, asked) = crate::migrate::wait_either(guest, &door.rung)?;
+        if asked && answer_door(door, m) {
+            return Ok(false);
         }
-        let mut hb = [0u8; HEADER_LEN];
-        match guest.read_exact(&mut hb) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
+        if ready {
+            return Ok(true);
         }
-        let h = FrameHeader::decode(&hb).ok();
-        if !h.is_some_and(|h| h.kind == FrameKind::Notify && h.opcode == DOORBELL && h.len == 0) {
-            let m = "a guest on rings may only ring the doorbell on its socket";
-            send_error(guest_w, None, error_code::MALFORMED, m);
-            return Err(SessionError::Handshake(m.into()));
-        }
-        (&*m.server).write_all(&hb)?;
     }
 }
 
@@ -1056,45 +1037,36 @@ fn serve_on_rings(
     door: &crate::migrate::Door,
     m: &mut Mover<'_>,
 ) -> Result<(), SessionError> {
-    loop {
-        let (guest_ready, asked) = crate::migrate::wait_either(&*guest, &door.rung)?;
-        if asked && answer_door(door, m) {
-            return Ok(());
-        }
-        if guest_ready || crate::migrate::readable(&*guest) {
-            let mut b = [0u8; 1];
-            return match guest.read(&mut b) {
-                Ok(0) => Ok(()),
-                Ok(_) => Err(SessionError::Handshake(
-                    "the guest sent on its socket while on rings".into(),
-                )),
-                Err(e) => Err(e.into()),
-            };
-        }
+    if !guest_or_door(guest, door, m)? {
+        return Ok(());
+    }
+    let mut b = [0u8; 1];
+    match guest.read(&mut b) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(SessionError::Handshake(
+            "the guest sent on its socket while on rings".into(),
+        )),
+        Err(e) => Err(e.into()),
     }
 }
 
-/// Checks and forwards the guest's commands until it disconnects or breaks framing;
-/// between two of them, carries out the migrations asked for (the API server gets
-/// the capture in its stream, after every frame forwarded before).
+/// Checks and forwards the guest's commands (on a VM's rings: its doorbells) until
+/// it disconnects or breaks framing; between two of them, carries out the
+/// migrations asked for (a relayed session's API server gets the capture in its
+/// stream, after every frame forwarded before).
 fn relay_to_server(
     guest: &mut BufReader<UnixStream>,
     door: &crate::migrate::Door,
     m: &mut Mover<'_>,
     guest_w: &Mutex<UnixStream>,
     window_len: u64,
+    doorbells_only: bool,
     stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
     let mut buf = vec![0u8; RELAY_CHUNK];
     loop {
-        if guest.buffer().is_empty() {
-            let (_, asked) = crate::migrate::wait_either(guest.get_ref(), &door.rung)?;
-            if asked && answer_door(door, m) {
-                return Ok(());
-            }
-            if !crate::migrate::readable(guest.get_ref()) {
-                continue;
-            }
+        if guest.buffer().is_empty() && !guest_or_door(guest.get_ref(), door, m)? {
+            return Ok(());
         }
         let server: &UnixStream = m.server;
         let mut hb = [0u8; HEADER_LEN];
@@ -1113,6 +1085,17 @@ fn relay_to_server(
                 )));
             }
         };
+        if doorbells_only {
+            // A VM session on rings: its frames travel in shared memory; the socket
+            // carries only doorbells, which have no body to copy.
+            if h.kind == FrameKind::Notify && h.opcode == DOORBELL && h.len == 0 {
+                forward(guest, server, &hb, &[], 0, &mut buf)?;
+                continue;
+            }
+            let m = "a guest on rings may only ring the doorbell on its socket";
+            send_error(guest_w, None, error_code::MALFORMED, m);
+            return Err(SessionError::Handshake(m.into()));
+        }
         let span_bytes = h.span_count as usize * SPAN_LEN;
         let mut spans = vec![0u8; span_bytes];
         guest.read_exact(&mut spans)?;

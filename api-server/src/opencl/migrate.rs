@@ -17,7 +17,7 @@ use cl3::OpenCl;
 use hira_migration::snapshot::MAX_REQUEST;
 use hira_migration::{Log, Snapshot, StandIn};
 use hira_protocol::handshake::ApiKind;
-use hira_protocol::opencl::{Kind, Replay, op, op_info, tag};
+use hira_protocol::opencl::{Kind, OpInfo, Replay, op, op_info, tag};
 use hira_protocol::{Reader, Writer};
 use opencl_sys::{cl_command_queue, cl_context, cl_int, cl_mem};
 
@@ -127,8 +127,10 @@ pub(crate) enum Splice {
 }
 
 /// What one call that the log keeps named while it ran.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Rec {
+    /// The call.
+    info: &'static OpInfo,
     /// Objects it made, in order.
     pub creates: Vec<u64>,
     /// Objects its arguments named, in order (a configuring call's subject first).
@@ -145,12 +147,23 @@ pub(crate) struct Rec {
 }
 
 impl Rec {
-    /// The record of a call `opcode` about to run.
-    pub(crate) fn of(opcode: u16) -> Self {
-        Rec {
-            creates_memory: op_info(opcode).is_some_and(|o| o.replay == Replay::Creates(Kind::Mem)),
-            ..Rec::default()
-        }
+    /// The record of a call `opcode` about to run, if the log keeps such calls (an
+    /// event's callback it does not: it is delivered before any capture completes,
+    /// and once only).
+    pub(crate) fn of(opcode: u16) -> Option<Self> {
+        let info = op_info(opcode).filter(|o| {
+            o.opcode != op::clSetEventCallback
+                && matches!(o.replay, Replay::Creates(_) | Replay::Configures)
+        })?;
+        Some(Rec {
+            info,
+            creates: Vec::new(),
+            uses: Vec::new(),
+            key: None,
+            splices: Vec::new(),
+            unmigratable: None,
+            creates_memory: info.replay == Replay::Creates(Kind::Mem),
+        })
     }
 }
 
@@ -168,6 +181,8 @@ pub struct Migration {
     /// Events of commands finished before a migration, by their stand-in's host
     /// handle: what the event told before, which the stand-in tells alike.
     finished: Mutex<HashMap<usize, Finished>>,
+    /// Whether `finished` may hold anything (the session was restored).
+    restored: AtomicBool,
 }
 
 /// What an event of a finished command answers after a migration.
@@ -260,14 +275,6 @@ impl Migration {
         self.replaying.load(Ordering::Acquire)
     }
 
-    /// Whether call `opcode` is kept by the log (an event's callback is not: it is
-    /// delivered before any capture completes, and once only).
-    pub(crate) fn keeps(opcode: u16) -> bool {
-        opcode != op::clSetEventCallback
-            && op_info(opcode)
-                .is_some_and(|o| matches!(o.replay, Replay::Creates(_) | Replay::Configures))
-    }
-
     /// The answer to `function`'s query `param` of `object` if it is the stand-in of
     /// an event of a finished command (in host form: a queue as its host handle).
     pub(crate) fn stand_in_answer(
@@ -303,10 +310,13 @@ impl Migration {
 
     /// The guest released event `host` for good: the host may reuse its handle.
     pub(crate) fn forget_event(&self, host: usize) {
-        self.finished
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&host);
+        // Only a restored session has stand-ins; others skip the lock on each release.
+        if self.restored.load(Ordering::Relaxed) {
+            self.finished
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&host);
+        }
     }
 
     pub(crate) fn retained(&self, id: u64) {
@@ -318,8 +328,8 @@ impl Migration {
     }
 
     /// Records a kept call that succeeded.
-    pub(crate) fn record(&self, opcode: u16, payload: &[u8], rec: Rec) {
-        let name = op_info(opcode).map_or("a call", |o| o.name);
+    pub(crate) fn record(&self, payload: &[u8], rec: Rec) {
+        let (opcode, name) = (rec.info.opcode, rec.info.name);
         let request = splice(payload, &rec.splices);
         let why = match rec.unmigratable {
             Some(w) => Some(format!("{name} used {w}")),
@@ -333,11 +343,8 @@ impl Migration {
             u.get_or_insert(why);
             return;
         }
-        let Some(role) = op_info(opcode).map(|o| o.replay) else {
-            return;
-        };
         let mut log = self.log();
-        match role {
+        match rec.info.replay {
             Replay::Creates(_) => log.created(opcode, request, rec.creates, rec.uses),
             Replay::Configures => {
                 let mut uses = rec.uses.into_iter();
@@ -506,63 +513,73 @@ fn read_contents(
 ) -> Result<Vec<u8>, String> {
     let q = qs.for_context(l.context)?;
     let mut out = vec![0u8; l.bytes];
-    let none = std::ptr::null_mut();
-    if l.direct {
-        check(
-            rt.clEnqueueReadBuffer(
-                q,
-                m,
-                1,
-                0,
-                l.bytes,
-                out.as_mut_ptr().cast(),
-                0,
-                std::ptr::null(),
-                none,
-            ),
-            "reading contents",
-        )?;
-        return Ok(out);
-    }
-    let tmp = bounce(rt, l.context, l.bytes, None)?;
-    let res = (|| {
-        match l.region {
-            None => check(
-                rt.clEnqueueCopyBuffer(q, m, tmp, 0, 0, l.bytes, 0, std::ptr::null(), none),
-                "copying a buffer",
-            )?,
-            Some(region) => check(
-                rt.clEnqueueCopyImageToBuffer(
+    let tmp = if l.direct {
+        None
+    } else {
+        Some(bounce(rt, l.context, l.bytes, None)?)
+    };
+    let res = tmp
+        .map_or(Ok(()), |t| bounce_copy(rt, q, l, m, t, true))
+        .and_then(|()| {
+            check(
+                rt.clEnqueueReadBuffer(
                     q,
-                    m,
-                    tmp,
-                    [0usize; 3].as_ptr(),
-                    region.as_ptr(),
+                    tmp.unwrap_or(m),
+                    1,
                     0,
+                    l.bytes,
+                    out.as_mut_ptr().cast(),
                     0,
                     std::ptr::null(),
-                    none,
+                    std::ptr::null_mut(),
                 ),
-                "copying an image",
-            )?,
-        }
-        check(
-            rt.clEnqueueReadBuffer(
-                q,
-                tmp,
-                1,
-                0,
-                l.bytes,
-                out.as_mut_ptr().cast(),
-                0,
-                std::ptr::null(),
-                none,
-            ),
-            "reading contents",
-        )
-    })();
-    rt.clReleaseMemObject(tmp);
+                "reading contents",
+            )
+        });
+    if let Some(t) = tmp {
+        rt.clReleaseMemObject(t);
+    }
     res.map(|()| out)
+}
+
+/// Copies between memory object `m` and its bounce buffer `tmp` (`out`: from the
+/// object), on `q`.
+fn bounce_copy(
+    rt: &OpenCl,
+    q: cl_command_queue,
+    l: &Layout,
+    m: cl_mem,
+    tmp: cl_mem,
+    out: bool,
+) -> Result<(), String> {
+    let (none, no_list, origin) = (std::ptr::null_mut(), std::ptr::null(), [0usize; 3]);
+    let status = match (l.region, out) {
+        (None, true) => rt.clEnqueueCopyBuffer(q, m, tmp, 0, 0, l.bytes, 0, no_list, none),
+        (None, false) => rt.clEnqueueCopyBuffer(q, tmp, m, 0, 0, l.bytes, 0, no_list, none),
+        (Some(region), true) => rt.clEnqueueCopyImageToBuffer(
+            q,
+            m,
+            tmp,
+            origin.as_ptr(),
+            region.as_ptr(),
+            0,
+            0,
+            no_list,
+            none,
+        ),
+        (Some(region), false) => rt.clEnqueueCopyBufferToImage(
+            q,
+            tmp,
+            m,
+            0,
+            origin.as_ptr(),
+            region.as_ptr(),
+            0,
+            no_list,
+            none,
+        ),
+    };
+    check(status, "copying contents")
 }
 
 fn write_contents(rt: &OpenCl, qs: &mut Queues<'_>, m: cl_mem, data: &[u8]) -> Result<(), String> {
@@ -595,30 +612,8 @@ fn write_contents(rt: &OpenCl, qs: &mut Queues<'_>, m: cl_mem, data: &[u8]) -> R
         );
     }
     let tmp = bounce(rt, l.context, l.bytes, Some(data))?;
-    let none = std::ptr::null_mut();
-    let res = (|| {
-        match l.region {
-            None => check(
-                rt.clEnqueueCopyBuffer(q, tmp, m, 0, 0, l.bytes, 0, std::ptr::null(), none),
-                "copying a buffer",
-            )?,
-            Some(region) => check(
-                rt.clEnqueueCopyBufferToImage(
-                    q,
-                    tmp,
-                    m,
-                    0,
-                    [0usize; 3].as_ptr(),
-                    region.as_ptr(),
-                    0,
-                    std::ptr::null(),
-                    none,
-                ),
-                "copying an image",
-            )?,
-        }
-        check(rt.clFinish(q), "finishing a restore")
-    })();
+    let res = bounce_copy(rt, q, &l, m, tmp, false)
+        .and_then(|()| check(rt.clFinish(q), "finishing a restore"));
     rt.clReleaseMemObject(tmp);
     res
 }
@@ -817,7 +812,7 @@ impl OpenClBackend {
             let mut w = Writer::new();
             for e in &snap.entries {
                 let name = op_info(e.opcode).map_or("an unknown call", |o| o.name);
-                if !Migration::keeps(e.opcode) {
+                if Rec::of(e.opcode).is_none() {
                     return Err(format!("the snapshot keeps {name}, which no log keeps"));
                 }
                 w.clear();
@@ -857,6 +852,7 @@ impl OpenClBackend {
             if finished.queue != 0 && handles.host_of(finished.queue, Kind::Queue).is_none() {
                 return Err("a stand-in event of an unknown queue".into());
             }
+            m.restored.store(true, Ordering::Relaxed);
             m.finished
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

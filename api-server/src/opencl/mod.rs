@@ -211,21 +211,16 @@ impl Backend for OpenClBackend {
         w: &mut Writer,
     ) -> Result<(), Fail> {
         let mut r = Reader::new(payload);
-        let keep = migrate::Migration::keeps(opcode);
-        let mut s = if keep {
-            Session::recording(self, opcode)
-        } else {
-            Session::new(self)
+        let mut s = match migrate::Rec::of(opcode) {
+            Some(rec) => Session::recording(self, rec),
+            None => Session::new(self),
         };
         let res = generated::dispatch(&mut s, opcode, &mut r, frame, w);
         // Whatever this call showed complete, the guest must hold its data first.
         self.deferred.settle();
         let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
-        if succeeded
-            && keep
-            && let Some(rec) = s.take_rec()
-        {
-            self.migration.record(opcode, payload, rec);
+        if succeeded && let Some(rec) = s.take_rec() {
+            self.migration.record(payload, rec);
         }
         if succeeded && opcode == op::clCreateUserEvent {
             self.open_user_events.fetch_add(1, Ordering::AcqRel);

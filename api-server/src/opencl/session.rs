@@ -578,11 +578,11 @@ impl<'a> Session<'a> {
         Session { b, rec: None }
     }
 
-    /// A view that also notes what call `opcode` names, for migration's log.
-    pub fn recording(b: &'a OpenClBackend, opcode: u16) -> Self {
+    /// A view that also notes what the call names, into `rec`, for migration's log.
+    pub(crate) fn recording(b: &'a OpenClBackend, rec: super::migrate::Rec) -> Self {
         Session {
             b,
-            rec: Some(std::cell::RefCell::new(super::migrate::Rec::of(opcode))),
+            rec: Some(std::cell::RefCell::new(rec)),
         }
     }
 

@@ -19,6 +19,12 @@ pub fn native(script: &[&str]) -> Vec<String> {
     script.iter().map(|c| p.ask(c)).collect()
 }
 
+/// `tests/c/migrate.c` through Hira as a guest of VM `vm`, its objects made.
+fn guest_program(d: &Daemon, vm: &str) -> LineProgram {
+    let vendors = Vendors::hira();
+    LineProgram::start(d.guest(&vendors, vm, &c_program("migrate")))
+}
+
 /// The one live session: its id and API-server pid.
 fn the_session(d: &Daemon) -> (u64, u32) {
     let s = d.status();
@@ -45,8 +51,7 @@ fn a_session_moves_between_api_servers_with_its_objects_and_contents() {
     let script = ["step", "step", "check", "loop 5", "check", "end"];
     let expected = native(&script);
     let d = Daemon::start(&["vm0"]);
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let mut p = guest_program(&d, "vm0");
     let (id, first) = the_session(&d);
     let mut pids = vec![first];
     let mut got = Vec::new();
@@ -126,8 +131,7 @@ fn pending_user_events_and_mapped_buffers_move() {
     let script = ["step", "pend", "go", "unmap", "check", "end"];
     let expected = native(&script);
     let d = Daemon::start(&["vm0"]);
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let mut p = guest_program(&d, "vm0");
     let (id, _) = the_session(&d);
     let mut got = Vec::new();
     for cmd in script {
@@ -165,8 +169,7 @@ fn a_failed_restore_leaves_the_guest_on_its_api_server() {
     let script = ["step", "step", "check", "end"];
     let expected = native(&script);
     let d = Daemon::start(&["vm0"]);
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let mut p = guest_program(&d, "vm0");
     let (id, pid) = the_session(&d);
     let mut got = vec![p.ask(script[0])];
     // The program holds about 65 KiB of device memory. Under a 100 KiB quota the
@@ -234,8 +237,7 @@ fn a_checkpointed_session_resumes_when_restored() {
     let script = ["step", "step", "check", "end"];
     let expected = native(&script);
     let d = Daemon::start(&["vm0"]);
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let mut p = guest_program(&d, "vm0");
     let (id, _) = the_session(&d);
     let mut got = vec![p.ask(script[0])];
     let file = d.dir.path().join("session.hira");
@@ -270,9 +272,8 @@ fn sessions_survive_a_daemon_restart_through_checkpoints() {
     let script = ["step", "loop 3", "check", "end"];
     let expected = native(&script);
     let d = Daemon::start(&["vm0", "vm1"]);
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
-    let mut q = LineProgram::start(d.guest(&vendors, "vm1", &c_program("migrate")));
+    let mut p = guest_program(&d, "vm0");
+    let mut q = guest_program(&d, "vm1");
     let first: Vec<u64> = d.api_servers().into_iter().map(u64::from).collect();
     let (mut got_p, mut got_q) = (vec![p.ask(script[0])], vec![q.ask(script[0])]);
     // The upgrade procedure: every session into a directory, the daemon stopped and
@@ -326,8 +327,7 @@ fn a_session_moves_to_another_daemon() {
     let expected = native(&script);
     let a = Daemon::start(&["vm0"]);
     let b = Daemon::start(&["vm0"]);
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(a.guest(&vendors, "vm0", &c_program("migrate")));
+    let mut p = guest_program(&a, "vm0");
     let (id, _) = the_session(&a);
     let mut got = vec![p.ask(script[0])];
     // b's control socket reached through a byte-only forwarder, as from another
@@ -385,8 +385,7 @@ fn a_resume_without_a_parked_session_or_its_descriptors_is_refused() {
         assert!(e.message.contains(want), "{}", e.message);
     }
     // The daemon serves on.
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let mut p = guest_program(&d, "vm0");
     assert_eq!(p.ask("step"), native(&["step"])[0]);
 }
 
@@ -402,8 +401,7 @@ fn a_session_moves_to_another_device() {
     let expected: Vec<String> = script.iter().map(|c| native.ask(c)).collect();
     assert_eq!(expected[0], "devices 0 of 2");
     let d = Daemon::start_with_env(&["vm0"], &two);
-    let vendors = Vendors::hira();
-    let mut p = LineProgram::start(d.guest(&vendors, "vm0", &c_program("migrate")));
+    let mut p = guest_program(&d, "vm0");
     let (id, _) = the_session(&d);
     let mut got = vec![p.ask(script[0]), p.ask(script[1])];
     let out = d.ctl_ok(&["migrate", &id.to_string(), "--to-device", "1"]);

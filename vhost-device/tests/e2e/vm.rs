@@ -124,6 +124,14 @@ fn qemu_with_window(
 
 /// QEMU booting `image` with Hira's vhost-user vsock device on `vhost`.
 fn qemu(image: &std::path::Path, vhost: &std::path::Path) -> Command {
+    let mut q = qemu_without_vsock(image, vhost);
+    q.args(["-device", "vhost-user-vsock-pci,chardev=vsock0"]);
+    q
+}
+
+/// QEMU booting `image` with the chardev for Hira's vhost-user vsock device on
+/// `vhost` but not the device.
+fn qemu_without_vsock(image: &std::path::Path, vhost: &std::path::Path) -> Command {
     let mut q = Command::new("qemu-system-x86_64");
     q.args([
         "-accel",
@@ -143,7 +151,6 @@ fn qemu(image: &std::path::Path, vhost: &std::path::Path) -> Command {
     ])
     .arg("-chardev")
     .arg(format!("socket,id=vsock0,path={}", vhost.display()))
-    .args(["-device", "vhost-user-vsock-pci,chardev=vsock0"])
     .arg("-kernel")
     .arg(image.join("vmlinuz"))
     .arg("-initrd")
@@ -438,6 +445,26 @@ impl Drop for Console {
     }
 }
 
+/// The guest script running `tests/c/migrate.c` on commands from the console
+/// (without echo).
+const MIGRATE_SCRIPT: &str = "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n";
+
+/// A daemon serving VM qvm (with a shared window if `window`) and a QEMU guest of
+/// it running `tests/c/migrate.c` from its image `image`, ready for commands.
+fn migrate_guest(image: &str, window: bool) -> (Daemon, Console) {
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], window);
+    let image = image_with(image, MIGRATE_SCRIPT, &["migrate"]);
+    let vhost = daemon.vhost_socket("qvm");
+    let q = if window {
+        qemu_with_window(&image, &vhost, &daemon.window_file("qvm"))
+    } else {
+        qemu(&image, &vhost)
+    };
+    let console = Console::start(q);
+    console.line_starting("ready");
+    (daemon, console)
+}
+
 #[test]
 fn a_vm_guests_session_moves_between_api_servers_while_it_runs() {
     // On rings in the VM's shared window, and relayed over vsock without one.
@@ -450,24 +477,7 @@ fn vm_session_moves(window: bool) {
     ensure_built();
     let script = ["step", "pend", "go", "loop 3", "unmap", "check", "end"];
     let expected = crate::migration::native(&script);
-    let daemon = Daemon::start_vms_with(&[("qvm", 3)], window);
-    // The program reads its commands from the console, without echo.
-    let image = image_with(
-        "migrate-moves",
-        "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n",
-        &["migrate"],
-    );
-    let q = if window {
-        qemu_with_window(
-            &image,
-            &daemon.vhost_socket("qvm"),
-            &daemon.window_file("qvm"),
-        )
-    } else {
-        qemu(&image, &daemon.vhost_socket("qvm"))
-    };
-    let mut console = Console::start(q);
-    console.line_starting("ready");
+    let (daemon, mut console) = migrate_guest("migrate-moves", window);
     let session = || {
         let s = daemon.status();
         let live = s["sessions"].as_array().unwrap().clone();
@@ -499,18 +509,7 @@ fn a_vm_guests_session_is_suspended_and_resumed_over_vsock() {
     ensure_built();
     let script = ["step", "pend", "loop 2", "check", "end"];
     let expected = crate::migration::native(&script);
-    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
-    let image = image_with(
-        "migrate-suspend",
-        "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n",
-        &["migrate"],
-    );
-    let mut console = Console::start(qemu_with_window(
-        &image,
-        &daemon.vhost_socket("qvm"),
-        &daemon.window_file("qvm"),
-    ));
-    console.line_starting("ready");
+    let (daemon, mut console) = migrate_guest("migrate-suspend", true);
     let file = daemon.dir.path().join("vm-session.hira");
     let mut got = Vec::new();
     for (i, cmd) in script.iter().enumerate() {
@@ -607,38 +606,15 @@ fn qemu_migratable(
     with_vsock: bool,
     incoming: Option<&std::path::Path>,
 ) -> Command {
-    let mut q = Command::new("qemu-system-x86_64");
-    q.args([
-        "-accel",
-        "tcg",
-        "-smp",
-        "1",
-        "-nographic",
-        "-no-reboot",
-        "-m",
-        "512M",
-    ])
-    .args([
-        "-object",
-        "memory-backend-memfd,id=mem,size=512M,share=on",
-        "-numa",
-        "node,memdev=mem",
-    ])
-    .arg("-chardev")
-    .arg(format!("socket,id=vsock0,path={}", vhost.display()))
-    .arg("-object")
-    .arg(format!(
-        "memory-backend-file,id=hirawin,mem-path={},size=64M,share=on",
-        window.display()
-    ))
-    .args(["-device", "ivshmem-plain,memdev=hirawin,addr=0x5,master=on"])
-    .arg("-qmp")
-    .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-    .arg("-kernel")
-    .arg(image.join("vmlinuz"))
-    .arg("-initrd")
-    .arg(image.join("initramfs.cpio.gz"))
-    .args(["-append", "console=ttyS0 quiet panic=-1"]);
+    let mut q = qemu_without_vsock(image, vhost);
+    q.arg("-object")
+        .arg(format!(
+            "memory-backend-file,id=hirawin,mem-path={},size=64M,share=on",
+            window.display()
+        ))
+        .args(["-device", "ivshmem-plain,memdev=hirawin,addr=0x5,master=on"])
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()));
     if with_vsock {
         q.args([
             "-device",
@@ -660,7 +636,7 @@ fn a_vm_using_hira_live_migrates_to_another_qemu_and_daemon() {
     let b = Daemon::start_vms_with(&[("qvm", 3)], true);
     let image = image_with(
         "migrate-live",
-        "stty -echo\nHIRA_RESUME_SECS=600 /hira/migrate\necho \"=== exit $?\"\n",
+        &MIGRATE_SCRIPT.replace("/hira/migrate", "HIRA_RESUME_SECS=600 /hira/migrate"),
         &["migrate"],
     );
     let work = tempfile::tempdir().unwrap();
