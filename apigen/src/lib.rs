@@ -342,22 +342,32 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                         );
                     }
                 }
-                let svm = match &a.kind {
+                match &a.kind {
                     // A buffer over SVM memory aliases the host allocation (the host
                     // gets CL_MEM_USE_HOST_PTR with the SVM address), as natively.
+                    // Large initial contents stream through the window after the
+                    // buffer is made (`stream::fill`).
                     Kind::HostPtr {
                         flags,
                         buffer: true,
                         ..
-                    } => format!(
-                        "if let Some((svm_id, svm_off)) = crate::svm::aliased({flags} as u64, {n} as *const c_void) {{ c.svm_ref(svm_id, svm_off); }} else "
-                    ),
-                    _ => String::new(),
-                };
-                let _ = writeln!(
-                    enc,
-                    "{svm}if {cond} {{ c.bytes_in({n} as *const u8, ({size}) as usize)?; }} else {{ c.bytes_in(std::ptr::null(), 0)?; }}"
-                );
+                    } => {
+                        let _ = writeln!(
+                            enc,
+                            "let {n}__streamed = if let Some((svm_id, svm_off)) = crate::svm::aliased({flags} as u64, {n} as *const c_void) {{ c.svm_ref(svm_id, svm_off); false }} else if {cond} {{ c.initial_data({n} as *const u8, ({size}) as usize, {flags} as u64)? }} else {{ c.bytes_in(std::ptr::null(), 0)?; false }};"
+                        );
+                        let _ = writeln!(
+                            dec,
+                            "if {n}__streamed {{ crate::stream::fill(ret__id, {n} as *const u8, ({size}) as usize)?; }}"
+                        );
+                    }
+                    _ => {
+                        let _ = writeln!(
+                            enc,
+                            "if {cond} {{ c.bytes_in({n} as *const u8, ({size}) as usize)?; }} else {{ c.bytes_in(std::ptr::null(), 0)?; }}"
+                        );
+                    }
+                }
                 if let Kind::HostPtr { flags, buffer, .. } = &a.kind {
                     // Buffers remember their size, so that transfers are checked locally.
                     let bytes = if *buffer {
@@ -562,6 +572,15 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             arg_names(f)
         );
     }
+    if f.streams {
+        let ran = if f.check { "!check__sync && " } else { "" };
+        let _ = writeln!(
+            s,
+            "            if {ran}let Some(status) = crate::stream::{}({})? {{ return Ok(status); }}",
+            f.name,
+            arg_names(f)
+        );
+    }
     s.push_str(&indent(&enc, pad));
     // A blocking transfer is synchronous by definition: forward it asynchronously
     // only when the application did not ask to wait.
@@ -762,9 +781,10 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let _ = writeln!(chk, "{n}__b.expect_len(({size}) as usize)?;");
                 if let Kind::HostPtr { flags, .. } = &a.kind {
                     // An SVM host pointer is the host's own memory: used, not copied.
+                    // Streamed contents arrive after the call, written by the host.
                     let _ = writeln!(
                         chk,
-                        "let {flags} = if {n}__b.is_svm() {{ {flags}__guest as _ }} else {{ {flags} }};"
+                        "let {flags} = if {n}__b.is_svm() {{ {flags}__guest as _ }} else if {n}__b.is_streamed() {{ {flags} & !(CL_MEM_COPY_HOST_PTR as cl_mem_flags) }} else {{ {flags} }};"
                     );
                 }
             }
@@ -1078,7 +1098,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
         );
     }
     if f.device {
-        s.push_str("    // SAFETY: `event` points to the guest's event slot or the server's own, which\n    // the host wrote (or left null) in the call above.\n    let device__event = unsafe { *event };\n    s.device_command(ret, device__gate, device__event, event__id == 0);\n");
+        s.push_str("    // SAFETY: `event` points to the guest's event slot or the server's own, which\n    // the host wrote (or left null) in the call above.\n    let device__event = unsafe { *event };\n    s.device_command(command_queue, ret, device__gate, device__event, event__id == 0);\n");
     }
     s.push_str(&indent(&post));
     s.push_str("    w.i32(status);\n");

@@ -134,6 +134,9 @@ pub struct Func {
     /// The call reports the failure of an earlier call forwarded without a reply
     /// (`clFinish`, `clWaitForEvents`).
     pub reports: bool,
+    /// A large transfer may be streamed through the data window in chunks
+    /// (`guest-shim/src/stream.rs`, one function named after the call).
+    pub streams: bool,
     /// A call of Hira's own, made by the guest shim and not an OpenCL entry point.
     pub internal: bool,
     /// The call may wait for the device without a blocking-flag argument saying so.
@@ -391,6 +394,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         local: false,
         check: false,
         reports: false,
+        streams: false,
         internal: false,
         waits: false,
         device: false,
@@ -404,6 +408,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "local" => f.local = true,
             "check" => f.check = true,
             "reports" => f.reports = true,
+            "streams" => f.streams = true,
             "internal" => f.internal = true,
             "waits" => f.waits = true,
             "device" => f.device = true,

@@ -135,6 +135,17 @@ impl std::io::Write for Tx {
     }
 }
 
+/// What a caller of `Connection::wait_for` waits for.
+#[derive(Clone, Copy)]
+enum Want<'a> {
+    /// The reply to the call with this (channel, call id).
+    Reply((u32, u64)),
+    /// Any notification (a callback to deliver).
+    Notification,
+    /// A condition that frames read meanwhile make true.
+    Until(&'a dyn Fn() -> bool),
+}
+
 /// Where replies and notifications come from: the socket, or the completion ring.
 /// Once the session is over (the API server gone, the daemon's error frame on the
 /// socket), a ring reader reads on from the socket, so that the daemon's word on why
@@ -706,31 +717,43 @@ impl Connection {
             std::time::Duration::ZERO
         };
         let start = std::time::Instant::now();
-        let reply = self.wait_for(Some((channel, call_id)), spin, &|| true);
+        let reply = self
+            .wait_for(Want::Reply((channel, call_id)), spin, &|| true)
+            .and_then(|f| f.ok_or_else(|| TransportError::Malformed("no reply".into())));
         let took = start.elapsed().as_micros().min(u32::MAX as u128) as u32;
         slot.store(took, Ordering::Relaxed);
         reply.map(Some)
     }
 
-    /// Waits for the frame with `key`, or for any notification when `key` is `None`.
-    /// Whoever is not waiting on a reader becomes the reader, if `may_read` allows.
+    /// Waits for what `want` names (a reply or a notification: `Some(frame)`; a
+    /// condition: `None`). Whoever is not waiting on a reader becomes the reader, if
+    /// `may_read` allows.
     fn wait_for(
         &self,
-        key: Option<(u32, u64)>,
+        want: Want<'_>,
         spin: std::time::Duration,
         may_read: &dyn Fn() -> bool,
-    ) -> Result<Frame, TransportError> {
+    ) -> Result<Option<Frame>, TransportError> {
+        let key = match want {
+            Want::Reply(k) => Some(k),
+            Want::Notification | Want::Until(_) => None,
+        };
         let mut d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            match key {
-                Some(k) => {
+            match want {
+                Want::Reply(k) => {
                     if let Some(f) = d.replies.remove(&k) {
-                        return Ok(f);
+                        return Ok(Some(f));
                     }
                 }
-                None => {
+                Want::Notification => {
                     if let Some(f) = d.notifications.pop_front() {
-                        return Ok(f);
+                        return Ok(Some(f));
+                    }
+                }
+                Want::Until(done) => {
+                    if done() {
+                        return Ok(None);
                     }
                 }
             }
@@ -782,16 +805,16 @@ impl Connection {
                             }
                         }
                         FrameKind::Notify => {
-                            if key.is_none() {
+                            if matches!(want, Want::Notification) {
                                 self.cv.notify_all();
-                                return Ok(f);
+                                return Ok(Some(f));
                             }
                             d.notifications.push_back(f);
                         }
                         FrameKind::Reply | FrameKind::Error if f.header.call_id != 0 => {
                             if Some(fk) == key {
                                 self.cv.notify_all();
-                                return Ok(f);
+                                return Ok(Some(f));
                             }
                             d.replies.insert(fk, f);
                         }
@@ -842,7 +865,15 @@ impl Connection {
     /// reads the socket itself only while `may_read` says so; otherwise it waits for a
     /// caller of [`Connection::call`] to pass notifications on.
     pub fn next_notification(&self, may_read: &dyn Fn() -> bool) -> Result<Frame, TransportError> {
-        self.wait_for(None, std::time::Duration::ZERO, may_read)
+        self.wait_for(Want::Notification, std::time::Duration::ZERO, may_read)?
+            .ok_or_else(|| TransportError::Malformed("no notification".into()))
+    }
+
+    /// Blocks until `done` holds, reading the host's frames meanwhile (deferred
+    /// outputs run their deliveries, which is what `done` usually waits for).
+    pub fn wait_until(&self, done: &dyn Fn() -> bool) -> Result<(), TransportError> {
+        self.wait_for(Want::Until(done), self.spin, &|| true)
+            .map(|_| ())
     }
 
     /// A fresh token for a deferred output.

@@ -21,6 +21,8 @@
 //!   extension lookups).
 //! - [`svm`]: coarse-grained buffer SVM on guest memory and host allocations.
 //! - [`sizes`]: byte counts of arguments, as the API defines them.
+//! - `stream`: large transfers and initial contents streamed through the window in
+//!   chunks.
 //! - [`stats`]: per-call statistics printed at exit (`HIRA_STATS=1`).
 
 mod checks;
@@ -32,6 +34,7 @@ pub mod marshal;
 pub mod rt;
 pub mod sizes;
 pub mod stats;
+mod stream;
 pub mod svm;
 
 /// The remoted functions, generated from the API description.

@@ -166,11 +166,15 @@ impl Call {
         let regions = std::mem::take(&mut self.regions);
         let bytes = self.window_in;
         rt::window_pending(bytes, false);
+        let progress = crate::stream::take_progress();
         conn.on_output(
             token,
-            Box::new(move |_, _| {
+            Box::new(move |status, _| {
                 drop(regions);
                 rt::window_pending(bytes, true);
+                if let Some(p) = progress {
+                    p.done(status);
+                }
             }),
         );
         true
@@ -291,6 +295,26 @@ impl Call {
         }
         self.w.u8(tag::INLINE).bytes(src);
         Ok(())
+    }
+
+    /// A buffer's initial contents: streamed after the call when large (`true`; see
+    /// [`crate::stream::fill`]), else as any input.
+    ///
+    /// # Safety
+    /// `ptr` must be null or valid for `len` reads.
+    pub unsafe fn initial_data(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        flags: u64,
+    ) -> Result<bool, cl_int> {
+        if !ptr.is_null() && crate::stream::streams_initial_data(len, flags) {
+            self.w.u8(tag::STREAMED).u64(len as u64);
+            return Ok(true);
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.bytes_in(ptr, len)? };
+        Ok(false)
     }
 
     /// A pointer into SVM allocation `id`, in place of bytes.
@@ -736,40 +760,45 @@ impl Reply {
         };
         let regions = std::mem::take(&mut self.regions);
         let conn = rt::conn()?;
+        let deliver = move |status: cl_int, data: Option<&[u8]>| {
+            if status != 0 {
+                return;
+            }
+            let src: &[u8] = match (window, data) {
+                // SAFETY: the region holds `slot_len` bytes the host wrote before
+                // it reported the command complete, and stays reserved until here.
+                (Some(i), _) => unsafe { std::slice::from_raw_parts(regions[i].ptr(), slot_len) },
+                (None, Some(d)) if d.len() == slot_len => d,
+                _ => {
+                    warn!("deferred output of the wrong size");
+                    return;
+                }
+            };
+            match dest {
+                // SAFETY: the application passed memory valid for the output's
+                // length and may not touch it until the read completes.
+                Dest::Bytes(p) => unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), p as *mut u8, slot_len)
+                },
+                Dest::Rect(p, layout) => {
+                    let Some(extent) = layout.extent() else {
+                        return;
+                    };
+                    // SAFETY: as above, for the rectangle's extent.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, extent) };
+                    layout.unpack(src, dst);
+                }
+            }
+            drop(regions);
+        };
+        let progress = crate::stream::take_progress();
         conn.on_output(
             token,
             Box::new(move |status, data| {
-                if status != 0 {
-                    return;
+                deliver(status, data);
+                if let Some(p) = progress {
+                    p.done(status);
                 }
-                let src: &[u8] = match (window, data) {
-                    // SAFETY: the region holds `slot_len` bytes the host wrote before
-                    // it reported the command complete, and stays reserved until here.
-                    (Some(i), _) => unsafe {
-                        std::slice::from_raw_parts(regions[i].ptr(), slot_len)
-                    },
-                    (None, Some(d)) if d.len() == slot_len => d,
-                    _ => {
-                        warn!("deferred output of the wrong size");
-                        return;
-                    }
-                };
-                match dest {
-                    // SAFETY: the application passed memory valid for the output's
-                    // length and may not touch it until the read completes.
-                    Dest::Bytes(p) => unsafe {
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), p as *mut u8, slot_len)
-                    },
-                    Dest::Rect(p, layout) => {
-                        let Some(extent) = layout.extent() else {
-                            return;
-                        };
-                        // SAFETY: as above, for the rectangle's extent.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, extent) };
-                        layout.unpack(src, dst);
-                    }
-                }
-                drop(regions);
             }),
         );
         Ok(())

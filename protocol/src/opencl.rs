@@ -129,6 +129,10 @@ pub mod tag {
     /// A `host_ptr` inside a shared-virtual-memory allocation: `u64` allocation id,
     /// `u64` offset; the host uses its own allocation.
     pub const SVM: u8 = 5;
+    /// A buffer's initial contents that follow the creating call in `hiraFill`
+    /// chunks through the data window: `u64` length. The host makes the buffer
+    /// without them and writes each chunk as it comes.
+    pub const STREAMED: u8 = 6;
 }
 
 /// One function of the API as the wire knows it.

@@ -10,7 +10,7 @@ use std::ffi::{CStr, c_char, c_void};
 use opencl_sys::{
     CL_CONTEXT_DEVICES, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_INFO_NOT_AVAILABLE,
     CL_KERNEL_ARG_NAME, CL_KERNEL_CONTEXT, CL_KERNEL_PROGRAM, cl_bool, cl_command_queue,
-    cl_context, cl_device_id, cl_device_type, cl_event, cl_int, cl_kernel, cl_platform_id,
+    cl_context, cl_device_id, cl_device_type, cl_event, cl_int, cl_kernel, cl_mem, cl_platform_id,
     cl_program, cl_uint,
 };
 
@@ -18,6 +18,7 @@ use hira_protocol::opencl::ARG_INFO_FOR_SHIM;
 
 use super::Session;
 use super::device_time::{CL_QUEUE_PROFILING_ENABLE, DeviceTime};
+use super::queues::info_value;
 
 const CL_INVALID_VALUE: cl_int = -30;
 const CL_PROFILING_INFO_NOT_AVAILABLE: cl_int = -7;
@@ -763,4 +764,62 @@ pub fn clGetEventProfilingInfo(
     } else {
         Err(CL_PROFILING_INFO_NOT_AVAILABLE)
     }
+}
+
+/// Writes a chunk of a buffer's streamed initial contents (`tag::STREAMED`) on the
+/// server's own queue for the buffer's context. A chunk with a `token` and not
+/// `blocking` stays in the window until the host has read it (`OUTPUT_DONE`); any
+/// other completes before the reply, and a blocking one after every chunk before it.
+///
+/// # Safety
+/// `data` must be null or valid for `size` reads until the write completes.
+pub unsafe fn hiraFill(
+    s: &mut Session<'_>,
+    mem: u64,
+    offset: usize,
+    size: usize,
+    data: *const c_void,
+    blocking: cl_uint,
+    token: u64,
+) -> Option<cl_int> {
+    const CL_INVALID_MEM_OBJECT: cl_int = -38;
+    const CL_OUT_OF_RESOURCES: cl_int = -5;
+    const CL_MEM_CONTEXT: u32 = 0x1106;
+    let Ok(m) = s.lookup(mem, hira_protocol::opencl::Kind::Mem, false) else {
+        return Some(CL_INVALID_MEM_OBJECT);
+    };
+    if data.is_null() {
+        return Some(CL_INVALID_VALUE);
+    }
+    let rt = s.rt();
+    let m: cl_mem = m.cast();
+    let ctx: Option<cl_context> =
+        info_value(|n, p, r| rt.clGetMemObjectInfo(m, CL_MEM_CONTEXT, n, p, r));
+    let Some(q) = ctx.and_then(|c| {
+        s.fill_queue(c)
+            .map_err(|e| log::warn!("streamed contents: {e}"))
+            .ok()
+    }) else {
+        return Some(CL_OUT_OF_RESOURCES);
+    };
+    let kept = blocking == 0 && token != 0 && s.may_defer().is_ok();
+    let mut ev: cl_event = std::ptr::null_mut();
+    let status = rt.clEnqueueWriteBuffer(
+        q,
+        m,
+        if kept { 0 } else { 1 },
+        offset,
+        size,
+        data,
+        0,
+        std::ptr::null(),
+        if kept { &mut ev } else { std::ptr::null_mut() },
+    )?;
+    if kept {
+        rt.clFlush(q);
+    }
+    if token != 0 {
+        s.window_read_when_complete(token, status, ev, kept);
+    }
+    Some(status)
 }

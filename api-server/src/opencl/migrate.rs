@@ -22,6 +22,7 @@ use hira_protocol::{Reader, Writer};
 use opencl_sys::{cl_command_queue, cl_context, cl_int, cl_mem};
 
 use super::OpenClBackend;
+use super::queues::{Queues, info_value};
 use super::session::{self, Session};
 use crate::backend::FrameData;
 
@@ -33,7 +34,6 @@ const CL_MEM_TYPE: u32 = 0x1100;
 const CL_MEM_SIZE: u32 = 0x1102;
 const CL_MEM_CONTEXT: u32 = 0x1106;
 const CL_MEM_ASSOCIATED_MEMOBJECT: u32 = 0x1107;
-const CL_CONTEXT_DEVICES: u32 = 0x1081;
 const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
 const CL_EVENT_COMMAND_TYPE: u32 = 0x11D1;
 const CL_EVENT_CONTEXT: u32 = 0x11D4;
@@ -357,65 +357,12 @@ impl Migration {
     }
 }
 
-/// A command queue per context, made for moving contents and released after.
-struct Queues<'a> {
-    rt: &'a OpenCl,
-    by_context: HashMap<usize, cl_command_queue>,
-}
-
-impl Drop for Queues<'_> {
-    fn drop(&mut self) {
-        for &q in self.by_context.values() {
-            self.rt.clReleaseCommandQueue(q);
-        }
-    }
-}
-
-fn info_value<T: Copy + Default>(
-    f: impl FnOnce(usize, *mut c_void, *mut usize) -> Option<cl_int>,
-) -> Option<T> {
-    let mut v = T::default();
-    let status = f(
-        size_of::<T>(),
-        (&mut v as *mut T).cast(),
-        std::ptr::null_mut(),
-    );
-    (status == Some(CL_SUCCESS)).then_some(v)
-}
-
 fn mem_info<T: Copy + Default>(rt: &OpenCl, m: cl_mem, param: u32) -> Option<T> {
     info_value(|n, p, r| rt.clGetMemObjectInfo(m, param, n, p, r))
 }
 
 fn image_info<T: Copy + Default>(rt: &OpenCl, m: cl_mem, param: u32) -> Option<T> {
     info_value(|n, p, r| rt.clGetImageInfo(m, param, n, p, r))
-}
-
-impl<'a> Queues<'a> {
-    fn new(rt: &'a OpenCl) -> Self {
-        Queues {
-            rt,
-            by_context: HashMap::new(),
-        }
-    }
-
-    fn for_context(&mut self, ctx: cl_context) -> Result<cl_command_queue, String> {
-        if let Some(&q) = self.by_context.get(&(ctx as usize)) {
-            return Ok(q);
-        }
-        let rt = self.rt;
-        let device: opencl_sys::cl_device_id =
-            info_value(|n, p, r| rt.clGetContextInfo(ctx, CL_CONTEXT_DEVICES, n, p, r))
-                .ok_or("a context has no device")?;
-        let mut err = CL_SUCCESS;
-        #[allow(deprecated)]
-        let q = rt
-            .clCreateCommandQueue(ctx, device, 0, &mut err)
-            .filter(|q| !q.is_null() && err == CL_SUCCESS)
-            .ok_or_else(|| format!("cannot make a queue to move contents ({err})"))?;
-        self.by_context.insert(ctx as usize, q);
-        Ok(q)
-    }
 }
 
 /// Where a memory object's contents are and how many bytes they hold.

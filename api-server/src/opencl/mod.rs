@@ -17,6 +17,7 @@ pub mod custom;
 pub mod deferred;
 pub mod device_time;
 pub mod migrate;
+pub(crate) mod queues;
 pub mod session;
 pub(crate) mod sizes;
 pub mod staging;
@@ -78,6 +79,8 @@ pub struct OpenClBackend {
     open_user_events: AtomicUsize,
     /// The log and state migration needs.
     pub(crate) migration: migrate::Migration,
+    /// Queues of the server's own that write streamed initial contents.
+    pub(crate) fills: Mutex<queues::Queues<'static>>,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -197,6 +200,7 @@ impl OpenClBackend {
             quota,
             open_user_events: AtomicUsize::new(0),
             migration: migrate::Migration::default(),
+            fills: Mutex::new(queues::Queues::new(rt)),
             writer,
         })
     }
@@ -260,6 +264,8 @@ impl Backend for OpenClBackend {
     fn teardown(&self) -> TeardownReport {
         // Nothing may wait for a scheduling decision any more.
         self.device_time.open_all();
+        // The server's own queues hold their contexts.
+        self.fills.lock().unwrap_or_else(|e| e.into_inner()).clear();
         // SVM allocations go first, while their contexts are alive.
         let svm_freed = self.svm.free_all(self.rt);
         let leftovers = self

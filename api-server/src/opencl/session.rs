@@ -21,7 +21,10 @@ use hira_protocol::opencl::{
 };
 use hira_protocol::{FrameKind, Reader, Writer};
 use log::warn;
-use opencl_sys::{cl_context, cl_event, cl_image_desc, cl_int, cl_mem, cl_platform_id, cl_program};
+use opencl_sys::{
+    cl_command_queue, cl_context, cl_event, cl_image_desc, cl_int, cl_mem, cl_platform_id,
+    cl_program,
+};
 
 use super::OpenClBackend;
 use super::device_time::HeldGate;
@@ -244,12 +247,15 @@ pub enum BytesIn<'a> {
     Window(*mut u8, usize),
     /// A host SVM address with this many bytes of its allocation after it.
     Svm(*mut u8, usize),
+    /// A buffer's initial contents of this many bytes, written by `hiraFill` calls
+    /// after the buffer is made.
+    Streamed(usize),
 }
 
 impl BytesIn<'_> {
     pub fn ptr(&self) -> *mut c_void {
         match self {
-            BytesIn::Null => std::ptr::null_mut(),
+            BytesIn::Null | BytesIn::Streamed(_) => std::ptr::null_mut(),
             BytesIn::Slice(s) => s.as_ptr() as *mut c_void,
             BytesIn::Aligned(v, _) => v.as_ptr() as *mut c_void,
             BytesIn::Window(p, _) | BytesIn::Svm(p, _) => p.cast(),
@@ -261,12 +267,17 @@ impl BytesIn<'_> {
         matches!(self, BytesIn::Svm(..))
     }
 
+    /// Whether the contents follow the call (see [`BytesIn::Streamed`]).
+    pub fn is_streamed(&self) -> bool {
+        matches!(self, BytesIn::Streamed(_))
+    }
+
     /// Checks the guest sent exactly `n` bytes (nothing to check for NULL).
     pub fn expect_len(&self, n: usize) -> Result<(), Fail> {
         let len = match self {
             BytesIn::Null => return Ok(()),
             BytesIn::Slice(s) => s.len(),
-            BytesIn::Aligned(_, l) | BytesIn::Window(_, l) => *l,
+            BytesIn::Aligned(_, l) | BytesIn::Window(_, l) | BytesIn::Streamed(l) => *l,
             BytesIn::Svm(_, avail) if n <= *avail => return Ok(()),
             BytesIn::Svm(..) => return Err(Fail::Status(CL_INVALID_BUFFER_SIZE)),
         };
@@ -838,8 +849,8 @@ impl<'a> Session<'a> {
         }
         e.guest_refs = e.guest_refs.saturating_sub(1);
         if e.guest_refs == 0 {
-            let host = e.host;
-            if e.kind == Kind::Event {
+            let (host, kind) = (e.host, e.kind);
+            if kind == Kind::Event {
                 self.b.migration.forget_event(host);
             }
             h.by_id.remove(&id);
@@ -847,7 +858,25 @@ impl<'a> Session<'a> {
             if h.by_host.get(&host) == Some(&id) {
                 h.by_host.remove(&host);
             }
+            drop(h);
+            if kind == Kind::Context {
+                // The guest is done with it: the server's own queue lets it go too.
+                self.b
+                    .fills
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .forget(host);
+            }
         }
+    }
+
+    /// The server's own queue for writing streamed contents into `ctx`'s buffers.
+    pub fn fill_queue(&self, ctx: cl_context) -> Result<cl_command_queue, String> {
+        self.b
+            .fills
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .for_context(ctx)
     }
 
     /// Writes host objects returned by a call as ids: created ones (`owned`) get a
@@ -1112,6 +1141,10 @@ impl<'a> Session<'a> {
                 let off = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
                 let (p, avail) = self.b.svm.span(id, off).map_err(Fail::Status)?;
                 Ok(BytesIn::Svm(p.cast(), avail))
+            }
+            tag::STREAMED if opaque => {
+                let len = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
+                Ok(BytesIn::Streamed(len))
             }
             tag::STAGED => {
                 let token = r.u64()?;
@@ -1402,7 +1435,7 @@ impl<'a> Session<'a> {
     /// Copies input bytes into a buffer the host may read after the call returns.
     pub fn detach(b: &BytesIn<'_>) -> (*mut c_void, Option<Box<[u8]>>) {
         let (src, len): (*const u8, usize) = match b {
-            BytesIn::Null => return (std::ptr::null_mut(), None),
+            BytesIn::Null | BytesIn::Streamed(_) => return (std::ptr::null_mut(), None),
             BytesIn::Slice(s) => (s.as_ptr(), s.len()),
             BytesIn::Aligned(v, len) => (v.as_ptr().cast(), *len),
             BytesIn::Window(p, len) | BytesIn::Svm(p, len) => (*p, *len),
@@ -1556,12 +1589,13 @@ impl<'a> Session<'a> {
     /// After a device command's host call (see [`super::device_time`]).
     pub fn device_command(
         &self,
+        queue: cl_command_queue,
         status: cl_int,
         gate: Option<HeldGate>,
         event: cl_event,
         own: bool,
     ) {
-        self.b.device_time.enqueued(status, gate, event, own);
+        self.b.device_time.enqueued(queue, status, gate, event, own);
     }
 
     pub fn device_time(&self) -> &super::device_time::DeviceTime {

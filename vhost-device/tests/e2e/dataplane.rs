@@ -130,3 +130,47 @@ fn a_blocking_write_returns_once_its_data_is_sent() {
         assert!(o.status.success());
     }
 }
+
+#[test]
+fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
+    // tests/c/stream.c: buffers created from 12-40 MiB of host memory, blocking writes
+    // and reads at odd offsets, a kernel right after a streamed write, two threads.
+    // The output must be the native one with the default window, a window of 4 MiB
+    // (chunks of 512 KiB), every call synchronous, and frames relayed.
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("stream");
+    let native = run_with_timeout(
+        std::process::Command::new(&exe).env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
+        Duration::from_secs(120),
+    );
+    assert!(native.status.success());
+    let native = String::from_utf8_lossy(&native.stdout).to_string();
+    assert!(native.contains("same 1 flags"), "{native}");
+    for env in [
+        None,
+        Some(("HIRA_WINDOW_MB", "4")),
+        Some(("HIRA_SYNC", "1")),
+        Some(("HIRA_RINGS", "0")),
+    ] {
+        let mut cmd = daemon.guest(&vendors, "vm1", &exe);
+        cmd.arg("shmem");
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let o = run_with_timeout(&mut cmd, Duration::from_secs(180));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{env:?}: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), native, "{env:?}");
+        if env.is_none() {
+            // Streamed, a 40 MiB transfer uses four 4 MiB chunks of the window again
+            // and again; whole, it would touch 40 MiB of window pages.
+            let kib: u64 = stderr
+                .lines()
+                .find_map(|l| l.strip_prefix("shmem "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no shmem line: {stderr}"));
+            assert!(kib < 32 * 1024, "{kib} KiB of shared memory touched");
+        }
+    }
+}

@@ -38,6 +38,7 @@ on_both_planes!(
     oversized_length_closes_the_connection_and_its_api_server,
     frame_cut_short_by_a_disconnect_leaves_nothing_behind,
     guest_frames_other_than_requests_are_rejected,
+    streamed_contents_from_a_forged_request_are_checked,
 );
 
 const CL_INVALID_CONTEXT: i32 = -34;
@@ -176,6 +177,59 @@ fn forged_stale_and_reused_ids_are_rejected(rings: bool) {
         CL_INVALID_CONTEXT,
         "a device id is not a context id"
     );
+    still_serves(&mut daemon);
+}
+
+fn streamed_contents_from_a_forged_request_are_checked(rings: bool) {
+    // A buffer made with `tag::STREAMED` contents, then `hiraFill` chunks naming
+    // other objects, ids that name nothing, and ranges past the buffer's end: each
+    // gets the host's own error; a valid chunk is written.
+    use hira_protocol::opencl::tag;
+    const CL_INVALID_VALUE: i32 = -30;
+    const CL_INVALID_MEM_OBJECT: i32 = -38;
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
+    let (_, device) = platform_and_device(&mut g);
+    let (_, p) = create_context(&mut g, 7, device);
+    assert_eq!(status(&p), 0);
+    let create = |g: &mut RawGuest, id: u64, streamed: u64| {
+        let mut w = Writer::new();
+        w.u64(id)
+            .u64(7)
+            .u64(1 << 5)
+            .u64(4096)
+            .u8(tag::STREAMED)
+            .u64(streamed);
+        status(&g.call(op::clCreateBuffer, w.as_slice()).1)
+    };
+    assert_eq!(create(&mut g, 8, 4096), 0);
+    assert_eq!(
+        create(&mut g, 9, 100),
+        CL_INVALID_VALUE,
+        "length is not the size"
+    );
+    let fill = |g: &mut RawGuest, mem: u64, offset: u64, data: &[u8]| {
+        let mut w = Writer::new();
+        w.u64(mem)
+            .u64(offset)
+            .u64(data.len() as u64)
+            .u8(tag::INLINE)
+            .bytes(data);
+        w.u32(1).u64(0);
+        status(&g.call(op::hiraFill, w.as_slice()).1)
+    };
+    assert_eq!(
+        fill(&mut g, 8, 4000, &[1; 200]),
+        CL_INVALID_VALUE,
+        "past the end"
+    );
+    assert_eq!(fill(&mut g, 0x999, 0, &[1; 16]), CL_INVALID_MEM_OBJECT);
+    assert_eq!(
+        fill(&mut g, 7, 0, &[1; 16]),
+        CL_INVALID_MEM_OBJECT,
+        "a context"
+    );
+    assert_eq!(fill(&mut g, 8, 16, &[0xAB; 16]), 0);
     still_serves(&mut daemon);
 }
 

@@ -1,0 +1,287 @@
+//! Large transfers streamed through the data window in chunks (the `streams` flag of
+//! the API description, and buffers' initial contents).
+//!
+//! A transfer of many megabytes copied into the window at once touches as many fresh
+//! window pages, and the host copies it only once the guest is done. In chunks, a few
+//! regions of the window are used again and again (their pages stay mapped), and the
+//! host copies chunk `i` while the guest copies chunk `i + 1`, each on its own core.
+//!
+//! - A blocking `clEnqueueWriteBuffer` with no event and no wait list on an in-order
+//!   queue becomes non-blocking writes of its chunks: it returns once the last chunk
+//!   is in the window, as any such write does (see `Call::early_return`).
+//! - A blocking `clEnqueueReadBuffer` with no event becomes non-blocking reads of its
+//!   chunks, each copied into the application's memory as the host completes it; it
+//!   returns once all are.
+//! - `clCreateBuffer` with large initial contents sends them as `tag::STREAMED`; the
+//!   host makes the buffer without them, and [`fill`] writes them in `hiraFill` chunks
+//!   on a queue of the API server's own, the last one blocking. The call returns when
+//!   the buffer holds them, as natively.
+//!
+//! At most [`Plan::in_flight`] chunks of one transfer are in the window at a time;
+//! each frees its region when the host is done with it (`OUTPUT_DONE`).
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+
+use hira_protocol::opencl::op;
+use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_mem, cl_uint};
+
+use crate::marshal::Call;
+use crate::rt;
+
+const CL_OUT_OF_RESOURCES: cl_int = -5;
+/// `CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS`: the host may not write the buffer.
+const HOST_MAY_NOT_WRITE: u64 = (1 << 8) | (1 << 9);
+
+/// Transfers of at least this many bytes stream: `HIRA_STREAM_MIN_KB`, default 8 MiB.
+static STREAM_MIN: LazyLock<usize> = LazyLock::new(|| {
+    std::env::var("HIRA_STREAM_MIN_KB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(8 << 20, |kb| kb.saturating_mul(1024))
+});
+
+/// Largest chunk: 4 MiB, a few hundred microseconds of copying, so that the two
+/// copies overlap well and the window pages in use stay few.
+const MAX_CHUNK: usize = 4 << 20;
+/// Smallest chunk worth a round of notifications.
+const MIN_CHUNK: usize = 256 << 10;
+
+/// How one transfer is cut.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    chunk: usize,
+    /// Chunks of this transfer in the window at most.
+    in_flight: usize,
+}
+
+/// How a transfer of `len` bytes streams, or `None` if it should not: too small, or
+/// no window (or one too small to hold a few chunks).
+pub(crate) fn plan(len: usize) -> Option<Plan> {
+    if len < (*STREAM_MIN).max(2 * MIN_CHUNK) {
+        return None;
+    }
+    let window = rt::conn().ok()?.window()?.len();
+    let chunk = (window / 8).min(MAX_CHUNK) & !0xFFFF;
+    (chunk >= MIN_CHUNK).then_some(Plan {
+        chunk,
+        in_flight: 4,
+    })
+}
+
+/// Chunks of one transfer still held by the host, and the first failure it reported.
+#[derive(Default)]
+pub(crate) struct Progress {
+    pending: AtomicUsize,
+    failed: AtomicI32,
+}
+
+impl Progress {
+    /// A chunk is done with (`status` < 0: its command failed).
+    pub(crate) fn done(&self, status: i32) {
+        if status != 0 {
+            let _ = self
+                .failed
+                .compare_exchange(0, status, Ordering::AcqRel, Ordering::Acquire);
+        }
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Waits until at most `n` chunks are pending.
+    fn wait_for_at_most(&self, n: usize) -> Result<(), cl_int> {
+        rt::conn()?
+            .wait_until(&|| self.pending.load(Ordering::Acquire) <= n)
+            .map_err(|_| CL_OUT_OF_RESOURCES)
+    }
+
+    fn failure(&self) -> cl_int {
+        self.failed.load(Ordering::Acquire)
+    }
+}
+
+thread_local! {
+    /// The transfer whose chunk this thread is sending.
+    static CURRENT: RefCell<Option<Arc<Progress>>> = const { RefCell::new(None) };
+}
+
+/// The progress of the chunk being sent, if any: taken by whatever keeps the chunk's
+/// window region until the host is done with it, which then calls
+/// [`Progress::done`].
+pub(crate) fn take_progress() -> Option<Arc<Progress>> {
+    CURRENT.with(|c| c.borrow_mut().take())
+}
+
+/// Sends one chunk with `send`, counting it pending until the host is done with it
+/// (at once if the call kept nothing in the window).
+fn chunk<T>(p: &Arc<Progress>, send: impl FnOnce() -> T) -> T {
+    p.pending.fetch_add(1, Ordering::AcqRel);
+    CURRENT.with(|c| *c.borrow_mut() = Some(p.clone()));
+    let v = send();
+    if take_progress().is_some() {
+        p.done(0);
+    }
+    v
+}
+
+/// Offsets and lengths of the chunks of `len` bytes.
+fn pieces(len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len)
+        .step_by(chunk)
+        .map(move |at| (at, chunk.min(len - at)))
+}
+
+/// A blocking write streamed in chunks; `None` when it does not stream.
+///
+/// # Safety
+/// The arguments of `clEnqueueWriteBuffer`, already checked by the guest.
+#[allow(non_snake_case, clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueWriteBuffer(
+    queue: cl_command_queue,
+    buffer: cl_mem,
+    blocking: cl_bool,
+    offset: usize,
+    size: usize,
+    ptr: *const c_void,
+    num_events: cl_uint,
+    _events: *const cl_event,
+    event: *mut cl_event,
+) -> Result<Option<cl_int>, cl_int> {
+    if blocking == 0
+        || !event.is_null()
+        || num_events != 0
+        || ptr.is_null()
+        || rt::force_sync()
+        || !rt::in_order(queue.cast())
+    {
+        return Ok(None);
+    }
+    let Some(plan) = plan(size) else {
+        return Ok(None);
+    };
+    let p = Arc::new(Progress::default());
+    for (at, len) in pieces(size, plan.chunk) {
+        p.wait_for_at_most(plan.in_flight - 1)?;
+        // SAFETY: a chunk of the application's write, which the checks cover.
+        let status = chunk(&p, || unsafe {
+            crate::generated::clEnqueueWriteBuffer(
+                queue,
+                buffer,
+                0,
+                offset + at,
+                len,
+                ptr.cast::<u8>().add(at).cast(),
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            )
+        });
+        if status != 0 {
+            return Ok(Some(status));
+        }
+    }
+    Ok(Some(0))
+}
+
+/// A blocking read streamed in chunks; `None` when it does not stream.
+///
+/// # Safety
+/// The arguments of `clEnqueueReadBuffer`, already checked by the guest.
+#[allow(non_snake_case, clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueReadBuffer(
+    queue: cl_command_queue,
+    buffer: cl_mem,
+    blocking: cl_bool,
+    offset: usize,
+    size: usize,
+    ptr: *mut c_void,
+    num_events: cl_uint,
+    events: *const cl_event,
+    event: *mut cl_event,
+) -> Result<Option<cl_int>, cl_int> {
+    if blocking == 0 || !event.is_null() || ptr.is_null() {
+        return Ok(None);
+    }
+    let Some(plan) = plan(size) else {
+        return Ok(None);
+    };
+    let p = Arc::new(Progress::default());
+    let mut status = 0;
+    for (at, len) in pieces(size, plan.chunk) {
+        p.wait_for_at_most(plan.in_flight - 1)?;
+        // SAFETY: a chunk of the application's read, which the checks cover; the
+        // application may not touch `ptr` until this call returns.
+        status = chunk(&p, || unsafe {
+            crate::generated::clEnqueueReadBuffer(
+                queue,
+                buffer,
+                0,
+                offset + at,
+                len,
+                ptr.cast::<u8>().add(at).cast(),
+                num_events,
+                events,
+                std::ptr::null_mut(),
+            )
+        });
+        if status != 0 {
+            break;
+        }
+    }
+    // Every chunk sent is in the application's memory before this returns.
+    p.wait_for_at_most(0)?;
+    Ok(Some(if status != 0 { status } else { p.failure() }))
+}
+
+/// Writes the initial contents of buffer `id` (made with `tag::STREAMED`) in
+/// `hiraFill` chunks; on failure the buffer is released and the status returned.
+///
+/// # Safety
+/// `src` must be valid for `len` reads.
+pub(crate) unsafe fn fill(id: u64, src: *const u8, len: usize) -> Result<(), cl_int> {
+    let plan = plan(len).unwrap_or(Plan {
+        chunk: MAX_CHUNK,
+        in_flight: 1,
+    });
+    let p = Arc::new(Progress::default());
+    let mut status = 0;
+    for (at, n) in pieces(len, plan.chunk) {
+        p.wait_for_at_most(plan.in_flight - 1)?;
+        // SAFETY: `at + n <= len`, within `src` per the contract.
+        let from = unsafe { src.add(at) };
+        if at + n == len {
+            // The last chunk completes after all the others (the host's queue is in
+            // order) before the host reads the next request.
+            // SAFETY: as above.
+            status = unsafe { crate::generated::hiraFill(id, at, n, from.cast(), 1, 0) };
+            break;
+        }
+        let mut c = Call::new(op::hiraFill);
+        c.w.u64(id).u64(at as u64).u64(n as u64);
+        // SAFETY: as above.
+        unsafe { c.bytes_in(from, n)? };
+        c.blocking_write(false);
+        status = chunk(&p, || c.send(true).map(|r| r.status))?;
+        if status != 0 {
+            break;
+        }
+    }
+    p.wait_for_at_most(0)?;
+    if status == 0 {
+        status = p.failure();
+    }
+    if status == 0 {
+        return Ok(());
+    }
+    let mut c = Call::new(op::clReleaseMemObject);
+    c.w.u64(id);
+    let _ = c.send(true);
+    Err(status)
+}
+
+/// Whether a buffer's initial contents of `len` bytes stream after it is made.
+pub(crate) fn streams_initial_data(len: usize, flags: u64) -> bool {
+    flags & HOST_MAY_NOT_WRITE == 0 && plan(len).is_some()
+}
