@@ -201,6 +201,24 @@ fn deferred_read(f: &Func) -> Option<(String, String, String)> {
 }
 
 /// The name of the function's command-queue argument, if it has one.
+/// The guest code that may complete a call without sending it: a large transfer
+/// streamed (`streams`), an answer known from earlier replies (`known`).
+fn shortcuts(f: &Func) -> String {
+    let mut s = String::new();
+    for (on, module) in [(f.streams, "stream"), (f.known, "known")] {
+        if on {
+            let ran = if f.check { "!check__sync && " } else { "" };
+            let _ = writeln!(
+                s,
+                "            if {ran}let Some(status) = crate::{module}::{}({})? {{ return Ok(status); }}",
+                f.name,
+                arg_names(f)
+            );
+        }
+    }
+    s
+}
+
 fn queue_arg(f: &Func) -> Option<&str> {
     f.args.iter().find_map(|a| match &a.kind {
         Kind::Handle { kind, .. } if kind == "Queue" => Some(a.name.as_str()),
@@ -535,6 +553,7 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             "    crate::rt::status_call(\"{}\", move || {{\n        {safety}\n        unsafe {{\n            let mut c = Call::new(op::{});",
             f.name, f.name
         );
+        s.push_str(&shortcuts(f));
         s.push_str(&indent(&enc, pad));
         let _ = writeln!(
             s,
@@ -572,15 +591,7 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             arg_names(f)
         );
     }
-    if f.streams {
-        let ran = if f.check { "!check__sync && " } else { "" };
-        let _ = writeln!(
-            s,
-            "            if {ran}let Some(status) = crate::stream::{}({})? {{ return Ok(status); }}",
-            f.name,
-            arg_names(f)
-        );
-    }
+    s.push_str(&shortcuts(f));
     s.push_str(&indent(&enc, pad));
     // A blocking transfer is synchronous by definition: forward it asynchronously
     // only when the application did not ask to wait.
@@ -616,6 +627,10 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         s.push_str("            if status == 0 {\n");
         s.push_str(&indent(&dec, "                "));
         s.push_str("            }\n");
+    }
+    if f.reports {
+        // The reply ends with what the host knows of the commands waited for.
+        s.push_str("            crate::known::completions(&mut rep.r)?;\n");
     }
     s.push_str("            rep.finish()?;\n");
     if f.reports {
@@ -1102,6 +1117,20 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     }
     s.push_str(&indent(&post));
     s.push_str("    w.i32(status);\n");
+    if f.reports {
+        let waited = match queue_arg(f) {
+            Some(q) => format!("crate::opencl::session::Waited::Queue({q})"),
+            None => {
+                let list = f
+                    .args
+                    .iter()
+                    .find(|a| matches!(a.kind, Kind::WaitList(_)))
+                    .ok_or("a `reports` call needs a queue or a wait list")?;
+                format!("crate::opencl::session::Waited::Events(&{}__v)", list.name)
+            }
+        };
+        let _ = writeln!(s, "    s.report_completed(w, {waited});");
+    }
     if !rep.is_empty() {
         s.push_str("    if status == 0 {\n");
         s.push_str(

@@ -137,6 +137,9 @@ pub struct Func {
     /// A large transfer may be streamed through the data window in chunks
     /// (`guest-shim/src/stream.rs`, one function named after the call).
     pub streams: bool,
+    /// The guest may answer from what earlier replies told it (`guest-shim/src/known.rs`,
+    /// one function named after the call).
+    pub known: bool,
     /// A call of Hira's own, made by the guest shim and not an OpenCL entry point.
     pub internal: bool,
     /// The call may wait for the device without a blocking-flag argument saying so.
@@ -395,6 +398,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         check: false,
         reports: false,
         streams: false,
+        known: false,
         internal: false,
         waits: false,
         device: false,
@@ -409,6 +413,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "check" => f.check = true,
             "reports" => f.reports = true,
             "streams" => f.streams = true,
+            "known" => f.known = true,
             "internal" => f.internal = true,
             "waits" => f.waits = true,
             "device" => f.device = true,

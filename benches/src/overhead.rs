@@ -2,8 +2,9 @@
 //! call, this machine's floor for a socket round trip, and the slowdown of a stencil
 //! that launches a kernel and waits for it, iteration after iteration: natively,
 //! through Hira on the shared-memory rings, and relayed by the daemon
-//! (`HIRA_RINGS=0`). Then the daemon's CPU time per call as payloads grow, and the
-//! round trip with 1 to 16 guests calling at once.
+//! (`HIRA_RINGS=0`). Then the daemon's CPU time per call as payloads grow, bulk
+//! transfer bandwidth against `memcpy`, and the round trip with 1 to 16 guests
+//! calling at once.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -114,7 +115,8 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
         compile(&workspace().join("tests/c").join(format!("{name}.c")), &exe)?;
         Ok(exe)
     };
-    let (rtt, stencil, payload) = (c("rtt")?, c("stencil")?, c("payload")?);
+    let (rtt, stencil, payload, bandwidth) =
+        (c("rtt")?, c("stencil")?, c("payload")?, c("bandwidth")?);
     let mut env = BenchEnv::start(&bin)?;
     let calls_arg = [calls.to_string()];
     let iters_arg = [iterations.to_string()];
@@ -223,9 +225,43 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     for (size, row) in &daemon_us {
         println!("| {size} B | {:.2} | {:.2} |", row[0], row[1]);
     }
+    env.hira_env.clear();
+    // Bulk transfers: blocking writes (then clFinish) and reads of one buffer, against
+    // memcpy between two buffers of the same size in the same process.
+    let mut bulk = Vec::new();
+    for mib in [16usize, 64, 256] {
+        // memcpy, native write, native read, Hira write, Hira read (MiB/s).
+        let mut v: [Vec<f64>; 5] = Default::default();
+        for _ in 0..repeats.min(3) {
+            for (k, side) in [Side::Native, Side::Rings].into_iter().enumerate() {
+                let (o, _) = run(&env, side, &bandwidth, &[mib.to_string(), "5".into()])?;
+                ensure!(field(&o, "ok")? == 1.0, "bandwidth data differs ({side:?})");
+                v[0].push(field(&o, "memcpy_mibs")?);
+                v[1 + 2 * k].push(field(&o, "write_mibs")?);
+                v[2 + 2 * k].push(field(&o, "read_mibs")?);
+            }
+        }
+        bulk.push((mib, v.map(|mut x| median(&mut x))));
+    }
+    println!(
+        "
+bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 after one unmeasured, median of {} runs)\n\n| size | memcpy | native write | Hira write | native read | Hira read |\n|---|---|---|---|---|---|",
+        repeats.min(3)
+    );
+    for (mib, b) in &bulk {
+        println!(
+            "| {mib} MiB | {:.0} | {:.0} | {:.0} ({:.0}% of memcpy) | {:.0} | {:.0} ({:.0}% of memcpy) |",
+            b[0],
+            b[1],
+            b[3],
+            100.0 * b[3] / b[0],
+            b[2],
+            b[4],
+            100.0 * b[4] / b[0]
+        );
+    }
     // Concurrent guests: the synchronous round trip as 1 to 16 processes call at
     // once (each its own session and API server through Hira).
-    env.hira_env.clear();
     let mut concurrency = Vec::new();
     for n in [1usize, 2, 4, 8, 16] {
         let mut row = [0f64; 2];
@@ -266,6 +302,15 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
             )
         })
         .collect();
+    let bulk_json: Vec<String> = bulk
+        .iter()
+        .map(|(mib, b)| {
+            format!(
+                "{{\"mib\":{mib},\"memcpy_mibs\":{:.1},\"native_write_mibs\":{:.1},\"native_read_mibs\":{:.1},\"hira_write_mibs\":{:.1},\"hira_read_mibs\":{:.1}}}",
+                b[0], b[1], b[2], b[3], b[4]
+            )
+        })
+        .collect();
     let trio = |v: &[f64; 3]| {
         format!(
             "{{\"native\":{:.3},\"rings\":{:.3},\"relayed\":{:.3}}}",
@@ -275,7 +320,7 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     std::fs::write(
         json,
         format!(
-            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}]}}\n",
+            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}],\"bulk\":[{}]}}\n",
             trio(&rows[0].1),
             trio(&rows[1].1),
             trio(&rows[2].1),
@@ -284,6 +329,7 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
             trio(&rows[5].1),
             daemon_json.join(","),
             concurrency_json.join(","),
+            bulk_json.join(","),
         ),
     )?;
     eprintln!("wrote {}", json.display());

@@ -17,6 +17,8 @@
 //!   the host's error codes themselves (the `check` flag of the API description).
 //! - `includes`: `#include` resolution against the guest's files; builds ship the
 //!   headers they need.
+//! - `known`: event status and profiling answered from what replies that waited
+//!   reported.
 //! - [`local`]: calls the guest implements itself on top of remoted ones (map/unmap,
 //!   extension lookups).
 //! - [`svm`]: coarse-grained buffer SVM on guest memory and host allocations.
@@ -29,6 +31,7 @@ mod checks;
 pub mod icd;
 mod icd_slots;
 mod includes;
+mod known;
 pub mod local;
 pub mod marshal;
 pub mod rt;

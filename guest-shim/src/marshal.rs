@@ -710,6 +710,15 @@ impl ReplyReader {
         self.with(|r| r.i32())
     }
 
+    pub fn u8(&mut self) -> Result<u8, cl_int> {
+        self.with(|r| r.u8())
+    }
+
+    /// Whether the whole reply was read.
+    pub fn at_end(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+
     pub fn u64(&mut self) -> Result<u64, cl_int> {
         self.with(|r| r.u64())
     }

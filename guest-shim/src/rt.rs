@@ -251,6 +251,15 @@ pub(crate) fn new_id() -> u64 {
 }
 
 /// The id and kind of a live object, if `ptr` is one.
+/// Whether the application holds event `id`.
+pub(crate) fn holds_event(id: u64) -> bool {
+    let o = objects();
+    o.by_id
+        .get(&id)
+        .and_then(|p| o.by_ptr.get(p))
+        .is_some_and(|&(_, kind)| kind == Kind::Event)
+}
+
 pub fn lookup(ptr: *mut c_void) -> Option<(u64, Kind)> {
     if ptr.is_null() {
         return None;
@@ -307,6 +316,9 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.command_type.remove(&id);
         o.out_of_order.remove(&id);
         crate::checks::forget(id);
+        if kind == Kind::Event {
+            crate::known::forget(id);
+        }
         // SAFETY: made by `Box::into_raw` in `adopt` and now unreachable from the tables.
         drop(unsafe { Box::from_raw(ptr as *mut Obj) });
     }

@@ -81,6 +81,9 @@ pub struct OpenClBackend {
     pub(crate) migration: migrate::Migration,
     /// Queues of the server's own that write streamed initial contents.
     pub(crate) fills: Mutex<queues::Queues<'static>>,
+    /// Events of commands the guest holds and has not been told the end of, by id:
+    /// (event, queue) host handles (`Session::report_completed`).
+    pub(crate) unreported: Mutex<std::collections::HashMap<u64, (usize, usize)>>,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -201,6 +204,7 @@ impl OpenClBackend {
             open_user_events: AtomicUsize::new(0),
             migration: migrate::Migration::default(),
             fills: Mutex::new(queues::Queues::new(rt)),
+            unreported: Mutex::default(),
             writer,
         })
     }

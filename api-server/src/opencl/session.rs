@@ -237,6 +237,15 @@ pub(crate) fn release(rt: &OpenCl, kind: Kind, p: *mut c_void) -> Option<cl_int>
     }
 }
 
+/// What a `reports` call waited for.
+#[derive(Debug, Clone, Copy)]
+pub enum Waited<'a> {
+    /// Every command of this queue.
+    Queue(cl_command_queue),
+    /// These events.
+    Events(&'a Option<Vec<cl_event>>),
+}
+
 /// Input bytes of one argument.
 #[derive(Debug)]
 pub enum BytesIn<'a> {
@@ -707,6 +716,9 @@ impl<'a> Session<'a> {
             return code;
         }
         let signature = (kind == Kind::Kernel).then(|| self.kernel_signature(host));
+        if kind == Kind::Event {
+            self.note_unreported(id, host.cast());
+        }
         self.note(|r| r.creates.push(id));
         let mut h = self.handles();
         h.insert(id, kind, host as usize, 1);
@@ -852,6 +864,11 @@ impl<'a> Session<'a> {
             let (host, kind) = (e.host, e.kind);
             if kind == Kind::Event {
                 self.b.migration.forget_event(host);
+                self.b
+                    .unreported
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
             }
             h.by_id.remove(&id);
             h.kernels.remove(&id);
@@ -868,6 +885,85 @@ impl<'a> Session<'a> {
                     .forget(host);
             }
         }
+    }
+
+    /// An event the guest holds, of a command on a queue: reported to the guest by the
+    /// next `clFinish` of that queue or `clWaitForEvents` naming it.
+    fn note_unreported(&self, id: u64, event: cl_event) {
+        const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
+        let rt = self.rt();
+        let queue: Option<cl_command_queue> = super::queues::info_value(|n, p, r| {
+            rt.clGetEventInfo(event, CL_EVENT_COMMAND_QUEUE, n, p, r)
+        });
+        if let Some(q) = queue.filter(|q| !q.is_null()) {
+            self.b
+                .unreported
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, (event as usize, q as usize));
+        }
+    }
+
+    /// Ends the reply of a call that waited (`reports`) with the execution status and
+    /// profiling timestamps of the guest's events it waited for that were not reported
+    /// yet, so that the guest answers their queries itself (both are final once a
+    /// command has ended): `u32` count, then per event `u64` id, `i32` status, and
+    /// `u8` which of the timestamps follow (bit `i`: `CL_PROFILING_COMMAND_QUEUED + i`,
+    /// `0xFF`: the guest's queue has no profiling) and those `u64` values.
+    pub fn report_completed(&self, w: &mut Writer, waited: Waited<'_>) {
+        const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
+        const CL_PROFILING_COMMAND_QUEUED: u32 = 0x1280;
+        let picked: Vec<(u64, usize, usize)> = {
+            let mut u = self.b.unreported.lock().unwrap_or_else(|e| e.into_inner());
+            let ids: Vec<u64> = u
+                .iter()
+                .filter(|&(_, &(ev, q))| match waited {
+                    Waited::Queue(wq) => q == wq as usize,
+                    Waited::Events(list) => list.iter().flatten().any(|&e| e as usize == ev),
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| u.remove(&id).map(|(ev, q)| (id, ev, q)))
+                .collect()
+        };
+        let rt = self.rt();
+        let mut entries = Writer::new();
+        let mut n = 0u32;
+        for (id, ev, q) in picked {
+            let ev = ev as cl_event;
+            let status: Option<cl_int> = super::queues::info_value(|n, p, r| {
+                rt.clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, n, p, r)
+            });
+            let Some(status) = status.filter(|&st| st <= 0) else {
+                continue;
+            };
+            n += 1;
+            entries.u64(id).i32(status);
+            if status != 0 {
+                entries.u8(0);
+            } else if !self.b.device_time.guest_profiling(q as cl_command_queue) {
+                entries.u8(0xFF);
+            } else {
+                let stamps: Vec<Option<u64>> = (0..5)
+                    .map(|i| {
+                        super::queues::info_value(|n, p, r| {
+                            rt.clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_QUEUED + i, n, p, r)
+                        })
+                    })
+                    .collect();
+                let mask = stamps
+                    .iter()
+                    .enumerate()
+                    .fold(0u8, |m, (i, t)| if t.is_some() { m | 1 << i } else { m });
+                entries.u8(mask);
+                for t in stamps.into_iter().flatten() {
+                    entries.u64(t);
+                }
+            }
+        }
+        w.u32(n);
+        w.raw(entries.as_slice());
     }
 
     /// The server's own queue for writing streamed contents into `ctx`'s buffers.

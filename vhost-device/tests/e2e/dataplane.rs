@@ -174,3 +174,48 @@ fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
         }
     }
 }
+
+#[test]
+fn event_status_and_profiling_after_a_wait_are_answered_in_the_guest() {
+    // tests/c/known.c: after clFinish or clWaitForEvents, the status and profiling
+    // queries of the events waited for (queues with and without profiling, sizes too
+    // small, size-only queries) print what they print natively, and none of them
+    // crossed to the host: the reply of the call that waited reported them.
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("known");
+    let native = run_with_timeout(
+        std::process::Command::new(&exe).env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
+        Duration::from_secs(120),
+    );
+    assert!(native.status.success());
+    let stats_dir = tempfile::tempdir().unwrap();
+    for rings in ["1", "0"] {
+        let stats = stats_dir.path().join(format!("stats-{rings}"));
+        let o = run_with_timeout(
+            daemon
+                .guest(&vendors, "vm1", &exe)
+                .env("HIRA_RINGS", rings)
+                .env("HIRA_STATS", &stats),
+            Duration::from_secs(120),
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&native.stdout),
+            "HIRA_RINGS={rings}"
+        );
+        let table = std::fs::read_to_string(&stats).unwrap();
+        for function in ["clGetEventInfo", "clGetEventProfilingInfo"] {
+            let row: Vec<&str> = table
+                .lines()
+                .find(|l| l.split_whitespace().nth(1) == Some(function))
+                .unwrap_or_else(|| panic!("no {function} row:\n{table}"))
+                .split_whitespace()
+                .collect();
+            // hira-stats: NAME calls total-ms mean-us bytes-sent bytes-received
+            assert!(row[2].parse::<u64>().unwrap() > 0, "{table}");
+            assert_eq!(row[5], "0", "{function} sent nothing:\n{table}");
+        }
+    }
+}
