@@ -4,7 +4,9 @@
  * a kernel right after a streamed write, two threads streaming at once, and a create
  * that fails. With the argument `shmem` it also prints, to stderr, how many KiB of
  * shared memory the process has touched before the failing create (the window's pages
- * among them). */
+ * among them). With `small` the transfers are a quarter of the size, and Hira is asked
+ * to stream from 1 MiB (`HIRA_STREAM_MIN_KB`, which nothing else reads): for VM guests
+ * under emulation. */
 #include "cl30.h"
 #include <pthread.h>
 #include <stdio.h>
@@ -14,6 +16,8 @@
 
 static cl_context ctx;
 static cl_device_id device;
+/* Sizes are divided by this (4 with `small`). */
+static size_t scale = 1;
 
 static void pattern(unsigned char *p, size_t n, unsigned seed) {
     for (size_t i = 0; i < n; i++) p[i] = (unsigned char)((i * 2654435761u + seed) >> 13);
@@ -30,7 +34,7 @@ struct job {
 
 static void *worker(void *arg) {
     struct job *j = arg;
-    size_t n = 24 * MIB + 4093;
+    size_t n = 24 * MIB / scale + 4093;
     unsigned char *src = malloc(n), *dst = calloc(1, n);
     pattern(src, n, j->seed);
     cl_int err;
@@ -63,9 +67,17 @@ static long shmem_kib(void) {
 int main(int argc, char **argv) {
     cl_platform_id platform;
     cl_int err;
+    int shmem = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "shmem") == 0) shmem = 1;
+        if (strcmp(argv[i], "small") == 0) {
+            scale = 4;
+            setenv("HIRA_STREAM_MIN_KB", "1024", 0);
+        }
+    }
     ctx = first_context(&platform, &device);
     cl_command_queue q = clCreateCommandQueueWithProperties(ctx, device, NULL, &err);
-    size_t n = 40 * MIB + 12345;
+    size_t n = 40 * MIB / scale + 12345;
     unsigned char *src = malloc(n), *dst = malloc(n);
     pattern(src, n, 1);
 
@@ -79,10 +91,11 @@ int main(int argc, char **argv) {
            same(src, dst, n), (unsigned long long)flags);
 
     /* A blocking write at an odd offset, then a read of a part at another. */
-    unsigned char *part = malloc(17 * MIB);
-    pattern(part, 17 * MIB, 7);
-    cl_int werr = clEnqueueWriteBuffer(q, m, CL_TRUE, MIB + 7, 17 * MIB, part, 0, NULL, NULL);
-    memcpy(src + MIB + 7, part, 17 * MIB);
+    size_t p = 17 * MIB / scale;
+    unsigned char *part = malloc(p);
+    pattern(part, p, 7);
+    cl_int werr = clEnqueueWriteBuffer(q, m, CL_TRUE, MIB + 7, p, part, 0, NULL, NULL);
+    memcpy(src + MIB + 7, part, p);
     memset(dst, 0, n);
     rerr = clEnqueueReadBuffer(q, m, CL_TRUE, 3, n - 3, dst + 3, 0, NULL, NULL);
     printf("offset write %d, offset read %d, same %d\n", werr, rerr, same(src + 3, dst + 3, n - 3));
@@ -102,7 +115,7 @@ int main(int argc, char **argv) {
     printf("write, kernel, read: %d %d %d doubled %d\n", werr, kerr, rerr, doubled);
 
     /* USE_HOST_PTR: the buffer starts with the host memory's contents. */
-    size_t u = 12 * MIB + 1;
+    size_t u = 12 * MIB / scale + 1;
     unsigned char *host = malloc(u);
     pattern(host, u, 5);
     cl_mem um = clCreateBuffer(ctx, CL_MEM_USE_HOST_PTR, u, host, &err);
@@ -119,7 +132,7 @@ int main(int argc, char **argv) {
     printf("host_no_access: create %d copy %d read %d same %d\n", err, cerr, rerr,
            same(host, dst, u));
 
-    if (argc > 1 && strcmp(argv[1], "shmem") == 0) fprintf(stderr, "shmem %ld\n", shmem_kib());
+    if (shmem) fprintf(stderr, "shmem %ld\n", shmem_kib());
 
     /* A create the host refuses. */
     cl_ulong max_alloc = 0;

@@ -182,6 +182,8 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("api_coverage", ""),
     ("cl3x", ""),
     ("usergate", ""),
+    ("stream", "small"),
+    ("known", ""),
 ];
 
 /// Runs every program of [`PROGRAMS`] in a guest, once per environment of `envs`
