@@ -3,13 +3,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
 use hira_protocol::handshake::{
     ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Token,
-    Welcome, error_code,
+    Welcome, error_code, migrate,
 };
 use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
 use log::{debug, warn};
@@ -225,6 +225,10 @@ pub struct Connection {
     /// its end.
     socket: Stream,
     writer: Mutex<Tx>,
+    /// Set (under the writer lock) once a relayed session's last frame before a
+    /// suspension was sent: writers wait on `unpaused` until it resumes.
+    paused: AtomicBool,
+    unpaused: Condvar,
     reader: Mutex<std::io::BufReader<Rx>>,
     demux: Mutex<Demux>,
     cv: Condvar,
@@ -252,6 +256,8 @@ struct Resume {
     token: Token,
     /// Host-local: the ring region and eventfds (a VM's rings are in its window).
     rings: Vec<std::os::fd::OwnedFd>,
+    /// A VM session on rings (in its slot of the VM's window).
+    vm_rings: bool,
 }
 
 /// How long a guest whose session was suspended tries to resume it
@@ -489,6 +495,8 @@ impl Connection {
         Ok(Connection {
             socket: stream,
             writer: Mutex::new(tx),
+            paused: AtomicBool::new(false),
+            unpaused: Condvar::new(),
             reader: Mutex::new(std::io::BufReader::with_capacity(64 * 1024, rx)),
             demux: Mutex::new(Demux::default()),
             cv: Condvar::new(),
@@ -502,17 +510,39 @@ impl Connection {
                 .map(|_| std::sync::atomic::AtomicU32::new(0))
                 .collect(),
             resume: match endpoint {
-                _ if welcome.token == [0; 16] || welcome.ring_capacity == 0 => None,
-                Endpoint::Unix(_) if kept.is_empty() => None,
+                _ if welcome.token == [0; 16] => None,
+                Endpoint::Unix(_) if kept.is_empty() && welcome.ring_capacity > 0 => None,
                 e => Some(Resume {
                     endpoint: e.clone(),
                     api,
                     token: welcome.token,
                     rings: kept,
+                    vm_rings: welcome.ring_capacity > 0 && matches!(e, Endpoint::Vsock { .. }),
                 }),
             },
             welcome,
         })
+    }
+
+    /// A relayed session is about to be suspended: sends the last frame of this
+    /// connection (`DRAINED`), after any frame being written, and holds every later
+    /// one until the session resumes, so that the host's capture misses none.
+    fn pause(&self) {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let h = FrameHeader::new(FrameKind::Notify, migrate::DRAINED, 0, 0, 0);
+        if let Err(e) = frame::write_parts(&mut *w, &[&h.encode()]) {
+            drop(w);
+            self.kill(TransportError::Closed(e.to_string()));
+            return;
+        }
+        self.paused.store(true, Ordering::Release);
+    }
+
+    /// Lets writers go on (the session resumed, or the suspension was abandoned).
+    fn unpause(&self) {
+        let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        self.paused.store(false, Ordering::Release);
+        self.unpaused.notify_all();
     }
 
     /// Resumes the session after the host suspended it: connects again (to `to`, or
@@ -549,14 +579,30 @@ impl Connection {
         // SAFETY: dup2 onto descriptors this connection owns, replacing them
         // atomically with the new socket.
         unsafe { libc::dup2(socket.raw_fd(), self.socket.raw_fd()) };
-        if let Rx::Ring {
-            socket: rs, over, ..
-        } = r.get_mut()
-        {
-            // SAFETY: as above.
-            unsafe { libc::dup2(socket.raw_fd(), rs.raw_fd()) };
-            *over = false;
+        match r.get_mut() {
+            Rx::Ring {
+                socket: rs, over, ..
+            } => {
+                // SAFETY: as above.
+                unsafe { libc::dup2(socket.raw_fd(), rs.raw_fd()) };
+                *over = false;
+            }
+            Rx::Stream(rs) => {
+                // Relayed: frames go on on the new socket, in both directions.
+                // SAFETY: as above.
+                unsafe { libc::dup2(socket.raw_fd(), rs.raw_fd()) };
+                let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+                if let Tx::Stream(ws) = &*w {
+                    // SAFETY: as above.
+                    unsafe { libc::dup2(socket.raw_fd(), ws.raw_fd()) };
+                }
+            }
         }
+        // Nothing the old connection held is read after its last word.
+        let stale = r.buffer().len();
+        std::io::BufRead::consume(&mut *r, stale);
+        drop(r);
+        self.unpause();
         log::info!(
             "the Hira session moved; resumed after {:?}",
             start.elapsed()
@@ -575,7 +621,7 @@ impl Connection {
             &process_name(),
             self.window.as_ref().map_or(0, |w| w.len() as u64),
         );
-        hl.rings = true;
+        hl.rings = !kit.rings.is_empty();
         hl.resume = Some(kit.token);
         let (stream, reply) = match endpoint {
             Endpoint::Unix(path) => {
@@ -608,7 +654,8 @@ impl Connection {
                 // Its window and rings are in its slot of the VM's window, which the
                 // daemon kept for it.
                 hl.window_len = 0;
-                hl.vm_window = true;
+                hl.vm_window = self.window.is_some();
+                hl.rings = kit.vm_rings;
                 let h = hl.encode();
                 let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
                 frame::write_parts(&mut s, &[&header.encode(), &h])
@@ -658,6 +705,11 @@ impl Connection {
         }
         drop(d);
         self.cv.notify_all();
+        {
+            // Writers held by a suspension give up too.
+            let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            self.unpaused.notify_all();
+        }
         self.socket.shutdown();
     }
 
@@ -697,6 +749,9 @@ impl Connection {
         }
         {
             let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            while self.paused.load(Ordering::Acquire) && self.dead().is_none() {
+                w = self.unpaused.wait(w).unwrap_or_else(|e| e.into_inner());
+            }
             if let Err(e) = frame::write_parts(&mut *w, &[&head, payload]) {
                 drop(w);
                 let e = TransportError::Closed(e.to_string());
@@ -777,6 +832,20 @@ impl Connection {
             // no frame sent after it (a reply that shows the command complete, an event
             // callback) is seen before the application's memory holds the data.
             let res = match res {
+                Ok(f)
+                    if f.header.kind == FrameKind::Notify
+                        && matches!(f.header.opcode, migrate::SUSPENDING | migrate::RESUMED) =>
+                {
+                    if f.header.opcode == migrate::SUSPENDING {
+                        self.pause();
+                    } else {
+                        self.unpause();
+                    }
+                    d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                    d.reading = false;
+                    self.cv.notify_all();
+                    continue;
+                }
                 Ok(f) if f.header.kind == FrameKind::Notify && f.header.opcode == OUTPUT_DONE => {
                     match OutputDone::decode(&f.payload) {
                         Ok(o) => {

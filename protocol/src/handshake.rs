@@ -528,4 +528,14 @@ pub mod migrate {
     pub const DATA: u16 = 0xFFF6;
     /// Largest piece.
     pub const DATA_PIECE: usize = 1 << 20;
+
+    /// Daemon → guest of a relayed session about to be suspended: send nothing more
+    /// after a [`DRAINED`] notification (calls wait until the session resumes, or
+    /// until [`RESUMED`]). Every frame before `DRAINED` reaches the API server that
+    /// is captured, so none is lost with the connection.
+    pub const SUSPENDING: u16 = 0xFFF7;
+    /// Guest → daemon: the last frame on this connection before the session resumes.
+    pub const DRAINED: u16 = 0xFFF8;
+    /// Daemon → guest: the suspension was abandoned; go on sending here.
+    pub const RESUMED: u16 = 0xFFF9;
 }

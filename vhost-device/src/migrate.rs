@@ -191,8 +191,14 @@ pub(crate) fn snapshot_file() -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Waits until `a` or `b` is readable (or hung up); returns which are.
-pub(crate) fn wait_either(a: &impl AsFd, b: &impl AsFd) -> std::io::Result<(bool, bool)> {
+/// Waits until `a` or `b` is readable (or hung up), for at most `limit` if given
+/// (then neither); returns which are.
+pub(crate) fn wait_either(
+    a: &impl AsFd,
+    b: &impl AsFd,
+    limit: Option<Duration>,
+) -> std::io::Result<(bool, bool)> {
+    let timeout = limit.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
     let mut p = [
         libc::pollfd {
             fd: a.as_fd().as_raw_fd(),
@@ -206,8 +212,8 @@ pub(crate) fn wait_either(a: &impl AsFd, b: &impl AsFd) -> std::io::Result<(bool
         },
     ];
     loop {
-        // SAFETY: two valid pollfds; no timeout.
-        let n = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
+        // SAFETY: two valid pollfds.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), 2, timeout) };
         if n >= 0 {
             return Ok((p[0].revents != 0, p[1].revents != 0));
         }

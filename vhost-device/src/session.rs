@@ -403,7 +403,7 @@ fn serve(
         let res = {
             let slot = lease
                 .as_ref()
-                .filter(|_| vm_rings)
+                .filter(|_| server_welcome.window_len > 0)
                 .map(|l| crate::migrate::VmSlot {
                     offset: l.offset,
                     len: l.len,
@@ -429,6 +429,7 @@ fn serve(
                 },
                 link,
                 relayed: !rings,
+                draining: None,
                 child: &mut child,
                 server: &mut server,
                 usage: &mut usage,
@@ -701,6 +702,13 @@ fn resumable(
                 format!("no suspended session with this token for VM {vm:?} here (yet)")
             });
     }
+    if !hello.rings && rings.is_empty() {
+        // A relayed session: its frames resume on the new connection (a VM's window
+        // slot, if it had one, is checked when it is taken).
+        return life.unpark(token, vm).ok_or_else(|| {
+            format!("no suspended session with this token for VM {vm:?} here (yet)")
+        });
+    }
     if !hello.rings || rings.len() != 1 + ring::EVENTFDS {
         return Err("a resuming guest passes its window, ring region and eventfds".into());
     }
@@ -752,6 +760,9 @@ struct Mover<'a> {
     /// The session's frames are relayed (no rings): the capture goes in-band and
     /// the snapshot comes back in pieces.
     relayed: bool,
+    /// A suspension of a relayed session waiting for the guest's last frame
+    /// (`DRAINED`), and until when.
+    draining: Option<(crate::migrate::Suspension, std::time::Instant)>,
     /// The API server (none once the session was suspended).
     child: &'a mut Option<std::process::Child>,
     server: &'a mut UnixStream,
@@ -796,6 +807,12 @@ impl Mover<'_> {
         let len = answer
             .get(..8)
             .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+        if self.relayed {
+            // The relay wrote the pieces through a descriptor sharing this one's
+            // offset: whoever reads the snapshot next reads it from its start.
+            // SAFETY: repositions a descriptor this process owns.
+            unsafe { libc::lseek(snapshot.as_raw_fd(), 0, libc::SEEK_SET) };
+        }
         Ok((snapshot, len))
     }
 
@@ -978,9 +995,45 @@ impl Mover<'_> {
     }
 }
 
+/// Longest a relayed session's guest may take to send its last frame before a
+/// suspension; the suspension is abandoned after.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Tells a relayed session's guest that it may send again here.
+fn resumed_here(m: &Mover<'_>) {
+    let h = FrameHeader::new(FrameKind::Notify, migrate::RESUMED, 0, 0, 0);
+    let mut g = m.guest_w.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = unix::send_frame_with_fds(&mut g, &h, &[], &[]);
+}
+
+/// A relayed session's guest sent its last frame: the suspension goes on. Returns
+/// whether the session was suspended (and so is over here).
+fn drained(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
+    let Some((s, _)) = m.draining.take() else {
+        return false;
+    };
+    if m.suspend(s) {
+        door.close(&format!("session {} was suspended", m.id));
+        return true;
+    }
+    resumed_here(m);
+    false
+}
+
 /// Carries out the migrations asked for. Returns whether the session was suspended
 /// (and so is over here).
 fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
+    if m.draining
+        .as_ref()
+        .is_some_and(|(_, until)| std::time::Instant::now() >= *until)
+        && let Some((s, _)) = m.draining.take()
+    {
+        let _ = s.captured.send(Err(
+            "the guest did not stop sending in time (a guest shim that predates protocol 4?)"
+                .into(),
+        ));
+        resumed_here(m);
+    }
     let mut asks = door.take().into_iter();
     while let Some(ask) = asks.next() {
         match ask {
@@ -992,9 +1045,25 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
                 let _ = reply.send(res);
             }
             crate::migrate::Ask::Suspend(s) if m.relayed => {
-                let _ = s.captured.send(Err(
-                    "a session whose frames the daemon relays cannot be suspended: the calls it has in flight could not be resent; it can move to a new API server of this daemon".into(),
-                ));
+                if m.draining.is_some() {
+                    let _ = s
+                        .captured
+                        .send(Err("the session is being suspended already".into()));
+                    continue;
+                }
+                // The guest stops sending first (its last frame says so), so that
+                // every frame it sent reaches the API server that is captured.
+                let h = FrameHeader::new(FrameKind::Notify, migrate::SUSPENDING, 0, 0, 0);
+                let told = {
+                    let mut g = m.guest_w.lock().unwrap_or_else(|e| e.into_inner());
+                    unix::send_frame_with_fds(&mut g, &h, &[], &[])
+                };
+                match told {
+                    Ok(()) => m.draining = Some((s, std::time::Instant::now() + DRAIN_LIMIT)),
+                    Err(e) => {
+                        let _ = s.captured.send(Err(format!("cannot reach the guest: {e}")));
+                    }
+                }
             }
             crate::migrate::Ask::Suspend(s) => {
                 if m.suspend(s) {
@@ -1019,7 +1088,12 @@ fn guest_or_door(
     m: &mut Mover<'_>,
 ) -> Result<bool, SessionError> {
     loop {
-        let (ready, asked) = crate::migrate::wait_either(guest, &door.rung)?;
+        let limit = m
+            .draining
+            .as_ref()
+            .map(|(_, until)| until.saturating_duration_since(std::time::Instant::now()));
+        let (ready, rung) = crate::migrate::wait_either(guest, &door.rung, limit)?;
+        let asked = rung || (!ready && limit.is_some());
         if asked && answer_door(door, m) {
             return Ok(false);
         }
@@ -1095,6 +1169,13 @@ fn relay_to_server(
             let m = "a guest on rings may only ring the doorbell on its socket";
             send_error(guest_w, None, error_code::MALFORMED, m);
             return Err(SessionError::Handshake(m.into()));
+        }
+        if h.kind == FrameKind::Notify && h.opcode == migrate::DRAINED && h.len == 0 {
+            // The guest's last frame before a suspension (ignored otherwise).
+            if drained(door, m) {
+                return Ok(());
+            }
+            continue;
         }
         let span_bytes = h.span_count as usize * SPAN_LEN;
         let mut spans = vec![0u8; span_bytes];
