@@ -619,19 +619,21 @@ impl Qmp {
 fn qemu_migratable(
     image: &std::path::Path,
     vhost: &std::path::Path,
-    window: &std::path::Path,
+    window: Option<&std::path::Path>,
     qmp: &std::path::Path,
     with_vsock: bool,
     incoming: Option<&std::path::Path>,
 ) -> Command {
     let mut q = qemu_without_vsock(image, vhost);
-    q.arg("-object")
-        .arg(format!(
-            "memory-backend-file,id=hirawin,mem-path={},size=64M,share=on",
-            window.display()
-        ))
-        .args(["-device", "ivshmem-plain,memdev=hirawin,addr=0x5,master=on"])
-        .arg("-qmp")
+    if let Some(window) = window {
+        q.arg("-object")
+            .arg(format!(
+                "memory-backend-file,id=hirawin,mem-path={},size=64M,share=on",
+                window.display()
+            ))
+            .args(["-device", "ivshmem-plain,memdev=hirawin,addr=0x5,master=on"]);
+    }
+    q.arg("-qmp")
         .arg(format!("unix:{},server=on,wait=off", qmp.display()));
     if with_vsock {
         q.args([
@@ -647,13 +649,29 @@ fn qemu_migratable(
 
 #[test]
 fn a_vm_using_hira_live_migrates_to_another_qemu_and_daemon() {
+    // With the shared window (rings) and without it (frames relayed over vsock).
+    for window in [true, false] {
+        vm_live_migrates(window);
+    }
+}
+
+fn vm_live_migrates(window: bool) {
     ensure_built();
     let script = ["step", "pend", "loop 2", "check", "end"];
     let expected = crate::migration::native(&script);
-    let a = Daemon::start_vms_with(&[("qvm", 3)], true);
-    let b = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let a = Daemon::start_vms_with(&[("qvm", 3)], window);
+    let b = Daemon::start_vms_with(&[("qvm", 3)], window);
+    let (window_a, window_b) = if window {
+        (Some(a.window_file("qvm")), Some(b.window_file("qvm")))
+    } else {
+        (None, None)
+    };
     let image = image_with(
-        "migrate-live",
+        if window {
+            "migrate-live"
+        } else {
+            "migrate-live-relayed"
+        },
         &MIGRATE_SCRIPT.replace("/hira/migrate", "HIRA_RESUME_SECS=600 /hira/migrate"),
         &["migrate"],
     );
@@ -666,7 +684,7 @@ fn a_vm_using_hira_live_migrates_to_another_qemu_and_daemon() {
     let mut source = Console::start(qemu_migratable(
         &image,
         &a.vhost_socket("qvm"),
-        &a.window_file("qvm"),
+        window_a.as_deref(),
         &qmp_a,
         true,
         None,
@@ -687,7 +705,7 @@ fn a_vm_using_hira_live_migrates_to_another_qemu_and_daemon() {
     let mut dest = Console::start(qemu_migratable(
         &image,
         &b.vhost_socket("qvm"),
-        &b.window_file("qvm"),
+        window_b.as_deref(),
         &qmp_b,
         false,
         Some(&mig),
