@@ -4,8 +4,9 @@
 //! asked for, so that each kernel's device time comes from the host's own timestamps
 //! (`CL_PROFILING_COMMAND_START`/`END`) without serialising anything, added to the
 //! session's usage page, where the daemon's scheduler finds them. For an in-order
-//! queue, a sweep of the gate thread (every millisecond while any command is pending,
-//! and [`LINGER`] after) reads each queue's oldest commands until the first not
+//! queue, a sweep of the gate thread (every millisecond while commands complete, up
+//! to [`SWEEP_BACKOFF`] apart while none does, and for [`LINGER`] after the last)
+//! reads each queue's oldest commands until the first not
 //! complete, and notes when that one started running: no host callback per command,
 //! which on a 2-core host cost a program launching thousands of short kernels a
 //! tenth of its run time. For an out-of-order queue, a completion callback reads
@@ -65,6 +66,8 @@ const CL_COMPLETE: cl_int = 0;
 const GATE_POLL: Duration = Duration::from_millis(1);
 /// How long the gate thread goes on looking after the last such command.
 const LINGER: Duration = Duration::from_millis(20);
+/// Longest pause between two sweeps while commands are pending and none completes.
+const SWEEP_BACKOFF: Duration = Duration::from_millis(8);
 /// Most device work (estimated) a session keeps enqueued and not finished, unless
 /// two of its commands are longer.
 pub const BACKLOG_NS: u64 = 20_000_000;
@@ -260,9 +263,10 @@ impl std::fmt::Debug for Unharvested {
 /// Accounts the commands of in-order queues that have completed (each queue's
 /// oldest first: it runs them in order, so the first one not complete ends the
 /// sweep) and notes when the oldest of each started running. Returns whether any
-/// command is still pending.
-fn sweep(rt: &OpenCl, gates: &Gates) -> bool {
+/// command is still pending, and whether any completed or started.
+fn sweep(rt: &OpenCl, gates: &Gates) -> (bool, bool) {
     let mut done = Vec::new();
+    let mut started = false;
     let pending = {
         let mut batches = gates.batches.lock().unwrap_or_else(|e| e.into_inner());
         for batch in batches.values_mut() {
@@ -272,7 +276,7 @@ fn sweep(rt: &OpenCl, gates: &Gates) -> bool {
                         done.extend(batch.pop_front().map(|u| (u, st)));
                     }
                     Some(CL_RUNNING) => {
-                        u.measure.started();
+                        started |= u.measure.started();
                         break;
                     }
                     _ => break,
@@ -282,11 +286,12 @@ fn sweep(rt: &OpenCl, gates: &Gates) -> bool {
         batches.retain(|_, b| !b.is_empty());
         !batches.is_empty()
     };
+    let progressed = started || !done.is_empty();
     for (u, st) in done {
         u.measure.finished(u.event as cl_event, st);
         rt.clReleaseEvent(u.event as cl_event);
     }
-    pending
+    (pending, progressed)
 }
 
 /// The commands of one in-order queue not yet accounted, oldest first.
@@ -301,17 +306,18 @@ fn status_of(rt: &OpenCl, event: cl_event) -> Option<cl_int> {
 }
 
 impl Measure {
-    /// The command has started running (noted once).
-    fn started(&self) {
+    /// The command has started running (noted once: true the first time).
+    fn started(&self) -> bool {
         let now = monotonic_ns().max(1);
-        if self
+        let first = self
             .start
             .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
+            .is_ok();
+        if first {
             self.account.running(now, 1);
             self.gates.backlog.running.fetch_add(1, Ordering::Relaxed);
         }
+        first
     }
 
     /// The command of `event` ended with `status`: its device time is accounted and
@@ -658,10 +664,18 @@ fn open(rt: &OpenCl, account: &Account, backlog: &Backlog, h: &Held) {
 /// polling while any is shut (and woken by each completion).
 fn gate_loop(rt: &'static OpenCl, account: &Account, gates: &Gates) {
     let mut idle_since: Option<Instant> = None;
+    // While nothing completes (a command waits on a user event, or runs long),
+    // sweeps slow down, up to `SWEEP_BACKOFF`; held commands keep `GATE_POLL`.
+    let mut poll = GATE_POLL;
     let mut list = gates.held.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         drop(list);
-        let pending = sweep(rt, gates);
+        let (pending, progressed) = sweep(rt, gates);
+        poll = if progressed {
+            GATE_POLL
+        } else {
+            (poll * 2).min(SWEEP_BACKOFF)
+        };
         list = gates.held.lock().unwrap_or_else(|e| e.into_inner());
         if list.is_empty() && !pending {
             // Sweeping goes on a while after the last command, so that a stream
@@ -702,9 +716,10 @@ fn gate_loop(rt: &'static OpenCl, account: &Account, gates: &Gates) {
             opened += 1;
         }
         list.drain(..opened);
+        let wait = if list.is_empty() { poll } else { GATE_POLL };
         list = gates
             .wake
-            .wait_timeout(list, GATE_POLL)
+            .wait_timeout(list, wait)
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }
