@@ -19,6 +19,9 @@ use virtio_queue::QueueOwnedT;
 use virtio_vsock::packet::VsockPacket;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::event::{
+    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
+};
 
 use super::device::{Packet, VsockDevice};
 use super::header::{HDR_LEN, Header, MAX_PAYLOAD};
@@ -214,6 +217,15 @@ fn watch(epoll: &Epoll, fd: RawFd) -> io::Result<()> {
 impl VhostUserBackend for VsockBackend {
     type Bitmap = ();
     type Vring = VringRwLock;
+
+    /// Without an exit event the library cannot stop a connection's vring workers, and
+    /// joins them forever when the connection ends: the VMM could never connect again
+    /// (a vsock device unplugged and plugged back, a VMM restarted).
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)
+            .inspect_err(|e| warn!("no exit event for a vring worker: {e}"))
+            .ok()
+    }
 
     fn num_queues(&self) -> usize {
         3

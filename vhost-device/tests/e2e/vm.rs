@@ -613,6 +613,53 @@ impl Qmp {
     }
 }
 
+#[test]
+fn a_vm_reconnects_after_its_vsock_device_is_unplugged_and_plugged_back() {
+    // The daemon's vhost-user backend takes a new connection from the same QEMU once
+    // the first ends (QMP device_del, a new chardev, device_add): a program run
+    // after that is served as one run before.
+    ensure_built();
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let script = "stty -echo\n/hira/vecadd 2>&1\necho '=== first'\nread again\n/hira/vecadd 2>&1\necho \"=== exit $?\"\n";
+    let image = image_with("replug", script, &["vecadd"]);
+    let work = tempfile::tempdir().unwrap();
+    let qmp = work.path().join("q.qmp");
+    let window = daemon.window_file("qvm");
+    let mut console = Console::start(qemu_migratable(
+        &image,
+        &daemon.vhost_socket("qvm"),
+        Some(&window),
+        &qmp,
+        true,
+        None,
+    ));
+    let mut q = Qmp::connect(&qmp);
+    let first = console.line_starting("vecadd");
+    console.line_starting("=== first");
+    q.execute("device_del", serde_json::json!({"id": "hiravsock"}));
+    q.event("DEVICE_DELETED", |d| d["device"] == "hiravsock");
+    // QEMU closed the device's vhost-user connection: a new one for the new device.
+    q.execute("chardev-remove", serde_json::json!({"id": "vsock0"}));
+    q.execute(
+        "chardev-add",
+        serde_json::json!({"id": "vsock1", "backend": {"type": "socket", "data": {
+            "addr": {"type": "unix", "data": {"path": daemon.vhost_socket("qvm")}},
+            "server": false}}}),
+    );
+    q.execute(
+        "device_add",
+        serde_json::json!({"driver": "vhost-user-vsock-pci", "chardev": "vsock1", "id": "hiravsock", "addr": "0x6"}),
+    );
+    {
+        use std::io::Write;
+        writeln!(console.stdin, "again").unwrap();
+    }
+    let second = console.line_starting("vecadd");
+    assert!(first.contains("mismatches=0"), "{first}");
+    assert_eq!(second, first, "daemon log:\n{}", daemon.log_text());
+    assert_eq!(console.line_starting("=== exit"), "=== exit 0");
+}
+
 /// QEMU for the live-migration test: the guest image, Hira's window as ivshmem, the
 /// vhost-user chardev to `vhost` with the vsock device only if `with_vsock`, QMP on
 /// `qmp`, and `incoming` to receive a migration.
