@@ -272,6 +272,12 @@ fn resume_limit() -> std::time::Duration {
 
 /// Pauses between attempts to resume (the session may not be placed yet, or its
 /// daemon restarting): growing from the first to the last.
+/// How long a VM session's guest tries to reconnect after its connection ended
+/// without a word (the daemon keeps such a session as long), and for how long it
+/// takes a refusal of its token for a daemon still noticing the reset.
+const RESET_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+const RESET_REFUSALS: std::time::Duration = std::time::Duration::from_secs(3);
+
 const RESUME_RETRY: (std::time::Duration, std::time::Duration) = (
     std::time::Duration::from_millis(5),
     std::time::Duration::from_millis(200),
@@ -550,7 +556,7 @@ impl Connection {
     /// until a daemon that holds the session takes it or the time runs out. The new
     /// socket takes the old one's descriptor numbers, which the rings watch; the
     /// rings go on from where they were.
-    fn resume_session(&self, to: &str) -> Result<(), TransportError> {
+    fn resume_session(&self, to: &str, after_reset: bool) -> Result<(), TransportError> {
         let Some(kit) = &self.resume else {
             return Err(TransportError::Closed(
                 "the host suspended the session, which cannot resume here".into(),
@@ -562,11 +568,22 @@ impl Connection {
             e => e.clone(),
         };
         let start = std::time::Instant::now();
-        let limit = resume_limit();
+        // After a reset, the daemon keeps the session for RESET_GRACE at most, and
+        // one that refuses the token has none to give back.
+        let limit = if after_reset {
+            resume_limit().min(RESET_GRACE)
+        } else {
+            resume_limit()
+        };
         let mut pause = RESUME_RETRY.0;
         let socket = loop {
             match self.try_resume(&endpoint, kit) {
                 Ok(s) => break s,
+                Err(TransportError::Refused(m))
+                    if after_reset && start.elapsed() >= RESET_REFUSALS =>
+                {
+                    return Err(TransportError::Refused(m));
+                }
                 Err(e) if start.elapsed() < limit => {
                     debug!("resuming: {e}");
                     std::thread::sleep(pause);
@@ -602,6 +619,21 @@ impl Connection {
         let stale = r.buffer().len();
         std::io::BufRead::consume(&mut *r, stale);
         drop(r);
+        if kit.vm_rings {
+            // A doorbell rung while the connection was down was lost: ring again.
+            let b = ring::doorbell_frame();
+            // SAFETY: sends a local buffer on a descriptor this connection owns,
+            // without blocking or SIGPIPE (a doorbell that does not fit is dropped, as
+            // the rings do).
+            unsafe {
+                libc::send(
+                    self.socket.raw_fd(),
+                    b.as_ptr().cast(),
+                    b.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+        }
         self.unpause();
         log::info!(
             "the Hira session moved; resumed after {:?}",
@@ -672,6 +704,12 @@ impl Connection {
                     .unwrap_or_default(),
             )),
         }
+    }
+
+    /// Whether the session survives its connection being cut: a VM session on rings,
+    /// which lives in the VM's window.
+    fn outlives_resets(&self) -> bool {
+        self.resume.as_ref().is_some_and(|k| k.vm_rings)
     }
 
     /// The shared data window, if the host accepted one.
@@ -896,7 +934,7 @@ impl Connection {
                                 d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
                                 d.reading = true;
                                 drop(d);
-                                let resumed = self.resume_session(&msg);
+                                let resumed = self.resume_session(&msg, false);
                                 d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
                                 d.reading = false;
                                 if let Err(e) = resumed {
@@ -918,6 +956,23 @@ impl Connection {
                             )));
                             d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
                         }
+                    }
+                    self.cv.notify_all();
+                }
+                Err(e) if self.outlives_resets() && d.dead.is_none() => {
+                    // A VM session on rings: its connection ended without a word from
+                    // the host, as when the VM's vsock device is reset. The session
+                    // lives on in the window; connect again and go on.
+                    d.reading = true;
+                    drop(d);
+                    let back = self.resume_session("", true);
+                    d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                    d.reading = false;
+                    if let Err(again) = back {
+                        drop(d);
+                        warn!("the connection to the host ended ({e}) and could not be made again");
+                        self.kill(again);
+                        d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
                     }
                     self.cv.notify_all();
                 }

@@ -63,6 +63,10 @@ struct State {
     doors: HashMap<u64, Arc<crate::migrate::Door>>,
     /// Suspended sessions waiting for their guests, by token, with when they came.
     parked: HashMap<hira_protocol::handshake::Token, (crate::migrate::Parked, Instant)>,
+    /// Live sessions whose guest connection a device reset cut, waiting for the guest
+    /// to connect again: their VM and where its new connection goes.
+    detached:
+        HashMap<hira_protocol::handshake::Token, (String, std::sync::mpsc::Sender<UnixStream>)>,
 }
 
 /// Live sessions, ended sessions and the stop flag.
@@ -263,6 +267,38 @@ impl Lifecycle {
             s.parked.remove(token).map(|(p, _)| p)
         } else {
             None
+        }
+    }
+
+    /// Waits up to `limit` for the guest of a live session of VM `vm` (resume token
+    /// `token`) whose connection was cut to connect again; its new connection, or
+    /// `None`.
+    pub fn await_reattach(
+        &self,
+        token: hira_protocol::handshake::Token,
+        vm: &str,
+        limit: std::time::Duration,
+    ) -> Option<UnixStream> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.lock().detached.insert(token, (vm.to_string(), tx));
+        let got = rx.recv_timeout(limit).ok();
+        self.lock().detached.remove(&token);
+        // A connection handed over as the wait ended is taken too.
+        got.or_else(|| rx.try_recv().ok())
+    }
+
+    /// Hands `guest`, a new connection of VM `vm` resuming with `token`, to the live
+    /// session waiting for it; gives it back if none is.
+    pub fn reattach(
+        &self,
+        token: &hira_protocol::handshake::Token,
+        vm: &str,
+        guest: UnixStream,
+    ) -> Result<(), UnixStream> {
+        let s = self.lock();
+        match s.detached.get(token) {
+            Some((v, tx)) if v == vm => tx.send(guest).map_err(|e| e.0),
+            _ => Err(guest),
         }
     }
 

@@ -45,6 +45,8 @@ pub struct VmQueue {
     sessions: AtomicUsize,
     /// The usage pages of the VM's live sessions, by session id.
     live: Mutex<HashMap<u64, Arc<UsagePage>>>,
+    /// How many times the VM's vsock device was reset (its connections all cut).
+    resets: AtomicU64,
 }
 
 /// A live session's usage, counted into its VM until this drops; then its final
@@ -87,6 +89,16 @@ impl Drop for SessionSlot {
 }
 
 impl VmQueue {
+    /// The VM's vsock device was reset: every connection of it is about to be cut.
+    pub fn device_reset(&self) {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many times the VM's vsock device was reset so far.
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::SeqCst)
+    }
+
     /// Counts session `id`'s usage, as its API server keeps it in `page`, into the VM
     /// while the returned value lives.
     pub fn track(self: &Arc<Self>, id: u64, page: Arc<UsagePage>) -> Tracked {

@@ -186,6 +186,21 @@ fn serve(
     };
     let mut fds = fds.into_iter();
     let fd = fds.next();
+    // A VM guest whose connection a device reset cut comes back to its live session.
+    if let Some(token) = hello.resume
+        && hello.vm_window
+        && hello.rings
+        && fd.is_none()
+    {
+        guest.set_read_timeout(None)?;
+        match life.reattach(&token, vm, guest) {
+            Ok(()) => {
+                info!("VM {vm:?}: a guest reconnected to its live session");
+                return Ok(());
+            }
+            Err(g) => guest = g,
+        }
+    }
     // A guest resuming a suspended session brings back its ring region and eventfds.
     let guest_rings: Vec<OwnedFd> = fds.collect();
     let mut parked = match hello.resume.take() {
@@ -442,15 +457,43 @@ fn serve(
             } else {
                 // Relayed: every frame, or on a VM's rings the doorbells only.
                 let mut guest_r = BufReader::with_capacity(RELAY_CHUNK, guest.try_clone()?);
-                relay_to_server(
-                    &mut guest_r,
-                    &door,
-                    &mut m,
-                    &guest_w,
-                    server_welcome.window_len,
-                    rings,
-                    &mut stats,
-                )
+                loop {
+                    let resets = queue.resets();
+                    let r = relay_to_server(
+                        &mut guest_r,
+                        &door,
+                        &mut m,
+                        &guest_w,
+                        server_welcome.window_len,
+                        rings,
+                        &mut stats,
+                    );
+                    // On rings in the VM's window the session lives on in shared
+                    // memory when a device reset cuts its connection (not when the
+                    // guest closes it): it waits for the guest to connect again.
+                    let cut =
+                        vm_rings && r.is_ok() && m.child.is_some() && queue.resets() != resets;
+                    if !cut {
+                        break r;
+                    }
+                    info!(
+                        "VM {vm:?} session {id}: connection cut by a device reset; waiting {RESET_GRACE:?} for its guest"
+                    );
+                    let Some(back) = life.await_reattach(token, vm, RESET_GRACE) else {
+                        info!("VM {vm:?} session {id}: its guest did not come back");
+                        break r;
+                    };
+                    {
+                        let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
+                        *g = back.try_clone()?;
+                        unix::send_frame_with_fds(&mut g, &wh, &welcome, &[])?;
+                    }
+                    m.link
+                        .reattached
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    guest_r = BufReader::with_capacity(RELAY_CHUNK, back);
+                    info!("VM {vm:?} session {id}: its guest reconnected");
+                }
             }
         };
         // The guest side ended: the API server sees its socket close, releases
@@ -534,6 +577,8 @@ struct RelayLink {
     next: Mutex<Option<UnixStream>>,
     /// The session was suspended: its API server's end is no news to the guest.
     quiet: std::sync::atomic::AtomicBool,
+    /// A new guest connection replaced one that a device reset cut.
+    reattached: std::sync::atomic::AtomicBool,
 }
 
 /// Copies replies and notifications to the guest until the API server closes; then
@@ -603,6 +648,13 @@ fn relay_to_guest(
                 let _ = tx.send((h.opcode, p));
             }
             continue;
+        }
+        if guest_gone
+            && link
+                .reattached
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            guest_gone = false;
         }
         if guest_gone {
             if skip(&mut server, h.len as usize, &mut buf).is_err() {
@@ -994,6 +1046,10 @@ impl Mover<'_> {
         }
     }
 }
+
+/// How long a VM session on rings whose connection a device reset cut waits for its
+/// guest to connect again.
+const RESET_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Longest a relayed session's guest may take to send its last frame before a
 /// suspension; the suspension is abandoned after.

@@ -211,8 +211,12 @@ impl VsockDevice {
         out
     }
 
-    /// Device reset: every connection and session of the VM ends.
+    /// Device reset: every connection of the VM is cut. Sessions on rings in the VM's
+    /// window wait a while for their guests to connect again; the others end.
     pub fn reset(&mut self) {
+        if !self.links.is_empty() {
+            self.queue.device_reset();
+        }
         self.links.clear();
         self.mux.reset();
     }

@@ -613,32 +613,12 @@ impl Qmp {
     }
 }
 
-#[test]
-fn a_vm_reconnects_after_its_vsock_device_is_unplugged_and_plugged_back() {
-    // The daemon's vhost-user backend takes a new connection from the same QEMU once
-    // the first ends (QMP device_del, a new chardev, device_add): a program run
-    // after that is served as one run before.
-    ensure_built();
-    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
-    let script = "stty -echo\n/hira/vecadd 2>&1\necho '=== first'\nread again\n/hira/vecadd 2>&1\necho \"=== exit $?\"\n";
-    let image = image_with("replug", script, &["vecadd"]);
-    let work = tempfile::tempdir().unwrap();
-    let qmp = work.path().join("q.qmp");
-    let window = daemon.window_file("qvm");
-    let mut console = Console::start(qemu_migratable(
-        &image,
-        &daemon.vhost_socket("qvm"),
-        Some(&window),
-        &qmp,
-        true,
-        None,
-    ));
-    let mut q = Qmp::connect(&qmp);
-    let first = console.line_starting("vecadd");
-    console.line_starting("=== first");
+/// Unplugs the VM's vsock device and plugs a new one in, on a new vhost-user
+/// connection to `daemon` (QEMU closes a device's connection when it goes), as an
+/// operator would with QMP: nobody tells Hira.
+fn replug_vsock(q: &mut Qmp, daemon: &Daemon) {
     q.execute("device_del", serde_json::json!({"id": "hiravsock"}));
     q.event("DEVICE_DELETED", |d| d["device"] == "hiravsock");
-    // QEMU closed the device's vhost-user connection: a new one for the new device.
     q.execute("chardev-remove", serde_json::json!({"id": "vsock0"}));
     q.execute(
         "chardev-add",
@@ -650,6 +630,36 @@ fn a_vm_reconnects_after_its_vsock_device_is_unplugged_and_plugged_back() {
         "device_add",
         serde_json::json!({"driver": "vhost-user-vsock-pci", "chardev": "vsock1", "id": "hiravsock", "addr": "0x6"}),
     );
+}
+
+/// QEMU booting `image` for VM qvm of `daemon` (its window as ivshmem), with QMP.
+fn qemu_with_qmp(daemon: &Daemon, image: &std::path::Path, qmp: &std::path::Path) -> Console {
+    let window = daemon.window_file("qvm");
+    Console::start(qemu_migratable(
+        image,
+        &daemon.vhost_socket("qvm"),
+        Some(&window),
+        qmp,
+        true,
+        None,
+    ))
+}
+
+#[test]
+fn a_vm_reconnects_after_its_vsock_device_is_unplugged_and_plugged_back() {
+    // The daemon's vhost-user backend takes a new connection from the same QEMU once
+    // the first ends: a program run after that is served as one run before.
+    ensure_built();
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let script = "stty -echo\n/hira/vecadd 2>&1\necho '=== first'\nread again\n/hira/vecadd 2>&1\necho \"=== exit $?\"\n";
+    let image = image_with("replug", script, &["vecadd"]);
+    let work = tempfile::tempdir().unwrap();
+    let qmp = work.path().join("q.qmp");
+    let mut console = qemu_with_qmp(&daemon, &image, &qmp);
+    let mut q = Qmp::connect(&qmp);
+    let first = console.line_starting("vecadd");
+    console.line_starting("=== first");
+    replug_vsock(&mut q, &daemon);
     {
         use std::io::Write;
         writeln!(console.stdin, "again").unwrap();
@@ -658,6 +668,41 @@ fn a_vm_reconnects_after_its_vsock_device_is_unplugged_and_plugged_back() {
     assert!(first.contains("mismatches=0"), "{first}");
     assert_eq!(second, first, "daemon log:\n{}", daemon.log_text());
     assert_eq!(console.line_starting("=== exit"), "=== exit 0");
+}
+
+#[test]
+fn a_vm_session_on_rings_outlives_a_reset_of_the_vsock_device() {
+    // Nobody announced it: the VM's vsock device is unplugged and plugged back while
+    // the program is between two commands. The session lives in the VM's window; its
+    // API server waits, the guest connects again on its next call and goes on,
+    // exactly as natively.
+    ensure_built();
+    let script = ["step", "pend", "loop 2", "check", "end"];
+    let expected = crate::migration::native(&script);
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], true);
+    let image = image_with("reset-vsock", MIGRATE_SCRIPT, &["migrate"]);
+    let work = tempfile::tempdir().unwrap();
+    let qmp = work.path().join("q.qmp");
+    let mut console = qemu_with_qmp(&daemon, &image, &qmp);
+    let mut q = Qmp::connect(&qmp);
+    console.line_starting("ready");
+    let mut got = vec![console.ask(script[0]), console.ask(script[1])];
+    let pid = daemon.status()["sessions"][0]["api_server_pid"].clone();
+    replug_vsock(&mut q, &daemon);
+    for cmd in &script[2..] {
+        got.push(console.ask(cmd));
+        if *cmd == "loop 2" {
+            // The same API server serves it: the session was never restarted.
+            assert_eq!(daemon.status()["sessions"][0]["api_server_pid"], pid);
+        }
+    }
+    assert_eq!(got, expected, "daemon log:\n{}", daemon.log_text());
+    assert_eq!(console.line_starting("=== exit"), "=== exit 0");
+    assert!(
+        daemon.log_text().contains("its guest reconnected"),
+        "{}",
+        daemon.log_text()
+    );
 }
 
 /// QEMU for the live-migration test: the guest image, Hira's window as ivshmem, the
