@@ -7,7 +7,9 @@
 //! queue, a sweep of the gate thread (every millisecond while commands complete, up
 //! to [`SWEEP_BACKOFF`] apart while none does, and for [`LINGER`] after the last)
 //! reads each queue's oldest commands until the first not
-//! complete, and notes when that one started running: no host callback per command,
+//! complete, and notes when that one started running (a call that waited for
+//! commands, `clFinish` or `clWaitForEvents`, sweeps before it answers, so what the
+//! guest sees complete is accounted): no host callback per command,
 //! which on a 2-core host cost a program launching thousands of short kernels a
 //! tenth of its run time. For an out-of-order queue, a completion callback reads
 //! them, and a callback on `CL_RUNNING` records when each command started. Either
@@ -431,6 +433,14 @@ impl DeviceTime {
                 properties: list,
             },
         );
+    }
+
+    /// Accounts now what completed of the in-order queues' commands: a call that
+    /// waited for commands does so before it answers, so that their device time is
+    /// in the VM's usage before the guest can see them complete (as it was with a
+    /// completion callback per command).
+    pub fn sweep_now(&self) {
+        sweep(self.rt, &self.gates);
     }
 
     fn in_order(&self, queue: cl_command_queue) -> bool {

@@ -904,14 +904,15 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Ends the reply of a call that waited (`reports`) with the execution status and
-    /// profiling timestamps of the guest's events it waited for that were not reported
-    /// yet, so that the guest answers their queries itself (both are final once a
+    /// Ends the reply of a call that waited (`reports`), after the device time of what
+    /// completed is accounted, with the execution status and profiling timestamps of
+    /// the guest's events it waited for that were not reported yet, so that the guest answers their queries itself (both are final once a
     /// command has ended): `u32` count, then per event `u64` id, `i32` status, and
     /// `u8` which of the timestamps follow (bit `i`: `CL_PROFILING_COMMAND_QUEUED + i`,
     /// `0xFF`: the guest's queue has no profiling) and those `u64` values.
     pub fn report_completed(&self, w: &mut Writer, waited: Waited<'_>) {
         const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
+        self.b.device_time.sweep_now();
         const CL_PROFILING_COMMAND_QUEUED: u32 = 0x1280;
         let picked: Vec<(u64, usize, usize)> = {
             let mut u = self.b.unreported.lock().unwrap_or_else(|e| e.into_inner());
