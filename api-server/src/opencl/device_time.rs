@@ -359,8 +359,17 @@ impl Measure {
         m.account.device_time(ns);
         m.account.in_flight(-1);
         m.gates.backlog.finished(&m.slot, ns);
-        // A held command may have room now.
-        m.gates.wake.notify_one();
+        // A held command may have room now (no wake-up when none is held: this runs
+        // on the path of a clFinish too).
+        let held = !m
+            .gates
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        if held {
+            m.gates.wake.notify_one();
+        }
     }
 }
 
