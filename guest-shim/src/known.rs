@@ -17,7 +17,7 @@ use std::sync::{LazyLock, Mutex};
 use hira_protocol::opencl::Kind;
 use opencl_sys::{cl_event, cl_int};
 
-use crate::marshal::ReplyReader;
+use crate::marshal::{ReplyReader, info_answer};
 
 const CL_INVALID_VALUE: cl_int = -30;
 const CL_PROFILING_INFO_NOT_AVAILABLE: cl_int = -7;
@@ -100,25 +100,6 @@ pub(crate) fn forget(id: u64) {
     ENDED.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
 }
 
-/// Writes a fixed-size value with the info calls' size rules.
-///
-/// # Safety
-/// `value` null or valid for `size` writes; `size_ret` null or valid.
-unsafe fn answer(bytes: &[u8], size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
-    if !value.is_null() {
-        if size < bytes.len() {
-            return CL_INVALID_VALUE;
-        }
-        // SAFETY: valid for `size` >= bytes.len() writes per the contract.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), value.cast::<u8>(), bytes.len()) };
-    }
-    if !size_ret.is_null() {
-        // SAFETY: valid for one write per the contract.
-        unsafe { *size_ret = bytes.len() };
-    }
-    0
-}
-
 /// `clGetEventInfo`: the execution status of an ended command.
 ///
 /// # Safety
@@ -139,7 +120,7 @@ pub(crate) unsafe fn clGetEventInfo(
     };
     // SAFETY: forwarded contract.
     Ok(Some(unsafe {
-        answer(&e.status.to_le_bytes(), size, value, size_ret)
+        info_answer(&e.status.to_le_bytes(), size, value, size_ret)
     }))
 }
 
@@ -172,6 +153,6 @@ pub(crate) unsafe fn clGetEventProfilingInfo(
     }
     // SAFETY: forwarded contract.
     Ok(Some(unsafe {
-        answer(&e.stamps[i as usize].to_le_bytes(), size, value, size_ret)
+        info_answer(&e.stamps[i as usize].to_le_bytes(), size, value, size_ret)
     }))
 }

@@ -976,9 +976,24 @@ pub unsafe fn info_call(
         // SAFETY: forwarded contract.
         return unsafe { program_binaries(&bytes, size, value, size_ret) };
     }
+    // SAFETY: forwarded contract.
+    Ok(unsafe { info_answer(&bytes, size, value, size_ret) })
+}
+
+/// Writes a whole info value with the API's size rules: `CL_INVALID_VALUE` when
+/// `value` is given and smaller than it; its size into `size_ret` if asked.
+///
+/// # Safety
+/// `value` must be null or valid for `size` writes, `size_ret` null or valid.
+pub(crate) unsafe fn info_answer(
+    bytes: &[u8],
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     if !value.is_null() {
         if size < bytes.len() {
-            return Ok(CL_INVALID_VALUE);
+            return CL_INVALID_VALUE;
         }
         // SAFETY: `value` is valid for `size` >= bytes.len() writes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), value.cast::<u8>(), bytes.len()) };
@@ -987,7 +1002,7 @@ pub unsafe fn info_call(
         // SAFETY: valid for one write per the contract.
         unsafe { *size_ret = bytes.len() };
     }
-    Ok(0)
+    0
 }
 
 /// `CL_PROGRAM_BINARIES`: the host sends each binary length-prefixed; the value the

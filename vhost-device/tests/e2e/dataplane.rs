@@ -8,7 +8,7 @@ use hira_protocol::FrameKind;
 use hira_protocol::handshake::{ErrorPayload, error_code};
 use hira_protocol::opencl::op;
 
-use crate::support::{Daemon, RawGuest, Vendors, c_program, run_with_timeout};
+use crate::support::{Daemon, RawGuest, Vendors, c_program, run_native, run_with_timeout};
 
 /// Sends `n` requests with 1 MiB bodies (clFinish with trailing bytes, which the API
 /// server refuses as malformed once it has read them) on an open session, with the
@@ -140,10 +140,7 @@ fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
     let daemon = Daemon::start(&["vm1"]);
     let vendors = Vendors::hira();
     let exe = c_program("stream");
-    let native = run_with_timeout(
-        std::process::Command::new(&exe).env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
-        Duration::from_secs(120),
-    );
+    let native = run_native(&exe, &[]);
     assert!(native.status.success());
     let native = String::from_utf8_lossy(&native.stdout).to_string();
     assert!(native.contains("same 1 flags"), "{native}");
@@ -184,10 +181,7 @@ fn event_status_and_profiling_after_a_wait_are_answered_in_the_guest() {
     let daemon = Daemon::start(&["vm1"]);
     let vendors = Vendors::hira();
     let exe = c_program("known");
-    let native = run_with_timeout(
-        std::process::Command::new(&exe).env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
-        Duration::from_secs(120),
-    );
+    let native = run_native(&exe, &[]);
     assert!(native.status.success());
     let stats_dir = tempfile::tempdir().unwrap();
     for rings in ["1", "0"] {

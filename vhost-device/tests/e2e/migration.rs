@@ -36,6 +36,26 @@ fn the_session(d: &Daemon) -> (u64, u32) {
     )
 }
 
+/// The program's answers to `script`, its session `id` moved to a new API server
+/// after every command but `end`.
+fn answers_moving_after_each(
+    d: &Daemon,
+    p: &mut LineProgram,
+    id: u64,
+    script: &[&str],
+) -> Vec<String> {
+    script
+        .iter()
+        .map(|cmd| {
+            let answer = p.ask(cmd);
+            if *cmd != "end" {
+                moved(&migrate(d, id));
+            }
+            answer
+        })
+        .collect()
+}
+
 /// Moves session `id` through the control socket; the daemon's answer.
 fn migrate(d: &Daemon, id: u64) -> Value {
     d.control(json!({"cmd": "migrate", "session": id}))
@@ -133,16 +153,9 @@ fn pending_user_events_and_mapped_buffers_move() {
     let d = Daemon::start(&["vm0"]);
     let mut p = guest_program(&d, "vm0");
     let (id, _) = the_session(&d);
-    let mut got = Vec::new();
-    for cmd in script {
-        got.push(p.ask(cmd));
-        // A buffer is mapped from the start; a user event has no status between
-        // "pend" and "go": the session moves in every state.
-        if cmd != "end" {
-            moved(&migrate(&d, id));
-        }
-    }
-    assert_eq!(got, expected);
+    // A buffer is mapped from the start; a user event has no status between "pend"
+    // and "go": the session moves in every state.
+    assert_eq!(answers_moving_after_each(&d, &mut p, id, &script), expected);
 }
 
 #[test]
@@ -208,14 +221,7 @@ fn migrating_what_is_not_a_live_session_is_refused() {
     let (id, _) = the_session(&d);
     let script = ["step", "loop 3", "check", "end"];
     let expected = native(&script);
-    let mut got = Vec::new();
-    for cmd in script {
-        got.push(p.ask(cmd));
-        if cmd != "end" {
-            moved(&migrate(&d, id));
-        }
-    }
-    assert_eq!(got, expected);
+    assert_eq!(answers_moving_after_each(&d, &mut p, id, &script), expected);
 }
 
 /// Suspends session `id` into `file` with hira-ctl.

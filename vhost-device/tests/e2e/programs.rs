@@ -2,17 +2,12 @@
 
 use std::time::Duration;
 
-use crate::support::{Daemon, Vendors, c_program, run_with_timeout};
+use crate::support::{Daemon, Vendors, c_program, run_native, run_with_timeout};
 
 /// Runs `name` natively and through Hira; both must succeed with identical stdout.
 fn same_as_native(name: &str, args: &[&str]) {
     let exe = c_program(name);
-    let native = run_with_timeout(
-        std::process::Command::new(&exe)
-            .args(args)
-            .env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
-        Duration::from_secs(120),
-    );
+    let native = run_native(&exe, args);
     assert!(
         native.status.success(),
         "{name} fails natively: {}",

@@ -433,6 +433,17 @@ pub fn children_named(parent: u32, name: &str) -> Vec<u32> {
 
 /// Runs a command to completion, failing the test if it takes longer than `timeout`.
 /// Its output is read on a thread while this one waits for its exit on a pidfd.
+/// Runs `exe` with `args` on the host's own OpenCL (Hira's ICD hidden), within two
+/// minutes.
+pub fn run_native(exe: &std::path::Path, args: &[&str]) -> Output {
+    run_with_timeout(
+        Command::new(exe)
+            .args(args)
+            .env("OCL_ICD_VENDORS", Vendors::native().dir.path()),
+        Duration::from_secs(120),
+    )
+}
+
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
     let child = cmd
         .stdout(Stdio::piped())
