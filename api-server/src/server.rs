@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
-    ASYNC_FAILURE, ApiKind, AsyncFailure, DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT,
-    TeardownPayload, Welcome, error_code, migrate,
+    ASYNC_FAILURE, AsyncFailure, DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload,
+    Welcome, error_code, migrate,
 };
 use hira_protocol::usage::UsagePage;
 use hira_protocol::{FrameHeader, FrameKind, Writer, ring, unix};
@@ -358,20 +358,19 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
             None,
         ),
     };
-    let backend: Arc<dyn Backend> = match hello.api {
-        ApiKind::OpenCl => match OpenClBackend::new(
+    let made = if hello.api == hira_api_opencl::API {
+        OpenClBackend::new(
             config.platform.as_deref(),
             writer.clone(),
             Arc::new(Account::new(config.vm_page, config.usage.clone())),
-        ) {
-            Ok(b) => Arc::new(b),
-            Err(e) => {
-                refuse(&control_writer, &e);
-                return Err(ServerError::Backend(e));
-            }
-        },
-        ApiKind::Cuda => {
-            let e = "this API server has no CUDA backend".to_string();
+        )
+        .map(|b| Arc::new(b) as Arc<dyn Backend>)
+    } else {
+        Err(format!("this API server has no backend for {}", hello.api))
+    };
+    let backend = match made {
+        Ok(b) => b,
+        Err(e) => {
             refuse(&control_writer, &e);
             return Err(ServerError::Backend(e));
         }

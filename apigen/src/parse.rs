@@ -439,12 +439,48 @@ fn parse_entry(text: &str) -> Result<Func, String> {
     Ok(f)
 }
 
-/// Parses a whole description.
-pub fn parse(text: &str) -> Result<Vec<Func>, ParseError> {
+/// What a description's first line says of its API: `api NAME NUMBER`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The API's name (`OpenCL`).
+    pub name: String,
+    /// Its number in the `Hello` (`hira_protocol::handshake::ApiId`), never 0.
+    pub id: u8,
+}
+
+fn parse_header(line: usize, text: &str) -> Result<Header, ParseError> {
+    let err = |message: String| ParseError { line, message };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    match words.as_slice() {
+        ["api", name, id] => {
+            let id: u8 = id
+                .parse()
+                .map_err(|_| err(format!("API number {id:?} is not a number from 1 to 255")))?;
+            if id == 0 {
+                return Err(err("API number 0 names no API".into()));
+            }
+            Ok(Header {
+                name: (*name).to_string(),
+                id,
+            })
+        }
+        _ => Err(err(format!(
+            "a description starts with `api NAME NUMBER`, not {text:?}"
+        ))),
+    }
+}
+
+/// Parses a whole description: its header, then its functions.
+pub fn parse(text: &str) -> Result<(Header, Vec<Func>), ParseError> {
     let mut entries: Vec<(usize, String)> = Vec::new();
+    let mut header = None;
     for (i, line) in text.lines().enumerate() {
         let stripped = line.trim();
         if stripped.is_empty() || stripped.starts_with('#') {
+            continue;
+        }
+        if header.is_none() {
+            header = Some(parse_header(i + 1, stripped)?);
             continue;
         }
         if line.starts_with(char::is_whitespace) {
@@ -475,17 +511,26 @@ pub fn parse(text: &str) -> Result<Vec<Func>, ParseError> {
         }
         funcs.push(f);
     }
-    Ok(funcs)
+    let header = header.ok_or(ParseError {
+        line: 0,
+        message: "empty description: no `api NAME NUMBER` line".into(),
+    })?;
+    Ok((header, funcs))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Parses `body` under a header, returning its functions.
+    fn funcs(body: &str) -> Result<Vec<Func>, ParseError> {
+        parse(&format!("api Test 9\n{body}")).map(|(_, f)| f)
+    }
+
     #[test]
     fn continuation_lines_join_the_entry() {
         let f =
-            parse("3 clX(a: cl_uint = val,\n    b: cl_mem = h?(Mem)) -> cl_int ; async cache\n")
+            funcs("3 clX(a: cl_uint = val,\n    b: cl_mem = h?(Mem)) -> cl_int ; async cache\n")
                 .unwrap();
         assert_eq!(f.len(), 1);
         assert_eq!(
@@ -500,7 +545,7 @@ mod tests {
 
     #[test]
     fn callback_types_with_nested_parentheses_parse() {
-        let f = parse("4 clY(p: Option<unsafe extern \"C\" fn(a: cl_int, b: *mut c_void)> = cb(Event, d), d: *mut c_void = cbdata) -> cl_int\n").unwrap();
+        let f = funcs("4 clY(p: Option<unsafe extern \"C\" fn(a: cl_int, b: *mut c_void)> = cb(Event, d), d: *mut c_void = cbdata) -> cl_int\n").unwrap();
         assert_eq!(f[0].args.len(), 2);
         assert_eq!(
             f[0].args[0].kind,
@@ -513,19 +558,34 @@ mod tests {
 
     #[test]
     fn duplicate_opcode_is_rejected() {
-        let e = parse("1 a() -> cl_int\n1 b() -> cl_int\n").unwrap_err();
-        assert_eq!(e.line, 2);
+        let e = funcs("1 a() -> cl_int\n1 b() -> cl_int\n").unwrap_err();
+        assert_eq!(e.line, 3);
     }
 
     #[test]
     fn unknown_kind_names_itself() {
-        let e = parse("1 a(x: cl_uint = bogus) -> cl_int\n").unwrap_err();
+        let e = funcs("1 a(x: cl_uint = bogus) -> cl_int\n").unwrap_err();
         assert!(e.message.contains("bogus"));
     }
 
     #[test]
     fn returned_handle_kind_is_recorded() {
-        let f = parse("2 clCreateUserEvent(context: cl_context = h(Context), errcode_ret: *mut cl_int = err) -> cl_event = rets(Event)\n").unwrap();
+        let f = funcs("2 clCreateUserEvent(context: cl_context = h(Context), errcode_ret: *mut cl_int = err) -> cl_event = rets(Event)\n").unwrap();
         assert_eq!(f[0].rets.as_deref(), Some("Event"));
+    }
+
+    #[test]
+    fn the_header_names_the_api_and_its_number() {
+        let (h, f) = parse("# comment\napi OpenCL 1\n1 a() -> cl_int\n").unwrap();
+        assert_eq!((h.name.as_str(), h.id, f.len()), ("OpenCL", 1, 1));
+        assert!(
+            parse("1 a() -> cl_int\n")
+                .unwrap_err()
+                .message
+                .contains("api NAME NUMBER")
+        );
+        assert!(parse("api X 0\n").unwrap_err().message.contains("0"));
+        assert!(parse("api X 256\n").is_err());
+        assert!(parse("").is_err());
     }
 }

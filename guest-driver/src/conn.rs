@@ -8,7 +8,7 @@ use std::sync::{Condvar, Mutex};
 
 use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
 use hira_protocol::handshake::{
-    ASYNC_FAILURE, ApiKind, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Token,
+    ASYNC_FAILURE, ApiId, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Token,
     Welcome, error_code, migrate,
 };
 use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
@@ -252,7 +252,7 @@ pub struct Connection {
 /// and its ring region and eventfds, which it hands to the API server that resumes it.
 struct Resume {
     endpoint: Endpoint,
-    api: ApiKind,
+    api: ApiId,
     token: Token,
     /// Host-local: the ring region and eventfds (a VM's rings are in its window).
     rings: Vec<std::os::fd::OwnedFd>,
@@ -347,7 +347,7 @@ impl Connection {
     /// Connects to the first endpoint that answers (see [`crate::endpoint::endpoints`]).
     pub fn connect_any(
         endpoints: &[Endpoint],
-        api: ApiKind,
+        api: ApiId,
         window_len: u64,
     ) -> Result<Self, TransportError> {
         let mut last = TransportError::Connect {
@@ -371,7 +371,7 @@ impl Connection {
     /// vsock no descriptor can cross, so everything travels inline.
     pub fn connect(
         endpoint: &Endpoint,
-        api: ApiKind,
+        api: ApiId,
         window_len: u64,
     ) -> Result<Self, TransportError> {
         let shown = match endpoint {

@@ -20,11 +20,11 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use hira_protocol::opencl::kernel_args::{
+use hira_api_opencl::kernel_args::{
     ArgKind, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_TYPE_NAME,
     CL_KERNEL_ARG_TYPE_QUALIFIER, CL_KERNEL_NUM_ARGS,
 };
-use hira_protocol::opencl::{ARG_INFO_FOR_SHIM, Kind};
+use hira_api_opencl::{ARG_INFO_FOR_SHIM, Kind};
 use opencl_sys::{
     cl_bool, cl_command_queue, cl_context, cl_device_id, cl_event, cl_int, cl_kernel, cl_mem,
     cl_program, cl_uint,

@@ -244,10 +244,10 @@ mod coverage {
              ## Extensions\n\n\
              Host extensions pass through when they add no entry points (or only ones\n\
              Hira implements); every other host extension is masked from platform and\n\
-             device extension lists (`protocol/src/opencl/extensions.rs`). Passed\n\
+             device extension lists (`apis/opencl/src/extensions.rs`). Passed\n\
              through:\n\n"
         ));
-        for e in hira_protocol::opencl::extensions::PASSED_THROUGH {
+        for e in hira_api_opencl::extensions::PASSED_THROUGH {
             out.push_str(&format!("- `{e}`\n"));
         }
         out.push_str(

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{LazyLock, Mutex};
 
-use hira_protocol::opencl::Kind;
+use hira_api_opencl::Kind;
 use opencl_sys::{cl_event, cl_int};
 
 use crate::marshal::{ReplyReader, info_answer};

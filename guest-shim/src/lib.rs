@@ -46,7 +46,7 @@ pub mod generated {
     use std::ffi::{c_char, c_uchar, c_void};
     use std::mem::size_of;
 
-    use hira_protocol::opencl::{Kind, op};
+    use hira_api_opencl::{Kind, op};
     use libc::size_t;
     use opencl_sys::*;
 

@@ -10,7 +10,7 @@
 use std::ffi::c_void;
 use std::sync::{LazyLock, Mutex};
 
-use hira_protocol::opencl::Kind;
+use hira_api_opencl::Kind;
 use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_map_flags, cl_mem, cl_uint};
 
 use crate::generated as g;

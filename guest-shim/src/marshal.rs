@@ -8,15 +8,13 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{LazyLock, Mutex};
 
+use hira_api_opencl::sizes::RectLayout;
+use hira_api_opencl::{CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, InfoHandles, Kind, tag};
 use hira_guest_driver::{Connection, WindowRegion, endpoint};
 use hira_protocol::Span;
 use hira_protocol::codec::{MAX_ARRAY, Reader, Writer};
 use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
 use hira_protocol::handshake::{ErrorPayload, error_code};
-use hira_protocol::opencl::{
-    self, CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, InfoHandles, Kind, tag,
-};
-use hira_protocol::sizes::RectLayout;
 use log::warn;
 use opencl_sys::{cl_image_desc, cl_int};
 
@@ -1040,7 +1038,7 @@ unsafe fn program_binaries(
 }
 
 fn translate_handles(function: &str, param: u32, b: &mut [u8]) -> Result<(), cl_int> {
-    let Some(how) = opencl::info_handles(function, param) else {
+    let Some(how) = hira_api_opencl::info_handles(function, param) else {
         return Ok(());
     };
     if !b.len().is_multiple_of(8) {
@@ -1141,9 +1139,9 @@ const CL_DEVICE_EXTENSIONS: u32 = 0x1030;
 const CL_DEVICE_EXTENSIONS_WITH_VERSION: u32 = 0x1060;
 
 /// Extension lists without the extensions whose entry points Hira does not forward
-/// (`hira_protocol::opencl::extensions`).
+/// (`hira_api_opencl::extensions`).
 fn mask_extensions(param: u32, names: u32, versioned: u32, b: &mut Vec<u8>) {
-    use hira_protocol::opencl::extensions;
+    use hira_api_opencl::extensions;
     if param == names {
         let host = String::from_utf8_lossy(b.strip_suffix(&[0]).unwrap_or(b)).into_owned();
         *b = extensions::mask_list(&host).into_bytes();

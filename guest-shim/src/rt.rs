@@ -11,11 +11,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
+use hira_api_opencl::sizes::RectLayout;
+use hira_api_opencl::{Kind, notify};
 use hira_guest_driver::{Connection, TransportError, endpoint};
 use hira_protocol::codec::Reader;
-use hira_protocol::handshake::ApiKind;
-use hira_protocol::opencl::{Kind, notify};
-use hira_protocol::sizes::RectLayout;
 use log::{error, warn};
 use opencl_sys::{cl_event, cl_int, cl_mem, cl_program};
 
@@ -98,7 +97,7 @@ fn runtime() -> &'static Runtime {
         } else {
             Connection::connect_any(
                 &endpoint::endpoints(),
-                ApiKind::OpenCl,
+                hira_api_opencl::API,
                 endpoint::window_len(),
             )
         };
@@ -170,7 +169,7 @@ pub(crate) fn conn() -> Result<&'static Connection, cl_int> {
 /// valid, because every session names them alike; every other object of the lost
 /// session is unknown to the new one and fails with the API's invalid-object code.
 fn starts_session(op: u16) -> bool {
-    use hira_protocol::opencl::op;
+    use hira_api_opencl::op;
     [
         op::clGetPlatformIDs,
         op::clGetPlatformInfo,
@@ -201,7 +200,7 @@ pub(crate) fn revive(op: u16) {
     *sessions += 1;
     match Connection::connect_any(
         &endpoint::endpoints(),
-        ApiKind::OpenCl,
+        hira_api_opencl::API,
         endpoint::window_len(),
     ) {
         Ok(new) => {
@@ -228,7 +227,7 @@ pub(crate) fn with_async_failure(name: &str, status: cl_int) -> cl_int {
     let Some(f) = conn().ok().and_then(Connection::take_async_failure) else {
         return status;
     };
-    let failed = hira_protocol::opencl::op_info(f.opcode).map_or("a call", |o| o.name);
+    let failed = hira_api_opencl::op_info(f.opcode).map_or("a call", |o| o.name);
     warn!(
         "{name} reports that an earlier {failed}, forwarded without waiting, failed with {}",
         f.status
@@ -582,7 +581,7 @@ pub(crate) fn register_callback(cb: Callback, user_data: *mut c_void) -> u64 {
         return if user_data.is_null() {
             0
         } else {
-            hira_protocol::opencl::CALLBACK_DATA_ONLY
+            hira_api_opencl::CALLBACK_DATA_ONLY
         };
     }
     let rt = runtime();

@@ -1,7 +1,7 @@
 //! Byte counts of image arguments, used by size expressions in the API description.
 //! The API server has functions of the same names that compute the same numbers.
 
-use hira_protocol::sizes::{self, ImageGeometry};
+use hira_api_opencl::sizes::{self, ImageGeometry};
 use opencl_sys::{cl_image_desc, cl_image_format, cl_int};
 
 const CL_INVALID_IMAGE_FORMAT_DESCRIPTOR: cl_int = -39;

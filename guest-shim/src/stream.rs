@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-use hira_protocol::opencl::op;
+use hira_api_opencl::op;
 use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_mem, cl_uint};
 
 use crate::marshal::Call;

@@ -11,7 +11,7 @@
 //! quiesced point.
 //!
 //! Which calls create, retain, release and configure objects comes from the API
-//! description (`hira_protocol::opencl::Replay`, generated from `protocol/api/*.api`),
+//! description (`hira_protocol::api::Replay`, generated from `protocol/api/*.api`),
 //! not from a list per function.
 
 pub mod log;

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use hira_protocol::opencl::Replay;
+use hira_protocol::api::Replay;
 
 /// An object's id, as the guest assigned it.
 pub type ObjectId = u64;
@@ -62,7 +62,7 @@ impl Log {
     }
 
     /// Records a call that succeeded, by what the API description says it does.
-    pub fn record(&mut self, role: Replay, call: Call) {
+    pub fn record<K>(&mut self, role: Replay<K>, call: Call) {
         let Call {
             opcode,
             request,
@@ -241,7 +241,7 @@ impl Log {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hira_protocol::opencl::Kind;
+    use hira_api_opencl::Kind;
     use proptest::prelude::*;
 
     fn ops(log: &Log) -> Vec<u16> {
@@ -307,7 +307,7 @@ mod tests {
     #[test]
     fn roles_come_from_the_description() {
         let info = |name: &str| {
-            hira_protocol::opencl::OPS
+            hira_api_opencl::OPS
                 .iter()
                 .find(|o| o.name == name)
                 .unwrap()

@@ -5,7 +5,7 @@
 //! header (28 bytes, little-endian):
 //!   magic     8  "HIRASNAP"
 //!   version   2  FORMAT_VERSION (a reader refuses any other)
-//!   api       2  the session's API (1 OpenCL, 2 CUDA: `hira_protocol::handshake::ApiKind`)
+//!   api       2  the session's API (`hira_protocol::handshake::ApiId`, from its description)
 //!   reserved  4  zero
 //!   body_len  8  bytes of body that follow
 //!   crc32     4  CRC-32 (IEEE) of the header's version..body_len bytes and the body
@@ -45,7 +45,7 @@ const MAX_PENDING: usize = 257 << 20;
 /// A session's state as migration moves it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// The session's API (`ApiKind` as a number).
+    /// The session's API (`ApiId` as a number).
     pub api: u16,
     /// The log's entries, in replay order.
     pub entries: Vec<Entry>,

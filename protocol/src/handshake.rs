@@ -32,25 +32,29 @@ fn decode_name(b: &[u8], max: usize) -> String {
     truncate_utf8(String::from_utf8_lossy(b).into_owned(), max)
 }
 
-/// Which vendor API a session remotes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ApiKind {
-    OpenCl = 1,
-    Cuda = 2,
+/// Which API a session remotes: the number its description declares
+/// (`protocol/api/<name>.api`, first line `api NAME NUMBER`). The wire knows no API;
+/// the daemon admits the numbers of the descriptions it was built with
+/// (`hira-apis`) and the API server those it has a backend for. 0 names none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ApiId(pub u8);
+
+impl std::fmt::Display for ApiId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "API {}", self.0)
+    }
 }
 
-impl TryFrom<u8> for ApiKind {
+impl TryFrom<u8> for ApiId {
     type Error = DecodeError;
 
     fn try_from(v: u8) -> Result<Self, DecodeError> {
         match v {
-            1 => Ok(ApiKind::OpenCl),
-            2 => Ok(ApiKind::Cuda),
-            _ => Err(DecodeError::BadValue {
-                what: "API kind",
-                value: v.into(),
+            0 => Err(DecodeError::BadValue {
+                what: "API",
+                value: 0,
             }),
+            v => Ok(ApiId(v)),
         }
     }
 }
@@ -60,7 +64,7 @@ impl TryFrom<u8> for ApiKind {
 pub struct Hello {
     pub magic: u32,
     pub version: u16,
-    pub api: ApiKind,
+    pub api: ApiId,
     /// The guest process id, for logs only.
     pub pid: u32,
     /// The guest process name, for logs only.
@@ -102,7 +106,7 @@ pub enum HelloError {
 }
 
 impl Hello {
-    pub fn new(api: ApiKind, pid: u32, process_name: &str, window_len: u64) -> Self {
+    pub fn new(api: ApiId, pid: u32, process_name: &str, window_len: u64) -> Self {
         let name = truncate_utf8(process_name.to_owned(), MAX_PROCESS_NAME);
         Hello {
             magic: MAGIC,
@@ -123,7 +127,7 @@ impl Hello {
         let mut w = Writer::new();
         w.u32(self.magic)
             .u16(self.version)
-            .u8(self.api as u8)
+            .u8(self.api.0)
             .u32(self.pid)
             .bytes(self.process_name.as_bytes())
             .u64(self.window_len)
@@ -150,7 +154,7 @@ impl Hello {
         if version != VERSION {
             return Err(HelloError::UnsupportedVersion(version));
         }
-        let api = ApiKind::try_from(r.u8()?)?;
+        let api = ApiId::try_from(r.u8()?)?;
         let pid = r.u32()?;
         let name = r.bytes(MAX_PROCESS_NAME)?;
         let window_len = r.u64()?;
@@ -299,13 +303,13 @@ mod tests {
 
     #[test]
     fn hello_round_trips() {
-        let h = Hello::new(ApiKind::OpenCl, 42, "vecadd", 1 << 20);
+        let h = Hello::new(ApiId(1), 42, "vecadd", 1 << 20);
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
     }
 
     #[test]
     fn wrong_version_is_named() {
-        let mut h = Hello::new(ApiKind::OpenCl, 1, "x", 0);
+        let mut h = Hello::new(ApiId(1), 1, "x", 0);
         h.version = 9;
         assert_eq!(
             Hello::decode(&h.encode()),
@@ -315,28 +319,30 @@ mod tests {
 
     #[test]
     fn wrong_magic_is_rejected() {
-        let mut h = Hello::new(ApiKind::OpenCl, 1, "x", 0);
+        let mut h = Hello::new(ApiId(1), 1, "x", 0);
         h.magic = 7;
         assert_eq!(Hello::decode(&h.encode()), Err(HelloError::BadMagic(7)));
     }
 
     #[test]
-    fn unknown_api_kind_is_rejected() {
-        let mut b = Hello::new(ApiKind::OpenCl, 1, "x", 0).encode();
-        b[6] = 9;
+    fn api_zero_is_rejected_and_others_are_left_to_the_daemon() {
+        let mut b = Hello::new(ApiId(1), 1, "x", 0).encode();
+        b[6] = 0;
         assert!(matches!(Hello::decode(&b), Err(HelloError::Decode(_))));
+        b[6] = 9;
+        assert_eq!(Hello::decode(&b).unwrap().api, ApiId(9));
     }
 
     #[test]
     fn long_multibyte_process_name_is_cut_at_a_character_boundary() {
-        let h = Hello::new(ApiKind::OpenCl, 1, &"é".repeat(200), 0);
+        let h = Hello::new(ApiId(1), 1, &"é".repeat(200), 0);
         assert!(h.process_name.len() <= MAX_PROCESS_NAME);
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
     }
 
     #[test]
     fn invalid_utf8_name_still_re_encodes() {
-        let mut b = Hello::new(ApiKind::OpenCl, 1, "", 0).encode();
+        let mut b = Hello::new(ApiId(1), 1, "", 0).encode();
         // Replace the empty name with 250 bytes of invalid UTF-8.
         let at = 4 + 2 + 1 + 4;
         b.splice(
@@ -349,7 +355,7 @@ mod tests {
 
     #[test]
     fn a_resuming_hello_round_trips() {
-        let mut h = Hello::new(ApiKind::OpenCl, 1, "x", 4096);
+        let mut h = Hello::new(ApiId(1), 1, "x", 4096);
         h.resume = Some([9; 16]);
         assert_eq!(Hello::decode(&h.encode()), Ok(h));
     }

@@ -4,9 +4,10 @@
 //!   limits every decoder enforces.
 //! - [`codec`]: a little-endian writer and a bounds-checked reader for frame payloads.
 //! - [`handshake`]: the `Hello` a guest opens with and the `Welcome` it gets back.
-//! - [`opencl`]: object kinds, opcodes (derived from `api/opencl.api`), and the table of
-//!   info queries whose values carry object handles.
-//! - [`sizes`]: size computations both ends must agree on (image pixels, rectangles).
+//! - [`api`]: what every remoted API shares: the shape of an opcode table, argument
+//!   tags, object ids. The wire knows no particular API: each is a description in
+//!   `api/` and a crate of its own under `apis/` (`hira-api-opencl`), and the daemon
+//!   sees them all through the registry (`hira-apis`).
 //! - `unix` (feature `unix`): sending and receiving frames with a file descriptor
 //!   (the data window) over Unix sockets.
 //! - `ring` (feature `unix`): the host-local data plane, two byte rings in shared
@@ -16,13 +17,12 @@
 //!
 //! The format is described in `docs/protocol.md`.
 
+pub mod api;
 pub mod codec;
 pub mod frame;
 pub mod handshake;
-pub mod opencl;
 #[cfg(feature = "unix")]
 pub mod ring;
-pub mod sizes;
 #[cfg(feature = "unix")]
 pub mod unix;
 #[cfg(feature = "unix")]

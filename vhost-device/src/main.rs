@@ -32,7 +32,7 @@ struct Args {
     /// The API-server executable (default: hira-api-server next to this binary).
     #[arg(long)]
     api_server: Option<PathBuf>,
-    /// Host OpenCL platform to serve: the first whose name contains this text.
+    /// Host platform to serve (the API servers list them: `hira-api-server --list-platforms`): the first whose name contains this text.
     #[arg(long)]
     platform: Option<String>,
     /// Largest data window a guest may share, in MiB (default 1024).

@@ -11,11 +11,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
+use hira_protocol::api::Description;
 use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
     DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code, migrate,
 };
-use hira_protocol::opencl::op_info;
 use hira_protocol::{FrameHeader, FrameKind, ring, unix};
 use log::{debug, info, warn};
 
@@ -183,6 +183,11 @@ fn serve(
             send_error(&guest_w, None, error_code::HANDSHAKE, &e.to_string());
             return Err(SessionError::Handshake(e.to_string()));
         }
+    };
+    let Some(api) = hira_apis::describe(hello.api) else {
+        let m = format!("{} is not an API this daemon knows", hello.api);
+        send_error(&guest_w, None, error_code::HANDSHAKE, &m);
+        return Err(SessionError::Handshake(m));
     };
     let mut fds = fds.into_iter();
     let fd = fds.next();
@@ -463,9 +468,9 @@ fn serve(
                         &mut guest_r,
                         &door,
                         &mut m,
-                        &guest_w,
                         server_welcome.window_len,
                         rings,
+                        api,
                         &mut stats,
                     );
                     // On rings in the VM's window the session lives on in shared
@@ -523,7 +528,7 @@ fn serve(
     stats.commands = counted.commands + carried.commands;
     stats.bytes = counted.bytes + carried.bytes;
     stats.rejected += counted.rejected + carried.rejected;
-    stats.last_call = counted.last_opcode.and_then(op_info).map(|o| o.name);
+    stats.last_call = counted.last_opcode.and_then(|o| api.op(o)).map(|o| o.name);
     if crashed {
         life.api_server_crashes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1188,11 +1193,12 @@ fn relay_to_server(
     guest: &mut BufReader<UnixStream>,
     door: &crate::migrate::Door,
     m: &mut Mover<'_>,
-    guest_w: &Mutex<UnixStream>,
     window_len: u64,
     doorbells_only: bool,
+    api: &'static Description,
     stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
+    let guest_w = m.guest_w;
     let mut buf = vec![0u8; RELAY_CHUNK];
     loop {
         if guest.buffer().is_empty() && !guest_or_door(guest.get_ref(), door, m)? {
@@ -1243,7 +1249,7 @@ fn relay_to_server(
                 format!("guests may only send requests, not {:?}", h.kind),
             ))
         } else {
-            match op_info(h.opcode) {
+            match api.op(h.opcode) {
                 None => Err((
                     error_code::UNKNOWN_OPCODE,
                     format!("opcode {} names no function", h.opcode),

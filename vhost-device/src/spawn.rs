@@ -174,7 +174,7 @@ pub fn check_platform(config: &Config) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "--platform {wanted:?} matches no host OpenCL platform; the host has: {}",
+        "--platform {wanted:?} matches no platform the API servers find on this host; they find: {}",
         if names.is_empty() {
             "none".to_string()
         } else {

@@ -14,7 +14,7 @@ use opencl_sys::{
     cl_program, cl_uint,
 };
 
-use hira_protocol::opencl::ARG_INFO_FOR_SHIM;
+use hira_api_opencl::ARG_INFO_FOR_SHIM;
 
 use super::Session;
 use super::device_time::{CL_QUEUE_PROFILING_ENABLE, DeviceTime};
@@ -785,7 +785,7 @@ pub unsafe fn hiraFill(
     const CL_INVALID_MEM_OBJECT: cl_int = -38;
     const CL_OUT_OF_RESOURCES: cl_int = -5;
     const CL_MEM_CONTEXT: u32 = 0x1106;
-    let Ok(m) = s.lookup(mem, hira_protocol::opencl::Kind::Mem, false) else {
+    let Ok(m) = s.lookup(mem, hira_api_opencl::Kind::Mem, false) else {
         return Some(CL_INVALID_MEM_OBJECT);
     };
     if data.is_null() {

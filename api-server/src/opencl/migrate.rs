@@ -14,10 +14,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cl3::OpenCl;
+use hira_api_opencl::{Kind, OpInfo, Replay, op, op_info, tag};
 use hira_migration::snapshot::MAX_REQUEST;
 use hira_migration::{Log, Snapshot, StandIn};
-use hira_protocol::handshake::ApiKind;
-use hira_protocol::opencl::{Kind, OpInfo, Replay, op, op_info, tag};
 use hira_protocol::{Reader, Writer};
 use opencl_sys::{cl_command_queue, cl_context, cl_int, cl_mem};
 
@@ -725,7 +724,7 @@ impl OpenClBackend {
         drop(handles);
         contents.sort_unstable_by_key(|c| c.0);
         standins.sort_unstable_by_key(|s| s.id);
-        let mut snap = Snapshot::of(ApiKind::OpenCl as u16, &log, contents);
+        let mut snap = Snapshot::of(u16::from(hira_api_opencl::API.0), &log, contents);
         snap.standins = standins;
         snap.pending = pending;
         Ok(snap.encode())
@@ -742,7 +741,7 @@ impl OpenClBackend {
         device: Option<u32>,
     ) -> Result<Vec<u8>, String> {
         let snap = Snapshot::decode(bytes).map_err(|e| e.to_string())?;
-        if snap.api != ApiKind::OpenCl as u16 {
+        if snap.api != u16::from(hira_api_opencl::API.0) {
             return Err("the snapshot is not of an OpenCL session".into());
         }
         let rt = self.rt;

@@ -9,16 +9,16 @@ use std::ffi::{CString, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cl3::OpenCl;
-use hira_protocol::codec::{MAX_ARRAY, MAX_STRING};
-use hira_protocol::frame::MAX_FRAME_BODY;
-use hira_protocol::opencl::kernel_args::{
+use hira_api_opencl::kernel_args::{
     ArgKind, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_TYPE_NAME,
     CL_KERNEL_ARG_TYPE_QUALIFIER, CL_KERNEL_NUM_ARGS,
 };
-use hira_protocol::opencl::{
-    self, CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, CL_PROGRAM_BINARY_SIZES, HOST_ID_BIT,
-    InfoHandles, Kind, notify, tag,
+use hira_api_opencl::{
+    CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, CL_PROGRAM_BINARY_SIZES, HOST_ID_BIT, InfoHandles,
+    Kind, notify, tag,
 };
+use hira_protocol::codec::{MAX_ARRAY, MAX_STRING};
+use hira_protocol::frame::MAX_FRAME_BODY;
 use hira_protocol::{FrameKind, Reader, Writer};
 use log::warn;
 use opencl_sys::{
@@ -49,7 +49,7 @@ const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
 const CL_PROGRAM_BUILD_LOG: u32 = 0x1183;
 const CL_PROGRAM_SOURCE: u32 = 0x1164;
 
-use hira_protocol::opencl::CALLBACK_DATA_ONLY;
+use hira_api_opencl::CALLBACK_DATA_ONLY;
 
 /// The `user_data` the host gets when the application passed data but no function:
 /// non-null, as the application's was, and never dereferenced (no function is given
@@ -1720,7 +1720,7 @@ impl<'a> Session<'a> {
         {
             match answer {
                 Ok(mut buf) => {
-                    if let Some(how) = opencl::info_handles(function, param) {
+                    if let Some(how) = hira_api_opencl::info_handles(function, param) {
                         self.host_to_ids(how, &mut buf);
                     }
                     w.i32(CL_SUCCESS).bytes(&buf);
@@ -1755,7 +1755,7 @@ impl<'a> Session<'a> {
             w.i32(status);
             return Ok(());
         }
-        if let Some(how) = opencl::info_handles(function, param) {
+        if let Some(how) = hira_api_opencl::info_handles(function, param) {
             self.host_to_ids(how, &mut buf);
         }
         if function == "clGetProgramInfo" && param == CL_PROGRAM_SOURCE {

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use hira_api_opencl::op;
 use hira_protocol::FrameKind;
 use hira_protocol::handshake::{ErrorPayload, error_code};
-use hira_protocol::opencl::op;
 
 use crate::support::{Daemon, RawGuest, Vendors, c_program, run_native, run_with_timeout};
 

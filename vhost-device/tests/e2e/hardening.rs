@@ -6,8 +6,8 @@ use std::os::unix::net::UnixStream;
 use std::process::Stdio;
 use std::time::Duration;
 
-use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, error_code};
-use hira_protocol::opencl::op;
+use hira_api_opencl::op;
+use hira_protocol::handshake::{ErrorPayload, Hello, error_code};
 use hira_protocol::{FrameHeader, FrameKind, Writer};
 
 use crate::support::{Daemon, RawGuest, Vendors, c_program, rss_kib, run_with_timeout, wait_exit};
@@ -107,7 +107,7 @@ fn a_silent_or_partial_handshake_is_cut_at_the_deadline() {
         "then the connection closes"
     );
     let mut partial = UnixStream::connect(daemon.socket("vm1")).unwrap();
-    let hello = Hello::new(ApiKind::OpenCl, 1, "partial", 0).encode();
+    let hello = Hello::new(hira_api_opencl::API, 1, "partial", 0).encode();
     let h = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
     partial.write_all(&h.encode()[..10]).unwrap();
     assert!(
@@ -136,7 +136,7 @@ fn connections_and_sessions_over_their_caps_are_refused() {
     let g = RawGuest::session(&daemon.socket("vm1"));
     // The second connection may handshake but the VM has its one session.
     let mut second = RawGuest::connect(&daemon.socket("vm1"));
-    let hello = Hello::new(ApiKind::OpenCl, 1, "second", 0).encode();
+    let hello = Hello::new(hira_api_opencl::API, 1, "second", 0).encode();
     second.frame(FrameKind::Hello, 0, 0, 0, &[], &hello);
     assert_eq!(error_code_of(second.recv()), error_code::POLICY);
     assert!(second.recv().is_none());
@@ -161,7 +161,7 @@ fn a_vms_own_session_cap_is_applied_and_changed_live() {
     let _g = RawGuest::session(&daemon.socket("capped"));
     let refused = |vm: &str| {
         let mut g = RawGuest::connect(&daemon.socket(vm));
-        let hello = Hello::new(ApiKind::OpenCl, 1, "next", 0).encode();
+        let hello = Hello::new(hira_api_opencl::API, 1, "next", 0).encode();
         g.frame(FrameKind::Hello, 0, 0, 0, &[], &hello);
         match g.recv() {
             Some((h, p)) if h.kind == FrameKind::Error => {
@@ -297,7 +297,7 @@ fn offered_window(daemon: &Daemon, len: u64, sealed: bool) -> u64 {
         assert_eq!(sealed, 0);
     }
     let mut s = UnixStream::connect(daemon.socket("vm1")).unwrap();
-    let hello = Hello::new(ApiKind::OpenCl, 1, "windowed", len).encode();
+    let hello = Hello::new(hira_api_opencl::API, 1, "windowed", len).encode();
     let h = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
     hira_protocol::unix::send_frame_with_fd(&mut s, &h, &hello, Some(&fd)).unwrap();
     let (h, p) = first_frame(&mut s).expect("a welcome");

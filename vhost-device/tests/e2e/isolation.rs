@@ -284,7 +284,7 @@ fn an_api_server_that_crashes_is_recorded_with_its_signal_and_last_call() {
     let mut g = crate::support::RawGuest::session(&daemon.socket("vm1"));
     let mut w = hira_protocol::Writer::new();
     w.u32(1).u8(1).u8(1);
-    let (_, p) = g.call(hira_protocol::opencl::op::clGetPlatformIDs, w.as_slice());
+    let (_, p) = g.call(hira_api_opencl::op::clGetPlatformIDs, w.as_slice());
     assert_eq!(crate::support::status(&p), 0);
     let server = daemon.wait_api_servers(1, Duration::from_secs(30))[0];
     // As the kernel's OOM killer would: a SIGSEGV or SIGABRT sent by kill() is taken

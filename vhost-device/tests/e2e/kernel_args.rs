@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hira_protocol::opencl::{Kind, op, tag};
+use hira_api_opencl::{Kind, op, tag};
 use hira_protocol::{FrameKind, Writer};
 
 use crate::support::{Daemon, RawGuest, Vendors, c_program, run_with_timeout, status};

@@ -4,9 +4,9 @@
 use std::io::Write;
 use std::time::Duration;
 
+use hira_api_opencl::op;
 use hira_protocol::frame::{FLAG_NO_REPLY, MAX_FRAME_BODY};
-use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, error_code};
-use hira_protocol::opencl::op;
+use hira_protocol::handshake::{ErrorPayload, Hello, error_code};
 use hira_protocol::{FrameHeader, FrameKind, Span, Writer};
 
 use crate::support::{Daemon, RawGuest, Vendors, c_program, run_with_timeout, status};
@@ -98,13 +98,34 @@ fn garbage_instead_of_a_hello_is_refused() {
 fn wrong_protocol_version_is_refused_with_a_reason() {
     let mut daemon = Daemon::start(&["vm1"]);
     let mut g = RawGuest::connect(&daemon.socket("vm1"));
-    let mut hello = Hello::new(ApiKind::OpenCl, 1, "old-guest", 0);
+    let mut hello = Hello::new(hira_api_opencl::API, 1, "old-guest", 0);
     hello.version = 99;
     g.frame(FrameKind::Hello, 0, 0, 0, &[], &hello.encode());
     let (h, p) = g.recv().expect("an error frame");
     assert_eq!(h.kind, FrameKind::Error);
     let e = ErrorPayload::decode(&p).unwrap();
     assert!(e.message.contains("version 99"), "{}", e.message);
+    assert!(g.recv().is_none(), "the connection is closed");
+    assert!(
+        daemon
+            .wait_api_servers(0, Duration::from_secs(5))
+            .is_empty(),
+        "no API server for a refused guest"
+    );
+    still_serves(&mut daemon);
+}
+
+#[test]
+fn an_api_no_description_names_is_refused_with_a_reason() {
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::connect(&daemon.socket("vm1"));
+    let hello = Hello::new(hira_protocol::handshake::ApiId(77), 1, "other-api", 0);
+    g.frame(FrameKind::Hello, 0, 0, 0, &[], &hello.encode());
+    let (h, p) = g.recv().expect("an error frame");
+    assert_eq!(h.kind, FrameKind::Error);
+    let e = ErrorPayload::decode(&p).unwrap();
+    assert_eq!(e.code, error_code::HANDSHAKE);
+    assert!(e.message.contains("API 77"), "{}", e.message);
     assert!(g.recv().is_none(), "the connection is closed");
     assert!(
         daemon
@@ -184,7 +205,7 @@ fn streamed_contents_from_a_forged_request_are_checked(rings: bool) {
     // A buffer made with `tag::STREAMED` contents, then `hiraFill` chunks naming
     // other objects, ids that name nothing, and ranges past the buffer's end: each
     // gets the host's own error; a valid chunk is written.
-    use hira_protocol::opencl::tag;
+    use hira_api_opencl::tag;
     const CL_INVALID_VALUE: i32 = -30;
     const CL_INVALID_MEM_OBJECT: i32 = -38;
     let mut daemon = Daemon::start(&["vm1"]);

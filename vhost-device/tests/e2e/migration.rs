@@ -390,13 +390,13 @@ fn a_relayed_session_is_suspended_with_its_calls_in_flight_and_resumes_elsewhere
 
 #[test]
 fn a_resume_without_a_parked_session_or_its_descriptors_is_refused() {
-    use hira_protocol::handshake::{ApiKind, Hello};
+    use hira_protocol::handshake::Hello;
     use hira_protocol::{FrameHeader, FrameKind, unix};
     let d = Daemon::start(&["vm0"]);
     let window = window_memfd(1 << 20);
     for with_rings in [false, true] {
         let mut s = std::os::unix::net::UnixStream::connect(d.socket("vm0")).unwrap();
-        let mut h = Hello::new(ApiKind::OpenCl, 1, "resumer", 1 << 20);
+        let mut h = Hello::new(hira_api_opencl::API, 1, "resumer", 1 << 20);
         h.rings = true;
         h.resume = Some([0x5a; 16]);
         let body = h.encode();

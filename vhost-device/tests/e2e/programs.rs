@@ -160,7 +160,7 @@ fn clinfo_reports_every_device_property_as_native() {
 /// and SVM atomics, native kernels, sub-devices, extensions with entry points Hira
 /// does not forward) reported absent.
 fn as_hira_masks(native: &str) -> String {
-    use hira_protocol::opencl::extensions::{mask_list, passed_through};
+    use hira_api_opencl::extensions::{mask_list, passed_through};
     let mut svm_block = 0u32;
     let mut command_buffer_block = 0u32;
     native

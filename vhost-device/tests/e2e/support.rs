@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hira_protocol::frame::HEADER_LEN;
-use hira_protocol::handshake::{ApiKind, Hello, Welcome};
+use hira_protocol::handshake::{Hello, Welcome};
 use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
 
 pub fn workspace() -> PathBuf {
@@ -520,7 +520,7 @@ impl RawGuest {
     /// Connects and completes a handshake with no data window.
     pub fn session(path: &Path) -> RawGuest {
         let mut g = RawGuest::connect(path);
-        let hello = Hello::new(ApiKind::OpenCl, std::process::id(), "raw-guest", 0).encode();
+        let hello = Hello::new(hira_api_opencl::API, std::process::id(), "raw-guest", 0).encode();
         g.frame(FrameKind::Hello, 0, 0, 0, &[], &hello);
         let (h, _) = g.recv().expect("welcome");
         assert_eq!(h.kind, FrameKind::Welcome);
@@ -531,7 +531,7 @@ impl RawGuest {
     pub fn session_on_rings(path: &Path) -> RawGuest {
         use std::os::fd::AsRawFd;
         let mut g = RawGuest::connect(path);
-        let mut hello = Hello::new(ApiKind::OpenCl, std::process::id(), "raw-guest", 4096);
+        let mut hello = Hello::new(hira_api_opencl::API, std::process::id(), "raw-guest", 4096);
         hello.rings = true;
         let hello = hello.encode();
         let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());

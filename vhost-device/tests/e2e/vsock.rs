@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hira_protocol::handshake::{ApiKind, ErrorPayload, Hello, Welcome, error_code};
-use hira_protocol::opencl::op;
+use hira_api_opencl::op;
+use hira_protocol::handshake::{ErrorPayload, Hello, Welcome, error_code};
 use hira_protocol::ring;
 use hira_protocol::{FrameHeader, FrameKind, Writer};
 use hira_vhost::config::Config;
@@ -156,7 +156,7 @@ impl Guest {
 
     /// Connects and completes the handshake; returns the session number.
     fn connect_and_hello(&mut self) -> u64 {
-        let w = self.connect_with(Hello::new(ApiKind::OpenCl, 42, "vsock-guest", 0));
+        let w = self.connect_with(Hello::new(hira_api_opencl::API, 42, "vsock-guest", 0));
         assert_eq!((w.vm_name.as_str(), w.window_len), ("vsock-vm", 0));
         w.session
     }
@@ -246,7 +246,7 @@ fn connection_to_another_port_is_refused_and_starts_nothing() {
 fn on_rings_a_vm_guest_may_only_ring_doorbells_on_its_socket() {
     let dir = tempfile::tempdir().unwrap();
     let mut g = Guest::with_window(256 * 1024, Some(&dir.path().join("window")));
-    let mut hello = Hello::new(ApiKind::OpenCl, 42, "vsock-guest", 0);
+    let mut hello = Hello::new(hira_api_opencl::API, 42, "vsock-guest", 0);
     hello.vm_window = true;
     hello.rings = true;
     let w = g.connect_with(hello);

@@ -1,17 +1,17 @@
-//! OpenCL-specific parts of the protocol: object kinds, opcodes and handle-carrying
-//! info queries.
+//! The OpenCL API on Hira's wire: object kinds, opcodes (generated from
+//! `protocol/api/opencl.api`), and the info queries whose values carry object handles.
 //!
 //! A guest never sees a host pointer. Every OpenCL object is named on the wire by a
-//! 64-bit id scoped to one session. Ids the guest assigns (for objects it creates, so
-//! that creating calls can be forwarded without waiting) have the top bit clear; ids
-//! the host assigns (devices, platforms, kernels made by `clCreateKernelsInProgram`)
-//! have it set. 0 is the null handle.
+//! 64-bit id scoped to one session (`hira_protocol::api::HOST_ID_BIT`).
 
 pub mod extensions;
 pub mod kernel_args;
+pub mod sizes;
 
-/// Top bit of a host-assigned id.
-pub const HOST_ID_BIT: u64 = 1 << 63;
+pub use hira_protocol::api::{HOST_ID_BIT, Replay, tag};
+
+/// One OpenCL function as the wire knows it.
+pub type OpInfo = hira_protocol::api::OpInfo<Kind>;
 
 /// The kinds of OpenCL object a handle can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -112,69 +112,11 @@ pub mod notify {
     pub const DESTRUCTOR: u16 = 5;
 }
 
-/// Argument tags for byte arguments.
-pub mod tag {
-    /// Bytes follow in the payload (`u32` length, then the bytes).
-    pub const INLINE: u8 = 0;
-    /// A `u16` index into the frame's data-window spans follows.
-    pub const WINDOW: u8 = 1;
-    /// The application passed NULL.
-    pub const NULL: u8 = 2;
-    /// A kernel argument naming an object: `u8` kind, `u64` id.
-    pub const HANDLE: u8 = 3;
-    /// Bytes too large for a frame or the window: `u64` token (inputs: then `u64`
-    /// length) of bytes staged before the call with `hiraStage`, or, for an output,
-    /// kept by the host after it for `hiraFetch`.
-    pub const STAGED: u8 = 4;
-    /// A `host_ptr` inside a shared-virtual-memory allocation: `u64` allocation id,
-    /// `u64` offset; the host uses its own allocation.
-    pub const SVM: u8 = 5;
-    /// A buffer's initial contents that follow the creating call in `hiraFill`
-    /// chunks through the data window: `u64` length. The host makes the buffer
-    /// without them and writes each chunk as it comes.
-    pub const STREAMED: u8 = 6;
-}
-
-/// One function of the API as the wire knows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OpInfo {
-    pub opcode: u16,
-    pub name: &'static str,
-    /// The description allows forwarding this call without waiting for its reply.
-    pub may_async: bool,
-    /// The call may wait for the device (or for a user event another guest thread
-    /// sets): a blocking flag, a synchronising call, or the `waits` flag.
-    pub may_block: bool,
-    /// What the call does to API objects, for migration's log.
-    pub replay: Replay,
-}
-
-/// What a call does to API objects, as the API description says (`rets` and owned
-/// `ouths` create, `hret` retains, `hrel` releases, the `configures` flag): the
-/// record-and-replay log of a session keeps the calls that create and configure
-/// objects still alive, and nothing else.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replay {
-    /// Neither creates, configures nor changes references (queries, transfers,
-    /// launches).
-    None,
-    /// Makes one or more objects of this kind.
-    Creates(Kind),
-    /// Adds a reference to an object of this kind.
-    Retains(Kind),
-    /// Drops a reference to an object of this kind.
-    Releases(Kind),
-    /// Changes the state of its first object argument.
-    Configures,
-}
-
 include!(concat!(env!("OUT_DIR"), "/opencl_ops.rs"));
 
 /// Looks up an opcode; `None` for opcodes that name no function.
 pub fn op_info(opcode: u16) -> Option<&'static OpInfo> {
-    OPS.binary_search_by_key(&opcode, |o| o.opcode)
-        .ok()
-        .map(|i| &OPS[i])
+    hira_protocol::api::find(OPS, opcode)
 }
 
 /// How the value of an info query carries handles.
