@@ -65,3 +65,16 @@ ensure_qemu() {
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq qemu-system-x86 >/dev/null
     fi
 }
+
+# Installs what the CUDA tests build with, from PyPI, under target/cuda-sdk: cuda.h
+# (nvidia-cuda-runtime-cu12) and NVRTC (nvidia-cuda-nvrtc-cu12), which compiles the
+# test kernels to PTX without a GPU. No driver comes with them: without a GPU the
+# tests run on the CPU test executor (tests/cuda-cpu).
+CUDA_SDK_VERSION=12.9
+ensure_cuda_sdk() {
+    local dir=target/cuda-sdk
+    [ -f "$dir/nvidia/cuda_runtime/include/cuda.h" ] && [ -f "$dir/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ] && return 0
+    echo "installing: CUDA $CUDA_SDK_VERSION headers and NVRTC (PyPI) under $dir"
+    python3 -m pip install -q --no-deps --target "$dir" \
+        "nvidia-cuda-runtime-cu12==$CUDA_SDK_VERSION.*" "nvidia-cuda-nvrtc-cu12==$CUDA_SDK_VERSION.*"
+}

@@ -1,0 +1,1462 @@
+//! **A CPU test executor for CUDA: test infrastructure, not a GPU, never shipped.**
+//!
+//! `libcuda.so.1` with the CUDA driver API's C ABI for the calls Hira's tests and its
+//! API server use, running kernels' PTX on the CPU with the interpreter in [`ptx`].
+//! CI has no NVIDIA GPU: the unmodified API server loads this library through the
+//! library search path (`LD_LIBRARY_PATH`) as it would load the real driver, so the
+//! whole guest → daemon → API server → driver path runs for real. Results measured on
+//! it say nothing of a GPU's speed; where a real GPU exists the same tests run on the
+//! real driver (`HIRA_CUDA_E2E=1`).
+//!
+//! Semantics follow the driver API's documentation where the tests can observe them:
+//! errors before `cuInit`, per-thread context stacks, the primary context, bounds of
+//! allocations, sticky errors after a kernel fault, events with timing. Work runs
+//! when it is enqueued, so every stream is always idle. Device memory lives in this
+//! process; a device address is never a host pointer.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+pub mod nvrtc;
+pub mod ptx;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+type Handle = *mut c_void;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_INVALID_PTX: CUresult = 218;
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+
+/// The names and descriptions `cuGetErrorName`/`cuGetErrorString` give.
+const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
+    (0, c"CUDA_SUCCESS", c"no error"),
+    (1, c"CUDA_ERROR_INVALID_VALUE", c"invalid argument"),
+    (2, c"CUDA_ERROR_OUT_OF_MEMORY", c"out of memory"),
+    (3, c"CUDA_ERROR_NOT_INITIALIZED", c"initialization error"),
+    (4, c"CUDA_ERROR_DEINITIALIZED", c"driver shutting down"),
+    (
+        100,
+        c"CUDA_ERROR_NO_DEVICE",
+        c"no CUDA-capable device is detected",
+    ),
+    (101, c"CUDA_ERROR_INVALID_DEVICE", c"invalid device ordinal"),
+    (
+        200,
+        c"CUDA_ERROR_INVALID_IMAGE",
+        c"device kernel image is invalid",
+    ),
+    (
+        201,
+        c"CUDA_ERROR_INVALID_CONTEXT",
+        c"invalid device context",
+    ),
+    (
+        209,
+        c"CUDA_ERROR_NO_BINARY_FOR_GPU",
+        c"no kernel image is available for execution on the device",
+    ),
+    (
+        218,
+        c"CUDA_ERROR_INVALID_PTX",
+        c"a PTX JIT compilation failed",
+    ),
+    (301, c"CUDA_ERROR_FILE_NOT_FOUND", c"file not found"),
+    (
+        400,
+        c"CUDA_ERROR_INVALID_HANDLE",
+        c"invalid resource handle",
+    ),
+    (500, c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
+    (600, c"CUDA_ERROR_NOT_READY", c"device not ready"),
+    (
+        700,
+        c"CUDA_ERROR_ILLEGAL_ADDRESS",
+        c"an illegal memory access was encountered",
+    ),
+    (
+        701,
+        c"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+        c"too many resources requested for launch",
+    ),
+    (
+        709,
+        c"CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        c"context is destroyed",
+    ),
+    (
+        719,
+        c"CUDA_ERROR_LAUNCH_FAILED",
+        c"unspecified launch failure",
+    ),
+    (801, c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
+    (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
+];
+
+/// What this executor says it is.
+const DEVICE_NAME: &str = "Hira CPU test executor (not a GPU)";
+/// Device memory it offers.
+const TOTAL_MEMORY: u64 = 4 << 30;
+/// The driver version it reports (12.9: `cuFuncGetParamInfo` exists from 12.4).
+const DRIVER_VERSION: c_int = 12090;
+/// Where device addresses start; far from any host pointer of this process.
+const DEVICE_BASE: u64 = 0x7_0000_0000;
+const MAX_THREADS: u32 = 1024;
+const MAX_SHARED: usize = 48 * 1024;
+
+/// Device memory: allocations by start address.
+#[derive(Default)]
+struct Memory {
+    allocs: BTreeMap<u64, Vec<u8>>,
+    next: u64,
+    used: u64,
+}
+
+impl Memory {
+    fn find(&self, addr: u64, len: usize) -> Option<(u64, usize)> {
+        let (&base, buf) = self.allocs.range(..=addr).next_back()?;
+        let off = usize::try_from(addr - base).ok()?;
+        (off.checked_add(len)? <= buf.len()).then_some((base, off))
+    }
+
+    fn alloc(&mut self, size: usize) -> Option<u64> {
+        if size == 0 || self.used + size as u64 > TOTAL_MEMORY {
+            return None;
+        }
+        if self.next == 0 {
+            self.next = DEVICE_BASE;
+        }
+        let at = self.next;
+        // 512-byte aligned with a gap, so that running off an allocation faults.
+        self.next += (size as u64).div_ceil(512) * 512 + 512;
+        self.allocs.insert(at, vec![0; size]);
+        self.used += size as u64;
+        Some(at)
+    }
+
+    fn free(&mut self, at: u64) -> bool {
+        match self.allocs.remove(&at) {
+            Some(b) => {
+                self.used -= b.len() as u64;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl ptx::DeviceMemory for Memory {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        match self.find(addr, out.len()) {
+            Some((base, off)) => {
+                out.copy_from_slice(&self.allocs[&base][off..off + out.len()]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> bool {
+        match self.find(addr, data.len()) {
+            Some((base, off)) => {
+                let b = self.allocs.get_mut(&base).expect("found above");
+                b[off..off + data.len()].copy_from_slice(data);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+struct Context {
+    /// A fault of a kernel: every later call in the context fails with it.
+    sticky: CUresult,
+    primary: bool,
+}
+
+struct LoadedModule {
+    ptx: Arc<ptx::Module>,
+    /// Device addresses of the module's variables.
+    globals: Vec<u64>,
+    ctx: usize,
+}
+
+struct Event {
+    recorded: Option<Instant>,
+    timing: bool,
+}
+
+#[derive(Default)]
+struct State {
+    initialized: bool,
+    mem: Memory,
+    next_handle: usize,
+    contexts: HashMap<usize, Context>,
+    primary: Option<(usize, u32)>,
+    modules: HashMap<usize, LoadedModule>,
+    functions: HashMap<usize, (usize, usize)>,
+    streams: HashMap<usize, usize>,
+    events: HashMap<usize, Event>,
+}
+
+impl State {
+    fn handle(&mut self) -> usize {
+        self.next_handle += 0x10;
+        0x1000 + self.next_handle
+    }
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+thread_local! {
+    /// This thread's context stack, top last.
+    static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` on the initialised state.
+fn with<F: FnOnce(&mut State) -> CUresult>(f: F) -> CUresult {
+    let mut g = state();
+    match g.as_mut() {
+        Some(s) if s.initialized => f(s),
+        _ => CUDA_ERROR_NOT_INITIALIZED,
+    }
+}
+
+fn current() -> Option<usize> {
+    STACK.with(|s| s.borrow().last().copied())
+}
+
+/// Runs `f` with the current context, which must be live and without a fault.
+fn with_ctx<F: FnOnce(&mut State, usize) -> CUresult>(f: F) -> CUresult {
+    with(|s| match current() {
+        Some(c) => match s.contexts.get(&c) {
+            Some(ctx) if ctx.sticky != CUDA_SUCCESS => ctx.sticky,
+            Some(_) => f(s, c),
+            None => CUDA_ERROR_INVALID_CONTEXT,
+        },
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    })
+}
+
+/// Writes `v` through `p` if it is not null.
+unsafe fn put<T>(p: *mut T, v: T) -> CUresult {
+    if p.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller passes a pointer valid for a `T`, as the API requires.
+    unsafe { p.write(v) };
+    CUDA_SUCCESS
+}
+
+fn stream_ok(s: &State, h: Handle) -> bool {
+    let h = h as usize;
+    h == 0 || h == 1 || h == 2 || s.streams.contains_key(&h)
+}
+
+// ---------------------------------------------------------------------------------
+// Initialisation, version, devices
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    if flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut g = state();
+    g.get_or_insert_with(State::default).initialized = true;
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CUresult {
+    // SAFETY: as the API requires.
+    unsafe { put(v, DRIVER_VERSION) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
+    // SAFETY: as the API requires.
+    with(|_| unsafe { put(n, 1) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(d: *mut CUdevice, ordinal: c_int) -> CUresult {
+    with(|_| {
+        if ordinal != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        // SAFETY: as the API requires.
+        unsafe { put(d, 0) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    with(|_| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        if name.is_null() || len <= 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let b = DEVICE_NAME.as_bytes();
+        let n = b.len().min(len as usize - 1);
+        // SAFETY: `name` holds `len` bytes, as the API requires.
+        unsafe {
+            std::ptr::copy_nonoverlapping(b.as_ptr(), name.cast::<u8>(), n);
+            *name.add(n) = 0;
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    with(|_| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        // SAFETY: as the API requires.
+        unsafe { put(bytes, TOTAL_MEMORY as usize) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    with(|_| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        // SAFETY: as the API requires.
+        unsafe { put(uuid, *b"hira-cpu-test-ex") }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetUuid_v2(uuid, dev) }
+}
+
+/// Device attributes, by `CUdevice_attribute` number; others are 0.
+fn attribute(a: c_int) -> Option<c_int> {
+    Some(match a {
+        1 => MAX_THREADS as c_int,
+        2 | 3 => 1024,
+        4 => 64,
+        5 => i32::MAX,
+        6 | 7 => 65535,
+        8 => MAX_SHARED as c_int,
+        9 => 64 * 1024,
+        10 => 32,
+        11 => i32::MAX,
+        12 => 65536,
+        13 => 1_000_000,
+        14 => 512,
+        16 => 1,
+        19 => 0,
+        20 => 0,
+        31 => 1,
+        39 => 2048,
+        41 => 1,
+        75 => 5,
+        76 => 2,
+        81 => 64 * 1024,
+        82 => 65536,
+        97 => 1,
+        0 | 1000.. => return None,
+        _ => 0,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    with(|_| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        match attribute(attrib) {
+            // SAFETY: as the API requires.
+            Some(v) => unsafe { put(pi, v) },
+            None => CUDA_ERROR_INVALID_VALUE,
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Contexts
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut Handle,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    with(|s| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        if pctx.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let h = s.handle();
+        s.contexts.insert(
+            h,
+            Context {
+                sticky: CUDA_SUCCESS,
+                primary: false,
+            },
+        );
+        STACK.with(|st| st.borrow_mut().push(h));
+        // SAFETY: checked not null.
+        unsafe { put(pctx, h as Handle) }
+    })
+}
+
+fn drop_context(s: &mut State, h: usize) {
+    s.contexts.remove(&h);
+    let mods: Vec<usize> = s
+        .modules
+        .iter()
+        .filter(|(_, m)| m.ctx == h)
+        .map(|(&k, _)| k)
+        .collect();
+    for m in mods {
+        unload(s, m);
+    }
+    s.streams.retain(|_, c| *c != h);
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
+    with(|s| {
+        let h = ctx as usize;
+        match s.contexts.get(&h) {
+            Some(c) if !c.primary => {}
+            _ => return CUDA_ERROR_INVALID_CONTEXT,
+        }
+        drop_context(s, h);
+        STACK.with(|st| st.borrow_mut().retain(|&c| c != h));
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
+    with(|s| {
+        if !s.contexts.contains_key(&(ctx as usize)) {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        STACK.with(|st| st.borrow_mut().push(ctx as usize));
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
+    with(|_| match STACK.with(|st| st.borrow_mut().pop()) {
+        Some(c) => {
+            if !pctx.is_null() {
+                // SAFETY: not null, as the API requires.
+                unsafe { pctx.write(c as Handle) };
+            }
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    with(|s| {
+        let h = ctx as usize;
+        if h != 0 && !s.contexts.contains_key(&h) {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        STACK.with(|st| {
+            let mut st = st.borrow_mut();
+            st.pop();
+            if h != 0 {
+                st.push(h);
+            }
+        });
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut Handle) -> CUresult {
+    // SAFETY: as the API requires.
+    with(|_| unsafe { put(pctx, current().unwrap_or(0) as Handle) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    // SAFETY: as the API requires.
+    with_ctx(|_, _| unsafe { put(dev, 0) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    with_ctx(|_, _| CUDA_SUCCESS)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevice) -> CUresult {
+    with(|s| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        if pctx.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let h = match s.primary {
+            Some((h, n)) => {
+                s.primary = Some((h, n + 1));
+                h
+            }
+            None => {
+                let h = s.handle();
+                s.contexts.insert(
+                    h,
+                    Context {
+                        sticky: CUDA_SUCCESS,
+                        primary: true,
+                    },
+                );
+                s.primary = Some((h, 1));
+                h
+            }
+        };
+        // SAFETY: checked not null.
+        unsafe { put(pctx, h as Handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    with(|s| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        match s.primary {
+            Some((h, 1)) => {
+                drop_context(s, h);
+                s.primary = None;
+                CUDA_SUCCESS
+            }
+            Some((h, n)) => {
+                s.primary = Some((h, n - 1));
+                CUDA_SUCCESS
+            }
+            None => CUDA_ERROR_INVALID_CONTEXT,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    with(|s| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        // SAFETY: as the API requires.
+        unsafe {
+            let r = put(flags, 0);
+            if r != CUDA_SUCCESS {
+                return r;
+            }
+            put(active, c_int::from(s.primary.is_some()))
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Memory
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    with_ctx(|s, _| {
+        if dptr.is_null() || size == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        match s.mem.alloc(size) {
+            // SAFETY: checked not null.
+            Some(a) => unsafe { put(dptr, a) },
+            None => CUDA_ERROR_OUT_OF_MEMORY,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    with_ctx(|s, _| {
+        if dptr == 0 || s.mem.free(dptr) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_VALUE
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    with_ctx(|s, _| {
+        let used = s.mem.used;
+        // SAFETY: as the API requires.
+        unsafe {
+            let r = put(free, (TOTAL_MEMORY - used) as usize);
+            if r != CUDA_SUCCESS {
+                return r;
+            }
+            put(total, TOTAL_MEMORY as usize)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    with_ctx(|s, _| match s.mem.find(dptr, 0) {
+        Some((b, _)) => {
+            let len = s.mem.allocs[&b].len();
+            // SAFETY: either may be null, as the API allows.
+            unsafe {
+                if !base.is_null() {
+                    base.write(b);
+                }
+                if !size.is_null() {
+                    size.write(len);
+                }
+            }
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_NOT_FOUND,
+    })
+}
+
+fn copy_to_device(s: &mut State, dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    if n == 0 {
+        return CUDA_SUCCESS;
+    }
+    if src.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the application's `src` holds `n` bytes, as the API requires.
+    let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) };
+    if ptx::DeviceMemory::write(&mut s.mem, dst, data) {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_INVALID_VALUE
+    }
+}
+
+fn copy_from_device(s: &State, dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    if n == 0 {
+        return CUDA_SUCCESS;
+    }
+    if dst.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the application's `dst` holds `n` bytes, as the API requires.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };
+    if ptx::DeviceMemory::read(&s.mem, src, out) {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_INVALID_VALUE
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
+    with_ctx(|s, _| copy_to_device(s, dst, src, n))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    with_ctx(|s, _| copy_from_device(s, dst, src, n))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    with_ctx(|s, _| {
+        let mut tmp = vec![0u8; n];
+        if !ptx::DeviceMemory::read(&s.mem, src, &mut tmp)
+            || !ptx::DeviceMemory::write(&mut s.mem, dst, &tmp)
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
+    with_ctx(|s, _| {
+        if !stream_ok(s, stream) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        copy_to_device(s, dst, src, n)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
+    with_ctx(|s, _| {
+        if !stream_ok(s, stream) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        copy_from_device(s, dst, src, n)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
+    let ok = with(|s| {
+        if stream_ok(s, stream) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_HANDLE
+        }
+    });
+    if ok != CUDA_SUCCESS {
+        return ok;
+    }
+    cuMemcpyDtoD_v2(dst, src, n)
+}
+
+fn memset(dst: CUdeviceptr, pattern: &[u8], count: usize) -> CUresult {
+    with_ctx(|s, _| {
+        let Some(len) = count.checked_mul(pattern.len()) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        if len == 0 {
+            return CUDA_SUCCESS;
+        }
+        let data: Vec<u8> = pattern.iter().copied().cycle().take(len).collect();
+        if !dst.is_multiple_of(pattern.len() as u64)
+            || !ptx::DeviceMemory::write(&mut s.mem, dst, &data)
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
+    memset(dst, &[v], n)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
+    memset(dst, &v.to_le_bytes(), n)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
+    memset(dst, &v.to_le_bytes(), n)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, _stream: Handle) -> CUresult {
+    memset(dst, &[v], n)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD32Async(
+    dst: CUdeviceptr,
+    v: c_uint,
+    n: usize,
+    _stream: Handle,
+) -> CUresult {
+    memset(dst, &v.to_le_bytes(), n)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+    with_ctx(|_, _| {
+        if pp.is_null() || size == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: plain allocation; freed by cuMemFreeHost.
+        let p = unsafe { libc::calloc(1, size) };
+        if p.is_null() {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        // SAFETY: checked not null.
+        unsafe { put(pp, p) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    // SAFETY: `p` came from cuMemAllocHost_v2, as the API requires.
+    with(|_| unsafe {
+        libc::free(p);
+        CUDA_SUCCESS
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Modules and functions
+
+fn unload(s: &mut State, m: usize) {
+    if let Some(lm) = s.modules.remove(&m) {
+        for g in lm.globals {
+            s.mem.free(g);
+        }
+        s.functions.retain(|_, (mm, _)| *mm != m);
+    }
+}
+
+/// Loads PTX text; a cubin or fatbin is refused (this executor runs only PTX).
+unsafe fn load_image(pmod: *mut Handle, image: *const c_void) -> CUresult {
+    with_ctx(|s, ctx| {
+        if pmod.is_null() || image.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: a PTX image is a NUL-terminated string, as the API requires.
+        let head = unsafe { std::slice::from_raw_parts(image.cast::<u8>(), 4) };
+        if head == b"\x7fELF" || head == [0x50, 0xED, 0x55, 0xBA] {
+            eprintln!("hira CPU test executor: only PTX images can run here");
+            return CUDA_ERROR_INVALID_IMAGE;
+        }
+        // SAFETY: as above.
+        let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) };
+        let Ok(text) = text.to_str() else {
+            return CUDA_ERROR_INVALID_IMAGE;
+        };
+        let module = match ptx::Module::parse(text) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("hira CPU test executor: {e}");
+                return CUDA_ERROR_INVALID_PTX;
+            }
+        };
+        let mut globals = Vec::new();
+        for g in &module.globals {
+            let Some(a) = s.mem.alloc(g.size.max(1)) else {
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            };
+            ptx::DeviceMemory::write(&mut s.mem, a, &g.init);
+            globals.push(a);
+        }
+        let h = s.handle();
+        s.modules.insert(
+            h,
+            LoadedModule {
+                ptx: Arc::new(module),
+                globals,
+                ctx,
+            },
+        );
+        // SAFETY: checked not null.
+        unsafe { put(pmod, h as Handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(pmod: *mut Handle, image: *const c_void) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { load_image(pmod, image) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    pmod: *mut Handle,
+    image: *const c_void,
+    _n: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: same contract; JIT options do not apply to an interpreter.
+    unsafe { load_image(pmod, image) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoad(pmod: *mut Handle, fname: *const c_char) -> CUresult {
+    if fname.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: a C string, as the API requires.
+    let path = unsafe { CStr::from_ptr(fname) };
+    let path: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(path.to_bytes());
+    let Ok(mut text) = std::fs::read(path) else {
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    };
+    text.push(0);
+    // SAFETY: NUL-terminated above.
+    unsafe { load_image(pmod, text.as_ptr().cast()) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleUnload(m: Handle) -> CUresult {
+    with(|s| {
+        if !s.modules.contains_key(&(m as usize)) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        unload(s, m as usize);
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    pf: *mut Handle,
+    m: Handle,
+    name: *const c_char,
+) -> CUresult {
+    with_ctx(|s, _| {
+        if pf.is_null() || name.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Some(lm) = s.modules.get(&(m as usize)) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        // SAFETY: a C string, as the API requires.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let Some(i) = lm.ptx.kernels.iter().position(|k| k.name == name) else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        let h = s.handle();
+        s.functions.insert(h, (m as usize, i));
+        // SAFETY: checked not null.
+        unsafe { put(pf, h as Handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    m: Handle,
+    name: *const c_char,
+) -> CUresult {
+    with_ctx(|s, _| {
+        if name.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Some(lm) = s.modules.get(&(m as usize)) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        // SAFETY: a C string, as the API requires.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let Some(i) = lm.ptx.globals.iter().position(|g| g.name == name) else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        // SAFETY: either may be null, as the API allows.
+        unsafe {
+            if !dptr.is_null() {
+                dptr.write(lm.globals[i]);
+            }
+            if !bytes.is_null() {
+                bytes.write(lm.ptx.globals[i].size);
+            }
+        }
+        CUDA_SUCCESS
+    })
+}
+
+fn kernel_of(s: &State, f: Handle) -> Option<(Arc<ptx::Module>, usize, Vec<u64>)> {
+    let &(m, i) = s.functions.get(&(f as usize))?;
+    let lm = s.modules.get(&m)?;
+    Some((lm.ptx.clone(), i, lm.globals.clone()))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: Handle,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    with(|s| {
+        let Some((m, i, _)) = kernel_of(s, f) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        let Some(p) = m.kernels[i].params.get(index) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: either may be null, as the API allows.
+        unsafe {
+            if !offset.is_null() {
+                offset.write(p.offset);
+            }
+            if !size.is_null() {
+                size.write(p.size);
+            }
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: Handle) -> CUresult {
+    with(|s| {
+        let Some((m, i, _)) = kernel_of(s, f) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        let k = &m.kernels[i];
+        let v = match attrib {
+            0 => MAX_THREADS as c_int,
+            1 => k.shared_size() as c_int,
+            2 | 3 => 0,
+            4 => k.registers().min(255) as c_int,
+            5 | 6 => 52,
+            8 => (MAX_SHARED - k.shared_size()) as c_int,
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        // SAFETY: as the API requires.
+        unsafe { put(pi, v) }
+    })
+}
+
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER`, `_SIZE`, `_END`.
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+const PARAM_END: usize = 0;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    with_ctx(|s, ctx| {
+        let Some((m, i, globals)) = kernel_of(s, f) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        if !stream_ok(s, stream) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        let k = &m.kernels[i];
+        let threads = u64::from(bx) * u64::from(by) * u64::from(bz);
+        if [gx, gy, gz, bx, by, bz].contains(&0)
+            || threads > u64::from(MAX_THREADS)
+            || bz > 64
+            || k.shared_size() + shared as usize > MAX_SHARED
+        {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let mut buf = vec![0u8; k.param_bytes()];
+        if !params.is_null() {
+            for (n, p) in k.params.iter().enumerate() {
+                // SAFETY: `params` has one pointer per kernel parameter, each to a
+                // value of the parameter's size, as the API requires.
+                unsafe {
+                    let src = *params.add(n);
+                    if src.is_null() {
+                        return CUDA_ERROR_INVALID_VALUE;
+                    }
+                    std::ptr::copy_nonoverlapping(
+                        src.cast::<u8>(),
+                        buf[p.offset..].as_mut_ptr(),
+                        p.size,
+                    );
+                }
+            }
+        } else if !extra.is_null() {
+            let (mut ptr, mut len) = (std::ptr::null::<u8>(), None);
+            let mut at = 0;
+            loop {
+                // SAFETY: `extra` is a list ended by CU_LAUNCH_PARAM_END.
+                let key = unsafe { *extra.add(at) } as usize;
+                match key {
+                    PARAM_END => break,
+                    // SAFETY: as above; each key has a value.
+                    PARAM_BUFFER_POINTER => ptr = unsafe { *extra.add(at + 1) }.cast::<u8>(),
+                    PARAM_BUFFER_SIZE => {
+                        // SAFETY: as above; the value points to a size_t.
+                        len = Some(unsafe { *(*extra.add(at + 1)).cast::<usize>() })
+                    }
+                    _ => return CUDA_ERROR_INVALID_VALUE,
+                }
+                at += 2;
+            }
+            match len {
+                Some(n) if !ptr.is_null() && n >= buf.len() => {
+                    // SAFETY: the buffer holds `n` bytes, as the API requires.
+                    unsafe { std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), buf.len()) };
+                }
+                _ => return CUDA_ERROR_INVALID_VALUE,
+            }
+        } else if !k.params.is_empty() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let dims = ptx::Dims {
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+        };
+        if let Err(e) = ptx::launch(k, dims, shared as usize, &buf, &globals, &mut s.mem) {
+            eprintln!("hira CPU test executor: kernel {} faulted: {e}", k.name);
+            let code = if e.0.contains("address") {
+                CUDA_ERROR_ILLEGAL_ADDRESS
+            } else {
+                CUDA_ERROR_LAUNCH_FAILED
+            };
+            // As on a GPU, the fault is reported by later calls and sticks.
+            if let Some(c) = s.contexts.get_mut(&ctx) {
+                c.sticky = code;
+            }
+        }
+        CUDA_SUCCESS
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Streams and events
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut Handle, _flags: c_uint) -> CUresult {
+    with_ctx(|s, ctx| {
+        if ph.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let h = s.handle();
+        s.streams.insert(h, ctx);
+        // SAFETY: checked not null.
+        unsafe { put(ph, h as Handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut Handle,
+    flags: c_uint,
+    _priority: c_int,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuStreamCreate(ph, flags) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(h: Handle) -> CUresult {
+    with(|s| match s.streams.remove(&(h as usize)) {
+        Some(_) => CUDA_SUCCESS,
+        None => CUDA_ERROR_INVALID_HANDLE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(h: Handle) -> CUresult {
+    with_ctx(|s, _| {
+        if stream_ok(s, h) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_HANDLE
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(h: Handle) -> CUresult {
+    cuStreamSynchronize(h)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamWaitEvent(h: Handle, ev: Handle, _flags: c_uint) -> CUresult {
+    with_ctx(|s, _| {
+        if stream_ok(s, h) && s.events.contains_key(&(ev as usize)) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_HANDLE
+        }
+    })
+}
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: c_uint = 2;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut Handle, flags: c_uint) -> CUresult {
+    with_ctx(|s, _| {
+        if ph.is_null() || flags & !0xF != 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let h = s.handle();
+        s.events.insert(
+            h,
+            Event {
+                recorded: None,
+                timing: flags & EVENT_DISABLE_TIMING == 0,
+            },
+        );
+        // SAFETY: checked not null.
+        unsafe { put(ph, h as Handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord(ev: Handle, stream: Handle) -> CUresult {
+    with_ctx(|s, _| {
+        if !stream_ok(s, stream) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        match s.events.get_mut(&(ev as usize)) {
+            Some(e) => {
+                e.recorded = Some(Instant::now());
+                CUDA_SUCCESS
+            }
+            None => CUDA_ERROR_INVALID_HANDLE,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(ev: Handle) -> CUresult {
+    with(|s| {
+        if s.events.contains_key(&(ev as usize)) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_HANDLE
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(ev: Handle) -> CUresult {
+    cuEventQuery(ev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    with(|s| {
+        let (Some(a), Some(b)) = (
+            s.events.get(&(start as usize)),
+            s.events.get(&(end as usize)),
+        ) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        if !a.timing || !b.timing {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        let (Some(ta), Some(tb)) = (a.recorded, b.recorded) else {
+            return CUDA_ERROR_NOT_READY;
+        };
+        let d = if tb >= ta {
+            (tb - ta).as_secs_f32() * 1e3
+        } else {
+            -((ta - tb).as_secs_f32() * 1e3)
+        };
+        // SAFETY: as the API requires.
+        unsafe { put(ms, d) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuEventElapsedTime(ms, start, end) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(ev: Handle) -> CUresult {
+    with(|s| match s.events.remove(&(ev as usize)) {
+        Some(_) => CUDA_SUCCESS,
+        None => CUDA_ERROR_INVALID_HANDLE,
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Errors and entry points
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(e: CUresult, out: *mut *const c_char) -> CUresult {
+    error_text(e, out, |(_, n, _)| n)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(e: CUresult, out: *mut *const c_char) -> CUresult {
+    error_text(e, out, |(_, _, d)| d)
+}
+
+fn error_text(
+    e: CUresult,
+    out: *mut *const c_char,
+    pick: fn(&(CUresult, &'static CStr, &'static CStr)) -> &'static CStr,
+) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let found = ERRORS.iter().find(|x| x.0 == e);
+    // SAFETY: checked not null.
+    unsafe { out.write(found.map_or(std::ptr::null(), |x| pick(x).as_ptr())) };
+    if found.is_some() {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_INVALID_VALUE
+    }
+}
+
+/// The functions this library exports, by the names `cuGetProcAddress` is asked for
+/// (the name without a version suffix; the newest variant here answers).
+fn entry_points() -> &'static [(&'static str, usize)] {
+    static TABLE: std::sync::OnceLock<Vec<(&'static str, usize)>> = std::sync::OnceLock::new();
+    macro_rules! table {
+        ($($name:literal => $f:path),* $(,)?) => {
+            TABLE.get_or_init(|| vec![$(($name, $f as *const () as usize)),*])
+        };
+    }
+    table! {
+        "cuInit" => cuInit,
+        "cuDriverGetVersion" => cuDriverGetVersion,
+        "cuDeviceGetCount" => cuDeviceGetCount,
+        "cuDeviceGet" => cuDeviceGet,
+        "cuDeviceGetName" => cuDeviceGetName,
+        "cuDeviceTotalMem" => cuDeviceTotalMem_v2,
+        "cuDeviceGetUuid" => cuDeviceGetUuid_v2,
+        "cuDeviceGetAttribute" => cuDeviceGetAttribute,
+        "cuCtxCreate" => cuCtxCreate_v2,
+        "cuCtxDestroy" => cuCtxDestroy_v2,
+        "cuCtxPushCurrent" => cuCtxPushCurrent_v2,
+        "cuCtxPopCurrent" => cuCtxPopCurrent_v2,
+        "cuCtxSetCurrent" => cuCtxSetCurrent,
+        "cuCtxGetCurrent" => cuCtxGetCurrent,
+        "cuCtxGetDevice" => cuCtxGetDevice,
+        "cuCtxSynchronize" => cuCtxSynchronize,
+        "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain,
+        "cuDevicePrimaryCtxRelease" => cuDevicePrimaryCtxRelease_v2,
+        "cuDevicePrimaryCtxGetState" => cuDevicePrimaryCtxGetState,
+        "cuMemAlloc" => cuMemAlloc_v2,
+        "cuMemFree" => cuMemFree_v2,
+        "cuMemGetInfo" => cuMemGetInfo_v2,
+        "cuMemGetAddressRange" => cuMemGetAddressRange_v2,
+        "cuMemcpyHtoD" => cuMemcpyHtoD_v2,
+        "cuMemcpyDtoH" => cuMemcpyDtoH_v2,
+        "cuMemcpyDtoD" => cuMemcpyDtoD_v2,
+        "cuMemcpyHtoDAsync" => cuMemcpyHtoDAsync_v2,
+        "cuMemcpyDtoHAsync" => cuMemcpyDtoHAsync_v2,
+        "cuMemcpyDtoDAsync" => cuMemcpyDtoDAsync_v2,
+        "cuMemsetD8" => cuMemsetD8_v2,
+        "cuMemsetD16" => cuMemsetD16_v2,
+        "cuMemsetD32" => cuMemsetD32_v2,
+        "cuMemsetD8Async" => cuMemsetD8Async,
+        "cuMemsetD32Async" => cuMemsetD32Async,
+        "cuMemAllocHost" => cuMemAllocHost_v2,
+        "cuMemFreeHost" => cuMemFreeHost,
+        "cuModuleLoad" => cuModuleLoad,
+        "cuModuleLoadData" => cuModuleLoadData,
+        "cuModuleLoadDataEx" => cuModuleLoadDataEx,
+        "cuModuleUnload" => cuModuleUnload,
+        "cuModuleGetFunction" => cuModuleGetFunction,
+        "cuModuleGetGlobal" => cuModuleGetGlobal_v2,
+        "cuFuncGetParamInfo" => cuFuncGetParamInfo,
+        "cuFuncGetAttribute" => cuFuncGetAttribute,
+        "cuLaunchKernel" => cuLaunchKernel,
+        "cuStreamCreate" => cuStreamCreate,
+        "cuStreamCreateWithPriority" => cuStreamCreateWithPriority,
+        "cuStreamDestroy" => cuStreamDestroy_v2,
+        "cuStreamSynchronize" => cuStreamSynchronize,
+        "cuStreamQuery" => cuStreamQuery,
+        "cuStreamWaitEvent" => cuStreamWaitEvent,
+        "cuEventCreate" => cuEventCreate,
+        "cuEventRecord" => cuEventRecord,
+        "cuEventQuery" => cuEventQuery,
+        "cuEventSynchronize" => cuEventSynchronize,
+        "cuEventElapsedTime" => cuEventElapsedTime,
+        "cuEventDestroy" => cuEventDestroy_v2,
+        "cuGetErrorName" => cuGetErrorName,
+        "cuGetErrorString" => cuGetErrorString,
+        "cuGetProcAddress" => cuGetProcAddress_v2,
+    }
+}
+
+/// `CU_GET_PROC_ADDRESS_SUCCESS`, `_SYMBOL_NOT_FOUND`.
+const PROC_FOUND: c_int = 0;
+const PROC_NOT_FOUND: c_int = 1;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    _version: c_int,
+    _flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    if symbol.is_null() || pfn.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: a C string, as the API requires.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
+    let found = entry_points().iter().find(|(n, _)| *n == name);
+    // SAFETY: checked not null; `status` may be null.
+    unsafe {
+        pfn.write(found.map_or(std::ptr::null_mut(), |(_, f)| *f as *mut c_void));
+        if !status.is_null() {
+            status.write(if found.is_some() {
+                PROC_FOUND
+            } else {
+                PROC_NOT_FOUND
+            });
+        }
+    }
+    if found.is_some() {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_NOT_FOUND
+    }
+}

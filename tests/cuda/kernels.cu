@@ -1,0 +1,58 @@
+// Kernels of Hira's CUDA test programs, compiled to PTX with NVRTC by the tests.
+
+extern "C" __global__ void vector_add(const float *a, const float *b, float *c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+
+#define TILE 16
+extern "C" __global__ void matmul(const float *A, const float *B, float *C, int n) {
+    __shared__ float As[TILE][TILE];
+    __shared__ float Bs[TILE][TILE];
+    int row = blockIdx.y * TILE + threadIdx.y, col = blockIdx.x * TILE + threadIdx.x;
+    float acc = 0.f;
+    for (int t = 0; t < (n + TILE - 1) / TILE; t++) {
+        int ac = t * TILE + threadIdx.x, br = t * TILE + threadIdx.y;
+        As[threadIdx.y][threadIdx.x] = (row < n && ac < n) ? A[row * n + ac] : 0.f;
+        Bs[threadIdx.y][threadIdx.x] = (col < n && br < n) ? B[br * n + col] : 0.f;
+        __syncthreads();
+        for (int k = 0; k < TILE; k++) acc += As[threadIdx.y][k] * Bs[k][threadIdx.x];
+        __syncthreads();
+    }
+    if (row < n && col < n) C[row * n + col] = acc;
+}
+
+extern "C" __global__ void histogram(const unsigned char *in, unsigned int *bins, int n) {
+    __shared__ unsigned int local[256];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) local[i] = 0;
+    __syncthreads();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
+        atomicAdd(&local[in[i]], 1u);
+    __syncthreads();
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&bins[i], local[i]);
+}
+
+__device__ float scale_table[4] = {0.5f, 1.0f, 2.0f, 4.0f};
+
+extern "C" __global__ void scale(double *x, const int *which, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * scale_table[which[i] & 3] + sqrt((double)i);
+}
+
+extern "C" __global__ void reduce_sum(const float *in, float *out, int n) {
+    extern __shared__ float partial[];
+    int t = threadIdx.x;
+    float s = 0.f;
+    for (int i = blockIdx.x * blockDim.x + t; i < n; i += blockDim.x * gridDim.x) s += in[i];
+    partial[t] = s;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (t < stride) partial[t] += partial[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) atomicAdd(out, partial[0]);
+}
+
+extern "C" __global__ void write_at(int *p, long offset, int v) {
+    p[offset] = v;
+}
