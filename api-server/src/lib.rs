@@ -17,6 +17,7 @@
 
 pub mod account;
 pub mod backend;
+pub mod cuda;
 pub mod opencl;
 pub mod sandbox;
 pub mod server;

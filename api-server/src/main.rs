@@ -61,7 +61,11 @@ fn sandbox_config(a: &Args) -> anyhow::Result<SandboxConfig> {
     Ok(SandboxConfig {
         user,
         cache_dir: a.cache_dir.clone(),
-        read_paths: Vec::new(),
+        // The library path the operator gave API servers (where a driver library
+        // outside the system's directories lives) stays readable in the sandbox.
+        read_paths: std::env::var_os("LD_LIBRARY_PATH")
+            .map(|p| std::env::split_paths(&p).filter(|d| d.is_dir()).collect())
+            .unwrap_or_default(),
     })
 }
 

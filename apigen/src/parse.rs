@@ -105,6 +105,25 @@ pub enum Kind {
     InfoSize,
     InfoVal,
     InfoRet,
+    /// A CUDA stream: 0 and the two special handles pass as they are, others name a
+    /// live stream.
+    Stream,
+    /// A module image (PTX text, cubin or fatbin) whose length the guest finds from
+    /// its contents.
+    ModuleImage,
+    /// `kernelParams` of a launch of this function: one pointer per parameter, each
+    /// to a value of the size the function's parameter layout gives.
+    KernelParams(String),
+    /// `extra` of a launch of this function: a parameter buffer and its size.
+    KernelExtra(String),
+    /// An out-pointer to a function the call looks up: the guest assigns its id and
+    /// learns its parameter layout.
+    NewFunction,
+    /// An out-pointer to an object the host owns and may return again (a primary
+    /// context): the host gives it a stable id.
+    FoundHandle(String),
+    /// An argument of a function the guest implements itself (`local`).
+    Local,
 }
 
 /// One argument of a described function.
@@ -152,6 +171,9 @@ pub struct Func {
     /// in a way a migrated session must have again: kernel arguments, program builds,
     /// user-event status, callbacks.
     pub configures: bool,
+    /// The call runs in the calling thread's current context (CUDA): the guest sends
+    /// its id first and the API server makes it current before the host call.
+    pub current: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -338,6 +360,13 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
         "info_size" => Kind::InfoSize,
         "info_val" => Kind::InfoVal,
         "info_ret" => Kind::InfoRet,
+        "stream" => Kind::Stream,
+        "image" => Kind::ModuleImage,
+        "kparams" => Kind::KernelParams(p(0)?),
+        "kextra" => Kind::KernelExtra(p(0)?),
+        "newfunc" => Kind::NewFunction,
+        "outh" => Kind::FoundHandle(p(0)?),
+        "local" => Kind::Local,
         other => return Err(format!("unknown argument kind `{other}`")),
     };
     Ok(kind)
@@ -403,6 +432,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         waits: false,
         device: false,
         configures: false,
+        current: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -418,6 +448,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "waits" => f.waits = true,
             "device" => f.device = true,
             "configures" => f.configures = true,
+            "current" => f.current = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

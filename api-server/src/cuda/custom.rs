@@ -1,0 +1,297 @@
+//! CUDA calls that need more than one host call. Each decodes exactly what the
+//! generated guest function sends (`protocol/api/cuda.api`).
+
+#![allow(non_snake_case)]
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use hira_api_cuda::{Kind, status};
+use hira_protocol::{Reader, Writer};
+
+use super::Session;
+use crate::backend::Fail;
+
+fn unsupported() -> Fail {
+    Fail::Status(status::NOT_SUPPORTED)
+}
+
+fn new_id(r: &mut Reader<'_>) -> Result<Option<u64>, Fail> {
+    Ok(if r.u8()? != 0 { Some(r.u64()?) } else { None })
+}
+
+/// Creates a context. The host makes it current on this thread; the guest keeps
+/// it current on its own, so it is popped here and made current per call.
+pub(crate) fn cuCtxCreate_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let id = new_id(r)?;
+    let flags = r.u32()?;
+    let dev = r.i32()?;
+    r.finish()?;
+    let f = s.driver.cuCtxCreate_v2.ok_or_else(unsupported)?;
+    let pop = s.driver.cuCtxPopCurrent_v2.ok_or_else(unsupported)?;
+    if let Some(id) = id {
+        s.check_new(Kind::Context, id)?;
+    }
+    let mut h: *mut c_void = std::ptr::null_mut();
+    let out = if id.is_some() {
+        &mut h as *mut *mut c_void
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: an out-pointer to a handle, or NULL as the guest passed.
+    let st = unsafe { f(out.cast(), flags, dev) };
+    w.i32(st);
+    if st == 0
+        && let Some(id) = id
+    {
+        // SAFETY: pops what the call pushed on this thread.
+        unsafe { pop(std::ptr::null_mut()) };
+        s.bind(Kind::Context, id, h);
+    }
+    Ok(())
+}
+
+pub(crate) fn cuDevicePrimaryCtxRetain(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let want = r.u8()? != 0;
+    let dev = r.i32()?;
+    r.finish()?;
+    let f = s.driver.cuDevicePrimaryCtxRetain.ok_or_else(unsupported)?;
+    let mut h: *mut c_void = std::ptr::null_mut();
+    let out = if want {
+        &mut h as *mut *mut c_void
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: an out-pointer to a handle, or NULL as the guest passed.
+    let st = unsafe { f(out.cast(), dev) };
+    w.i32(st);
+    if st == 0 {
+        s.retained_primary(dev, 1);
+        if want {
+            w.u64(s.found(Kind::Context, h));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn cuDevicePrimaryCtxRelease_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let dev = r.i32()?;
+    r.finish()?;
+    let f = s.driver.cuDevicePrimaryCtxRelease_v2.ok_or_else(unsupported)?;
+    // SAFETY: a device ordinal; the driver checks it.
+    let st = unsafe { f(dev) };
+    w.i32(st);
+    if st == 0 {
+        s.retained_primary(dev, -1);
+    }
+    Ok(())
+}
+
+/// Looks a kernel up and answers with its parameter layout (`cuFuncGetParamInfo`,
+/// CUDA 12.4 and later), which the guest needs to pack `kernelParams`.
+pub(crate) fn cuModuleGetFunction(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let ctx = r.u64()?;
+    let id = new_id(r)?;
+    let hmod = r.u64()?;
+    let name = Session::c_bytes(Session::bytes_arg(r)?)?;
+    r.finish()?;
+    let f = s.driver.cuModuleGetFunction.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx, true)?;
+    let hmod = s.lookup(Kind::Module, hmod, false)?;
+    if let Some(id) = id {
+        s.check_new(Kind::Function, id)?;
+    }
+    s.make_current(ctx)?;
+    let mut h: *mut c_void = std::ptr::null_mut();
+    let out = if id.is_some() {
+        &mut h as *mut *mut c_void
+    } else {
+        std::ptr::null_mut()
+    };
+    let name_ptr = name.as_ref().map_or(std::ptr::null(), |b| b.as_ptr());
+    // SAFETY: an out-pointer, a module of this session, a NUL-terminated name.
+    let st = unsafe { f(out.cast(), hmod, name_ptr.cast()) };
+    w.i32(st);
+    if st == 0
+        && let Some(id) = id
+    {
+        s.bind(Kind::Function, id, h);
+        let layout = param_layout(s, h);
+        match &layout {
+            Some(l) => {
+                w.u32(l.len() as u32);
+                for &(o, sz) in l {
+                    w.u32(o).u32(sz);
+                }
+            }
+            None => {
+                w.u32(u32::MAX);
+            }
+        }
+        s.set_layout(id, layout);
+    }
+    Ok(())
+}
+
+/// Most parameters a kernel may have (the driver allows 32 KiB of them).
+const MAX_PARAMS: usize = 4096;
+
+fn param_layout(s: &Session, f: *mut c_void) -> Option<Vec<(u32, u32)>> {
+    let info = s.driver.cuFuncGetParamInfo?;
+    let mut v = Vec::new();
+    for i in 0..MAX_PARAMS {
+        let (mut off, mut size) = (0usize, 0usize);
+        // SAFETY: a function of this session and two out-pointers.
+        match unsafe { info(f, i, &mut off, &mut size) } {
+            0 => v.push((u32::try_from(off).ok()?, u32::try_from(size).ok()?)),
+            status::INVALID_VALUE => return Some(v),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// `CU_LAUNCH_PARAM_END`, `_BUFFER_POINTER`, `_BUFFER_SIZE`.
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+
+/// Launches a kernel with the parameters the guest packed by the function's layout.
+pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let ctx = r.u64()?;
+    let fid = r.u64()?;
+    let mut dims = [0 as c_uint; 7];
+    for d in &mut dims {
+        *d = r.u32()?;
+    }
+    let stream = r.u64()?;
+    let params = Session::bytes_arg(r)?;
+    let extra = Session::bytes_arg(r)?;
+    r.finish()?;
+    let launch = s.driver.cuLaunchKernel.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx, true)?;
+    let f = s.lookup(Kind::Function, fid, false)?;
+    let stream = s.stream(stream)?;
+    // Values copied into 8-byte-aligned storage, as the driver may read them so.
+    let aligned = |b: &[u8]| -> Vec<u64> {
+        let mut v = vec![0u64; b.len().div_ceil(8).max(1)];
+        // SAFETY: `v` holds at least `b.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), v.as_mut_ptr().cast::<u8>(), b.len()) };
+        v
+    };
+    let mut param_store = Vec::new();
+    let mut pointers: Vec<*mut c_void> = Vec::new();
+    if let Some(p) = &params {
+        let layout = match s.layout(fid) {
+            Some(Some(l)) => l,
+            Some(None) => return Err(unsupported()),
+            None if f.is_null() => return Err(Fail::Status(status::INVALID_HANDLE)),
+            None => return Err(Fail::Protocol("launch of a function with no layout".into())),
+        };
+        let total = layout.iter().map(|&(o, sz)| (o + sz) as usize).max().unwrap_or(0);
+        if p.len() != total {
+            return Err(Fail::Protocol(format!(
+                "{} parameter bytes for a kernel taking {total}",
+                p.len()
+            )));
+        }
+        param_store = aligned(p);
+        let base = param_store.as_mut_ptr().cast::<u8>();
+        // SAFETY: every offset is within the buffer (checked against the layout).
+        pointers = layout
+            .iter()
+            .map(|&(o, _)| unsafe { base.add(o as usize) }.cast::<c_void>())
+            .collect();
+    }
+    let mut extra_store = Vec::new();
+    let mut extra_len = extra.as_ref().map_or(0, Vec::len);
+    let mut extra_list: Vec<*mut c_void> = Vec::new();
+    if let Some(e) = &extra {
+        extra_store = aligned(e);
+        extra_list = vec![
+            PARAM_BUFFER_POINTER as *mut c_void,
+            extra_store.as_mut_ptr().cast(),
+            PARAM_BUFFER_SIZE as *mut c_void,
+            (&mut extra_len as *mut usize).cast(),
+            PARAM_END as *mut c_void,
+        ];
+    }
+    s.make_current(ctx)?;
+    let pp = if params.is_some() {
+        pointers.as_mut_ptr()
+    } else {
+        std::ptr::null_mut()
+    };
+    let ep = if extra.is_some() {
+        extra_list.as_mut_ptr()
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: the parameter pointers point into `param_store`, the extra list into
+    // `extra_store` and `extra_len`, all alive until the call returns (the driver
+    // copies parameters at launch).
+    let st = unsafe {
+        launch(
+            f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream, pp, ep,
+        )
+    };
+    drop((param_store, extra_store));
+    w.i32(st);
+    Ok(())
+}
+
+/// A copy back to the guest on a stream: the host copies into a buffer of its own,
+/// which the reply carries once the stream has reached it.
+pub(crate) fn cuMemcpyDtoHAsync_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let ctx = r.u64()?;
+    let want = r.u8()? != 0;
+    let src = r.u64()?;
+    let n = r.u64()? as usize;
+    let stream = r.u64()?;
+    r.finish()?;
+    let copy = s.driver.cuMemcpyDtoHAsync_v2.ok_or_else(unsupported)?;
+    let sync = s.driver.cuStreamSynchronize.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx, true)?;
+    let stream = s.stream(stream)?;
+    let mut buf = if want { Session::out_buffer(n)? } else { Vec::new() };
+    s.make_current(ctx)?;
+    let dst = if want {
+        buf.as_mut_ptr().cast::<c_void>()
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: `buf` holds `n` bytes and outlives the copy: the stream is
+    // synchronised before it is read or dropped.
+    let mut st = unsafe { copy(dst, src, n, stream) };
+    if st == 0 {
+        // SAFETY: a stream of this session's current context.
+        st = unsafe { sync(stream) };
+    }
+    w.i32(st);
+    if st == 0 && want {
+        w.bytes(&buf);
+    }
+    Ok(())
+}
+
+/// The driver's name or description of an error, for the guest's cache.
+pub(crate) fn hiraErrorText(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let error: c_int = r.i32()?;
+    let which: c_int = r.i32()?;
+    let want = r.u8()? != 0;
+    r.finish()?;
+    match super::error_text(&s.driver, error, which) {
+        Ok(text) => {
+            w.i32(0);
+            if want {
+                let mut b = text.into_bytes();
+                b.truncate(255);
+                b.push(0);
+                w.bytes(&b);
+            }
+        }
+        Err(st) => {
+            w.i32(st);
+        }
+    }
+    Ok(())
+}

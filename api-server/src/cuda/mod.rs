@@ -1,0 +1,342 @@
+//! The CUDA backend: the driver API on the host's `libcuda.so.1`, found and loaded
+//! by `cudarc` (its library search: `libcuda.so`, `libcuda.so.1`, ... on the library
+//! path).
+//!
+//! - `generated`: the table of host functions (`Driver`, each resolved by name, `None`
+//!   where the driver lacks it) and one function per remoted call, generated from
+//!   `protocol/api/cuda.api`.
+//! - [`custom`]: the calls that need more than one host call (context creation, a
+//!   function's parameter layout, launches, copies back on a stream, error texts).
+//!
+//! Host functions are called through signatures generated from the description with
+//! the status as a plain `c_int`: `cudarc`'s bindings type it as a Rust enum, and a
+//! driver newer than the bindings may return a code the enum lacks.
+
+pub mod custom;
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::Mutex;
+
+use hira_api_cuda::{HOST_ID_BIT, Kind, op_info, status};
+use hira_protocol::{Reader, Writer};
+use log::{info, warn};
+
+use crate::backend::{Backend, Fail, FrameData, TeardownReport};
+
+type CUcontext = *mut c_void;
+
+/// Generated dispatch.
+mod generated {
+    use std::ffi::{c_char, c_int, c_uint, c_void};
+
+    use hira_api_cuda::{Kind, op};
+    use hira_protocol::{Reader, Writer};
+
+    use super::{Lib, Session};
+    use crate::backend::Fail;
+
+    type CUcontext = *mut c_void;
+    type CUmodule = *mut c_void;
+    type CUfunction = *mut c_void;
+    type CUstream = *mut c_void;
+    type CUevent = *mut c_void;
+
+    include!(concat!(env!("OUT_DIR"), "/cuda_server.rs"));
+}
+
+pub(crate) use generated::Driver;
+
+/// The loaded driver library.
+pub(crate) struct Lib(&'static libloading::Library);
+
+impl Lib {
+    /// Finds the driver as `cudarc` does; `None` when the host has none.
+    fn open() -> Option<Lib> {
+        // SAFETY: loading the driver library runs its initialisers, which is what
+        // using CUDA means; cudarc keeps it loaded for the process.
+        unsafe {
+            if !cudarc::driver::sys::is_culib_present() {
+                return None;
+            }
+            Some(Lib(cudarc::driver::sys::culib()))
+        }
+    }
+
+    /// The function `name`, of type `T`.
+    ///
+    /// # Safety
+    /// `T` must be the function's C signature.
+    pub(crate) unsafe fn get<T: Copy>(&self, name: &CStr) -> Option<T> {
+        // SAFETY: the caller's promise.
+        unsafe { self.0.get::<T>(name.to_bytes_with_nul()) }
+            .ok()
+            .map(|s| *s)
+    }
+}
+
+/// The session's objects: guest ids and the host handles they stand for.
+#[derive(Default)]
+struct Handles {
+    by_id: HashMap<(Kind, u64), usize>,
+    /// Objects the host returns again (primary contexts): their ids.
+    found: HashMap<(Kind, usize), u64>,
+    next_host_id: u64,
+    /// Parameter layouts of the functions looked up: (offset, size).
+    layouts: HashMap<u64, Option<Vec<(u32, u32)>>>,
+    /// Primary-context retains per device, released at teardown.
+    primary: HashMap<c_int, u32>,
+}
+
+/// Largest byte result a call may ask for (what one frame carries).
+const MAX_OUT: usize = hira_protocol::frame::MAX_FRAME_BODY - 64 * 1024;
+
+/// What generated and custom calls work with.
+pub struct Session {
+    pub(crate) driver: Driver,
+    handles: Mutex<Handles>,
+}
+
+impl Session {
+    fn handles(&self) -> std::sync::MutexGuard<'_, Handles> {
+        self.handles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The host object id `id` names. 0 passes as NULL, for the host to answer as
+    /// natively; an id that names no live object of `kind` gets the kind's error.
+    pub(crate) fn lookup(&self, kind: Kind, id: u64, _nullable: bool) -> Result<*mut c_void, Fail> {
+        if id == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        self.handles()
+            .by_id
+            .get(&(kind, id))
+            .map(|&h| h as *mut c_void)
+            .ok_or(Fail::Status(kind.invalid_code()))
+    }
+
+    /// A stream argument: the NULL stream and the two special handles pass as
+    /// they are.
+    pub(crate) fn stream(&self, id: u64) -> Result<*mut c_void, Fail> {
+        if hira_api_cuda::SPECIAL_STREAMS.contains(&id) {
+            return Ok(id as usize as *mut c_void);
+        }
+        self.lookup(Kind::Stream, id, false)
+    }
+
+    /// Checks that a guest-assigned id is new.
+    pub(crate) fn check_new(&self, kind: Kind, id: u64) -> Result<(), Fail> {
+        if id == 0 || id & HOST_ID_BIT != 0 || self.handles().by_id.contains_key(&(kind, id)) {
+            return Err(Fail::Protocol(format!("{kind:?} id {id:#x} is not new")));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn bind(&self, kind: Kind, id: u64, h: *mut c_void) {
+        self.handles().by_id.insert((kind, id), h as usize);
+    }
+
+    pub(crate) fn unbind(&self, kind: Kind, id: u64) {
+        let mut hs = self.handles();
+        if let Some(h) = hs.by_id.remove(&(kind, id)) {
+            hs.found.remove(&(kind, h));
+        }
+        if kind == Kind::Function {
+            hs.layouts.remove(&id);
+        }
+    }
+
+    /// The id of an object the host returned, the same each time it returns it.
+    pub(crate) fn found(&self, kind: Kind, h: *mut c_void) -> u64 {
+        let mut hs = self.handles();
+        if let Some(&id) = hs.found.get(&(kind, h as usize)) {
+            return id;
+        }
+        hs.next_host_id += 1;
+        let id = HOST_ID_BIT | hs.next_host_id;
+        hs.found.insert((kind, h as usize), id);
+        hs.by_id.insert((kind, id), h as usize);
+        id
+    }
+
+    /// A byte argument: `None` for NULL.
+    pub(crate) fn bytes_arg(r: &mut Reader<'_>) -> Result<Option<Vec<u8>>, Fail> {
+        Ok(match r.u8()? {
+            0 => None,
+            1 => Some(r.bytes(MAX_OUT)?.to_vec()),
+            t => return Err(Fail::Protocol(format!("bad byte-argument tag {t}"))),
+        })
+    }
+
+    /// Checks a byte argument holds exactly what the call will read.
+    pub(crate) fn check_len(b: Option<&[u8]>, want: usize) -> Result<(), Fail> {
+        match b {
+            Some(b) if b.len() != want => Err(Fail::Protocol(format!(
+                "{} bytes sent for an argument of {want}",
+                b.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// A buffer for a byte result of `n` bytes.
+    pub(crate) fn out_buffer(n: usize) -> Result<Vec<u8>, Fail> {
+        if n > MAX_OUT {
+            return Err(Fail::Status(status::INVALID_VALUE));
+        }
+        Ok(vec![0; n])
+    }
+
+    /// Bytes the host reads as a C string or a module image: NUL-terminated.
+    pub(crate) fn c_bytes(b: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Fail> {
+        Ok(b.map(|mut v| {
+            v.push(0);
+            v
+        }))
+    }
+
+    /// Makes `ctx` current on this thread (NULL: none), as it is on the guest's.
+    pub(crate) fn make_current(&self, ctx: CUcontext) -> Result<(), Fail> {
+        let Some(set) = self.driver.cuCtxSetCurrent else {
+            return Err(Fail::Status(status::NOT_SUPPORTED));
+        };
+        // SAFETY: a context handle of this session, or NULL.
+        match unsafe { set(ctx) } {
+            0 => Ok(()),
+            s => Err(Fail::Status(s)),
+        }
+    }
+
+    pub(crate) fn set_layout(&self, f: u64, layout: Option<Vec<(u32, u32)>>) {
+        self.handles().layouts.insert(f, layout);
+    }
+
+    pub(crate) fn layout(&self, f: u64) -> Option<Option<Vec<(u32, u32)>>> {
+        self.handles().layouts.get(&f).cloned()
+    }
+
+    pub(crate) fn retained_primary(&self, dev: c_int, delta: i32) {
+        let mut hs = self.handles();
+        let n = hs.primary.entry(dev).or_insert(0);
+        *n = n.saturating_add_signed(delta);
+    }
+}
+
+/// Executes CUDA driver calls for one guest application.
+pub struct CudaBackend {
+    session: Session,
+}
+
+impl CudaBackend {
+    /// Loads the host's driver; a host without one refuses the session with a
+    /// reason the guest's log shows.
+    pub fn new() -> Result<CudaBackend, String> {
+        let lib = Lib::open().ok_or_else(|| {
+            "this host has no CUDA driver: libcuda.so.1 was not found on the library path"
+                .to_string()
+        })?;
+        let driver = Driver::load(&lib);
+        let missing = [
+            ("cuInit", driver.cuInit.is_none()),
+            ("cuCtxSetCurrent", driver.cuCtxSetCurrent.is_none()),
+        ];
+        if let Some((name, _)) = missing.iter().find(|(_, m)| *m) {
+            return Err(format!("the host's CUDA driver has no {name}"));
+        }
+        info!("CUDA backend on the host's driver");
+        Ok(CudaBackend {
+            session: Session {
+                driver,
+                handles: Mutex::new(Handles::default()),
+            },
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    fn execute(
+        &self,
+        opcode: u16,
+        payload: &[u8],
+        _frame: &FrameData<'_>,
+        w: &mut Writer,
+    ) -> Result<(), Fail> {
+        let mut r = Reader::new(payload);
+        generated::dispatch(&self.session, opcode, &mut r, w)
+    }
+
+    fn name(&self, opcode: u16) -> &'static str {
+        op_info(opcode).map_or("unknown call", |o| o.name)
+    }
+
+    fn may_block(&self, opcode: u16) -> bool {
+        op_info(opcode).is_some_and(|o| o.may_block)
+    }
+
+    fn may_async(&self, opcode: u16) -> Option<bool> {
+        op_info(opcode).map(|o| o.may_async)
+    }
+
+    fn capture(&self, _pending: Vec<u8>) -> Result<Vec<u8>, String> {
+        Err("CUDA sessions cannot be migrated yet".into())
+    }
+
+    fn restore(&self, _snapshot: &[u8], _device: Option<u32>) -> Result<Vec<u8>, String> {
+        Err("CUDA sessions cannot be migrated yet".into())
+    }
+
+    fn teardown(&self) -> TeardownReport {
+        let s = &self.session;
+        let (contexts, primary): (Vec<usize>, Vec<(c_int, u32)>) = {
+            let hs = s.handles();
+            (
+                hs.by_id
+                    .iter()
+                    .filter(|((k, id), _)| *k == Kind::Context && id & HOST_ID_BIT == 0)
+                    .map(|(_, &h)| h)
+                    .collect(),
+                hs.primary.iter().map(|(&d, &n)| (d, n)).collect(),
+            )
+        };
+        let mut report = TeardownReport::default();
+        // Destroying a context frees everything made in it.
+        for h in contexts {
+            // SAFETY: a context this session created and the guest did not destroy.
+            match s.driver.cuCtxDestroy_v2.map(|f| unsafe { f(h as *mut c_void) }) {
+                Some(0) => report.released += 1,
+                _ => report.failed += 1,
+            }
+        }
+        for (dev, n) in primary {
+            for _ in 0..n {
+                // SAFETY: releases a retain this session made.
+                match s.driver.cuDevicePrimaryCtxRelease_v2.map(|f| unsafe { f(dev) }) {
+                    Some(0) => report.released += 1,
+                    _ => report.failed += 1,
+                }
+            }
+        }
+        if report.failed > 0 {
+            warn!("{} CUDA objects could not be released", report.failed);
+        }
+        report
+    }
+}
+
+/// The driver's text for an error (`which` 0: its name, 1: its description).
+pub(crate) fn error_text(d: &Driver, error: c_int, which: c_int) -> Result<String, c_int> {
+    let f = match which {
+        0 => d.cuGetErrorName,
+        1 => d.cuGetErrorString,
+        _ => return Err(status::INVALID_VALUE),
+    }
+    .ok_or(status::NOT_SUPPORTED)?;
+    let mut p: *const c_char = std::ptr::null();
+    // SAFETY: the driver writes a pointer to a static string.
+    let s = unsafe { f(error, &mut p) };
+    if s != 0 || p.is_null() {
+        return Err(if s != 0 { s } else { status::INVALID_VALUE });
+    }
+    // SAFETY: a NUL-terminated static string of the driver.
+    Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}

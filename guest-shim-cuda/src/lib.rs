@@ -1,0 +1,28 @@
+//! Hira's guest shim for CUDA: `libcuda.so.1` with the driver API's C ABI, exporting
+//! the versioned names programs link against, each call remoted to the host.
+//!
+//! - `generated`: one exported function per remoted call, from
+//!   `protocol/api/cuda.api` by `hira-apigen` (CUDA profile).
+//! - [`rt`]: the session (connection to the host), marshalling, the object ids the
+//!   application holds as handles, each thread's context stack, kernels' parameter
+//!   layouts.
+//! - [`local`]: what the guest answers itself: the context stack, host memory the
+//!   driver would pin (ordinary memory here), error names, `cuGetProcAddress`.
+//!
+//! Installed as `libcuda.so.1` on the library path (`scripts/guest-install`), it
+//! takes the place of NVIDIA's driver library for unmodified programs.
+
+pub mod local;
+pub mod rt;
+
+/// Generated exported functions.
+pub mod generated {
+    #![allow(clippy::missing_safety_doc, clippy::undocumented_unsafe_blocks)]
+    use std::ffi::{c_char, c_int, c_uint, c_void};
+
+    use hira_api_cuda::{Kind, op};
+
+    use crate::rt::{CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream, Call};
+
+    include!(concat!(env!("OUT_DIR"), "/cuda_guest.rs"));
+}

@@ -1,0 +1,239 @@
+//! Driver functions the guest answers itself: each thread's context stack, host
+//! memory the driver would pin (ordinary memory of the guest: nothing on the host
+//! can reach it), error names (asked of the host once each, kept for the process's
+//! life as the API promises), `cuGetProcAddress`, and module loading with JIT
+//! options.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+use hira_api_cuda::status;
+
+use crate::rt::{self, CUcontext, CUmodule, CUresult};
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    let id = ctx as usize as u64;
+    if !rt::is_context(id) {
+        return status::INVALID_CONTEXT;
+    }
+    rt::push(id);
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    match rt::pop() {
+        Some(id) => {
+            if !pctx.is_null() {
+                // SAFETY: not null; the application's pointer to a CUcontext.
+                unsafe { pctx.write(id as usize as CUcontext) };
+            }
+            status::SUCCESS
+        }
+        None => status::INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    let id = ctx as usize as u64;
+    if id != 0 && !rt::is_context(id) {
+        return status::INVALID_CONTEXT;
+    }
+    rt::set_current(id);
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if pctx.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: not null; the application's pointer to a CUcontext.
+    unsafe { pctx.write(rt::current() as usize as CUcontext) };
+    status::SUCCESS
+}
+
+/// `CU_JIT_INFO_LOG_BUFFER`, `_SIZE_BYTES`, `CU_JIT_ERROR_LOG_BUFFER`, `_SIZE_BYTES`.
+const JIT_INFO_LOG_BUFFER: c_int = 3;
+const JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_int = 4;
+const JIT_ERROR_LOG_BUFFER: c_int = 5;
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+
+/// Loads a module as `cuModuleLoadData` does. JIT options are not forwarded: the
+/// log buffers come back empty with their used size 0, and options that steer
+/// code generation are left to the host's defaults.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut CUmodule,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_int,
+    option_values: *mut *mut c_void,
+) -> CUresult {
+    if num_options > 0 && (options.is_null() || option_values.is_null()) {
+        return status::INVALID_VALUE;
+    }
+    for i in 0..num_options as usize {
+        // SAFETY: `num_options` entries in each array, as the API requires.
+        unsafe {
+            match *options.add(i) {
+                JIT_INFO_LOG_BUFFER | JIT_ERROR_LOG_BUFFER => {
+                    let b = (*option_values.add(i)).cast::<c_char>();
+                    if !b.is_null() {
+                        *b = 0;
+                    }
+                }
+                JIT_INFO_LOG_BUFFER_SIZE_BYTES | JIT_ERROR_LOG_BUFFER_SIZE_BYTES => {
+                    *option_values.add(i) = std::ptr::null_mut();
+                }
+                _ => {}
+            }
+        }
+    }
+    // SAFETY: the same contract as cuModuleLoadData.
+    unsafe { crate::generated::cuModuleLoadData(module, image) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuMemHostAlloc(pp, bytesize, 0) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, _flags: c_uint) -> CUresult {
+    if rt::current() == 0 {
+        return status::INVALID_CONTEXT;
+    }
+    if pp.is_null() || bytesize == 0 {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: a plain allocation, page-aligned as the driver's are; freed by
+    // cuMemFreeHost.
+    let p = unsafe { libc::aligned_alloc(4096, bytesize.div_ceil(4096) * 4096) };
+    if p.is_null() {
+        return status::OUT_OF_MEMORY;
+    }
+    // SAFETY: not null; the application's pointer.
+    unsafe { pp.write(p) };
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    // SAFETY: `p` came from cuMemHostAlloc, as the API requires.
+    unsafe { libc::free(p) };
+    status::SUCCESS
+}
+
+/// Texts of errors asked for, by (code, which): kept for the process's life.
+static TEXTS: Mutex<Option<HashMap<(c_int, c_int), Option<&'static CStr>>>> = Mutex::new(None);
+
+fn error_text(error: c_int, which: c_int, out: *mut *const c_char) -> CUresult {
+    if out.is_null() {
+        return status::INVALID_VALUE;
+    }
+    let mut texts = TEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = texts.get_or_insert_with(HashMap::new);
+    let text = match map.get(&(error, which)) {
+        Some(t) => *t,
+        None => {
+            let mut buf = [0 as c_char; 256];
+            // SAFETY: a buffer of the 256 bytes the call's description names.
+            let s = unsafe { crate::generated::hiraErrorText(error, which, buf.as_mut_ptr()) };
+            if s != status::SUCCESS && s != status::INVALID_VALUE {
+                return s;
+            }
+            let t = (s == status::SUCCESS).then(|| {
+                // SAFETY: the host's text, NUL-terminated within the buffer.
+                let c = unsafe { CStr::from_ptr(buf.as_ptr()) };
+                &*Box::leak(CString::from(c).into_boxed_c_str())
+            });
+            map.insert((error, which), t);
+            t
+        }
+    };
+    // SAFETY: checked not null.
+    unsafe { out.write(text.map_or(std::ptr::null(), CStr::as_ptr)) };
+    if text.is_some() {
+        status::SUCCESS
+    } else {
+        status::INVALID_VALUE
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(error: c_int, p_str: *mut *const c_char) -> CUresult {
+    rt::call("cuGetErrorName", || Ok(error_text(error, 0, p_str)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(error: c_int, p_str: *mut *const c_char) -> CUresult {
+    rt::call("cuGetErrorString", || Ok(error_text(error, 1, p_str)))
+}
+
+/// `CU_GET_PROC_ADDRESS_SUCCESS`, `_SYMBOL_NOT_FOUND`.
+const PROC_FOUND: c_int = 0;
+const PROC_NOT_FOUND: c_int = 1;
+
+/// The entry point `symbol` names (without a version suffix): this library's own
+/// function, whatever version the caller asks for; what Hira does not remote is not
+/// found, as a driver too old for it would answer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    _cuda_version: c_int,
+    _flags: u64,
+    symbol_status: *mut c_int,
+) -> CUresult {
+    if symbol.is_null() || pfn.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: a C string, as the API requires.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    let found = crate::generated::entry_points()
+        .into_iter()
+        .find(|(n, _)| n.as_bytes() == name);
+    // SAFETY: checked not null; `symbol_status` may be null.
+    unsafe {
+        pfn.write(found.map_or(std::ptr::null_mut(), |(_, f)| f as *mut c_void));
+        if !symbol_status.is_null() {
+            symbol_status.write(if found.is_some() { PROC_FOUND } else { PROC_NOT_FOUND });
+        }
+    }
+    if found.is_some() {
+        status::SUCCESS
+    } else {
+        status::NOT_FOUND
+    }
+}
+
+/// The first `cuGetProcAddress`, without the status out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}

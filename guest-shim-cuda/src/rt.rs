@@ -1,0 +1,508 @@
+//! The guest's side of a CUDA session: the connection to the host, marshalling of
+//! one call, the objects the application holds, each thread's context stack and the
+//! parameter layouts of the kernels it looked up.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use hira_api_cuda::{Kind, status};
+use hira_guest_driver::conn::{Connection, TransportError};
+use hira_guest_driver::endpoint;
+use hira_protocol::Writer;
+use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
+use hira_protocol::handshake::{ErrorPayload, error_code};
+use log::warn;
+
+pub type CUresult = c_int;
+pub type CUcontext = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+
+/// Largest byte argument or result one call carries (a frame, less room for the
+/// rest of the call).
+pub const MAX_BYTES: usize = MAX_FRAME_BODY - 64 * 1024;
+
+struct Runtime {
+    conn: Option<Connection>,
+    next_id: AtomicU64,
+    /// Contexts the application may make current: created or retained, not destroyed.
+    contexts: Mutex<HashSet<u64>>,
+    /// Each looked-up function's parameters: (offset, size).
+    layouts: Mutex<HashMap<u64, Vec<(u32, u32)>>>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+thread_local! {
+    /// This thread's context stack, top last (the driver keeps one per thread).
+    static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+fn runtime() -> &'static Runtime {
+    RUNTIME.get_or_init(|| {
+        init_logger();
+        let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
+            Err(TransportError::Refused("HIRA_DISABLE is set".into()))
+        } else {
+            Connection::connect_any(&endpoint::endpoints(), hira_api_cuda::API, 0)
+        };
+        let conn = conn
+            .inspect_err(|e| warn!("Hira CUDA is unavailable: {e}"))
+            .ok();
+        Runtime {
+            conn,
+            next_id: AtomicU64::new(1),
+            contexts: Mutex::new(HashSet::new()),
+            layouts: Mutex::new(HashMap::new()),
+        }
+    })
+}
+
+/// Warnings to stderr, as `HIRA_LOG` says (the application may install its own
+/// logger; this one is private to the shim).
+fn init_logger() {
+    struct Stderr(log::LevelFilter);
+    impl log::Log for Stderr {
+        fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+            m.level() <= self.0
+        }
+        fn log(&self, r: &log::Record<'_>) {
+            if self.enabled(r.metadata()) {
+                eprintln!("hira-cuda: {}: {}", r.level(), r.args());
+            }
+        }
+        fn flush(&self) {}
+    }
+    let level = match std::env::var("HIRA_LOG").as_deref() {
+        Ok("error") => log::LevelFilter::Error,
+        Ok("info") => log::LevelFilter::Info,
+        Ok("debug") => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Warn,
+    };
+    static LOGGER: OnceLock<Stderr> = OnceLock::new();
+    let l = LOGGER.get_or_init(|| Stderr(level));
+    if log::set_logger(l).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+fn conn() -> Result<&'static Connection, CUresult> {
+    runtime().conn.as_ref().ok_or(status::NOT_INITIALIZED)
+}
+
+/// Runs one exported call: its status, or the error that stopped it; a panic is
+/// caught (it must not unwind into C).
+pub fn call(name: &str, f: impl FnOnce() -> Result<CUresult, CUresult>) -> CUresult {
+    let initial = name == "cuInit";
+    let s = call_inner(name, initial, f);
+    if initial && s == status::SUCCESS {
+        INITIALIZED.store(true, Ordering::Release);
+    }
+    s
+}
+
+/// Whether `cuInit` succeeded in this process.
+pub fn initialized() -> bool {
+    INITIALIZED.load(Ordering::Acquire)
+}
+
+static INITIALIZED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn call_inner(name: &str, initial: bool, f: impl FnOnce() -> Result<CUresult, CUresult>) -> CUresult {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(s)) | Ok(Err(s)) if initial && s == status::NOT_INITIALIZED => {
+            // No host to talk to: as a driver without a usable device.
+            status::NO_DEVICE
+        }
+        Ok(Ok(s)) | Ok(Err(s)) => s,
+        Err(_) => {
+            warn!("{name} panicked in the Hira shim");
+            status::UNKNOWN
+        }
+    }
+}
+
+/// The id of the calling thread's current context, 0 for none.
+pub fn current() -> u64 {
+    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+}
+
+pub(crate) fn push(ctx: u64) {
+    STACK.with(|s| s.borrow_mut().push(ctx));
+}
+
+pub(crate) fn pop() -> Option<u64> {
+    STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// Replaces the top of the stack (`cuCtxSetCurrent`); 0 pops it.
+pub(crate) fn set_current(ctx: u64) {
+    STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if ctx != 0 {
+            s.push(ctx);
+        }
+    });
+}
+
+pub(crate) fn is_context(id: u64) -> bool {
+    runtime()
+        .contexts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&id)
+}
+
+/// An object the host made under id `id`: the handle the application gets.
+pub fn adopt(kind: Kind, id: u64) -> *mut c_void {
+    if kind == Kind::Context {
+        runtime()
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id);
+        // A context the application creates becomes current on its thread.
+        if id & hira_api_cuda::HOST_ID_BIT == 0 {
+            push(id);
+        }
+    }
+    id as usize as *mut c_void
+}
+
+/// An object the application destroyed.
+pub fn released(kind: Kind, id: u64) {
+    match kind {
+        Kind::Context => {
+            runtime()
+                .contexts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            STACK.with(|s| s.borrow_mut().retain(|&c| c != id));
+        }
+        Kind::Function => {
+            runtime()
+                .layouts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+        _ => {}
+    }
+}
+
+/// Reads a function's parameter layout from a reply and keeps it.
+pub fn learn_layout(id: u64, r: &mut ReplyReader) -> Result<(), CUresult> {
+    let n = r.u32()? as usize;
+    if n > 4096 {
+        return Err(status::UNKNOWN);
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push((r.u32()?, r.u32()?));
+    }
+    runtime()
+        .layouts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, v);
+    Ok(())
+}
+
+/// One call being marshalled.
+pub struct Call {
+    op: u16,
+    pub w: Writer,
+}
+
+/// `CU_LAUNCH_PARAM_END`, `_BUFFER_POINTER`, `_BUFFER_SIZE`.
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+const PARAM_BUFFER_SIZE: usize = 2;
+
+impl Call {
+    pub fn new(op: u16) -> Self {
+        Call {
+            op,
+            w: Writer::new(),
+        }
+    }
+
+    /// The calling thread's current context.
+    pub fn current(&mut self) {
+        self.w.u64(current());
+    }
+
+    /// A new object's id, assigned here so that the host binds it (sent only if the
+    /// application passed somewhere to put it).
+    pub fn new_id(&mut self, present: bool) -> u64 {
+        let id = runtime().next_id.fetch_add(1, Ordering::Relaxed);
+        self.w.u8(u8::from(present));
+        if present {
+            self.w.u64(id);
+        }
+        id
+    }
+
+    /// Whether the application gave a buffer for an output.
+    pub fn out_len(&mut self, present: bool, len: usize) {
+        let _ = len;
+        self.w.u8(u8::from(present));
+    }
+
+    /// `len` bytes at `p` (NULL: none).
+    ///
+    /// # Safety
+    /// `p` is null or valid for `len` bytes.
+    pub unsafe fn bytes_in(&mut self, p: *const u8, len: usize) -> Result<(), CUresult> {
+        if p.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        if len > MAX_BYTES {
+            warn!("a transfer of {len} bytes is larger than one call carries ({MAX_BYTES})");
+            return Err(status::INVALID_VALUE);
+        }
+        self.w.u8(1);
+        // SAFETY: the caller's promise.
+        self.w.bytes(unsafe { std::slice::from_raw_parts(p, len) });
+        Ok(())
+    }
+
+    /// A C string (NULL: none).
+    ///
+    /// # Safety
+    /// `p` is null or a NUL-terminated string.
+    pub unsafe fn c_str(&mut self, p: *const c_char) {
+        if p.is_null() {
+            self.w.u8(0);
+        } else {
+            self.w.u8(1);
+            // SAFETY: the caller's promise.
+            self.w.bytes(unsafe { CStr::from_ptr(p) }.to_bytes());
+        }
+    }
+
+    /// A module image: PTX text (up to its NUL), or a cubin (ELF) or fatbin, whose
+    /// length its header gives.
+    ///
+    /// # Safety
+    /// `p` is null or a module image as the API defines one.
+    pub unsafe fn module_image(&mut self, p: *const u8) -> Result<(), CUresult> {
+        if p.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        // SAFETY: an image starts with at least 16 bytes (a header or text).
+        let len = unsafe { image_len(p) }.ok_or(status::INVALID_VALUE)?;
+        // SAFETY: as computed from the image's own header or text.
+        unsafe { self.bytes_in(p, len) }
+    }
+
+    /// `kernelParams` of a launch of `f`, packed by its parameter layout.
+    ///
+    /// # Safety
+    /// `params` is null or has one valid pointer per parameter of `f`.
+    pub unsafe fn kernel_params(&mut self, f: u64, params: *mut *mut c_void) -> Result<(), CUresult> {
+        if params.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        let layouts = runtime().layouts.lock().unwrap_or_else(|e| e.into_inner());
+        let layout = layouts.get(&f).ok_or(status::INVALID_HANDLE)?;
+        let total = layout
+            .iter()
+            .map(|&(o, s)| (o + s) as usize)
+            .max()
+            .unwrap_or(0);
+        let mut buf = vec![0u8; total];
+        for (i, &(off, size)) in layout.iter().enumerate() {
+            // SAFETY: the caller's promise: one pointer per parameter.
+            let src = unsafe { *params.add(i) };
+            if src.is_null() {
+                return Err(status::INVALID_VALUE);
+            }
+            // SAFETY: each points to a value of the parameter's size.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.cast::<u8>(),
+                    buf[off as usize..].as_mut_ptr(),
+                    size as usize,
+                )
+            };
+        }
+        self.w.u8(1);
+        self.w.bytes(&buf);
+        Ok(())
+    }
+
+    /// `extra` of a launch: the parameter buffer it names.
+    ///
+    /// # Safety
+    /// `extra` is null or a list ended by `CU_LAUNCH_PARAM_END`.
+    pub unsafe fn kernel_extra(&mut self, _f: u64, extra: *mut *mut c_void) -> Result<(), CUresult> {
+        if extra.is_null() {
+            self.w.u8(0);
+            return Ok(());
+        }
+        let (mut ptr, mut len) = (std::ptr::null::<u8>(), None);
+        let mut at = 0;
+        loop {
+            // SAFETY: the caller's promise: keys and values until the end key.
+            let key = unsafe { *extra.add(at) } as usize;
+            match key {
+                PARAM_END => break,
+                // SAFETY: as above.
+                PARAM_BUFFER_POINTER => ptr = unsafe { *extra.add(at + 1) }.cast::<u8>(),
+                PARAM_BUFFER_SIZE => {
+                    // SAFETY: as above; the value points to a size_t.
+                    len = Some(unsafe { *(*extra.add(at + 1)).cast::<usize>() });
+                }
+                _ => return Err(status::INVALID_VALUE),
+            }
+            at += 2;
+            if at > 64 {
+                return Err(status::INVALID_VALUE);
+            }
+        }
+        match len {
+            Some(n) if !ptr.is_null() && n <= MAX_BYTES => {
+                self.w.u8(1);
+                // SAFETY: the buffer holds `n` bytes, as the API requires.
+                self.w.bytes(unsafe { std::slice::from_raw_parts(ptr, n) });
+                Ok(())
+            }
+            _ => Err(status::INVALID_VALUE),
+        }
+    }
+
+    /// Sends the call and waits for its reply.
+    pub fn send(self) -> Result<Reply, CUresult> {
+        let conn = conn()?;
+        match conn.call(self.op, &[], self.w.as_slice(), false) {
+            Ok(Some(frame)) if frame.header.kind == FrameKind::Reply => {
+                let mut r = ReplyReader {
+                    buf: frame.payload,
+                    pos: 0,
+                };
+                let status = r.i32()?;
+                Ok(Reply { status, r })
+            }
+            Ok(Some(frame)) => {
+                let e = ErrorPayload::decode(&frame.payload).map_err(|_| status::UNKNOWN)?;
+                warn!("the host refused opcode {}: {}", self.op, e.message);
+                Err(match e.code {
+                    error_code::UNKNOWN_OPCODE => status::NOT_SUPPORTED,
+                    error_code::SERVER_GONE => status::UNKNOWN,
+                    _ => status::INVALID_VALUE,
+                })
+            }
+            Ok(None) => Err(status::UNKNOWN),
+            Err(e) => {
+                warn!("the Hira session failed: {e}");
+                Err(status::UNKNOWN)
+            }
+        }
+    }
+}
+
+/// The length of a module image: an ELF (cubin) up to its last header table, a
+/// fatbin by its header, else PTX text with its NUL.
+///
+/// # Safety
+/// `p` points to a module image.
+unsafe fn image_len(p: *const u8) -> Option<usize> {
+    // SAFETY: every image has a 4-byte start.
+    let magic = unsafe { std::slice::from_raw_parts(p, 4) };
+    let rd = |at: usize, n: usize| -> u64 {
+        let mut b = [0u8; 8];
+        // SAFETY: within the header of an image of this kind.
+        unsafe { std::ptr::copy_nonoverlapping(p.add(at), b.as_mut_ptr(), n) };
+        u64::from_le_bytes(b)
+    };
+    if magic == b"\x7fELF" {
+        let sh = rd(0x28, 8).checked_add(rd(0x3A, 2).checked_mul(rd(0x3C, 2))?)?;
+        let ph = rd(0x20, 8).checked_add(rd(0x36, 2).checked_mul(rd(0x38, 2))?)?;
+        return usize::try_from(sh.max(ph)).ok();
+    }
+    if magic == [0x50, 0xED, 0x55, 0xBA] {
+        return usize::try_from(rd(6, 2).checked_add(rd(8, 8))?).ok();
+    }
+    // SAFETY: PTX is NUL-terminated text.
+    Some(unsafe { CStr::from_ptr(p.cast::<c_char>()) }.to_bytes().len() + 1)
+}
+
+/// A reply: the status and what follows it.
+pub struct Reply {
+    pub status: CUresult,
+    pub r: ReplyReader,
+}
+
+impl Reply {
+    /// Copies a byte result into the application's buffer of `len` bytes.
+    ///
+    /// # Safety
+    /// `dst` is valid for `len` bytes.
+    pub unsafe fn copy_out(&mut self, dst: *mut u8, len: usize) -> Result<(), CUresult> {
+        let b = self.r.bytes()?;
+        let n = b.len().min(len);
+        // SAFETY: the caller's promise; `n` is within both.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, n) };
+        Ok(())
+    }
+
+    /// Checks the reply held nothing more.
+    pub fn finish(&self) -> Result<(), CUresult> {
+        if self.r.pos == self.r.buf.len() {
+            Ok(())
+        } else {
+            Err(status::UNKNOWN)
+        }
+    }
+}
+
+/// Reads a reply's payload; a short reply is an error of the host.
+pub struct ReplyReader {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl ReplyReader {
+    fn take(&mut self, n: usize) -> Result<&[u8], CUresult> {
+        let end = self.pos.checked_add(n).ok_or(status::UNKNOWN)?;
+        let s = self.buf.get(self.pos..end).ok_or(status::UNKNOWN)?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    pub fn u8(&mut self) -> Result<u8, CUresult> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub fn u16(&mut self) -> Result<u16, CUresult> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+
+    pub fn u32(&mut self) -> Result<u32, CUresult> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    pub fn i32(&mut self) -> Result<i32, CUresult> {
+        Ok(self.u32()? as i32)
+    }
+
+    pub fn u64(&mut self) -> Result<u64, CUresult> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    pub fn bytes(&mut self) -> Result<Vec<u8>, CUresult> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+}
