@@ -324,7 +324,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             }
             Kind::OutVal => {
                 if t.starts_with('*') || t.starts_with("CU") {
-                    return Err(format!("`{n}`: a handle out-value is `newh`, `newfunc` or `outh`"));
+                    return Err(format!(
+                        "`{n}`: a handle out-value is `newh`, `newfunc` or `outh`"
+                    ));
                 }
                 let (decl, write) = (
                     format!("let mut {n}__v: {t} = Default::default();"),

@@ -17,7 +17,12 @@ pub mod rt;
 
 /// Generated exported functions.
 pub mod generated {
-    #![allow(clippy::missing_safety_doc, clippy::undocumented_unsafe_blocks)]
+    #![allow(
+        clippy::missing_safety_doc,
+        clippy::undocumented_unsafe_blocks,
+        clippy::needless_ifs,
+        clippy::collapsible_if
+    )]
     use std::ffi::{c_char, c_int, c_uint, c_void};
 
     use hira_api_cuda::{Kind, op};

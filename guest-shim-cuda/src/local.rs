@@ -118,7 +118,11 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytesize: usize,
+    _flags: c_uint,
+) -> CUresult {
     if rt::current() == 0 {
         return status::INVALID_CONTEXT;
     }
@@ -144,7 +148,8 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 }
 
 /// Texts of errors asked for, by (code, which): kept for the process's life.
-static TEXTS: Mutex<Option<HashMap<(c_int, c_int), Option<&'static CStr>>>> = Mutex::new(None);
+type Texts = HashMap<(c_int, c_int), Option<&'static CStr>>;
+static TEXTS: Mutex<Option<Texts>> = Mutex::new(None);
 
 fn error_text(error: c_int, which: c_int, out: *mut *const c_char) -> CUresult {
     if out.is_null() {
@@ -216,7 +221,11 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     unsafe {
         pfn.write(found.map_or(std::ptr::null_mut(), |(_, f)| f as *mut c_void));
         if !symbol_status.is_null() {
-            symbol_status.write(if found.is_some() { PROC_FOUND } else { PROC_NOT_FOUND });
+            symbol_status.write(if found.is_some() {
+                PROC_FOUND
+            } else {
+                PROC_NOT_FOUND
+            });
         }
     }
     if found.is_some() {

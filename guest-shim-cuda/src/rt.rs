@@ -49,7 +49,11 @@ fn runtime() -> &'static Runtime {
         let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
             Err(TransportError::Refused("HIRA_DISABLE is set".into()))
         } else {
-            Connection::connect_any(&endpoint::endpoints(), hira_api_cuda::API, 0)
+            Connection::connect_any(
+                &endpoint::endpoints(),
+                hira_api_cuda::API,
+                endpoint::window_len(),
+            )
         };
         let conn = conn
             .inspect_err(|e| warn!("Hira CUDA is unavailable: {e}"))
@@ -113,7 +117,11 @@ pub fn initialized() -> bool {
 
 static INITIALIZED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-fn call_inner(name: &str, initial: bool, f: impl FnOnce() -> Result<CUresult, CUresult>) -> CUresult {
+fn call_inner(
+    name: &str,
+    initial: bool,
+    f: impl FnOnce() -> Result<CUresult, CUresult>,
+) -> CUresult {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(s)) | Ok(Err(s)) if initial && s == status::NOT_INITIALIZED => {
             // No host to talk to: as a driver without a usable device.
@@ -309,7 +317,11 @@ impl Call {
     ///
     /// # Safety
     /// `params` is null or has one valid pointer per parameter of `f`.
-    pub unsafe fn kernel_params(&mut self, f: u64, params: *mut *mut c_void) -> Result<(), CUresult> {
+    pub unsafe fn kernel_params(
+        &mut self,
+        f: u64,
+        params: *mut *mut c_void,
+    ) -> Result<(), CUresult> {
         if params.is_null() {
             self.w.u8(0);
             return Ok(());
@@ -346,7 +358,11 @@ impl Call {
     ///
     /// # Safety
     /// `extra` is null or a list ended by `CU_LAUNCH_PARAM_END`.
-    pub unsafe fn kernel_extra(&mut self, _f: u64, extra: *mut *mut c_void) -> Result<(), CUresult> {
+    pub unsafe fn kernel_extra(
+        &mut self,
+        _f: u64,
+        extra: *mut *mut c_void,
+    ) -> Result<(), CUresult> {
         if extra.is_null() {
             self.w.u8(0);
             return Ok(());
@@ -435,7 +451,12 @@ unsafe fn image_len(p: *const u8) -> Option<usize> {
         return usize::try_from(rd(6, 2).checked_add(rd(8, 8))?).ok();
     }
     // SAFETY: PTX is NUL-terminated text.
-    Some(unsafe { CStr::from_ptr(p.cast::<c_char>()) }.to_bytes().len() + 1)
+    Some(
+        unsafe { CStr::from_ptr(p.cast::<c_char>()) }
+            .to_bytes()
+            .len()
+            + 1,
+    )
 }
 
 /// A reply: the status and what follows it.
@@ -486,11 +507,15 @@ impl ReplyReader {
     }
 
     pub fn u16(&mut self) -> Result<u16, CUresult> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
 
     pub fn u32(&mut self) -> Result<u32, CUresult> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
 
     pub fn i32(&mut self) -> Result<i32, CUresult> {
@@ -498,7 +523,9 @@ impl ReplyReader {
     }
 
     pub fn u64(&mut self) -> Result<u64, CUresult> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
 
     pub fn bytes(&mut self) -> Result<Vec<u8>, CUresult> {

@@ -50,7 +50,11 @@ pub(crate) fn cuCtxCreate_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
     Ok(())
 }
 
-pub(crate) fn cuDevicePrimaryCtxRetain(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuDevicePrimaryCtxRetain(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let want = r.u8()? != 0;
     let dev = r.i32()?;
     r.finish()?;
@@ -73,10 +77,17 @@ pub(crate) fn cuDevicePrimaryCtxRetain(s: &Session, r: &mut Reader<'_>, w: &mut 
     Ok(())
 }
 
-pub(crate) fn cuDevicePrimaryCtxRelease_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuDevicePrimaryCtxRelease_v2(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let dev = r.i32()?;
     r.finish()?;
-    let f = s.driver.cuDevicePrimaryCtxRelease_v2.ok_or_else(unsupported)?;
+    let f = s
+        .driver
+        .cuDevicePrimaryCtxRelease_v2
+        .ok_or_else(unsupported)?;
     // SAFETY: a device ordinal; the driver checks it.
     let st = unsafe { f(dev) };
     w.i32(st);
@@ -88,7 +99,11 @@ pub(crate) fn cuDevicePrimaryCtxRelease_v2(s: &Session, r: &mut Reader<'_>, w: &
 
 /// Looks a kernel up and answers with its parameter layout (`cuFuncGetParamInfo`,
 /// CUDA 12.4 and later), which the guest needs to pack `kernelParams`.
-pub(crate) fn cuModuleGetFunction(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuModuleGetFunction(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let ctx = r.u64()?;
     let id = new_id(r)?;
     let hmod = r.u64()?;
@@ -187,7 +202,11 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
             None if f.is_null() => return Err(Fail::Status(status::INVALID_HANDLE)),
             None => return Err(Fail::Protocol("launch of a function with no layout".into())),
         };
-        let total = layout.iter().map(|&(o, sz)| (o + sz) as usize).max().unwrap_or(0);
+        let total = layout
+            .iter()
+            .map(|&(o, sz)| (o + sz) as usize)
+            .max()
+            .unwrap_or(0);
         if p.len() != total {
             return Err(Fail::Protocol(format!(
                 "{} parameter bytes for a kernel taking {total}",
@@ -241,7 +260,11 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
 
 /// A copy back to the guest on a stream: the host copies into a buffer of its own,
 /// which the reply carries once the stream has reached it.
-pub(crate) fn cuMemcpyDtoHAsync_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuMemcpyDtoHAsync_v2(
+    s: &Session,
+    r: &mut Reader<'_>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let ctx = r.u64()?;
     let want = r.u8()? != 0;
     let src = r.u64()?;
@@ -252,7 +275,11 @@ pub(crate) fn cuMemcpyDtoHAsync_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writ
     let sync = s.driver.cuStreamSynchronize.ok_or_else(unsupported)?;
     let ctx = s.lookup(Kind::Context, ctx, true)?;
     let stream = s.stream(stream)?;
-    let mut buf = if want { Session::out_buffer(n)? } else { Vec::new() };
+    let mut buf = if want {
+        Session::out_buffer(n)?
+    } else {
+        Vec::new()
+    };
     s.make_current(ctx)?;
     let dst = if want {
         buf.as_mut_ptr().cast::<c_void>()

@@ -28,6 +28,7 @@ type CUcontext = *mut c_void;
 
 /// Generated dispatch.
 mod generated {
+    #![allow(clippy::type_complexity, clippy::needless_ifs, clippy::collapsible_if)]
     use std::ffi::{c_char, c_int, c_uint, c_void};
 
     use hira_api_cuda::{Kind, op};
@@ -301,16 +302,18 @@ impl Backend for CudaBackend {
         let mut report = TeardownReport::default();
         // Destroying a context frees everything made in it.
         for h in contexts {
+            let destroy = s.driver.cuCtxDestroy_v2;
             // SAFETY: a context this session created and the guest did not destroy.
-            match s.driver.cuCtxDestroy_v2.map(|f| unsafe { f(h as *mut c_void) }) {
+            match destroy.map(|f| unsafe { f(h as *mut c_void) }) {
                 Some(0) => report.released += 1,
                 _ => report.failed += 1,
             }
         }
         for (dev, n) in primary {
             for _ in 0..n {
+                let release = s.driver.cuDevicePrimaryCtxRelease_v2;
                 // SAFETY: releases a retain this session made.
-                match s.driver.cuDevicePrimaryCtxRelease_v2.map(|f| unsafe { f(dev) }) {
+                match release.map(|f| unsafe { f(dev) }) {
                     Some(0) => report.released += 1,
                     _ => report.failed += 1,
                 }

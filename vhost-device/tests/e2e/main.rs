@@ -1,6 +1,8 @@
 //! End-to-end tests: real C OpenCL programs, clinfo, and hostile guests against the
-//! real daemon, API servers and host OpenCL (PoCL).
+//! real daemon, API servers and host OpenCL (PoCL); CUDA programs against the host's
+//! driver (the CPU test executor where there is no GPU, see `cuda.rs`).
 
+mod cuda;
 mod dataplane;
 mod hardening;
 mod host_memory;

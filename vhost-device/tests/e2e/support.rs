@@ -39,6 +39,10 @@ pub fn ensure_built() {
             "-p",
             "hira-opencl",
             "-p",
+            "hira-cuda",
+            "-p",
+            "hira-cuda-cpu",
+            "-p",
             "hira-api-server",
             "-p",
             "hira-ctl",
@@ -49,7 +53,7 @@ pub fn ensure_built() {
         let status = cmd.status().expect("cargo runs");
         assert!(
             status.success(),
-            "building hira-opencl, hira-api-server and hira-ctl failed"
+            "building the guest shims, the CPU test executor, hira-api-server and hira-ctl failed"
         );
         assert!(shim().is_file(), "{} was not built", shim().display());
     });
