@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 
-mod cuda;
+pub mod cuda;
 mod parse;
 
 pub use parse::{Arg, Func, Header, Kind, ParseError};

@@ -246,3 +246,38 @@ pub unsafe extern "C" fn cuGetProcAddress(
     // SAFETY: the same contract.
     unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
 }
+
+/// What an entry point Hira does not remote returns; the first call of each is
+/// logged.
+pub fn unsupported(name: &'static str) -> CUresult {
+    static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.contains(&name) {
+        seen.push(name);
+        log::warn!("{name} is not supported by Hira: CUDA_ERROR_NOT_SUPPORTED");
+    }
+    status::NOT_SUPPORTED
+}
+
+#[cfg(test)]
+mod coverage {
+    /// `docs/cuda-coverage.md` is what the description and the driver's entry points
+    /// say.
+    #[test]
+    fn the_coverage_table_is_up_to_date() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let api = hira_apigen::Api::load(&format!("{root}/protocol/api/cuda.api")).unwrap();
+        let list =
+            std::fs::read_to_string(format!("{root}/guest-shim-cuda/driver-api.txt")).unwrap();
+        let table = hira_apigen::cuda::coverage(&api.funcs, &list, &["cuGetProcAddress"]);
+        let path = format!("{root}/docs/cuda-coverage.md");
+        if std::env::var_os("HIRA_WRITE_COVERAGE").is_some() {
+            std::fs::write(&path, &table).unwrap();
+        }
+        let doc = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            doc == table,
+            "docs/cuda-coverage.md is stale: run HIRA_WRITE_COVERAGE=1 cargo test -p hira-cuda coverage"
+        );
+    }
+}

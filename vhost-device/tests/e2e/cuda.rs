@@ -18,6 +18,8 @@ use hira_protocol::handshake::{ErrorPayload, Hello};
 use crate::support::*;
 
 const PROGRAMS: &[&str] = &["vector_add", "matmul", "streams", "contexts", "fault"];
+/// Programs that run through Hira only.
+const HIRA_ONLY: &[&str] = &["entry_points"];
 
 /// Whether the tests use the machine's real CUDA driver.
 fn real_gpu() -> bool {
@@ -76,7 +78,7 @@ fn kit() -> &'static Kit {
         let src = std::fs::read_to_string(workspace().join("tests/cuda/kernels.cu")).unwrap();
         let ptx = cuda::nvrtc::compile(&sdk, &src, "compute_52").unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(&kit.ptx, ptx).unwrap();
-        for p in PROGRAMS {
+        for p in PROGRAMS.iter().chain(HIRA_ONLY) {
             // Linked against Hira's library; which one runs is the library path's
             // choice, as for any program linked with -lcuda.
             let out = Command::new("gcc")
@@ -269,4 +271,24 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     let (h, p) = g.call(op::cuDriverGetVersion, w.as_slice());
     assert_eq!(h.kind, FrameKind::Reply);
     assert_eq!(status(&p), 0);
+}
+
+#[test]
+fn entry_points_hira_does_not_remote_exist_and_say_not_supported() {
+    let d = daemon(&[]);
+    let out = through_hira(&d, "entry_points", &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let o = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        o.contains("cuMemAlloc through cuGetProcAddress: yes"),
+        "{o}"
+    );
+    assert!(
+        o.contains("unknown symbol: 500, status 1"),
+        "CUDA_ERROR_NOT_FOUND: {o}"
+    );
+    assert!(
+        o.contains("cuMemAllocManaged: CUDA_ERROR_NOT_SUPPORTED"),
+        "{o}"
+    );
 }
