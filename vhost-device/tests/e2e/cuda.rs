@@ -43,7 +43,11 @@ impl Kit {
     }
 
     fn exe(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        match name {
+            // The Rust program, built by cargo (tests/cuda-rust).
+            "cudarc-guest" => bin_dir().join(name),
+            _ => self.dir.path().join(name),
+        }
     }
 }
 
@@ -290,5 +294,23 @@ fn entry_points_hira_does_not_remote_exist_and_say_not_supported() {
     assert!(
         o.contains("cuMemAllocManaged: CUDA_ERROR_NOT_SUPPORTED"),
         "{o}"
+    );
+}
+
+#[test]
+fn a_rust_program_using_cudarc_prints_through_hira_what_it_prints_natively() {
+    let d = daemon(&[]);
+    let n = native("cudarc-guest");
+    assert!(n.status.success(), "natively: {}", text(&n));
+    let h = through_hira(&d, "cudarc-guest", &[]);
+    assert!(h.status.success(), "through Hira: {}", text(&h));
+    let o = String::from_utf8_lossy(&h.stdout);
+    assert!(o.contains("vector_add: n=10000 wrong=0"), "{o}");
+    assert!(o.contains("reduce_sum: 199990 (expected 199990)"), "{o}");
+    assert_eq!(o, String::from_utf8_lossy(&n.stdout));
+    assert!(
+        !String::from_utf8_lossy(&h.stderr).contains("not supported"),
+        "cudarc needed nothing Hira lacks: {}",
+        text(&h)
     );
 }

@@ -43,6 +43,8 @@ pub fn ensure_built() {
             "-p",
             "hira-cuda-cpu",
             "-p",
+            "hira-cuda-rust-guest",
+            "-p",
             "hira-api-server",
             "-p",
             "hira-ctl",
