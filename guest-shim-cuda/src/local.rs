@@ -217,6 +217,12 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     let found = crate::generated::entry_points()
         .into_iter()
         .find(|(n, _)| n.as_bytes() == name);
+    rt::init_logger();
+    log::debug!(
+        "cuGetProcAddress({}, version {_cuda_version}): {}",
+        String::from_utf8_lossy(name),
+        if found.is_some() { "found" } else { "not found" }
+    );
     // SAFETY: checked not null; `symbol_status` may be null.
     unsafe {
         pfn.write(found.map_or(std::ptr::null_mut(), |(_, f)| f as *mut c_void));

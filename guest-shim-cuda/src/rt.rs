@@ -69,7 +69,7 @@ fn runtime() -> &'static Runtime {
 
 /// Warnings to stderr, as `HIRA_LOG` says (the application may install its own
 /// logger; this one is private to the shim).
-fn init_logger() {
+pub(crate) fn init_logger() {
     struct Stderr(log::LevelFilter);
     impl log::Log for Stderr {
         fn enabled(&self, m: &log::Metadata<'_>) -> bool {
