@@ -14,6 +14,7 @@
 
 pub mod local;
 pub mod rt;
+mod stream;
 
 /// Generated exported functions.
 pub mod generated {

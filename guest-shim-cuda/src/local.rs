@@ -221,7 +221,11 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     log::debug!(
         "cuGetProcAddress({}, version {_cuda_version}): {}",
         String::from_utf8_lossy(name),
-        if found.is_some() { "found" } else { "not found" }
+        if found.is_some() {
+            "found"
+        } else {
+            "not found"
+        }
     );
     // SAFETY: checked not null; `symbol_status` may be null.
     unsafe {

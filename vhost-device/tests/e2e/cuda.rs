@@ -17,7 +17,14 @@ use hira_protocol::handshake::{ErrorPayload, Hello};
 
 use crate::support::*;
 
-const PROGRAMS: &[&str] = &["vector_add", "matmul", "streams", "contexts", "fault"];
+const PROGRAMS: &[&str] = &[
+    "vector_add",
+    "matmul",
+    "streams",
+    "contexts",
+    "fault",
+    "transfer",
+];
 /// Programs that run through Hira only.
 const HIRA_ONLY: &[&str] = &["entry_points"];
 
@@ -313,4 +320,20 @@ fn a_rust_program_using_cudarc_prints_through_hira_what_it_prints_natively() {
         "cudarc needed nothing Hira lacks: {}",
         text(&h)
     );
+}
+
+#[test]
+fn transfers_larger_than_a_call_go_in_pieces_with_the_same_result() {
+    let d = daemon(&[]);
+    let n = native("transfer");
+    assert!(n.status.success(), "natively: {}", text(&n));
+    // 1 MiB pieces: the 5 MiB + 123 bytes go as six calls each way.
+    let h = through_hira(&d, "transfer", &[("HIRA_CUDA_CHUNK_KB", "1024")]);
+    assert!(h.status.success(), "through Hira: {}", text(&h));
+    let o = String::from_utf8_lossy(&h.stdout);
+    assert!(
+        o.contains("synchronous same, on a stream same, around it 5a 5a"),
+        "{o}"
+    );
+    assert_eq!(o, String::from_utf8_lossy(&n.stdout));
 }
