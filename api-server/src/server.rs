@@ -366,7 +366,8 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
         )
         .map(|b| Arc::new(b) as Arc<dyn Backend>)
     } else if hello.api == hira_api_cuda::API {
-        crate::cuda::CudaBackend::new().map(|b| Arc::new(b) as Arc<dyn Backend>)
+        crate::cuda::CudaBackend::new(Arc::new(Account::new(config.vm_page, config.usage.clone())))
+            .map(|b| Arc::new(b) as Arc<dyn Backend>)
     } else {
         Err(format!("this API server has no backend for {}", hello.api))
     };

@@ -322,3 +322,54 @@ pub(crate) fn hiraErrorText(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> 
     }
     Ok(())
 }
+
+/// Allocates device memory charged to the VM's quota: an allocation the quota
+/// does not allow fails with `CUDA_ERROR_OUT_OF_MEMORY`, as a full device would.
+pub(crate) fn cuMemAlloc_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let ctx_id = r.u64()?;
+    let want = r.u8()? != 0;
+    let size = r.u64()?;
+    r.finish()?;
+    let alloc = s.driver.cuMemAlloc_v2.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx_id, true)?;
+    s.make_current(ctx)?;
+    let charged = want && size > 0;
+    if charged && s.quota.charge(size).is_err() {
+        w.i32(status::OUT_OF_MEMORY);
+        return Ok(());
+    }
+    let mut p = 0u64;
+    let out = if want {
+        &mut p as *mut u64
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: an out-pointer to a device address, or NULL as the guest passed.
+    let st = unsafe { alloc(out, size as usize) };
+    w.i32(st);
+    if st == 0 {
+        s.allocated(p, ctx_id, size);
+        if want {
+            w.u64(p);
+        }
+    } else if charged {
+        s.quota.uncharge(size);
+    }
+    Ok(())
+}
+
+pub(crate) fn cuMemFree_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+    let ctx = r.u64()?;
+    let p = r.u64()?;
+    r.finish()?;
+    let free = s.driver.cuMemFree_v2.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx, true)?;
+    s.make_current(ctx)?;
+    // SAFETY: a device address; the driver checks it is an allocation.
+    let st = unsafe { free(p) };
+    w.i32(st);
+    if st == 0 {
+        s.freed(p);
+    }
+    Ok(())
+}

@@ -16,12 +16,13 @@ pub mod custom;
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hira_api_cuda::{HOST_ID_BIT, Kind, op_info, status};
 use hira_protocol::{Reader, Writer};
 use log::{info, warn};
 
+use crate::account::Account;
 use crate::backend::{Backend, Fail, FrameData, TeardownReport};
 
 type CUcontext = *mut c_void;
@@ -87,6 +88,8 @@ struct Handles {
     layouts: HashMap<u64, Option<Vec<(u32, u32)>>>,
     /// Primary-context retains per device, released at teardown.
     primary: HashMap<c_int, u32>,
+    /// Device memory charged to the VM: address -> (context id, bytes).
+    allocations: HashMap<u64, (u64, u64)>,
 }
 
 /// Largest byte result a call may ask for (what one frame carries).
@@ -96,6 +99,8 @@ const MAX_OUT: usize = hira_protocol::frame::MAX_FRAME_BODY - 64 * 1024;
 pub struct Session {
     pub(crate) driver: Driver,
     handles: Mutex<Handles>,
+    /// Device memory charged to the VM's quota.
+    pub(crate) quota: Arc<Account>,
 }
 
 impl Session {
@@ -216,6 +221,34 @@ impl Session {
         self.handles().layouts.get(&f).cloned()
     }
 
+    /// An allocation of `size` bytes at `p` in context `ctx`, charged.
+    pub(crate) fn allocated(&self, p: u64, ctx: u64, size: u64) {
+        self.handles().allocations.insert(p, (ctx, size));
+    }
+
+    /// An allocation freed: its charge is given back.
+    pub(crate) fn freed(&self, p: u64) {
+        let gone = self.handles().allocations.remove(&p);
+        if let Some((_, size)) = gone {
+            self.quota.uncharge(size);
+        }
+    }
+
+    /// A context destroyed, and the memory allocated in it with it.
+    pub(crate) fn context_destroyed(&self, ctx: u64) {
+        let mut hs = self.handles();
+        let mut total = 0;
+        hs.allocations.retain(|_, (c, size)| {
+            let keep = *c != ctx;
+            if !keep {
+                total += *size;
+            }
+            keep
+        });
+        drop(hs);
+        self.quota.uncharge(total);
+    }
+
     pub(crate) fn retained_primary(&self, dev: c_int, delta: i32) {
         let mut hs = self.handles();
         let n = hs.primary.entry(dev).or_insert(0);
@@ -231,7 +264,7 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// Loads the host's driver; a host without one refuses the session with a
     /// reason the guest's log shows.
-    pub fn new() -> Result<CudaBackend, String> {
+    pub fn new(quota: Arc<Account>) -> Result<CudaBackend, String> {
         let lib = Lib::open().ok_or_else(|| {
             "this host has no CUDA driver: libcuda.so.1 was not found on the library path"
                 .to_string()
@@ -249,6 +282,7 @@ impl CudaBackend {
             session: Session {
                 driver,
                 handles: Mutex::new(Handles::default()),
+                quota,
             },
         })
     }
@@ -263,7 +297,16 @@ impl Backend for CudaBackend {
         w: &mut Writer,
     ) -> Result<(), Fail> {
         let mut r = Reader::new(payload);
-        generated::dispatch(&self.session, opcode, &mut r, w)
+        let res = generated::dispatch(&self.session, opcode, &mut r, w);
+        if opcode == hira_api_cuda::op::cuCtxDestroy_v2
+            && res.is_ok()
+            && w.as_slice().get(..4) == Some(&[0, 0, 0, 0])
+            && let Some(id) = payload.get(..8)
+        {
+            self.session
+                .context_destroyed(u64::from_le_bytes(id.try_into().expect("8 bytes")));
+        }
+        res
     }
 
     fn name(&self, opcode: u16) -> &'static str {

@@ -115,6 +115,11 @@ fn kit() -> &'static Kit {
 
 /// A daemon whose API servers find the driver.
 fn daemon(env: &[(&str, &str)]) -> Daemon {
+    daemon_with(&["vm1"], env)
+}
+
+/// A daemon with VM `vm1` as `vm` says (`vm1,mem-quota=8M`).
+fn daemon_with(vm: &[&str], env: &[(&str, &str)]) -> Daemon {
     let k = kit();
     let lib_path = k
         .driver_dir()
@@ -122,7 +127,7 @@ fn daemon(env: &[(&str, &str)]) -> Daemon {
         .unwrap_or_default();
     let mut all = vec![("LD_LIBRARY_PATH", lib_path.as_str())];
     all.extend_from_slice(env);
-    Daemon::start_with_env(&["vm1"], &all)
+    Daemon::start_with_env(vm, &all)
 }
 
 fn native(program: &str) -> Output {
@@ -336,4 +341,29 @@ fn transfers_larger_than_a_call_go_in_pieces_with_the_same_result() {
         "{o}"
     );
     assert_eq!(o, String::from_utf8_lossy(&n.stdout));
+}
+
+#[test]
+fn cuda_device_memory_counts_against_the_vms_quota() {
+    let d = daemon_with(&["vm1,mem-quota=8M"], &[]);
+    // Two allocations of 6 MiB + 64 bytes do not fit 8 MiB: the first does.
+    let over = through_hira(&d, "transfer", &[]);
+    assert_eq!(over.status.code(), Some(1), "{}", text(&over));
+    let err = String::from_utf8_lossy(&over.stderr);
+    assert!(
+        err.contains("cuMemAlloc(&b, n + 64) failed: 2 CUDA_ERROR_OUT_OF_MEMORY"),
+        "the second allocation is refused as a full device would refuse it: {err}"
+    );
+    // Within the quota, and again after the first program's memory came back.
+    let n = (3usize << 20).to_string();
+    let k = kit();
+    for _ in 0..2 {
+        let mut c = Command::new(k.exe("transfer"));
+        c.arg(&k.ptx)
+            .arg(&n)
+            .env("LD_LIBRARY_PATH", k.shim_dir())
+            .env("HIRA_SOCKET", d.socket("vm1"));
+        let ok = run_with_timeout(&mut c, Duration::from_secs(120));
+        assert!(ok.status.success(), "{}", text(&ok));
+    }
 }
