@@ -106,12 +106,12 @@ pub(crate) fn cuModuleGetFunction(
 ) -> Result<(), Fail> {
     let ctx = r.u64()?;
     let id = new_id(r)?;
-    let hmod = r.u64()?;
+    let hmod_id = r.u64()?;
     let name = Session::c_bytes(Session::bytes_arg(r)?)?;
     r.finish()?;
     let f = s.driver.cuModuleGetFunction.ok_or_else(unsupported)?;
     let ctx = s.lookup(Kind::Context, ctx, true)?;
-    let hmod = s.lookup(Kind::Module, hmod, false)?;
+    let hmod = s.lookup(Kind::Module, hmod_id, false)?;
     if let Some(id) = id {
         s.check_new(Kind::Function, id)?;
     }
@@ -130,7 +130,11 @@ pub(crate) fn cuModuleGetFunction(
         && let Some(id) = id
     {
         s.bind(Kind::Function, id, h);
-        let layout = param_layout(s, h);
+        // From the driver (CUDA 12.4 and later), else from the module's PTX.
+        let layout = param_layout(s, h).or_else(|| {
+            let name = name.as_deref()?.strip_suffix(&[0])?;
+            s.ptx_layout(hmod_id, std::str::from_utf8(name).ok()?)
+        });
         match &layout {
             Some(l) => {
                 w.u32(l.len() as u32);

@@ -13,6 +13,7 @@
 //! driver newer than the bindings may return a code the enum lacks.
 
 pub mod custom;
+pub mod params;
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -90,6 +91,9 @@ struct Handles {
     primary: HashMap<c_int, u32>,
     /// Device memory charged to the VM: address -> (context id, bytes).
     allocations: HashMap<u64, (u64, u64)>,
+    /// The PTX text of modules loaded from PTX, for parameter layouts where the
+    /// driver cannot give them (`params.rs`).
+    module_ptx: HashMap<u64, Arc<str>>,
 }
 
 /// Largest byte result a call may ask for (what one frame carries).
@@ -149,6 +153,9 @@ impl Session {
         }
         if kind == Kind::Function {
             hs.layouts.remove(&id);
+        }
+        if kind == Kind::Module {
+            hs.module_ptx.remove(&id);
         }
     }
 
@@ -249,6 +256,23 @@ impl Session {
         self.quota.uncharge(total);
     }
 
+    /// Keeps the PTX text of module `id` (images that are not text are skipped).
+    fn loaded_module(&self, id: u64, image: &[u8]) {
+        let image = image.strip_suffix(&[0]).unwrap_or(image);
+        if image.starts_with(b"\x7fELF") || image.starts_with(&[0x50, 0xED, 0x55, 0xBA]) {
+            return;
+        }
+        if let Ok(text) = std::str::from_utf8(image) {
+            self.handles().module_ptx.insert(id, Arc::from(text));
+        }
+    }
+
+    /// The parameter layout of kernel `name` of module `id`, from its PTX.
+    pub(crate) fn ptx_layout(&self, id: u64, name: &str) -> Option<Vec<(u32, u32)>> {
+        let text = self.handles().module_ptx.get(&id).cloned()?;
+        params::layout(&text, name)
+    }
+
     pub(crate) fn retained_primary(&self, dev: c_int, delta: i32) {
         let mut hs = self.handles();
         let n = hs.primary.entry(dev).or_insert(0);
@@ -298,13 +322,28 @@ impl Backend for CudaBackend {
     ) -> Result<(), Fail> {
         let mut r = Reader::new(payload);
         let res = generated::dispatch(&self.session, opcode, &mut r, w);
-        if opcode == hira_api_cuda::op::cuCtxDestroy_v2
-            && res.is_ok()
-            && w.as_slice().get(..4) == Some(&[0, 0, 0, 0])
-            && let Some(id) = payload.get(..8)
-        {
-            self.session
-                .context_destroyed(u64::from_le_bytes(id.try_into().expect("8 bytes")));
+        let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
+        if succeeded && opcode == hira_api_cuda::op::cuCtxDestroy_v2 {
+            let mut r = Reader::new(payload);
+            if let Ok(id) = r.u64() {
+                self.session.context_destroyed(id);
+            }
+        }
+        if succeeded && opcode == hira_api_cuda::op::cuModuleLoadData {
+            // What the call decoded: the current context, the module's id, the image.
+            let mut r = Reader::new(payload);
+            let module = r.u64().and_then(|_| r.u8()).and_then(|present| {
+                let id = if present != 0 { Some(r.u64()?) } else { None };
+                let image = if r.u8()? == 1 {
+                    Some(r.bytes(usize::MAX)?)
+                } else {
+                    None
+                };
+                Ok(id.zip(image))
+            });
+            if let Ok(Some((id, image))) = module {
+                self.session.loaded_module(id, image);
+            }
         }
         res
     }

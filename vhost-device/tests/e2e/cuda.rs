@@ -367,3 +367,10 @@ fn cuda_device_memory_counts_against_the_vms_quota() {
         assert!(ok.status.success(), "{}", text(&ok));
     }
 }
+
+#[test]
+fn kernel_parameter_layouts_come_from_the_ptx_where_the_driver_cannot_give_them() {
+    // The executor plays a driver older than CUDA 12.4 (no cuFuncGetParamInfo).
+    let d = daemon(&[("HIRA_CUDA_CPU_NO_PARAM_INFO", "1")]);
+    same_as_native(&d, &[]);
+}
