@@ -35,6 +35,10 @@ pub fn build_components() -> Result<PathBuf> {
         "hira-api-server",
         "-p",
         "hira-opencl",
+        "-p",
+        "hira-cuda",
+        "-p",
+        "hira-cuda-cpu",
     ]);
     if dir.ends_with("release") {
         cmd.arg("--release");
@@ -102,6 +106,9 @@ pub struct BenchEnv {
     pub control: Option<PathBuf>,
     /// Extra environment for runs through Hira (`HIRA_SYNC=1`, `HIRA_RINGS=0`, ...).
     pub hira_env: Vec<(String, String)>,
+    /// CUDA runs: the library path natively (the driver's directory; empty: the
+    /// system's) and through Hira (Hira's libcuda.so.1).
+    pub cuda: Option<(String, PathBuf)>,
     daemon: Child,
     _dir: tempfile::TempDir,
 }
@@ -165,6 +172,36 @@ impl BenchEnv {
             socket,
             control: Some(control),
             hira_env: Vec::new(),
+            cuda: None,
+            daemon,
+            _dir: dir,
+        })
+    }
+
+    /// Starts `hira-vhost` for CUDA programs: its API servers load the driver from
+    /// `driver_dir` (the system's when empty), as the native runs do; runs through
+    /// Hira load Hira's libcuda.so.1 from `shim_dir`.
+    pub fn start_cuda(bin: &Path, driver_dir: &str, shim_dir: &Path) -> Result<BenchEnv> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("bench.sock");
+        // SAFETY: set before any thread of this process reads the environment; the
+        // daemon inherits it.
+        unsafe { std::env::set_var("LD_LIBRARY_PATH", driver_dir) };
+        let daemon = start_daemon(
+            bin,
+            dir.path(),
+            [
+                "--local-socket".to_string(),
+                format!("bench={}", socket.display()),
+            ],
+        )?;
+        Ok(BenchEnv {
+            native: tempfile::tempdir()?,
+            hira: tempfile::tempdir()?,
+            socket,
+            control: None,
+            hira_env: Vec::new(),
+            cuda: Some((driver_dir.to_string(), shim_dir.to_path_buf())),
             daemon,
             _dir: dir,
         })
@@ -190,6 +227,16 @@ impl BenchEnv {
     pub fn command(&self, remote: bool, exe: &Path, args: &[String]) -> Command {
         let mut cmd = Command::new(exe);
         cmd.args(args);
+        if let Some((driver, shim)) = &self.cuda {
+            if remote {
+                cmd.env("LD_LIBRARY_PATH", shim)
+                    .env("HIRA_SOCKET", &self.socket)
+                    .envs(self.hira_env.iter().map(|(k, v)| (k, v)));
+            } else {
+                cmd.env("LD_LIBRARY_PATH", driver);
+            }
+            return cmd;
+        }
         if remote {
             cmd.env("OCL_ICD_VENDORS", self.hira.path())
                 .env("HIRA_SOCKET", &self.socket)

@@ -14,6 +14,7 @@
 //!
 //! All figures are ratios against native runs made in the same invocation.
 
+pub mod cuda;
 pub mod env;
 pub mod fairness;
 pub mod measure;

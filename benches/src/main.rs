@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, ensure};
 use clap::{Parser, Subcommand};
-use hira_benches::{env, fairness, measure, overhead, report, rodinia, suite};
+use hira_benches::{cuda, env, fairness, measure, overhead, report, rodinia, suite};
 
 /// Hira's benchmark harness: every figure is a ratio against native runs made in the
 /// same invocation, alternating native and Hira so that machine noise hits both.
@@ -110,6 +110,24 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/rodinia")]
         out: PathBuf,
     },
+    /// The CUDA test programs (tests/cuda) natively and through Hira on the same
+    /// driver: the machine's (`--driver system`), else the CPU test executor, whose
+    /// ratios measure remoting against PTX interpretation, not a GPU.
+    Cuda {
+        /// `system` for the machine's CUDA driver, else a directory holding a
+        /// libcuda.so.1 (default: the CPU test executor of this build).
+        #[arg(long)]
+        driver: Option<String>,
+        /// Unmeasured runs each way before measuring.
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// Measured runs each way.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Directory for results.json, results.md and results.svg.
+        #[arg(long, default_value = "target/hira-bench/cuda")]
+        out: PathBuf,
+    },
     /// Call round trip, asynchronous call cost and a launch-and-wait loop.
     Overhead {
         /// Measured repeats, native and remote alternating.
@@ -211,6 +229,23 @@ fn main() -> Result<()> {
             )?;
             eprint!("\r\x1b[2K");
             write_reports(&out, std::slice::from_ref(&m))
+        }
+        Cmd::Cuda {
+            driver,
+            warmup,
+            repeats,
+            out,
+        } => {
+            ensure!(repeats > 0, "--repeats must be at least 1");
+            let bin = env::build_components()?;
+            let dir = tempfile::tempdir()?;
+            let ms = cuda::run(&bin, dir.path(), driver.as_deref(), warmup, repeats)?;
+            write_reports(&out, &ms)?;
+            ensure!(
+                ms.iter().all(measure::Measurement::verified),
+                "some programs did not verify"
+            );
+            Ok(())
         }
         Cmd::Overhead {
             repeats,
