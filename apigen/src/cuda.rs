@@ -132,7 +132,7 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
     for a in &f.args {
         let n = &a.name;
         let line = match &a.kind {
-            Kind::Val => put("c.w", &a.ctype, n)?,
+            Kind::Val | Kind::DevicePtr(_) => put("c.w", &a.ctype, n)?,
             Kind::Handle { .. } | Kind::Release(_) | Kind::Stream => {
                 format!("c.w.u64({n} as usize as u64);")
             }
@@ -257,7 +257,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     for a in &f.args {
         let n = &a.name;
         let line = match &a.kind {
-            Kind::Val => format!("let {n} = {};", get("r", &a.ctype)?),
+            Kind::Val | Kind::DevicePtr(_) => format!("let {n} = {};", get("r", &a.ctype)?),
             Kind::Handle { .. } | Kind::Release(_) | Kind::Stream => {
                 format!("let {n}__id = r.u64()?;")
             }
@@ -287,11 +287,16 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     }
     let mut call_args = Vec::new();
     let mut after = String::new();
+    let mut checks = String::new();
     for a in &f.args {
         let n = &a.name;
         let t = pointee(&a.ctype);
         match &a.kind {
             Kind::Val => call_args.push(n.clone()),
+            Kind::DevicePtr(size) => {
+                let _ = writeln!(checks, "    s.check_device({n}, ({size}) as u64)?;");
+                call_args.push(n.clone());
+            }
             Kind::Handle { kind, nullable } => {
                 let _ = writeln!(
                     s,
@@ -382,6 +387,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     if f.current {
         s.push_str("    s.make_current(current__h)?;\n");
     }
+    s.push_str(&checks);
     let _ = writeln!(
         s,
         "    // SAFETY: every pointer is to a value or buffer of the size the API names\n    // for it, made above from the decoded arguments.\n    let status = unsafe {{ host__fn({}) }};\n    w.i32(status);\n    if status == 0 {{\n{after}    }}\n    Ok(())\n}}\n",

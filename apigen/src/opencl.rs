@@ -183,7 +183,8 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             | Kind::KernelExtra(_)
             | Kind::NewFunction
             | Kind::FoundHandle(_)
-            | Kind::Local => {
+            | Kind::Local
+            | Kind::DevicePtr(_) => {
                 return Err(format!("kind {:?} is not in the OpenCL profile", a.kind));
             }
             Kind::Blocking if deferred_read(f).is_some() => {
@@ -617,7 +618,8 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             | Kind::KernelExtra(_)
             | Kind::NewFunction
             | Kind::FoundHandle(_)
-            | Kind::Local => {
+            | Kind::Local
+            | Kind::DevicePtr(_) => {
                 return Err(format!("kind {:?} is not in the OpenCL profile", a.kind));
             }
             Kind::Val => {

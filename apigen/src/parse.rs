@@ -124,6 +124,9 @@ pub enum Kind {
     FoundHandle(String),
     /// An argument of a function the guest implements itself (`local`).
     Local,
+    /// A device address the call reads or writes this many bytes at: the API server
+    /// checks they lie in one of the context's allocations before the host call.
+    DevicePtr(String),
 }
 
 /// One argument of a described function.
@@ -367,6 +370,7 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
         "newfunc" => Kind::NewFunction,
         "outh" => Kind::FoundHandle(p(0)?),
         "local" => Kind::Local,
+        "dptr" => Kind::DevicePtr(p(0)?),
         other => return Err(format!("unknown argument kind `{other}`")),
     };
     Ok(kind)

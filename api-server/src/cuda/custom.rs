@@ -285,6 +285,7 @@ pub(crate) fn cuMemcpyDtoHAsync_v2(
         Vec::new()
     };
     s.make_current(ctx)?;
+    s.check_device(src, n as u64)?;
     let dst = if want {
         buf.as_mut_ptr().cast::<c_void>()
     } else {

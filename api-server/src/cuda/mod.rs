@@ -220,6 +220,29 @@ impl Session {
         }
     }
 
+    /// Checks that `n` bytes at device address `p` lie within one allocation the
+    /// current context's driver knows (`cuMemGetAddressRange`), so that no guest
+    /// value reaches the driver as an address of the API server's own memory;
+    /// otherwise the call fails with `CUDA_ERROR_INVALID_VALUE`, as a bad device
+    /// pointer does natively.
+    pub(crate) fn check_device(&self, p: u64, n: u64) -> Result<(), Fail> {
+        if n == 0 {
+            return Ok(());
+        }
+        let range = self
+            .driver
+            .cuMemGetAddressRange_v2
+            .ok_or(Fail::Status(status::NOT_SUPPORTED))?;
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: two out-pointers and a value.
+        let st = unsafe { range(&mut base, &mut size, p) };
+        let end = base.checked_add(size as u64);
+        match (st, p.checked_add(n), end) {
+            (0, Some(last), Some(end)) if p >= base && last <= end => Ok(()),
+            _ => Err(Fail::Status(status::INVALID_VALUE)),
+        }
+    }
+
     pub(crate) fn set_layout(&self, f: u64, layout: Option<Vec<(u32, u32)>>) {
         self.handles().layouts.insert(f, layout);
     }

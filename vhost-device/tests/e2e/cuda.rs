@@ -278,6 +278,11 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     w.u64(7).u64(0x1000).u8(1).bytes(&[1, 2, 3]).u64(64);
     let (h, _) = g.call(op::cuMemcpyHtoD_v2, w.as_slice());
     assert_eq!(h.kind, FrameKind::Error);
+    // A copy to an address no allocation of the context holds: refused before the
+    // driver sees it, with the driver's code for a bad device pointer.
+    let mut w = Writer::new();
+    w.u64(7).u64(0x1000).u8(1).bytes(&[1, 2, 3]).u64(3);
+    assert_eq!(call(&mut g, op::cuMemcpyHtoD_v2, w), 1, "INVALID_VALUE");
     // An opcode CUDA's description does not have.
     let (h, _) = g.call(999, &[]);
     assert_eq!(h.kind, FrameKind::Error);
