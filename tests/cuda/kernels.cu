@@ -56,3 +56,10 @@ extern "C" __global__ void reduce_sum(const float *in, float *out, int n) {
 extern "C" __global__ void write_at(int *p, long offset, int v) {
     p[offset] = v;
 }
+
+// A kernel that runs as long as asked: n steps of a recurrence nothing can shorten.
+extern "C" __global__ void spin(unsigned n, unsigned *out) {
+    unsigned x = 1;
+    for (unsigned i = 0; i < n; i++) x = x * 1664525u + 1013904223u + (x >> 7);
+    *out = x;
+}

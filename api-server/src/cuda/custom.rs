@@ -238,7 +238,10 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
             PARAM_END as *mut c_void,
         ];
     }
+    // The VM's scheduling decision, then the launch between two timing events.
+    s.device_time.admit();
     s.make_current(ctx)?;
+    let bracket = s.device_time.before(&s.driver, stream);
     let pp = if params.is_some() {
         pointers.as_mut_ptr()
     } else {
@@ -258,6 +261,7 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
         )
     };
     drop((param_store, extra_store));
+    s.device_time.after(&s.driver, bracket, stream, st == 0);
     w.i32(st);
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! driver newer than the bindings may return a code the enum lacks.
 
 pub mod custom;
+pub mod device_time;
 pub mod params;
 
 use std::collections::HashMap;
@@ -105,6 +106,8 @@ pub struct Session {
     handles: Mutex<Handles>,
     /// Device memory charged to the VM's quota.
     pub(crate) quota: Arc<Account>,
+    /// Kernels' device time, and the VM's scheduling decision applied to launches.
+    pub(crate) device_time: device_time::DeviceTime,
 }
 
 impl Session {
@@ -329,6 +332,7 @@ impl CudaBackend {
             session: Session {
                 driver,
                 handles: Mutex::new(Handles::default()),
+                device_time: device_time::DeviceTime::new(quota.clone()),
                 quota,
             },
         })
@@ -345,6 +349,9 @@ impl Backend for CudaBackend {
     ) -> Result<(), Fail> {
         let mut r = Reader::new(payload);
         let res = generated::dispatch(&self.session, opcode, &mut r, w);
+        // Launches that completed meanwhile (after a synchronising call: all it
+        // waited for) are accounted before the guest sees the reply.
+        self.session.device_time.sweep(&self.session.driver, false);
         let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
         if succeeded && opcode == hira_api_cuda::op::cuCtxDestroy_v2 {
             let mut r = Reader::new(payload);
@@ -393,6 +400,7 @@ impl Backend for CudaBackend {
 
     fn teardown(&self) -> TeardownReport {
         let s = &self.session;
+        s.device_time.sweep(&s.driver, false);
         let (contexts, primary): (Vec<usize>, Vec<(c_int, u32)>) = {
             let hs = s.handles();
             (

@@ -25,8 +25,8 @@ const PROGRAMS: &[&str] = &[
     "fault",
     "transfer",
 ];
-/// Programs that run through Hira only.
-const HIRA_ONLY: &[&str] = &["entry_points"];
+/// Programs that run through Hira only, or that other tests drive.
+const HIRA_ONLY: &[&str] = &["entry_points", "busy"];
 
 /// Whether the tests use the machine's real CUDA driver.
 fn real_gpu() -> bool {
@@ -378,4 +378,79 @@ fn kernel_parameter_layouts_come_from_the_ptx_where_the_driver_cannot_give_them(
     // The executor plays a driver older than CUDA 12.4 (no cuFuncGetParamInfo).
     let d = daemon(&[("HIRA_CUDA_CPU_NO_PARAM_INFO", "1")]);
     same_as_native(&d, &[]);
+}
+
+/// VM `name` as the daemon's status shows it.
+fn vm(d: &Daemon, name: &str) -> serde_json::Value {
+    d.status()["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no VM {name}"))
+}
+
+/// Asks the daemon until `test` holds of VM `name`.
+fn wait_for(
+    d: &Daemon,
+    name: &str,
+    what: &str,
+    test: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = std::time::Instant::now();
+    loop {
+        let v = vm(d, name);
+        if test(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "VM {name} never reached {what}: {v}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A CUDA guest's kernels are accounted as device time, and when its VM is ahead of
+/// its share while another VM has work waiting, its next launch is held until that
+/// work has run (as for OpenCL guests: scheduling.rs).
+#[test]
+fn cuda_kernels_are_accounted_and_held_while_their_vm_is_ahead_of_its_share() {
+    let d = daemon_with(&["ahead", "behind"], &[]);
+    let k = kit();
+    let mut cuda = LineProgram::start({
+        let mut c = Command::new(k.exe("busy"));
+        c.arg(&k.ptx)
+            .env("LD_LIBRARY_PATH", k.shim_dir())
+            .env("HIRA_SOCKET", d.socket("ahead"));
+        c
+    });
+    let vendors = Vendors::hira();
+    let mut behind = LineProgram::start(d.guest(&vendors, "behind", &c_program("busy")));
+    // Alone, "ahead" uses the device as it likes; its kernels' time is accounted.
+    let ran = cuda.ask("run 80");
+    let n: u64 = ran.split(' ').nth(1).unwrap().parse().unwrap();
+    let ns: u64 = ran.split(' ').nth(2).unwrap().parse().unwrap();
+    let v = wait_for(&d, "ahead", "the device time of its launches", |v| {
+        v["device_ns"].as_u64().unwrap() >= ns && v["in_flight"] == 0
+    });
+    assert_eq!(v["held"], 0);
+    // "behind" has a launch waiting; one more long launch puts "ahead" more than the
+    // quantum ahead of it: held from its next launch on.
+    assert_eq!(behind.ask("gate"), "ok");
+    wait_for(&d, "behind", "a launch in flight", |v| v["in_flight"] == 1);
+    assert_eq!(cuda.ask(&format!("once {n}")), "ok");
+    wait_for(&d, "ahead", "the hold decision", |v| {
+        v["decision"] == "hold"
+    });
+    cuda.send("once 1000");
+    let v = wait_for(&d, "ahead", "a held launch", |v| v["held"] == 1);
+    assert_eq!(v["decision"], "hold");
+    // "behind" runs its launch; "ahead" goes on, with the right result.
+    assert_eq!(behind.ask("open"), "ok");
+    assert_eq!(cuda.line(), "ok", "the held launch ran");
+    wait_for(&d, "ahead", "release", |v| {
+        v["held"] == 0 && v["in_flight"] == 0
+    });
 }

@@ -1,0 +1,187 @@
+//! Device time of CUDA kernels and the VM's scheduling decision, where launches
+//! reach the device.
+//!
+//! **Measuring.** Each launch is bracketed by two timing events of the API server's
+//! own, recorded on the launch's stream; when the second has completed, the time
+//! between them is the kernel's device time, added to the session's usage page
+//! where the daemon's scheduler finds it. Completed launches are swept after every
+//! call of the session (a call that synchronises is followed by one), so what the
+//! guest has seen complete is accounted; the launch counts as running from when it
+//! was launched until then.
+//!
+//! **Enforcing.** Before a launch the VM's decision is read from its page (one atomic
+//! load). `Run`: launched at once. `Hold`: the launch waits in the API server until the
+//! decision changes, polled every [`GATE_POLL`]; `Delay(ns)`: it waits that long. The
+//! guest's calling thread waits with it (its other threads and other sessions go on),
+//! as behind a busy device. Unlike OpenCL's gates, which wait on the device, a held
+//! CUDA launch waits before the host call: the driver API has no user events.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hira_protocol::usage::{Gate, monotonic_ns};
+
+use super::Driver;
+use crate::account::Account;
+
+/// How often a held launch looks at the decision again.
+pub const GATE_POLL: Duration = Duration::from_millis(1);
+
+/// A launch whose device time is not yet known.
+struct Launch {
+    start: *mut c_void,
+    end: *mut c_void,
+    /// When it was launched (monotonic ns): running from then.
+    launched: u64,
+}
+
+// SAFETY: event handles are plain driver handles, usable from any thread.
+unsafe impl Send for Launch {}
+
+/// The session's launches in flight, and its account.
+pub struct DeviceTime {
+    account: Arc<Account>,
+    pending: Mutex<Vec<Launch>>,
+}
+
+/// Events bracketing one launch, made before it.
+pub struct Bracket {
+    start: *mut c_void,
+    end: *mut c_void,
+}
+
+impl DeviceTime {
+    pub fn new(account: Arc<Account>) -> Self {
+        DeviceTime {
+            account,
+            pending: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits until the VM's decision lets a launch through.
+    pub fn admit(&self) {
+        let held_since = Instant::now();
+        let mut held = false;
+        loop {
+            match self.account.gate() {
+                Gate::Run => break,
+                Gate::Hold => {
+                    if !held {
+                        held = true;
+                        self.account.held(1);
+                    }
+                    std::thread::sleep(GATE_POLL);
+                }
+                Gate::Delay(ns) => {
+                    if !held {
+                        held = true;
+                        self.account.held(1);
+                    }
+                    std::thread::sleep(Duration::from_nanos(ns));
+                    break;
+                }
+            }
+        }
+        if held {
+            self.account.held(-1);
+            self.account
+                .held_for(u64::try_from(held_since.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
+    }
+
+    /// Records the start event of a launch on `stream`, in the current context.
+    pub(crate) fn before(&self, d: &Driver, stream: *mut c_void) -> Option<Bracket> {
+        let (create, record) = (d.cuEventCreate?, d.cuEventRecord?);
+        let mut start: *mut c_void = std::ptr::null_mut();
+        let mut end: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-pointers to event handles; flags 0 (timing on).
+        let made = unsafe { create((&mut start as *mut *mut c_void).cast(), 0) == 0 }
+            // SAFETY: as above.
+            && unsafe { create((&mut end as *mut *mut c_void).cast(), 0) == 0 }
+            // SAFETY: an event just made and the launch's stream.
+            && unsafe { record(start, stream) == 0 };
+        if made {
+            Some(Bracket { start, end })
+        } else {
+            destroy(d, &[start, end]);
+            None
+        }
+    }
+
+    /// After a launch: its end event is recorded and the launch counted as running
+    /// until the event completes.
+    pub(crate) fn after(
+        &self,
+        d: &Driver,
+        b: Option<Bracket>,
+        stream: *mut c_void,
+        launched: bool,
+    ) {
+        let Some(b) = b else { return };
+        let recorded = launched
+            && d.cuEventRecord
+                // SAFETY: an event of ours and the launch's stream.
+                .is_some_and(|record| unsafe { record(b.end, stream) } == 0);
+        if !recorded {
+            destroy(d, &[b.start, b.end]);
+            return;
+        }
+        let now = monotonic_ns();
+        self.account.in_flight(1);
+        self.account.running(now, 1);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Launch {
+                start: b.start,
+                end: b.end,
+                launched: now,
+            });
+    }
+
+    /// Accounts the launches that have completed (all of them with `wait`).
+    pub(crate) fn sweep(&self, d: &Driver, wait: bool) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.is_empty() {
+            return;
+        }
+        let (Some(query), Some(elapsed), Some(sync)) =
+            (d.cuEventQuery, d.cuEventElapsedTime, d.cuEventSynchronize)
+        else {
+            return;
+        };
+        pending.retain(|l| {
+            let done = if wait {
+                // SAFETY: an event of ours, not yet destroyed.
+                unsafe { sync(l.end) == 0 }
+            } else {
+                // SAFETY: as above.
+                unsafe { query(l.end) == 0 }
+            };
+            if !done {
+                return true;
+            }
+            let mut ms = 0f32;
+            // SAFETY: two completed timing events of ours and an out-pointer.
+            let ns = if unsafe { elapsed(&mut ms, l.start, l.end) } == 0 {
+                (f64::from(ms.max(0.0)) * 1e6) as u64
+            } else {
+                monotonic_ns().saturating_sub(l.launched)
+            };
+            self.account.device_time(ns);
+            self.account.running(l.launched, -1);
+            self.account.in_flight(-1);
+            destroy(d, &[l.start, l.end]);
+            false
+        });
+    }
+}
+
+fn destroy(d: &Driver, events: &[*mut c_void]) {
+    let Some(f) = d.cuEventDestroy_v2 else { return };
+    for &e in events.iter().filter(|e| !e.is_null()) {
+        // SAFETY: an event this module made.
+        unsafe { f(e) };
+    }
+}
