@@ -17,7 +17,7 @@ use hira_protocol::handshake::{ErrorPayload, Hello};
 
 use crate::support::*;
 
-const PROGRAMS: &[&str] = &[
+pub(crate) const PROGRAMS: &[&str] = &[
     "vector_add",
     "matmul",
     "streams",
@@ -33,15 +33,15 @@ fn real_gpu() -> bool {
     std::env::var_os("HIRA_CUDA_E2E").is_some_and(|v| v == "1")
 }
 
-struct Kit {
+pub(crate) struct Kit {
     dir: tempfile::TempDir,
-    ptx: PathBuf,
+    pub(crate) ptx: PathBuf,
 }
 
 impl Kit {
     /// Where the driver the programs and API servers load lives (`None`: the
     /// system's).
-    fn driver_dir(&self) -> Option<PathBuf> {
+    pub(crate) fn driver_dir(&self) -> Option<PathBuf> {
         (!real_gpu()).then(|| self.dir.path().join("driver"))
     }
 
@@ -49,7 +49,7 @@ impl Kit {
         self.dir.path().join("shim")
     }
 
-    fn exe(&self, name: &str) -> PathBuf {
+    pub(crate) fn exe(&self, name: &str) -> PathBuf {
         match name {
             // The Rust program, built by cargo (tests/cuda-rust).
             "cudarc-guest" => bin_dir().join(name),
@@ -69,7 +69,7 @@ fn install_as_libcuda(lib: &Path, dir: &Path) {
 }
 
 /// The programs, the kernels' PTX (compiled by NVRTC) and the two libcuda.so.1.
-fn kit() -> &'static Kit {
+pub(crate) fn kit() -> &'static Kit {
     static KIT: OnceLock<Kit> = OnceLock::new();
     KIT.get_or_init(|| {
         ensure_built();
@@ -130,7 +130,7 @@ fn daemon_with(vm: &[&str], env: &[(&str, &str)]) -> Daemon {
     Daemon::start_with_env(vm, &all)
 }
 
-fn native(program: &str) -> Output {
+pub(crate) fn native(program: &str) -> Output {
     let k = kit();
     let mut c = Command::new(k.exe(program));
     c.arg(&k.ptx);

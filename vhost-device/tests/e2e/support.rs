@@ -257,6 +257,11 @@ impl Daemon {
     /// As [`Daemon::start_vms`], each VM with a 64 MiB shared data window when
     /// `windows` is set (see [`Daemon::window_file`]).
     pub fn start_vms_with(vms: &[(&str, u32)], windows: bool) -> Daemon {
+        Self::start_vms_env(vms, windows, &[])
+    }
+
+    /// As [`Daemon::start_vms_with`], with extra environment.
+    pub fn start_vms_env(vms: &[(&str, u32)], windows: bool, env: &[(&str, &str)]) -> Daemon {
         ensure_built();
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("daemon.log");
@@ -276,6 +281,7 @@ impl Daemon {
         }
         cmd.env("RUST_LOG", "info")
             .env_remove("OCL_ICD_VENDORS")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         cmd.arg("--control-socket")

@@ -251,6 +251,75 @@ fn programs_match_native(window: bool, envs: &[&str]) -> Daemon {
     daemon
 }
 
+/// CUDA programs in a QEMU guest (Hira's libcuda.so.1 installed by guest-install),
+/// on the rings in the VM's window: the same output as natively on the host's driver
+/// (the CPU test executor in CI, loaded by the API servers).
+#[test]
+fn cuda_programs_in_a_vm_match_native() {
+    let k = crate::cuda::kit();
+    let driver = k
+        .driver_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    let daemon = Daemon::start_vms_env(&[("qvm", 3)], true, &[("LD_LIBRARY_PATH", &driver)]);
+    let programs = ["vector_add", "matmul", "streams", "contexts", "transfer"];
+    let script: String = programs
+        .iter()
+        .map(|p| {
+            format!(
+                "echo '=== {p}'\n/hira/{p} /hira/kernels.ptx 2>/dev/null\necho \"=== exit $?\"\n"
+            )
+        })
+        .collect();
+    let dir = bin_dir().join("hira-vm-cuda");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = dir.join("run");
+    std::fs::write(&run, format!("#!/bin/sh\n{script}")).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cmd = Command::new(workspace().join("scripts/vm-image"));
+    cmd.arg(&dir).arg(shim()).arg(&run).arg(&k.ptx);
+    for p in programs {
+        cmd.arg(k.exe(p));
+    }
+    let built = cmd.output().unwrap();
+    assert!(
+        built.status.success(),
+        "vm-image failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let mut q = qemu_with_window(
+        &dir,
+        &daemon.vhost_socket("qvm"),
+        &daemon.window_file("qvm"),
+    );
+    let out = run_with_timeout(&mut q, Duration::from_secs(300));
+    let console = String::from_utf8_lossy(&out.stdout);
+    let mut expected = String::new();
+    for p in programs {
+        let o = crate::cuda::native(p);
+        expected.push_str(&format!(
+            "=== {p}\n{}=== exit {}\n",
+            String::from_utf8_lossy(&o.stdout),
+            o.status.code().unwrap_or(-1)
+        ));
+    }
+    assert_eq!(
+        guest_output(&console),
+        expected,
+        "guest output differs from native; daemon log:\n{}",
+        daemon.log_text()
+    );
+    let ended = daemon.wait_idle(Duration::from_secs(30));
+    assert!(
+        ended.iter().filter(|e| e["vm"] == "qvm").count() == programs.len()
+            && ended
+                .iter()
+                .filter(|e| e["vm"] == "qvm")
+                .all(|e| e["data_plane"] == "rings"),
+        "every program a CUDA session of the VM on rings: {ended:?}"
+    );
+}
+
 #[test]
 fn guest_programs_over_the_vhost_user_vsock_device_match_native() {
     let daemon = programs_match_native(false, &[""]);
