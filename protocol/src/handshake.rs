@@ -407,7 +407,7 @@ impl TeardownPayload {
 
 /// Opcode of the `Notify` frame an API server sends the guest when a call forwarded
 /// without a reply failed: the guest reports it at the next call that can (the
-/// OpenCL shim: `clFinish`, `clWaitForEvents`). Sent on the failed call's channel
+/// calls an API's description marks `reports`). Sent on the failed call's channel
 /// before anything that channel runs next.
 pub const ASYNC_FAILURE: u16 = 0xFFFE;
 
