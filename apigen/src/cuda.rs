@@ -125,6 +125,24 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             names.join(", ")
         );
     }
+    let names: Vec<&str> = f.args.iter().map(|a| a.name.as_str()).collect();
+    let may_async = if f.check {
+        let _ = writeln!(
+            s,
+            "            let check__async = crate::checks::{}({})?;",
+            f.name,
+            names.join(", ")
+        );
+        if f.is_async {
+            "check__async && !crate::rt::force_sync()"
+        } else {
+            "false"
+        }
+    } else if f.is_async {
+        "!crate::rt::force_sync()"
+    } else {
+        "false"
+    };
     if f.current {
         s.push_str("            c.current();\n");
     }
@@ -144,9 +162,15 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 format!("let {n}__id = c.new_id(!{n}.is_null());")
             }
             Kind::NewFunction => {
+                let module = f
+                    .args
+                    .iter()
+                    .find(|a| matches!(&a.kind, Kind::Handle { kind, .. } if kind == "Module"))
+                    .map(|a| a.name.clone())
+                    .ok_or("newfunc needs the module's h(Module) argument")?;
                 let _ = writeln!(
                     after,
-                    "                if !{n}.is_null() {{ crate::rt::learn_layout({n}__id, &mut rep.r)?; *{n} = crate::rt::adopt(Kind::Function, {n}__id) as _; }}"
+                    "                if !{n}.is_null() {{ crate::rt::learn_layout({n}__id, {module} as usize as u64, &mut rep.r)?; *{n} = crate::rt::adopt(Kind::Function, {n}__id) as _; }}"
                 );
                 format!("let {n}__id = c.new_id(!{n}.is_null());")
             }
@@ -194,8 +218,11 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
     }
     let _ = writeln!(
         s,
-        "            let mut rep = c.send()?;\n            if rep.status == 0 {{\n{after}            }}"
+        "            let mut rep = c.send({may_async})?;\n            if rep.status == 0 {{\n{after}            }}"
     );
+    if f.reports {
+        s.push_str("            rep.status = crate::rt::with_async_failure(rep.status);\n");
+    }
     for a in &f.args {
         if let Kind::Release(k) = &a.kind {
             let _ = writeln!(

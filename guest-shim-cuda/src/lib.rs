@@ -12,6 +12,7 @@
 //! Installed as `libcuda.so.1` on the library path (`scripts/guest-install`), it
 //! takes the place of NVIDIA's driver library for unmodified programs.
 
+mod checks;
 pub mod local;
 pub mod rt;
 mod stream;

@@ -32,8 +32,11 @@ struct Runtime {
     next_id: AtomicU64,
     /// Contexts the application may make current: created or retained, not destroyed.
     contexts: Mutex<HashSet<u64>>,
-    /// Each looked-up function's parameters: (offset, size).
-    layouts: Mutex<HashMap<u64, Vec<(u32, u32)>>>,
+    /// Each looked-up function's parameters and launch limits.
+    layouts: Mutex<HashMap<u64, FunctionInfo>>,
+    /// Every object the application holds, by kind and id: the context it was made
+    /// in (a context: itself).
+    live: Mutex<HashMap<(Kind, u64), u64>>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -63,6 +66,7 @@ fn runtime() -> &'static Runtime {
             next_id: AtomicU64::new(1),
             contexts: Mutex::new(HashSet::new()),
             layouts: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
         }
     })
 }
@@ -135,6 +139,65 @@ fn call_inner(
     }
 }
 
+/// `status`, or, if it is a success, the status of the first call forwarded without
+/// waiting that failed on the host since the last report.
+pub fn with_async_failure(status: CUresult) -> CUresult {
+    if status != status::SUCCESS {
+        return status;
+    }
+    match conn().ok().and_then(Connection::take_async_failure) {
+        Some(f) => {
+            let name = hira_api_cuda::op_info(f.opcode).map_or("a call", |o| o.name);
+            warn!(
+                "an earlier {name}, forwarded without waiting, failed with {}",
+                f.status
+            );
+            f.status
+        }
+        None => status,
+    }
+}
+
+/// Whether every call waits for its reply (`HIRA_SYNC`).
+pub fn force_sync() -> bool {
+    static SYNC: OnceLock<bool> = OnceLock::new();
+    *SYNC.get_or_init(|| std::env::var_os("HIRA_SYNC").is_some())
+}
+
+/// The context of the live object `id` of `kind`, if the application holds one.
+pub fn context_of(kind: Kind, id: u64) -> Option<u64> {
+    runtime()
+        .live
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(kind, id))
+        .copied()
+}
+
+/// What the guest knows of a function it looked up: its parameter layout (`None`
+/// if the host could not give one) and the launch limits the host reported (0:
+/// unknown).
+#[derive(Debug, Clone, Default)]
+pub struct FunctionInfo {
+    /// The module it belongs to: unloading it ends the function.
+    pub module: u64,
+    pub layout: Option<Vec<(u32, u32)>>,
+    pub max_threads: u32,
+    pub max_dynamic_shared: u32,
+    pub max_block: [u32; 3],
+    pub max_grid: [u32; 3],
+}
+
+/// What the guest knows of function `id`.
+pub fn function(id: u64) -> Option<FunctionInfo> {
+    runtime()
+        .layouts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .cloned()
+}
+
 /// The id of the calling thread's current context, 0 for none.
 pub fn current() -> u64 {
     STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
@@ -169,6 +232,12 @@ pub(crate) fn is_context(id: u64) -> bool {
 
 /// An object the host made under id `id`: the handle the application gets.
 pub fn adopt(kind: Kind, id: u64) -> *mut c_void {
+    let ctx = if kind == Kind::Context { id } else { current() };
+    runtime()
+        .live
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((kind, id), ctx);
     if kind == Kind::Context {
         runtime()
             .contexts
@@ -185,6 +254,29 @@ pub fn adopt(kind: Kind, id: u64) -> *mut c_void {
 
 /// An object the application destroyed.
 pub fn released(kind: Kind, id: u64) {
+    let rt = runtime();
+    {
+        let mut live = rt.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.remove(&(kind, id));
+        // What a context held ends with it.
+        if kind == Kind::Context {
+            live.retain(|_, ctx| *ctx != id);
+        }
+    }
+    // A module's functions end with it.
+    if kind == Kind::Module {
+        let mut layouts = rt.layouts.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<u64> = layouts
+            .iter()
+            .filter(|(_, f)| f.module == id)
+            .map(|(&f, _)| f)
+            .collect();
+        let mut live = rt.live.lock().unwrap_or_else(|e| e.into_inner());
+        for f in gone {
+            layouts.remove(&f);
+            live.remove(&(Kind::Function, f));
+        }
+    }
     match kind {
         Kind::Context => {
             runtime()
@@ -205,21 +297,37 @@ pub fn released(kind: Kind, id: u64) {
     }
 }
 
-/// Reads a function's parameter layout from a reply and keeps it.
-pub fn learn_layout(id: u64, r: &mut ReplyReader) -> Result<(), CUresult> {
-    let n = r.u32()? as usize;
-    if n > 4096 {
-        return Err(status::UNKNOWN);
-    }
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        v.push((r.u32()?, r.u32()?));
+/// Reads what the reply of `cuModuleGetFunction` tells of a function (its parameter
+/// layout, `u32::MAX` parameters if unknown, then its launch limits) and keeps it.
+pub fn learn_layout(id: u64, module: u64, r: &mut ReplyReader) -> Result<(), CUresult> {
+    let n = r.u32()?;
+    let layout = if n == u32::MAX {
+        None
+    } else {
+        if n > 4096 {
+            return Err(status::UNKNOWN);
+        }
+        let mut v = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            v.push((r.u32()?, r.u32()?));
+        }
+        Some(v)
+    };
+    let mut info = FunctionInfo {
+        module,
+        layout,
+        max_threads: r.u32()?,
+        max_dynamic_shared: r.u32()?,
+        ..FunctionInfo::default()
+    };
+    for v in info.max_block.iter_mut().chain(info.max_grid.iter_mut()) {
+        *v = r.u32()?;
     }
     runtime()
         .layouts
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(id, v);
+        .insert(id, info);
     Ok(())
 }
 
@@ -327,7 +435,12 @@ impl Call {
             return Ok(());
         }
         let layouts = runtime().layouts.lock().unwrap_or_else(|e| e.into_inner());
-        let layout = layouts.get(&f).ok_or(status::INVALID_HANDLE)?;
+        let layout = layouts
+            .get(&f)
+            .ok_or(status::INVALID_HANDLE)?
+            .layout
+            .as_ref()
+            .ok_or(status::NOT_SUPPORTED)?;
         let total = layout
             .iter()
             .map(|&(o, s)| (o + s) as usize)
@@ -398,10 +511,11 @@ impl Call {
         }
     }
 
-    /// Sends the call and waits for its reply.
-    pub fn send(self) -> Result<Reply, CUresult> {
+    /// Sends the call and waits for its reply; with `no_reply`, returns at once (a
+    /// failure on the host comes back through [`with_async_failure`]).
+    pub fn send(self, no_reply: bool) -> Result<Reply, CUresult> {
         let conn = conn()?;
-        match conn.call(self.op, &[], self.w.as_slice(), false) {
+        match conn.call(self.op, &[], self.w.as_slice(), no_reply) {
             Ok(Some(frame)) if frame.header.kind == FrameKind::Reply => {
                 let mut r = ReplyReader {
                     buf: frame.payload,
@@ -419,6 +533,13 @@ impl Call {
                     _ => status::INVALID_VALUE,
                 })
             }
+            Ok(None) if no_reply => Ok(Reply {
+                status: status::SUCCESS,
+                r: ReplyReader {
+                    buf: Vec::new(),
+                    pos: 0,
+                },
+            }),
             Ok(None) => Err(status::UNKNOWN),
             Err(e) => {
                 warn!("the Hira session failed: {e}");

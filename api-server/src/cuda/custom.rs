@@ -146,9 +146,50 @@ pub(crate) fn cuModuleGetFunction(
                 w.u32(u32::MAX);
             }
         }
+        for v in launch_limits(s, h) {
+            w.u32(v);
+        }
         s.set_layout(id, layout);
     }
     Ok(())
+}
+
+/// What a launch of `f` in the current context may ask for, so that the guest can
+/// tell a launch the driver would refuse at once (it then waits for the host's
+/// answer) from one it may forward without waiting: the function's most threads per
+/// block and dynamic shared memory, and the device's largest block and grid. 0 where
+/// the driver does not say (the guest then always waits).
+fn launch_limits(s: &Session, f: *mut c_void) -> [u32; 8] {
+    let mut out = [0u32; 8];
+    let (Some(func_attr), Some(dev_attr), Some(ctx_dev)) = (
+        s.driver.cuFuncGetAttribute,
+        s.driver.cuDeviceGetAttribute,
+        s.driver.cuCtxGetDevice,
+    ) else {
+        return out;
+    };
+    // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, _MAX_DYNAMIC_SHARED_SIZE_BYTES.
+    for (slot, attr) in [(0, 0), (1, 8)] {
+        let mut v: c_int = 0;
+        // SAFETY: an out-pointer, an attribute number and a function of this session.
+        if unsafe { func_attr(&mut v, attr, f) } == 0 {
+            out[slot] = u32::try_from(v).unwrap_or(0);
+        }
+    }
+    let mut dev: c_int = 0;
+    // SAFETY: an out-pointer; the context is current.
+    if unsafe { ctx_dev(&mut dev) } != 0 {
+        return [0; 8];
+    }
+    // CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X..Z, MAX_GRID_DIM_X..Z.
+    for (i, attr) in (2..=7).enumerate() {
+        let mut v: c_int = 0;
+        // SAFETY: an out-pointer, an attribute number and the context's device.
+        if unsafe { dev_attr(&mut v, attr, dev) } == 0 {
+            out[2 + i] = u32::try_from(v).unwrap_or(0);
+        }
+    }
+    out
 }
 
 /// Most parameters a kernel may have (the driver allows 32 KiB of them).

@@ -43,6 +43,7 @@ pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
 pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 
@@ -1086,6 +1087,13 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
+    // Tests play a launch the device refuses for a reason the guest cannot see
+    // (registers, say): launch number N fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.
+    static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if std::env::var("HIRA_CUDA_CPU_FAIL_LAUNCH").is_ok_and(|v| v == n.to_string()) {
+        return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+    }
     with_ctx(|s, ctx| {
         let Some((m, i, globals)) = kernel_of(s, f) else {
             return CUDA_ERROR_INVALID_HANDLE;

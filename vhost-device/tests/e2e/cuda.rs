@@ -26,7 +26,7 @@ pub(crate) const PROGRAMS: &[&str] = &[
     "transfer",
 ];
 /// Programs that run through Hira only, or that other tests drive.
-const HIRA_ONLY: &[&str] = &["entry_points", "busy"];
+const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error"];
 
 /// Whether the tests use the machine's real CUDA driver.
 fn real_gpu() -> bool {
@@ -453,4 +453,44 @@ fn cuda_kernels_are_accounted_and_held_while_their_vm_is_ahead_of_its_share() {
     wait_for(&d, "ahead", "release", |v| {
         v["held"] == 0 && v["in_flight"] == 0
     });
+}
+
+/// Launches go without waiting for the host: a failure the guest could not foresee is
+/// returned by the next synchronisation, as CUDA returns asynchronous errors; with
+/// `HIRA_SYNC=1` by the launch itself, as natively. A launch the driver refuses at
+/// once (a function whose module is gone) waits and is refused at once either way.
+#[test]
+fn launches_go_without_waiting_and_their_failures_come_back_at_the_next_synchronisation() {
+    let fail = [("HIRA_CUDA_CPU_FAIL_LAUNCH", "1")];
+    let k = kit();
+    let mut native = Command::new(k.exe("launch_error"));
+    native.arg(&k.ptx).envs(fail);
+    if let Some(d) = k.driver_dir() {
+        native.env("LD_LIBRARY_PATH", d);
+    }
+    let n = run_with_timeout(&mut native, Duration::from_secs(120));
+    let n = String::from_utf8_lossy(&n.stdout).into_owned();
+    let d = daemon(&fail);
+    let asynchronous = through_hira(&d, "launch_error", &[]);
+    assert!(asynchronous.status.success(), "{}", text(&asynchronous));
+    let a = String::from_utf8_lossy(&asynchronous.stdout);
+    assert!(
+        a.contains("launch CUDA_SUCCESS, then synchronize CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+        "{a}"
+    );
+    assert!(
+        a.contains("unloaded module's function: CUDA_ERROR_INVALID_HANDLE"),
+        "{a}"
+    );
+    let d = daemon(&fail);
+    let synchronous = through_hira(&d, "launch_error", &[("HIRA_SYNC", "1")]);
+    assert_eq!(
+        String::from_utf8_lossy(&synchronous.stdout),
+        n,
+        "HIRA_SYNC=1: as natively"
+    );
+    assert!(
+        n.contains("launch CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, then synchronize CUDA_SUCCESS"),
+        "{n}"
+    );
 }
