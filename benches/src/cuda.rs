@@ -14,7 +14,14 @@ use crate::env::{self, BenchEnv};
 use crate::measure::{self, Measurement};
 
 /// The programs measured (the suite of the CUDA end-to-end tests).
-pub const PROGRAMS: &[&str] = &["vector_add", "matmul", "streams", "contexts", "transfer"];
+pub const PROGRAMS: &[&str] = &[
+    "vector_add",
+    "matmul",
+    "streams",
+    "contexts",
+    "transfer",
+    "launches",
+];
 
 /// Builds the programs and the kernels' PTX in `dir`, and measures each.
 pub fn run(

@@ -24,6 +24,7 @@ pub(crate) const PROGRAMS: &[&str] = &[
     "contexts",
     "fault",
     "transfer",
+    "launches",
 ];
 /// Programs that run through Hira only, or that other tests drive.
 const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error"];
