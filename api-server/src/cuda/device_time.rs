@@ -61,33 +61,25 @@ impl DeviceTime {
 
     /// Waits until the VM's decision lets a launch through.
     pub fn admit(&self) {
+        // The common case costs one atomic load.
+        if self.account.gate() == Gate::Run {
+            return;
+        }
         let held_since = Instant::now();
-        let mut held = false;
+        self.account.held(1);
         loop {
             match self.account.gate() {
                 Gate::Run => break,
-                Gate::Hold => {
-                    if !held {
-                        held = true;
-                        self.account.held(1);
-                    }
-                    std::thread::sleep(GATE_POLL);
-                }
+                Gate::Hold => std::thread::sleep(GATE_POLL),
                 Gate::Delay(ns) => {
-                    if !held {
-                        held = true;
-                        self.account.held(1);
-                    }
                     std::thread::sleep(Duration::from_nanos(ns));
                     break;
                 }
             }
         }
-        if held {
-            self.account.held(-1);
-            self.account
-                .held_for(u64::try_from(held_since.elapsed().as_nanos()).unwrap_or(u64::MAX));
-        }
+        self.account.held(-1);
+        self.account
+            .held_for(u64::try_from(held_since.elapsed().as_nanos()).unwrap_or(u64::MAX));
     }
 
     /// Records the start event of a launch on `stream`, in the current context.
