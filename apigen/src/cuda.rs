@@ -391,12 +391,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 ));
             }
             Kind::Data(size) | Kind::In(size) => {
-                let _ = writeln!(
-                    s,
-                    "    Session::check_len({n}__b.as_deref(), ({size}) as usize)?;"
-                );
+                let _ = writeln!(s, "    Session::check_len({n}__b, ({size}) as usize)?;");
                 call_args.push(format!(
-                    "{n}__b.as_ref().map_or(std::ptr::null(), |b| b.as_ptr()) as {}",
+                    "{n}__b.map_or(std::ptr::null(), |b| b.as_ptr()) as {}",
                     a.ctype
                 ));
             }

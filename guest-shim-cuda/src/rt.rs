@@ -592,7 +592,8 @@ impl Reply {
     /// # Safety
     /// `dst` is valid for `len` bytes.
     pub unsafe fn copy_out(&mut self, dst: *mut u8, len: usize) -> Result<(), CUresult> {
-        let b = self.r.bytes()?;
+        let n = self.r.u32()? as usize;
+        let b = self.r.take(n)?;
         let n = b.len().min(len);
         // SAFETY: the caller's promise; `n` is within both.
         unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, n) };
@@ -647,10 +648,5 @@ impl ReplyReader {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
-    }
-
-    pub fn bytes(&mut self) -> Result<Vec<u8>, CUresult> {
-        let n = self.u32()? as usize;
-        Ok(self.take(n)?.to_vec())
     }
 }

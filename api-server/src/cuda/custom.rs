@@ -267,7 +267,7 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
             .collect();
     }
     let mut extra_store = Vec::new();
-    let mut extra_len = extra.as_ref().map_or(0, Vec::len);
+    let mut extra_len = extra.map_or(0, <[u8]>::len);
     let mut extra_list: Vec<*mut c_void> = Vec::new();
     if let Some(e) = &extra {
         extra_store = aligned(e);

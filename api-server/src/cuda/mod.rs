@@ -175,11 +175,12 @@ impl Session {
         id
     }
 
-    /// A byte argument: `None` for NULL.
-    pub(crate) fn bytes_arg(r: &mut Reader<'_>) -> Result<Option<Vec<u8>>, Fail> {
+    /// A byte argument: `None` for NULL. It borrows the request: bytes the host
+    /// only copies (a transfer) are not copied again here.
+    pub(crate) fn bytes_arg<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, Fail> {
         Ok(match r.u8()? {
             0 => None,
-            1 => Some(r.bytes(MAX_OUT)?.to_vec()),
+            1 => Some(r.bytes(MAX_OUT)?),
             t => return Err(Fail::Protocol(format!("bad byte-argument tag {t}"))),
         })
     }
@@ -203,9 +204,11 @@ impl Session {
         Ok(vec![0; n])
     }
 
-    /// Bytes the host reads as a C string or a module image: NUL-terminated.
-    pub(crate) fn c_bytes(b: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Fail> {
-        Ok(b.map(|mut v| {
+    /// Bytes the host reads as a C string or a module image: a NUL-terminated copy.
+    pub(crate) fn c_bytes(b: Option<&[u8]>) -> Result<Option<Vec<u8>>, Fail> {
+        Ok(b.map(|b| {
+            let mut v = Vec::with_capacity(b.len() + 1);
+            v.extend_from_slice(b);
             v.push(0);
             v
         }))
