@@ -262,10 +262,14 @@ pub fn server_code(funcs: &[Func]) -> Result<String, String> {
         }
         server_fn(&mut s, f).map_err(|e| format!("{}: {e}", f.name))?;
     }
-    s.push_str("/// Runs the call named by `opcode`.\npub(crate) fn dispatch(s: &Session, opcode: u16, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {\n    match opcode {\n");
+    s.push_str("/// Runs the call named by `opcode`.\npub(crate) fn dispatch<'a>(s: &Session, opcode: u16, r: &mut Reader<'a>, frame: &FrameData<'a>, w: &mut Writer) -> Result<(), Fail> {\n    match opcode {\n");
     for f in &remoted {
         let module = if f.custom { "super::custom" } else { "self" };
-        let _ = writeln!(s, "        op::{0} => {module}::{0}(s, r, w),", f.name);
+        let _ = writeln!(
+            s,
+            "        op::{0} => {module}::{0}(s, r, frame, w),",
+            f.name
+        );
     }
     s.push_str("        other => Err(Fail::UnknownOpcode(other)),\n    }\n}\n");
     Ok(s)
@@ -274,7 +278,7 @@ pub fn server_code(funcs: &[Func]) -> Result<String, String> {
 fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
     let _ = writeln!(
         s,
-        "#[allow(non_snake_case, unused_mut, unused_parens, unused_unsafe, clippy::unnecessary_cast, clippy::let_and_return)]\npub(crate) fn {}(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {{",
+        "#[allow(non_snake_case, unused_mut, unused_parens, unused_unsafe, unused_variables, clippy::unnecessary_cast, clippy::let_and_return)]\npub(crate) fn {}<'a>(s: &Session, r: &mut Reader<'a>, frame: &FrameData<'a>, w: &mut Writer) -> Result<(), Fail> {{",
         f.name
     );
     // Phase 1: decode everything.
@@ -292,11 +296,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 format!("let {n}__id = if r.u8()? != 0 {{ Some(r.u64()?) }} else {{ None }};")
             }
             Kind::FoundHandle(_) | Kind::OutVal => format!("let {n}__want = r.u8()? != 0;"),
-            Kind::Out(_) => {
-                format!("let {n}__want = r.u8()? != 0;")
-            }
+            Kind::Out(_) => format!("let {n}__to = Session::out_arg(r)?;"),
             Kind::Data(_) | Kind::In(_) | Kind::Str | Kind::ModuleImage => {
-                format!("let {n}__b = Session::bytes_arg(r)?;")
+                format!("let {n}__b = Session::bytes_arg(r, frame)?;")
             }
             other => return Err(format!("kind {other:?} needs a custom server function")),
         };
@@ -382,18 +384,18 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             Kind::Out(size) => {
                 let _ = writeln!(
                     s,
-                    "    let mut {n}__b = if {n}__want {{ Session::out_buffer(({size}) as usize)? }} else {{ Vec::new() }};"
+                    "    let mut {n}__b = Session::out_buffer({n}__to, frame, ({size}) as usize)?;"
                 );
-                let _ = writeln!(after, "        if {n}__want {{ w.bytes(&{n}__b); }}");
-                call_args.push(format!(
-                    "if {n}__want {{ {n}__b.as_mut_ptr() as {} }} else {{ std::ptr::null_mut() }}",
-                    a.ctype
-                ));
+                let _ = writeln!(after, "        {n}__b.reply(w);");
+                call_args.push(format!("{n}__b.ptr() as {}", a.ctype));
             }
             Kind::Data(size) | Kind::In(size) => {
-                let _ = writeln!(s, "    Session::check_len({n}__b, ({size}) as usize)?;");
+                let _ = writeln!(
+                    s,
+                    "    Session::check_len({n}__b.as_ref(), ({size}) as usize)?;"
+                );
                 call_args.push(format!(
-                    "{n}__b.map_or(std::ptr::null(), |b| b.as_ptr()) as {}",
+                    "{n}__b.as_ref().map_or(std::ptr::null(), |b| b.ptr()) as {}",
                     a.ctype
                 ));
             }

@@ -11,6 +11,8 @@ use std::sync::{Mutex, OnceLock};
 use hira_api_cuda::{Kind, status};
 use hira_guest_driver::conn::{Connection, TransportError};
 use hira_guest_driver::endpoint;
+use hira_guest_driver::window::WindowRegion;
+use hira_protocol::Span;
 use hira_protocol::Writer;
 use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
 use hira_protocol::handshake::{ErrorPayload, error_code};
@@ -335,6 +337,24 @@ pub fn learn_layout(id: u64, module: u64, r: &mut ReplyReader) -> Result<(), CUr
 pub struct Call {
     op: u16,
     pub w: Writer,
+    /// Bytes in the data window, named by the call's spans.
+    spans: Vec<Span>,
+    regions: Vec<WindowRegion<'static>>,
+    /// Where each output the application gave a buffer for comes back, in order:
+    /// a window region (its index), or inline in the reply.
+    outs: Vec<Option<usize>>,
+}
+
+/// Transfers smaller than this travel inline (`HIRA_INLINE_MAX`).
+static INLINE_MAX: std::sync::LazyLock<usize> = std::sync::LazyLock::new(endpoint::inline_max);
+
+/// The largest transfer one call places in the data window: half of it, so that two
+/// threads' transfers fit; 0 without one.
+pub fn window_chunk() -> usize {
+    conn()
+        .ok()
+        .and_then(Connection::window)
+        .map_or(0, |w| w.len() / 2)
 }
 
 /// `CU_LAUNCH_PARAM_END`, `_BUFFER_POINTER`, `_BUFFER_SIZE`.
@@ -347,7 +367,25 @@ impl Call {
         Call {
             op,
             w: Writer::new(),
+            spans: Vec::new(),
+            regions: Vec::new(),
+            outs: Vec::new(),
         }
+    }
+
+    /// A region of the data window for `len` bytes of this call, if the transfer is
+    /// large enough to use it and it has room.
+    fn window_region(&mut self, len: usize) -> Option<usize> {
+        if len < *INLINE_MAX || self.spans.len() >= hira_protocol::frame::MAX_SPANS {
+            return None;
+        }
+        let region = conn().ok()?.window()?.alloc(len)?;
+        self.spans.push(Span {
+            offset: region.offset as u64,
+            len: len as u64,
+        });
+        self.regions.push(region);
+        Some(self.regions.len() - 1)
     }
 
     /// The calling thread's current context.
@@ -366,10 +404,23 @@ impl Call {
         id
     }
 
-    /// Whether the application gave a buffer for an output.
+    /// Whether the application gave a buffer for an output of `len` bytes, and where
+    /// the host is to put it: a region of the data window, or inline in the reply.
     pub fn out_len(&mut self, present: bool, len: usize) {
-        let _ = len;
-        self.w.u8(u8::from(present));
+        if !present {
+            self.w.u8(0);
+            return;
+        }
+        match self.window_region(len) {
+            Some(i) => {
+                self.w.u8(2).u16((self.spans.len() - 1) as u16);
+                self.outs.push(Some(i));
+            }
+            None => {
+                self.w.u8(1);
+                self.outs.push(None);
+            }
+        }
     }
 
     /// `len` bytes at `p` (NULL: none).
@@ -381,6 +432,22 @@ impl Call {
             self.w.u8(0);
             return Ok(());
         }
+        if let Some(i) = self.window_region(len) {
+            // SAFETY: the caller's promise for `p`; the region holds at least `len`
+            // bytes of the mapped window and belongs to this call alone.
+            unsafe { std::ptr::copy_nonoverlapping(p, self.regions[i].ptr(), len) };
+            self.w.u8(2).u16((self.spans.len() - 1) as u16);
+            return Ok(());
+        }
+        // SAFETY: the caller's promise.
+        unsafe { self.bytes_inline(p, len) }
+    }
+
+    /// `len` bytes at `p`, in the request itself.
+    ///
+    /// # Safety
+    /// `p` is valid for `len` bytes.
+    unsafe fn bytes_inline(&mut self, p: *const u8, len: usize) -> Result<(), CUresult> {
         if len > MAX_BYTES {
             warn!("a transfer of {len} bytes is larger than one call carries ({MAX_BYTES})");
             return Err(status::INVALID_VALUE);
@@ -417,8 +484,9 @@ impl Call {
         }
         // SAFETY: an image starts with at least 16 bytes (a header or text).
         let len = unsafe { image_len(p) }.ok_or(status::INVALID_VALUE)?;
-        // SAFETY: as computed from the image's own header or text.
-        unsafe { self.bytes_in(p, len) }
+        // Inline: the host reads an image, so it copies it out of the guest's reach
+        // anyway. SAFETY: as computed from the image's own header or text.
+        unsafe { self.bytes_inline(p, len) }
     }
 
     /// `kernelParams` of a launch of `f`, packed by its parameter layout.
@@ -515,14 +583,19 @@ impl Call {
     /// failure on the host comes back through [`with_async_failure`]).
     pub fn send(self, no_reply: bool) -> Result<Reply, CUresult> {
         let conn = conn()?;
-        match conn.call(self.op, &[], self.w.as_slice(), no_reply) {
+        match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
             Ok(Some(frame)) if frame.header.kind == FrameKind::Reply => {
                 let mut r = ReplyReader {
                     buf: frame.payload,
                     pos: 0,
                 };
                 let status = r.i32()?;
-                Ok(Reply { status, r })
+                Ok(Reply {
+                    status,
+                    r,
+                    regions: self.regions,
+                    outs: self.outs.into_iter(),
+                })
             }
             Ok(Some(frame)) => {
                 let e = ErrorPayload::decode(&frame.payload).map_err(|_| status::UNKNOWN)?;
@@ -539,6 +612,8 @@ impl Call {
                     buf: Vec::new(),
                     pos: 0,
                 },
+                regions: Vec::new(),
+                outs: Vec::new().into_iter(),
             }),
             Ok(None) => Err(status::UNKNOWN),
             Err(e) => {
@@ -584,6 +659,9 @@ unsafe fn image_len(p: *const u8) -> Option<usize> {
 pub struct Reply {
     pub status: CUresult,
     pub r: ReplyReader,
+    /// The call's window regions, kept until its outputs are copied out.
+    regions: Vec<WindowRegion<'static>>,
+    outs: std::vec::IntoIter<Option<usize>>,
 }
 
 impl Reply {
@@ -592,6 +670,14 @@ impl Reply {
     /// # Safety
     /// `dst` is valid for `len` bytes.
     pub unsafe fn copy_out(&mut self, dst: *mut u8, len: usize) -> Result<(), CUresult> {
+        if let Some(Some(i)) = self.outs.next() {
+            // The host put the result in the call's window region, of `len` bytes.
+            let region = self.regions.get(i).ok_or(status::UNKNOWN)?;
+            // SAFETY: the caller's promise for `dst`; the region holds at least `len`
+            // bytes of the mapped window.
+            unsafe { std::ptr::copy_nonoverlapping(region.ptr(), dst, len.min(region.len)) };
+            return Ok(());
+        }
         let n = self.r.u32()? as usize;
         let b = self.r.take(n)?;
         let n = b.len().min(len);

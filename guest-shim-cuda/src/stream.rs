@@ -1,6 +1,6 @@
 //! Transfers larger than one call carries: the copy goes as several calls over
-//! consecutive ranges, each of at most `HIRA_CUDA_CHUNK_KB` KiB (default 64 MiB), in
-//! order, so the result is the one copy's. Each function returns `None` when the
+//! consecutive ranges, each of at most `HIRA_CUDA_CHUNK_KB` KiB (default 64 MiB) and
+//! half the data window, in order, so the result is the one copy's. Each function returns `None` when the
 //! transfer fits one call (the generated function then sends it as it is).
 
 #![allow(non_snake_case)]
@@ -21,7 +21,11 @@ static CHUNK: LazyLock<usize> = LazyLock::new(|| {
 
 /// Runs `one(offset, length)` over `n` bytes in chunks, stopping at the first error.
 fn chunked(n: usize, mut one: impl FnMut(usize, usize) -> CUresult) -> Option<CUresult> {
-    let chunk = *CHUNK;
+    // Each piece fits the data window, where there is one.
+    let chunk = match crate::rt::window_chunk() {
+        0 => *CHUNK,
+        w => (*CHUNK).min(w),
+    };
     if n <= chunk {
         return None;
     }

@@ -8,8 +8,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use hira_api_cuda::{Kind, status};
 use hira_protocol::{Reader, Writer};
 
-use super::Session;
-use crate::backend::Fail;
+use super::{Bytes, Session};
+use crate::backend::{Fail, FrameData};
 
 fn unsupported() -> Fail {
     Fail::Status(status::NOT_SUPPORTED)
@@ -21,7 +21,12 @@ fn new_id(r: &mut Reader<'_>) -> Result<Option<u64>, Fail> {
 
 /// Creates a context. The host makes it current on this thread; the guest keeps
 /// it current on its own, so it is popped here and made current per call.
-pub(crate) fn cuCtxCreate_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuCtxCreate_v2<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let id = new_id(r)?;
     let flags = r.u32()?;
     let dev = r.i32()?;
@@ -50,9 +55,10 @@ pub(crate) fn cuCtxCreate_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
     Ok(())
 }
 
-pub(crate) fn cuDevicePrimaryCtxRetain(
+pub(crate) fn cuDevicePrimaryCtxRetain<'a>(
     s: &Session,
-    r: &mut Reader<'_>,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
     w: &mut Writer,
 ) -> Result<(), Fail> {
     let want = r.u8()? != 0;
@@ -77,9 +83,10 @@ pub(crate) fn cuDevicePrimaryCtxRetain(
     Ok(())
 }
 
-pub(crate) fn cuDevicePrimaryCtxRelease_v2(
+pub(crate) fn cuDevicePrimaryCtxRelease_v2<'a>(
     s: &Session,
-    r: &mut Reader<'_>,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
     w: &mut Writer,
 ) -> Result<(), Fail> {
     let dev = r.i32()?;
@@ -99,15 +106,16 @@ pub(crate) fn cuDevicePrimaryCtxRelease_v2(
 
 /// Looks a kernel up and answers with its parameter layout (`cuFuncGetParamInfo`,
 /// CUDA 12.4 and later), which the guest needs to pack `kernelParams`.
-pub(crate) fn cuModuleGetFunction(
+pub(crate) fn cuModuleGetFunction<'a>(
     s: &Session,
-    r: &mut Reader<'_>,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
     w: &mut Writer,
 ) -> Result<(), Fail> {
     let ctx = r.u64()?;
     let id = new_id(r)?;
     let hmod_id = r.u64()?;
-    let name = Session::c_bytes(Session::bytes_arg(r)?)?;
+    let name = Session::c_bytes(Session::bytes_arg(r, frame)?)?;
     r.finish()?;
     let f = s.driver.cuModuleGetFunction.ok_or_else(unsupported)?;
     let ctx = s.lookup(Kind::Context, ctx, true)?;
@@ -216,7 +224,12 @@ const PARAM_BUFFER_POINTER: usize = 1;
 const PARAM_BUFFER_SIZE: usize = 2;
 
 /// Launches a kernel with the parameters the guest packed by the function's layout.
-pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuLaunchKernel<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let ctx = r.u64()?;
     let fid = r.u64()?;
     let mut dims = [0 as c_uint; 7];
@@ -224,18 +237,18 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
         *d = r.u32()?;
     }
     let stream = r.u64()?;
-    let params = Session::bytes_arg(r)?;
-    let extra = Session::bytes_arg(r)?;
+    let params = Session::bytes_arg(r, frame)?;
+    let extra = Session::bytes_arg(r, frame)?;
     r.finish()?;
     let launch = s.driver.cuLaunchKernel.ok_or_else(unsupported)?;
     let ctx = s.lookup(Kind::Context, ctx, true)?;
     let f = s.lookup(Kind::Function, fid, false)?;
     let stream = s.stream(stream)?;
     // Values copied into 8-byte-aligned storage, as the driver may read them so.
-    let aligned = |b: &[u8]| -> Vec<u64> {
+    let aligned = |b: &Bytes<'_>| -> Vec<u64> {
         let mut v = vec![0u64; b.len().div_ceil(8).max(1)];
-        // SAFETY: `v` holds at least `b.len()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), v.as_mut_ptr().cast::<u8>(), b.len()) };
+        // SAFETY: `v` holds at least `b.len()` bytes; `b` that many readable ones.
+        unsafe { std::ptr::copy_nonoverlapping(b.ptr(), v.as_mut_ptr().cast::<u8>(), b.len()) };
         v
     };
     let mut param_store = Vec::new();
@@ -267,7 +280,7 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
             .collect();
     }
     let mut extra_store = Vec::new();
-    let mut extra_len = extra.map_or(0, <[u8]>::len);
+    let mut extra_len = extra.as_ref().map_or(0, Bytes::len);
     let mut extra_list: Vec<*mut c_void> = Vec::new();
     if let Some(e) = &extra {
         extra_store = aligned(e);
@@ -309,13 +322,14 @@ pub(crate) fn cuLaunchKernel(s: &Session, r: &mut Reader<'_>, w: &mut Writer) ->
 
 /// A copy back to the guest on a stream: the host copies into a buffer of its own,
 /// which the reply carries once the stream has reached it.
-pub(crate) fn cuMemcpyDtoHAsync_v2(
+pub(crate) fn cuMemcpyDtoHAsync_v2<'a>(
     s: &Session,
-    r: &mut Reader<'_>,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
     w: &mut Writer,
 ) -> Result<(), Fail> {
     let ctx = r.u64()?;
-    let want = r.u8()? != 0;
+    let to = Session::out_arg(r)?;
     let src = r.u64()?;
     let n = r.u64()? as usize;
     let stream = r.u64()?;
@@ -324,18 +338,10 @@ pub(crate) fn cuMemcpyDtoHAsync_v2(
     let sync = s.driver.cuStreamSynchronize.ok_or_else(unsupported)?;
     let ctx = s.lookup(Kind::Context, ctx, true)?;
     let stream = s.stream(stream)?;
-    let mut buf = if want {
-        Session::out_buffer(n)?
-    } else {
-        Vec::new()
-    };
+    let mut buf = Session::out_buffer(to, frame, n)?;
     s.make_current(ctx)?;
     s.check_device(src, n as u64)?;
-    let dst = if want {
-        buf.as_mut_ptr().cast::<c_void>()
-    } else {
-        std::ptr::null_mut()
-    };
+    let dst = buf.ptr().cast::<c_void>();
     // SAFETY: `buf` holds `n` bytes and outlives the copy: the stream is
     // synchronised before it is read or dropped.
     let mut st = unsafe { copy(dst, src, n, stream) };
@@ -344,27 +350,35 @@ pub(crate) fn cuMemcpyDtoHAsync_v2(
         st = unsafe { sync(stream) };
     }
     w.i32(st);
-    if st == 0 && want {
-        w.bytes(&buf);
+    if st == 0 {
+        buf.reply(w);
     }
     Ok(())
 }
 
 /// The driver's name or description of an error, for the guest's cache.
-pub(crate) fn hiraErrorText(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn hiraErrorText<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let error: c_int = r.i32()?;
     let which: c_int = r.i32()?;
-    let want = r.u8()? != 0;
+    let to = Session::out_arg(r)?;
     r.finish()?;
     match super::error_text(&s.driver, error, which) {
         Ok(text) => {
-            w.i32(0);
-            if want {
-                let mut b = text.into_bytes();
-                b.truncate(255);
-                b.push(0);
-                w.bytes(&b);
+            let mut b = text.into_bytes();
+            b.truncate(255);
+            b.push(0);
+            let mut out = Session::out_buffer(to, frame, 256)?;
+            if !out.ptr().is_null() {
+                // SAFETY: the buffer holds 256 bytes; `b` at most that.
+                unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out.ptr(), b.len()) };
             }
+            w.i32(0);
+            out.reply(w);
         }
         Err(st) => {
             w.i32(st);
@@ -375,7 +389,12 @@ pub(crate) fn hiraErrorText(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> 
 
 /// Allocates device memory charged to the VM's quota: an allocation the quota
 /// does not allow fails with `CUDA_ERROR_OUT_OF_MEMORY`, as a full device would.
-pub(crate) fn cuMemAlloc_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuMemAlloc_v2<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let ctx_id = r.u64()?;
     let want = r.u8()? != 0;
     let size = r.u64()?;
@@ -408,7 +427,12 @@ pub(crate) fn cuMemAlloc_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> 
     Ok(())
 }
 
-pub(crate) fn cuMemFree_v2(s: &Session, r: &mut Reader<'_>, w: &mut Writer) -> Result<(), Fail> {
+pub(crate) fn cuMemFree_v2<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
     let ctx = r.u64()?;
     let p = r.u64()?;
     r.finish()?;

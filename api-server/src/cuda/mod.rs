@@ -38,7 +38,7 @@ mod generated {
     use hira_protocol::{Reader, Writer};
 
     use super::{Lib, Session};
-    use crate::backend::Fail;
+    use crate::backend::{Fail, FrameData};
 
     type CUcontext = *mut c_void;
     type CUmodule = *mut c_void;
@@ -175,18 +175,36 @@ impl Session {
         id
     }
 
-    /// A byte argument: `None` for NULL. It borrows the request: bytes the host
-    /// only copies (a transfer) are not copied again here.
-    pub(crate) fn bytes_arg<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, Fail> {
+    /// A byte argument: `None` for NULL; bytes in the request (borrowed: bytes the
+    /// host only copies, a transfer's, are not copied again here) or in the data
+    /// window (a span the API server checked lies in the session's window).
+    pub(crate) fn bytes_arg<'a>(
+        r: &mut Reader<'a>,
+        frame: &FrameData<'a>,
+    ) -> Result<Option<Bytes<'a>>, Fail> {
         Ok(match r.u8()? {
             0 => None,
-            1 => Some(r.bytes(MAX_OUT)?),
+            1 => Some(Bytes::Inline(r.bytes(MAX_OUT)?)),
+            2 => {
+                let (p, len) = window_span(frame, r.u16()?)?;
+                Some(Bytes::Window(p, len))
+            }
             t => return Err(Fail::Protocol(format!("bad byte-argument tag {t}"))),
         })
     }
 
+    /// Where an output goes, as the guest said: `None`, inline, or a span.
+    pub(crate) fn out_arg(r: &mut Reader<'_>) -> Result<OutTo, Fail> {
+        Ok(match r.u8()? {
+            0 => OutTo::Nowhere,
+            1 => OutTo::Inline,
+            2 => OutTo::Window(r.u16()?),
+            t => return Err(Fail::Protocol(format!("bad output tag {t}"))),
+        })
+    }
+
     /// Checks a byte argument holds exactly what the call will read.
-    pub(crate) fn check_len(b: Option<&[u8]>, want: usize) -> Result<(), Fail> {
+    pub(crate) fn check_len(b: Option<&Bytes<'_>>, want: usize) -> Result<(), Fail> {
         match b {
             Some(b) if b.len() != want => Err(Fail::Protocol(format!(
                 "{} bytes sent for an argument of {want}",
@@ -196,20 +214,36 @@ impl Session {
         }
     }
 
-    /// A buffer for a byte result of `n` bytes.
-    pub(crate) fn out_buffer(n: usize) -> Result<Vec<u8>, Fail> {
-        if n > MAX_OUT {
-            return Err(Fail::Status(status::INVALID_VALUE));
-        }
-        Ok(vec![0; n])
+    /// The buffer a result of `n` bytes is written to: the guest's window span (which
+    /// must hold them), a buffer of ours for the reply, or none.
+    pub(crate) fn out_buffer(to: OutTo, frame: &FrameData<'_>, n: usize) -> Result<OutBuf, Fail> {
+        Ok(match to {
+            OutTo::Nowhere => OutBuf::Nowhere,
+            OutTo::Inline => {
+                if n > MAX_OUT {
+                    return Err(Fail::Status(status::INVALID_VALUE));
+                }
+                OutBuf::Inline(vec![0; n])
+            }
+            OutTo::Window(i) => {
+                let (p, len) = window_span(frame, i)?;
+                if len < n {
+                    return Err(Fail::Protocol(format!(
+                        "a span of {len} bytes for a result of {n}"
+                    )));
+                }
+                OutBuf::Window(p)
+            }
+        })
     }
 
-    /// Bytes the host reads as a C string or a module image: a NUL-terminated copy.
-    pub(crate) fn c_bytes(b: Option<&[u8]>) -> Result<Option<Vec<u8>>, Fail> {
+    /// Bytes the host reads as a C string or a module image: a NUL-terminated copy,
+    /// out of the guest's reach.
+    pub(crate) fn c_bytes(b: Option<Bytes<'_>>) -> Result<Option<Vec<u8>>, Fail> {
         Ok(b.map(|b| {
-            let mut v = Vec::with_capacity(b.len() + 1);
-            v.extend_from_slice(b);
-            v.push(0);
+            let mut v = vec![0u8; b.len() + 1];
+            // SAFETY: `b` holds `len` readable bytes (checked when it was made).
+            unsafe { std::ptr::copy_nonoverlapping(b.ptr(), v.as_mut_ptr(), b.len()) };
             v
         }))
     }
@@ -309,6 +343,81 @@ impl Session {
     }
 }
 
+/// The span `i` of the frame: where its bytes are in the session's window, checked
+/// to lie inside it.
+fn window_span(frame: &FrameData<'_>, i: u16) -> Result<(*mut u8, usize), Fail> {
+    let span = frame
+        .spans
+        .get(usize::from(i))
+        .ok_or_else(|| Fail::Protocol(format!("no span {i}")))?;
+    let window = frame
+        .window
+        .ok_or_else(|| Fail::Protocol("a span without a data window".into()))?;
+    let p = window
+        .at(span.offset, span.len)
+        .ok_or_else(|| Fail::Protocol("a span outside the data window".into()))?;
+    Ok((p, span.len as usize))
+}
+
+/// A byte argument's bytes: in the request, or in the guest's data window, which
+/// the guest can change at any time (only ever handed to the driver as a pointer,
+/// or copied out).
+pub(crate) enum Bytes<'a> {
+    Inline(&'a [u8]),
+    Window(*mut u8, usize),
+}
+
+impl Bytes<'_> {
+    pub(crate) fn ptr(&self) -> *const u8 {
+        match self {
+            Bytes::Inline(b) => b.as_ptr(),
+            Bytes::Window(p, _) => *p,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Bytes::Inline(b) => b.len(),
+            Bytes::Window(_, n) => *n,
+        }
+    }
+}
+
+/// Where the guest wants an output.
+#[derive(Clone, Copy)]
+pub(crate) enum OutTo {
+    Nowhere,
+    Inline,
+    Window(u16),
+}
+
+/// An output's buffer.
+pub(crate) enum OutBuf {
+    Nowhere,
+    Inline(Vec<u8>),
+    /// The guest's window span, written by the driver in place.
+    Window(*mut u8),
+}
+
+impl OutBuf {
+    /// Where the driver writes (NULL for none, as the guest passed).
+    pub(crate) fn ptr(&mut self) -> *mut u8 {
+        match self {
+            OutBuf::Nowhere => std::ptr::null_mut(),
+            OutBuf::Inline(v) => v.as_mut_ptr(),
+            OutBuf::Window(p) => *p,
+        }
+    }
+
+    /// Adds the result to the reply (a window result is already where the guest
+    /// reads it).
+    pub(crate) fn reply(&self, w: &mut Writer) {
+        if let OutBuf::Inline(v) = self {
+            w.bytes(v);
+        }
+    }
+}
+
 /// Executes CUDA driver calls for one guest application.
 pub struct CudaBackend {
     session: Session,
@@ -347,11 +456,11 @@ impl Backend for CudaBackend {
         &self,
         opcode: u16,
         payload: &[u8],
-        _frame: &FrameData<'_>,
+        frame: &FrameData<'_>,
         w: &mut Writer,
     ) -> Result<(), Fail> {
         let mut r = Reader::new(payload);
-        let res = generated::dispatch(&self.session, opcode, &mut r, w);
+        let res = generated::dispatch(&self.session, opcode, &mut r, frame, w);
         // Launches that completed meanwhile (after a synchronising call: all it
         // waited for) are accounted before the guest sees the reply.
         self.session.device_time.sweep(&self.session.driver, false);
