@@ -210,8 +210,8 @@ fn print_list(status: &Value) {
         return;
     }
     println!(
-        "\n{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
-        "SESSION", "VM", "PROCESS", "GUEST-PID", "API-SERVER", "CALLS", "MEMORY", "MOVES"
+        "\n{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
+        "SESSION", "VM", "API", "PROCESS", "GUEST-PID", "API-SERVER", "CALLS", "MEMORY", "MOVES"
     );
     for se in sessions {
         let api = se
@@ -219,9 +219,10 @@ fn print_list(status: &Value) {
             .and_then(Value::as_u64)
             .map_or_else(|| "-".into(), |p| p.to_string());
         println!(
-            "{:>8} {:<16} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
+            "{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
             u(se, "id"),
             s(se, "vm"),
+            s(se, "api"),
             s(se, "process"),
             u(se, "guest_pid"),
             api,

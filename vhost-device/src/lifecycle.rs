@@ -22,6 +22,8 @@ const ENDED_KEPT: usize = 256;
 pub struct LiveSession {
     pub id: u64,
     pub vm: String,
+    /// The API the session speaks, by its description's name (`OpenCL`, `CUDA`).
+    pub api: &'static str,
     pub process: String,
     pub guest_pid: u32,
     pub api_server_pid: Option<u32>,
@@ -37,6 +39,7 @@ pub struct LiveSession {
 pub struct EndedSession {
     pub id: u64,
     pub vm: String,
+    pub api: &'static str,
     pub process: String,
     pub api_server_pid: Option<u32>,
     /// How the API server ended ("exit status 0", "died of signal 11", ...).
@@ -97,8 +100,9 @@ pub struct Registration {
 
 impl Registration {
     /// Records what the session's guest and API server are.
-    pub fn describe(&self, process: &str, guest_pid: u32, api_server_pid: u32) {
+    pub fn describe(&self, api: &'static str, process: &str, guest_pid: u32, api_server_pid: u32) {
         if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
+            s.api = api;
             s.process = process.to_string();
             s.guest_pid = guest_pid;
             s.api_server_pid = Some(api_server_pid);
@@ -408,7 +412,7 @@ mod tests {
         let life = Arc::new(Lifecycle::default());
         let (ours, _theirs) = UnixStream::pair().unwrap();
         let mut reg = life.register(7, "vm1", &ours).unwrap();
-        reg.describe("app", 42, 4242);
+        reg.describe("OpenCL", "app", 42, 4242);
         assert_eq!(life.snapshot().0[0].api_server_pid, Some(4242));
         reg.ended(EndedSession {
             released: Some(6),

@@ -321,7 +321,7 @@ fn serve(
     let mut tracked = queue.track(id, usage.clone());
     // What API servers the session left by migrating counted.
     let mut carried = hira_protocol::usage::Usage::default();
-    registration.describe(&hello.process_name, hello.pid, child_pid);
+    registration.describe(api.name, &hello.process_name, hello.pid, child_pid);
     // Requests to migrate wait from now on: the session takes them once its data
     // plane is up, or answers why it cannot.
     let door = crate::migrate::Door::new().map_err(SessionError::Spawn)?;
@@ -554,6 +554,7 @@ fn serve(
         ))
     );
     registration.ended(EndedSession {
+        api: api.name,
         process: hello.process_name.clone(),
         api_server_pid: Some(child_id),
         api_server_end: how,

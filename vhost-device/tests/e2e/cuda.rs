@@ -186,6 +186,12 @@ fn cuda_programs_print_through_hira_what_they_print_natively() {
         log.contains("vector_add") && log.contains("shared-memory rings"),
         "the sessions ran on rings: {log}"
     );
+    // The daemon's records name the API each session spoke, from its description.
+    let ended = d.wait_idle(Duration::from_secs(30));
+    assert!(
+        !ended.is_empty() && ended.iter().all(|e| e["api"] == "CUDA"),
+        "{ended:?}"
+    );
 }
 
 #[test]

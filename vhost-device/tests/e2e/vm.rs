@@ -315,7 +315,7 @@ fn cuda_programs_in_a_vm_match_native() {
             && ended
                 .iter()
                 .filter(|e| e["vm"] == "qvm")
-                .all(|e| e["data_plane"] == "rings"),
+                .all(|e| e["data_plane"] == "rings" && e["api"] == "CUDA"),
         "every program a CUDA session of the VM on rings: {ended:?}"
     );
 }
