@@ -505,3 +505,38 @@ fn launches_go_without_waiting_and_their_failures_come_back_at_the_next_synchron
         "{n}"
     );
 }
+
+/// A CUDA session cannot move yet: `migrate` is refused with the reason, and the
+/// session goes on where it was, its objects intact.
+#[test]
+fn moving_a_cuda_session_is_refused_and_the_program_goes_on() {
+    let d = daemon(&[]);
+    let k = kit();
+    let mut cuda = LineProgram::start({
+        let mut c = Command::new(k.exe("busy"));
+        c.arg(&k.ptx)
+            .env("LD_LIBRARY_PATH", k.shim_dir())
+            .env("HIRA_SOCKET", d.socket("vm1"));
+        c
+    });
+    assert_eq!(cuda.ask("once 1000"), "ok");
+    let s = d.status();
+    let id = s["sessions"][0]["id"].as_u64().unwrap();
+    let before = s["sessions"][0]["api_server_pid"].as_u64().unwrap();
+    assert_eq!(s["sessions"][0]["api"], "CUDA", "{s}");
+    let answer = d.control(serde_json::json!({"cmd": "migrate", "session": id}));
+    assert!(answer["moved"].is_null(), "{answer}");
+    assert!(
+        answer
+            .to_string()
+            .contains("CUDA sessions cannot be migrated yet"),
+        "the refusal gives the reason: {answer}"
+    );
+    assert_eq!(cuda.ask("once 2000"), "ok", "the program goes on");
+    let s = d.status();
+    assert_eq!(
+        s["sessions"][0]["api_server_pid"].as_u64().unwrap(),
+        before,
+        "{s}"
+    );
+}
