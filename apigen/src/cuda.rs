@@ -220,6 +220,14 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         s,
         "            let mut rep = c.send({may_async})?;\n            if rep.status == 0 {{\n{after}            }}"
     );
+    if f.noted {
+        let _ = writeln!(
+            s,
+            "            if rep.status == 0 {{ crate::notes::{}({}); }}",
+            f.name,
+            names.join(", ")
+        );
+    }
     if f.reports {
         s.push_str("            rep.status = crate::rt::with_async_failure(rep.status);\n");
     }

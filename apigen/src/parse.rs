@@ -177,6 +177,9 @@ pub struct Func {
     /// The call runs in the calling thread's current context (CUDA): the guest sends
     /// its id first and the API server makes it current before the host call.
     pub current: bool,
+    /// After a success the guest notes what the call made or ended
+    /// (`guest-shim-cuda/src/notes.rs`, one function named after the call).
+    pub noted: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -437,6 +440,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         device: false,
         configures: false,
         current: false,
+        noted: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -453,6 +457,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "device" => f.device = true,
             "configures" => f.configures = true,
             "current" => f.current = true,
+            "noted" => f.noted = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

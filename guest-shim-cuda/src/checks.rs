@@ -90,3 +90,49 @@ pub(crate) fn cuStreamWaitEvent(
         && rt::context_of(Kind::Event, event as usize as u64).is_some()
         && stream_ok(stream, ctx))
 }
+
+/// A copy or memset on a stream that may go without waiting: `len` bytes at `dst`
+/// in an allocation of the current context, on a stream of it.
+fn device_op(dst: u64, len: Option<u64>, stream: CUstream) -> bool {
+    let ctx = rt::current();
+    ctx != 0 && stream_ok(stream, ctx) && len.is_some_and(|n| n > 0 && rt::in_allocation(dst, n))
+}
+
+pub(crate) fn cuMemsetD8Async(
+    dst: u64,
+    _v: u8,
+    n: usize,
+    stream: CUstream,
+) -> Result<bool, CUresult> {
+    Ok(device_op(dst, Some(n as u64), stream))
+}
+
+pub(crate) fn cuMemsetD16Async(
+    dst: u64,
+    _v: u16,
+    n: usize,
+    stream: CUstream,
+) -> Result<bool, CUresult> {
+    Ok(dst.is_multiple_of(2) && device_op(dst, (n as u64).checked_mul(2), stream))
+}
+
+pub(crate) fn cuMemsetD32Async(
+    dst: u64,
+    _v: c_uint,
+    n: usize,
+    stream: CUstream,
+) -> Result<bool, CUresult> {
+    Ok(dst.is_multiple_of(4) && device_op(dst, (n as u64).checked_mul(4), stream))
+}
+
+/// A copy to the device may go without waiting if its bytes travel in the request
+/// (smaller than the window threshold: nothing of the guest's must outlive the
+/// call) and land in an allocation.
+pub(crate) fn cuMemcpyHtoDAsync_v2(
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> Result<bool, CUresult> {
+    Ok(!src.is_null() && n < rt::inline_max() && device_op(dst, Some(n as u64), stream))
+}

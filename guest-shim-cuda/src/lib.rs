@@ -14,6 +14,7 @@
 
 mod checks;
 pub mod local;
+mod notes;
 pub mod rt;
 mod stream;
 

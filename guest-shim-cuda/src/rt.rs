@@ -39,6 +39,9 @@ struct Runtime {
     /// Every object the application holds, by kind and id: the context it was made
     /// in (a context: itself).
     live: Mutex<HashMap<(Kind, u64), u64>>,
+    /// Device memory the application holds, by address: its size, its context and
+    /// the module of a module global.
+    allocations: Mutex<std::collections::BTreeMap<u64, Allocation>>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -69,6 +72,7 @@ fn runtime() -> &'static Runtime {
             contexts: Mutex::new(HashSet::new()),
             layouts: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
+            allocations: Mutex::new(std::collections::BTreeMap::new()),
         }
     })
 }
@@ -164,6 +168,49 @@ pub fn with_async_failure(status: CUresult) -> CUresult {
 pub fn force_sync() -> bool {
     static SYNC: OnceLock<bool> = OnceLock::new();
     *SYNC.get_or_init(|| std::env::var_os("HIRA_SYNC").is_some())
+}
+
+/// Device memory the application holds.
+#[derive(Debug, Clone, Copy)]
+struct Allocation {
+    size: u64,
+    ctx: u64,
+    module: Option<u64>,
+}
+
+/// Notes device memory at `base` of `size` bytes in the current context (`module`:
+/// a module global, which ends with its module).
+pub fn note_allocation(base: u64, size: u64, module: Option<u64>) {
+    let ctx = current();
+    runtime()
+        .allocations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(base, Allocation { size, ctx, module });
+}
+
+pub fn forget_allocation(base: u64) {
+    runtime()
+        .allocations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&base);
+}
+
+/// Whether `len` bytes at `p` lie in one allocation the current context holds.
+pub fn in_allocation(p: u64, len: u64) -> bool {
+    let ctx = current();
+    let allocations = runtime()
+        .allocations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let Some((&base, a)) = allocations.range(..=p).next_back() else {
+        return false;
+    };
+    ctx != 0
+        && a.ctx == ctx
+        && p.checked_add(len)
+            .is_some_and(|end| end <= base.saturating_add(a.size))
 }
 
 /// The context of the live object `id` of `kind`, if the application holds one.
@@ -265,6 +312,14 @@ pub fn released(kind: Kind, id: u64) {
             live.retain(|_, ctx| *ctx != id);
         }
     }
+    {
+        let mut allocations = rt.allocations.lock().unwrap_or_else(|e| e.into_inner());
+        match kind {
+            Kind::Context => allocations.retain(|_, a| a.ctx != id),
+            Kind::Module => allocations.retain(|_, a| a.module != Some(id)),
+            _ => {}
+        }
+    }
     // A module's functions end with it.
     if kind == Kind::Module {
         let mut layouts = rt.layouts.lock().unwrap_or_else(|e| e.into_inner());
@@ -347,6 +402,11 @@ pub struct Call {
 
 /// Transfers smaller than this travel inline (`HIRA_INLINE_MAX`).
 static INLINE_MAX: std::sync::LazyLock<usize> = std::sync::LazyLock::new(endpoint::inline_max);
+
+/// Transfers smaller than this travel in the request.
+pub fn inline_max() -> usize {
+    *INLINE_MAX
+}
 
 /// The largest transfer one call places in the data window: half of it, so that two
 /// threads' transfers fit; 0 without one.
@@ -734,5 +794,36 @@ impl ReplyReader {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_known_per_context_until_they_end() {
+        // SAFETY: set before the runtime (which reads it) starts on this thread.
+        unsafe { std::env::set_var("HIRA_DISABLE", "1") };
+        push(7);
+        note_allocation(0x1000, 256, None);
+        note_allocation(0x2000, 64, Some(9));
+        assert!(in_allocation(0x1000, 256));
+        assert!(in_allocation(0x10F0, 16));
+        assert!(!in_allocation(0x10F0, 17), "past the end");
+        assert!(!in_allocation(0x0FFF, 2), "before the start");
+        assert!(!in_allocation(0x1800, 1), "between allocations");
+        push(8);
+        assert!(!in_allocation(0x1000, 1), "another context's memory");
+        pop();
+        released(Kind::Module, 9);
+        assert!(!in_allocation(0x2000, 1), "a module's globals end with it");
+        forget_allocation(0x1000);
+        assert!(!in_allocation(0x1000, 1));
+        note_allocation(0x3000, 16, None);
+        released(Kind::Context, 7);
+        assert_eq!(current(), 0, "a destroyed context is no longer current");
+        push(7);
+        assert!(!in_allocation(0x3000, 1), "a context's memory ends with it");
     }
 }

@@ -26,6 +26,13 @@ int main(int argc, char **argv) {
     CUresult launch = cuLaunchKernel(f, 1, 1, 1, 64, 1, 1, 0, NULL, args, NULL);
     CUresult sync = cuCtxSynchronize();
     printf("launch %s, then synchronize %s\n", name_of(launch), name_of(sync));
+    /* A memset outside every allocation is refused at once, on a stream too. */
+    CUresult outside = cuMemsetD32Async(c + 1024 * 1024, 0, 4, NULL);
+    CUresult inside = cuMemsetD32Async(c, 7, n, NULL);
+    CHECK(cuCtxSynchronize());
+    int back[64];
+    CHECK(cuMemcpyDtoH(back, c, sizeof back));
+    printf("memset outside: %s, inside: %s, c[63] = %d\n", name_of(outside), name_of(inside), back[63]);
     CHECK(cuModuleUnload(mod));
     launch = cuLaunchKernel(f, 1, 1, 1, 64, 1, 1, 0, NULL, args, NULL);
     printf("launch of an unloaded module's function: %s\n", name_of(launch));

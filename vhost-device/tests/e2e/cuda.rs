@@ -493,6 +493,10 @@ fn launches_go_without_waiting_and_their_failures_come_back_at_the_next_synchron
         a.contains("unloaded module's function: CUDA_ERROR_INVALID_HANDLE"),
         "{a}"
     );
+    assert!(
+        a.contains("memset outside: CUDA_ERROR_INVALID_VALUE, inside: CUDA_SUCCESS, c[63] = 7"),
+        "{a}"
+    );
     let d = daemon(&fail);
     let synchronous = through_hira(&d, "launch_error", &[("HIRA_SYNC", "1")]);
     assert_eq!(

@@ -1,0 +1,36 @@
+//! What the guest notes after calls succeed (`noted` in the description): the
+//! device memory of each context, so that its checks can tell a copy or memset the
+//! driver would refuse at once (outside every allocation) from one that may go
+//! without waiting.
+
+#![allow(non_snake_case)]
+
+use std::ffi::c_char;
+
+use crate::rt::{self, CUmodule};
+
+pub(crate) fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) {
+    if !dptr.is_null() {
+        // SAFETY: the call wrote the address there (it succeeded).
+        let base = unsafe { *dptr };
+        rt::note_allocation(base, bytesize as u64, None);
+    }
+}
+
+pub(crate) fn cuMemFree_v2(dptr: u64) {
+    rt::forget_allocation(dptr);
+}
+
+pub(crate) fn cuModuleGetGlobal_v2(
+    dptr: *mut u64,
+    bytes: *mut usize,
+    hmod: CUmodule,
+    _name: *const c_char,
+) {
+    if dptr.is_null() || bytes.is_null() {
+        return;
+    }
+    // SAFETY: the call wrote both (it succeeded).
+    let (base, size) = unsafe { (*dptr, *bytes) };
+    rt::note_allocation(base, size as u64, Some(hmod as usize as u64));
+}
