@@ -218,7 +218,12 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
     }
     let _ = writeln!(
         s,
-        "            let mut rep = c.send({may_async})?;\n            if rep.status == 0 {{\n{after}            }}"
+        "            let mut rep = {}?;\n            if rep.status == 0 {{\n{after}            }}",
+        if f.cache {
+            "c.send_cached()".to_string()
+        } else {
+            format!("c.send({may_async})")
+        }
     );
     if f.noted {
         let _ = writeln!(

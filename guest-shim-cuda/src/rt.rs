@@ -639,6 +639,48 @@ impl Call {
         }
     }
 
+    /// Answers from the first successful answer to the same call (same opcode and
+    /// arguments), or sends it and keeps a successful answer: for properties that
+    /// cannot change while the host runs (`cache`).
+    pub fn send_cached(self) -> Result<Reply, CUresult> {
+        type Cache = HashMap<(u16, Vec<u8>), Vec<u8>>;
+        static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+        if !self.spans.is_empty() {
+            return self.send(false);
+        }
+        let key = (self.op, self.w.as_slice().to_vec());
+        let cached = CACHE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|c| c.get(&key).cloned());
+        let buf = match cached {
+            Some(buf) => buf,
+            None => {
+                let frame = match conn()?.call(self.op, &[], self.w.as_slice(), false) {
+                    Ok(Some(f)) if f.header.kind == FrameKind::Reply => f,
+                    _ => return self.send(false),
+                };
+                if frame.payload.get(..4) == Some(&[0, 0, 0, 0]) {
+                    CACHE
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert_with(HashMap::new)
+                        .insert(key, frame.payload.clone());
+                }
+                frame.payload
+            }
+        };
+        let mut r = ReplyReader { buf, pos: 0 };
+        let status = r.i32()?;
+        Ok(Reply {
+            status,
+            r,
+            regions: Vec::new(),
+            outs: self.outs.into_iter(),
+        })
+    }
+
     /// Sends the call and waits for its reply; with `no_reply`, returns at once (a
     /// failure on the host comes back through [`with_async_failure`]).
     pub fn send(self, no_reply: bool) -> Result<Reply, CUresult> {

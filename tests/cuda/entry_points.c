@@ -23,6 +23,13 @@ int main(int argc, char **argv) {
     const char *name = NULL;
     cuGetErrorName(r, &name);
     printf("cuMemAllocManaged: %s\n", name);
+    /* Device properties asked again and again (as libraries do). */
+    int warp = 0, sum = 0;
+    for (int i = 0; i < 1000; i++) {
+        CHECK(cuDeviceGetAttribute(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0));
+        sum += warp;
+    }
+    printf("warp size asked 1000 times: %d\n", sum / 1000);
     CHECK(cuCtxDestroy(ctx));
     return r != CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -319,6 +319,11 @@ fn entry_points_hira_does_not_remote_exist_and_say_not_supported() {
         o.contains("cuMemAllocManaged: CUDA_ERROR_NOT_SUPPORTED"),
         "{o}"
     );
+    // Device properties cannot change: asked 1000 times, they are asked of the host once.
+    assert!(o.contains("warp size asked 1000 times: 32"), "{o}");
+    let ended = d.wait_idle(Duration::from_secs(30));
+    let calls = ended[0]["commands"].as_u64().unwrap();
+    assert!(calls < 100, "{calls} calls reached the host: {ended:?}");
 }
 
 #[test]
