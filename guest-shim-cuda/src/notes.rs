@@ -34,3 +34,16 @@ pub(crate) fn cuModuleGetGlobal_v2(
     let (base, size) = unsafe { (*dptr, *bytes) };
     rt::note_allocation(base, size as u64, Some(hmod as usize as u64));
 }
+
+/// A function's largest dynamic shared memory changed: launches are checked against
+/// the new value.
+pub(crate) fn cuFuncSetAttribute(
+    hfunc: crate::rt::CUfunction,
+    attrib: std::ffi::c_int,
+    value: std::ffi::c_int,
+) {
+    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+    if attrib == 8 {
+        rt::set_max_dynamic_shared(hfunc as usize as u64, u32::try_from(value).unwrap_or(0));
+    }
+}

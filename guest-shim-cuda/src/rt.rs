@@ -237,6 +237,18 @@ pub struct FunctionInfo {
     pub max_grid: [u32; 3],
 }
 
+/// Function `id` may now launch with this much dynamic shared memory.
+pub fn set_max_dynamic_shared(id: u64, bytes: u32) {
+    if let Some(f) = runtime()
+        .layouts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&id)
+    {
+        f.max_dynamic_shared = bytes;
+    }
+}
+
 /// What the guest knows of function `id`.
 pub fn function(id: u64) -> Option<FunctionInfo> {
     runtime()

@@ -191,7 +191,34 @@ struct Context {
     /// A fault of a kernel: every later call in the context fails with it.
     sticky: CUresult,
     primary: bool,
+    flags: c_uint,
+    limits: HashMap<c_int, usize>,
+    cache_config: c_int,
 }
+
+impl Context {
+    fn new(primary: bool, flags: c_uint) -> Context {
+        Context {
+            sticky: CUDA_SUCCESS,
+            primary,
+            flags,
+            limits: HashMap::new(),
+            cache_config: 0,
+        }
+    }
+}
+
+/// `CUlimit` defaults: stack size, printf FIFO, malloc heap, device-runtime sync
+/// depth and pending launches, L2 fetch granularity, persisting L2 size.
+const LIMITS: &[(c_int, usize)] = &[
+    (0, 1024),
+    (1, 1 << 20),
+    (2, 8 << 20),
+    (3, 2),
+    (4, 2048),
+    (5, 64),
+    (6, 0),
+];
 
 struct LoadedModule {
     ptx: Arc<ptx::Module>,
@@ -214,7 +241,10 @@ struct State {
     primary: Option<(usize, u32)>,
     modules: HashMap<usize, LoadedModule>,
     functions: HashMap<usize, (usize, usize)>,
-    streams: HashMap<usize, usize>,
+    /// Streams: context, flags, priority.
+    streams: HashMap<usize, (usize, c_uint, c_int)>,
+    /// Functions' `cuFuncSetAttribute` values, by function and attribute.
+    func_attrs: HashMap<(usize, c_int), c_int>,
     events: HashMap<usize, Event>,
 }
 
@@ -426,13 +456,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
             return CUDA_ERROR_INVALID_VALUE;
         }
         let h = s.handle();
-        s.contexts.insert(
-            h,
-            Context {
-                sticky: CUDA_SUCCESS,
-                primary: false,
-            },
-        );
+        s.contexts.insert(h, Context::new(false, _flags));
         STACK.with(|st| st.borrow_mut().push(h));
         // SAFETY: checked not null.
         unsafe { put(pctx, h as Handle) }
@@ -450,7 +474,7 @@ fn drop_context(s: &mut State, h: usize) {
     for m in mods {
         unload(s, m);
     }
-    s.streams.retain(|_, c| *c != h);
+    s.streams.retain(|_, (c, _, _)| *c != h);
 }
 
 #[unsafe(no_mangle)]
@@ -543,13 +567,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevi
             }
             None => {
                 let h = s.handle();
-                s.contexts.insert(
-                    h,
-                    Context {
-                        sticky: CUDA_SUCCESS,
-                        primary: true,
-                    },
-                );
+                s.contexts.insert(h, Context::new(true, 0));
                 s.primary = Some((h, 1));
                 h
             }
@@ -1060,11 +1078,76 @@ pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: Ha
             2 | 3 => 0,
             4 => k.registers().min(255) as c_int,
             5 | 6 => 52,
-            8 => (MAX_SHARED - k.shared_size()) as c_int,
+            8 => s
+                .func_attrs
+                .get(&(f as usize, 8))
+                .copied()
+                .unwrap_or((MAX_SHARED - k.shared_size()) as c_int),
+            9 => s.func_attrs.get(&(f as usize, 9)).copied().unwrap_or(-1),
             _ => return CUDA_ERROR_INVALID_VALUE,
         };
         // SAFETY: as the API requires.
         unsafe { put(pi, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetAttribute(f: Handle, attrib: c_int, value: c_int) -> CUresult {
+    with_ctx(|s, _| {
+        let Some((m, i, _)) = kernel_of(s, f) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        let room = (MAX_SHARED - m.kernels[i].shared_size()) as c_int;
+        let ok = match attrib {
+            // MAX_DYNAMIC_SHARED_SIZE_BYTES: what the device has beside the static.
+            8 => (0..=room).contains(&value),
+            // PREFERRED_SHARED_MEMORY_CARVEOUT: a percentage, or -1 for none.
+            9 => (-1..=100).contains(&value),
+            _ => false,
+        };
+        if !ok {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        s.func_attrs.insert((f as usize, attrib), value);
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetCacheConfig(f: Handle, config: c_int) -> CUresult {
+    with_ctx(|s, _| {
+        if kernel_of(s, f).is_none() {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        if !(0..=3).contains(&config) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    blocks: *mut c_int,
+    f: Handle,
+    block_size: c_int,
+    dynamic: usize,
+) -> CUresult {
+    with_ctx(|s, _| {
+        let Some((m, i, _)) = kernel_of(s, f) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        let shared = m.kernels[i].shared_size() + dynamic;
+        let n = if block_size <= 0 || block_size > MAX_THREADS as c_int || shared > MAX_SHARED {
+            0
+        } else {
+            // 2048 threads, 32 blocks and 64 KiB of shared memory per multiprocessor.
+            let by_threads = 2048 / block_size;
+            let by_shared = (64 * 1024 / shared.max(1)) as c_int;
+            by_threads.min(32).min(by_shared)
+        };
+        // SAFETY: as the API requires.
+        unsafe { put(blocks, n) }
     })
 }
 
@@ -1107,6 +1190,9 @@ pub unsafe extern "C" fn cuLaunchKernel(
             || threads > u64::from(MAX_THREADS)
             || bz > 64
             || k.shared_size() + shared as usize > MAX_SHARED
+            || s.func_attrs
+                .get(&(f as usize, 8))
+                .is_some_and(|&m| i64::from(shared) > i64::from(m))
         {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -1179,26 +1265,146 @@ pub unsafe extern "C" fn cuLaunchKernel(
 // Streams and events
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreate(ph: *mut Handle, _flags: c_uint) -> CUresult {
-    with_ctx(|s, ctx| {
-        if ph.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let h = s.handle();
-        s.streams.insert(h, ctx);
-        // SAFETY: checked not null.
-        unsafe { put(ph, h as Handle) }
-    })
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut Handle, flags: c_uint) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuStreamCreateWithPriority(ph, flags, 0) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreateWithPriority(
     ph: *mut Handle,
     flags: c_uint,
-    _priority: c_int,
+    priority: c_int,
 ) -> CUresult {
-    // SAFETY: same contract.
-    unsafe { cuStreamCreate(ph, flags) }
+    with_ctx(|s, ctx| {
+        if ph.is_null() || flags > 1 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let h = s.handle();
+        // Priorities are clamped to the range, as the driver does.
+        s.streams
+            .insert(h, (ctx, flags, priority.clamp(GREATEST_PRIORITY, 0)));
+        // SAFETY: checked not null.
+        unsafe { put(ph, h as Handle) }
+    })
+}
+
+/// The greatest stream priority (numerically lowest); the least is 0.
+const GREATEST_PRIORITY: c_int = -5;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority(h: Handle, priority: *mut c_int) -> CUresult {
+    with_ctx(|s, _| match h as usize {
+        // SAFETY: as the API requires.
+        0..=2 => unsafe { put(priority, 0) },
+        id => match s.streams.get(&id) {
+            // SAFETY: as the API requires.
+            Some(&(_, _, p)) => unsafe { put(priority, p) },
+            None => CUDA_ERROR_INVALID_HANDLE,
+        },
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags(h: Handle, flags: *mut c_uint) -> CUresult {
+    with_ctx(|s, _| match h as usize {
+        // SAFETY: as the API requires.
+        0..=2 => unsafe { put(flags, 0) },
+        id => match s.streams.get(&id) {
+            // SAFETY: as the API requires.
+            Some(&(_, f, _)) => unsafe { put(flags, f) },
+            None => CUDA_ERROR_INVALID_HANDLE,
+        },
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
+    with_ctx(|_, _| {
+        // SAFETY: either may be null, as the API allows.
+        unsafe {
+            if !least.is_null() {
+                least.write(0);
+            }
+            if !greatest.is_null() {
+                greatest.write(GREATEST_PRIORITY);
+            }
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    // SAFETY: as the API requires.
+    with_ctx(|s, ctx| unsafe { put(flags, s.contexts[&ctx].flags) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
+    with_ctx(|s, ctx| {
+        if !LIMITS.iter().any(|&(l, _)| l == limit) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        s.contexts
+            .get_mut(&ctx)
+            .expect("current")
+            .limits
+            .insert(limit, value);
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
+    with_ctx(|s, ctx| {
+        let Some(&(_, default)) = LIMITS.iter().find(|&&(l, _)| l == limit) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let v = s.contexts[&ctx]
+            .limits
+            .get(&limit)
+            .copied()
+            .unwrap_or(default);
+        // SAFETY: as the API requires.
+        unsafe { put(value, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCacheConfig(config: c_int) -> CUresult {
+    with_ctx(|s, ctx| {
+        if !(0..=3).contains(&config) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        s.contexts.get_mut(&ctx).expect("current").cache_config = config;
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
+    // SAFETY: as the API requires.
+    with_ctx(|s, ctx| unsafe { put(config, s.contexts[&ctx].cache_config) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
+    with(|_| {
+        if dev != 0 || peer != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        // One device: no peer.
+        // SAFETY: as the API requires.
+        unsafe { put(can, 0) }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -1434,6 +1640,18 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuGetErrorName" => cuGetErrorName,
         "cuGetErrorString" => cuGetErrorString,
         "cuGetProcAddress" => cuGetProcAddress_v2,
+        "cuCtxGetFlags" => cuCtxGetFlags,
+        "cuCtxSetLimit" => cuCtxSetLimit,
+        "cuCtxGetLimit" => cuCtxGetLimit,
+        "cuCtxGetStreamPriorityRange" => cuCtxGetStreamPriorityRange,
+        "cuCtxSetCacheConfig" => cuCtxSetCacheConfig,
+        "cuCtxGetCacheConfig" => cuCtxGetCacheConfig,
+        "cuDeviceCanAccessPeer" => cuDeviceCanAccessPeer,
+        "cuFuncSetAttribute" => cuFuncSetAttribute,
+        "cuFuncSetCacheConfig" => cuFuncSetCacheConfig,
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor" => cuOccupancyMaxActiveBlocksPerMultiprocessor,
+        "cuStreamGetPriority" => cuStreamGetPriority,
+        "cuStreamGetFlags" => cuStreamGetFlags,
     }
 }
 

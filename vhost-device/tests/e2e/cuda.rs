@@ -25,6 +25,7 @@ pub(crate) const PROGRAMS: &[&str] = &[
     "fault",
     "transfer",
     "launches",
+    "misc",
 ];
 /// Programs that run through Hira only, or that other tests drive.
 const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error"];
@@ -35,7 +36,7 @@ fn real_gpu() -> bool {
 }
 
 pub(crate) struct Kit {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
     pub(crate) ptx: PathBuf,
 }
 
@@ -43,18 +44,18 @@ impl Kit {
     /// Where the driver the programs and API servers load lives (`None`: the
     /// system's).
     pub(crate) fn driver_dir(&self) -> Option<PathBuf> {
-        (!real_gpu()).then(|| self.dir.path().join("driver"))
+        (!real_gpu()).then(|| self.dir.join("driver"))
     }
 
     fn shim_dir(&self) -> PathBuf {
-        self.dir.path().join("shim")
+        self.dir.join("shim")
     }
 
     pub(crate) fn exe(&self, name: &str) -> PathBuf {
         match name {
             // The Rust program, built by cargo (tests/cuda-rust).
             "cudarc-guest" => bin_dir().join(name),
-            _ => self.dir.path().join(name),
+            _ => self.dir.join(name),
         }
     }
 }
@@ -75,12 +76,12 @@ pub(crate) fn kit() -> &'static Kit {
     KIT.get_or_init(|| {
         ensure_built();
         let sdk = cuda::nvrtc::sdk().unwrap_or_else(|e| panic!("{e}"));
-        let dir = tempfile::Builder::new()
-            .prefix("hira-cuda-e2e")
-            .tempdir()
-            .unwrap();
+        // Under cargo's directory for test files, made afresh by each test run.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-e2e");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
         let kit = Kit {
-            ptx: dir.path().join("kernels.ptx"),
+            ptx: dir.join("kernels.ptx"),
             dir,
         };
         if let Some(d) = kit.driver_dir() {
