@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use hira_api_cuda::status;
 
-use crate::rt::{self, CUcontext, CUmodule, CUresult};
+use crate::rt::{self, CUcontext, CUmodule, CUresult, CUstream};
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
@@ -255,6 +255,55 @@ pub unsafe extern "C" fn cuGetProcAddress(
 ) -> CUresult {
     // SAFETY: the same contract.
     unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
+
+/// A copy between addresses of the unified address space: each side is device
+/// memory if it lies in an allocation the application holds, else host memory of
+/// this process, and the copy goes as the call for its direction (host to host: a
+/// plain copy, as the driver makes it).
+fn unified_copy(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if n == 0 {
+        return status::SUCCESS;
+    }
+    let (d, s) = (rt::is_device(dst, n as u64), rt::is_device(src, n as u64));
+    let (host_dst, host_src) = (dst as usize as *mut c_void, src as usize as *const c_void);
+    // SAFETY: the application passes `n` valid bytes at each side, as the API
+    // requires; device sides are forwarded as addresses.
+    unsafe {
+        match (d, s, stream) {
+            (true, true, None) => crate::generated::cuMemcpyDtoD_v2(dst, src, n),
+            (true, true, Some(h)) => crate::generated::cuMemcpyDtoDAsync_v2(dst, src, n, h),
+            (true, false, None) => crate::generated::cuMemcpyHtoD_v2(dst, host_src, n),
+            (true, false, Some(h)) => crate::generated::cuMemcpyHtoDAsync_v2(dst, host_src, n, h),
+            (false, true, None) => crate::generated::cuMemcpyDtoH_v2(host_dst, src, n),
+            (false, true, Some(h)) => crate::generated::cuMemcpyDtoHAsync_v2(host_dst, src, n, h),
+            (false, false, _) => {
+                if host_dst.is_null() || host_src.is_null() {
+                    return status::INVALID_VALUE;
+                }
+                std::ptr::copy(host_src.cast::<u8>(), host_dst.cast::<u8>(), n);
+                status::SUCCESS
+            }
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy(dst: u64, src: u64, byte_count: usize) -> CUresult {
+    unified_copy(dst, src, byte_count, None)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: u64,
+    src: u64,
+    byte_count: usize,
+    h_stream: CUstream,
+) -> CUresult {
+    unified_copy(dst, src, byte_count, Some(h_stream))
 }
 
 /// What an entry point Hira does not remote returns; the first call of each is

@@ -213,6 +213,22 @@ pub fn in_allocation(p: u64, len: u64) -> bool {
             .is_some_and(|end| end <= base.saturating_add(a.size))
 }
 
+/// Whether `len` bytes at `p` lie in device memory the application holds, in any
+/// context (unified addressing: one address space).
+pub fn is_device(p: u64, len: u64) -> bool {
+    let allocations = runtime()
+        .allocations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    allocations
+        .range(..=p)
+        .next_back()
+        .is_some_and(|(&base, a)| {
+            p.checked_add(len)
+                .is_some_and(|end| end <= base.saturating_add(a.size))
+        })
+}
+
 /// The context of the live object `id` of `kind`, if the application holds one.
 pub fn context_of(kind: Kind, id: u64) -> Option<u64> {
     runtime()

@@ -2,6 +2,7 @@
  * device, device to device, device to host, synchronous and on a stream, at offsets
  * inside allocations, and memset. `transfer KERNELS.ptx [BYTES]`. */
 #include "common.h"
+#include <stdint.h>
 
 static unsigned char pattern(size_t i) { return (unsigned char)((i * 131 + (i >> 9)) & 0xFF); }
 
@@ -34,9 +35,20 @@ int main(int argc, char **argv) {
     printf("transfer %zu bytes: synchronous %s, on a stream %s, around it %02x %02x\n", n,
            sync_ok ? "same" : "DIFFERENT", async_ok ? "same" : "DIFFERENT", edge[0], edge[1]);
     EXPECT(cuMemcpyHtoD(a + n + 60, src, 64), CUDA_ERROR_INVALID_VALUE);
+    /* Unified addressing: cuMemcpy finds each side's memory by its address. */
+    memset(dst, 0, n);
+    CHECK(cuMemcpy(a + 5, (CUdeviceptr)(uintptr_t)src, n));
+    CHECK(cuMemcpy(b, a + 5, n));
+    CHECK(cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, b, n, s));
+    CHECK(cuStreamSynchronize(s));
+    int unified_ok = memcmp(src, dst, n) == 0;
+    unsigned char h1[16] = "hira unified cp", h2[16] = {0};
+    CHECK(cuMemcpy((CUdeviceptr)(uintptr_t)h2, (CUdeviceptr)(uintptr_t)h1, sizeof h1));
+    printf("unified copies %s, host to host %s\n", unified_ok ? "same" : "DIFFERENT",
+           memcmp(h1, h2, sizeof h1) ? "DIFFERENT" : "same");
     CHECK(cuStreamDestroy(s));
     CHECK(cuCtxDestroy(ctx));
     free(src);
     free(dst);
-    return !(sync_ok && async_ok);
+    return !(sync_ok && async_ok && unified_ok);
 }

@@ -795,6 +795,64 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     cuMemcpyDtoD_v2(dst, src, n)
 }
 
+/// A copy in the unified address space: each side is device memory if it lies in an
+/// allocation, else host memory.
+fn unified_copy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    with_ctx(|s, _| {
+        if n == 0 {
+            return CUDA_SUCCESS;
+        }
+        let (d, h) = (s.mem.find(dst, n).is_some(), s.mem.find(src, n).is_some());
+        match (d, h) {
+            (true, true) => {
+                let mut tmp = vec![0u8; n];
+                if ptx::DeviceMemory::read(&s.mem, src, &mut tmp)
+                    && ptx::DeviceMemory::write(&mut s.mem, dst, &tmp)
+                {
+                    CUDA_SUCCESS
+                } else {
+                    CUDA_ERROR_INVALID_VALUE
+                }
+            }
+            (true, false) => copy_to_device(s, dst, src as usize as *const c_void, n),
+            (false, true) => copy_from_device(s, dst as usize as *mut c_void, src, n),
+            (false, false) => {
+                if dst == 0 || src == 0 {
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                // SAFETY: both are host memory of `n` bytes, as the API requires.
+                unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n) };
+                CUDA_SUCCESS
+            }
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    unified_copy(dst, src, n)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
+    let ok = with(|s| {
+        if stream_ok(s, stream) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_HANDLE
+        }
+    });
+    if ok != CUDA_SUCCESS {
+        return ok;
+    }
+    unified_copy(dst, src, n)
+}
+
 fn memset(dst: CUdeviceptr, pattern: &[u8], count: usize) -> CUresult {
     with_ctx(|s, _| {
         let Some(len) = count.checked_mul(pattern.len()) else {
@@ -1640,6 +1698,8 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuGetErrorName" => cuGetErrorName,
         "cuGetErrorString" => cuGetErrorString,
         "cuGetProcAddress" => cuGetProcAddress_v2,
+        "cuMemcpy" => cuMemcpy,
+        "cuMemcpyAsync" => cuMemcpyAsync,
         "cuCtxGetFlags" => cuCtxGetFlags,
         "cuCtxSetLimit" => cuCtxSetLimit,
         "cuCtxGetLimit" => cuCtxGetLimit,

@@ -358,6 +358,7 @@ fn transfers_larger_than_a_call_go_in_pieces_with_the_same_result() {
         o.contains("synchronous same, on a stream same, around it 5a 5a"),
         "{o}"
     );
+    assert!(o.contains("unified copies same, host to host same"), "{o}");
     assert_eq!(o, String::from_utf8_lossy(&n.stdout));
 }
 
