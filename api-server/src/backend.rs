@@ -76,6 +76,11 @@ pub trait Backend: Send + Sync {
     /// execute first.
     fn restore(&self, snapshot: &[u8], device: Option<u32>) -> Result<Vec<u8>, String>;
 
+    /// The guest is gone (its connection ended; the session is not moving): nothing
+    /// may wait for it, or for a scheduling decision on its behalf, any more. Called
+    /// before the session's workers are joined.
+    fn guest_gone(&self) {}
+
     /// Releases every object the guest still holds.
     fn teardown(&self) -> TeardownReport;
 }

@@ -810,6 +810,9 @@ fn serve<R: Read>(
             send(w, f);
         }
     }
+    if !moved {
+        backend.guest_gone();
+    }
     for (_, w) in workers.drain() {
         drop(w.jobs);
         let _ = w.thread.join();

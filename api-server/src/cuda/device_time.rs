@@ -17,6 +17,7 @@
 //! CUDA launch waits before the host call: the driver API has no user events.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,8 @@ unsafe impl Send for Launch {}
 pub struct DeviceTime {
     account: Arc<Account>,
     pending: Mutex<Vec<Launch>>,
+    /// The guest is gone: a held launch waits no more.
+    closing: AtomicBool,
 }
 
 /// Events bracketing one launch, made before it.
@@ -56,7 +59,19 @@ impl DeviceTime {
         DeviceTime {
             account,
             pending: Mutex::new(Vec::new()),
+            closing: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a launch now would wait for the VM's decision.
+    pub fn would_hold(&self) -> bool {
+        self.account.gate() != Gate::Run
+    }
+
+    /// The guest is gone: launches held now, and later ones, go through (the
+    /// session is ending).
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
     }
 
     /// Waits until the VM's decision lets a launch through.
@@ -67,7 +82,7 @@ impl DeviceTime {
         }
         let held_since = Instant::now();
         self.account.held(1);
-        loop {
+        while !self.closing.load(Ordering::Acquire) {
             match self.account.gate() {
                 Gate::Run => break,
                 Gate::Hold => std::thread::sleep(GATE_POLL),

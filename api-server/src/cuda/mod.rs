@@ -498,8 +498,20 @@ impl Backend for CudaBackend {
         op_info(opcode).is_some_and(|o| o.may_block)
     }
 
+    fn may_wait_on_guest(&self, opcode: u16) -> bool {
+        // A launch the VM's decision holds runs off the reading thread, which stays
+        // free to see the guest go (and the launch is then let through).
+        self.may_block(opcode)
+            || (opcode == hira_api_cuda::op::cuLaunchKernel
+                && self.session.device_time.would_hold())
+    }
+
     fn may_async(&self, opcode: u16) -> Option<bool> {
         op_info(opcode).map(|o| o.may_async)
+    }
+
+    fn guest_gone(&self) {
+        self.session.device_time.close();
     }
 
     fn capture(&self, _pending: Vec<u8>) -> Result<Vec<u8>, String> {

@@ -265,6 +265,12 @@ impl Backend for OpenClBackend {
         self.restore_session(snapshot, device)
     }
 
+    fn guest_gone(&self) {
+        // Commands held for the VM's decision go now: a worker may be waiting for
+        // one (a blocking call), and is joined next.
+        self.device_time.open_all();
+    }
+
     fn teardown(&self) -> TeardownReport {
         // Nothing may wait for a scheduling decision any more.
         self.device_time.open_all();

@@ -551,3 +551,47 @@ fn moving_a_cuda_session_is_refused_and_the_program_goes_on() {
         "{s}"
     );
 }
+
+/// A guest that goes away while its launch is held: the held launch is let through
+/// and its API server ends on its own, not killed after the teardown grace.
+#[test]
+fn a_cuda_guest_that_goes_while_its_launch_is_held_ends_cleanly() {
+    let d = daemon_with(&["ahead", "behind"], &[]);
+    let k = kit();
+    let mut cuda = LineProgram::start({
+        let mut c = Command::new(k.exe("busy"));
+        c.arg(&k.ptx)
+            .env("LD_LIBRARY_PATH", k.shim_dir())
+            .env("HIRA_SOCKET", d.socket("ahead"));
+        c
+    });
+    let vendors = Vendors::hira();
+    let mut behind = LineProgram::start(d.guest(&vendors, "behind", &c_program("busy")));
+    let ran = cuda.ask("run 80");
+    let n: u64 = ran.split(' ').nth(1).unwrap().parse().unwrap();
+    assert_eq!(behind.ask("gate"), "ok");
+    wait_for(&d, "behind", "a launch in flight", |v| v["in_flight"] == 1);
+    assert_eq!(cuda.ask(&format!("once {n}")), "ok");
+    wait_for(&d, "ahead", "the hold decision", |v| {
+        v["decision"] == "hold"
+    });
+    cuda.send("once 1000");
+    wait_for(&d, "ahead", "a held launch", |v| v["held"] == 1);
+    drop(cuda);
+    let start = std::time::Instant::now();
+    let ended = loop {
+        let s = d.status();
+        if let Some(e) = s["ended"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["vm"] == "ahead")
+        {
+            break e.clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "{s}");
+        std::thread::yield_now();
+    };
+    assert_eq!(ended["api_server_end"], "exit status 0", "{ended}");
+    assert_eq!(behind.ask("open"), "ok");
+}
