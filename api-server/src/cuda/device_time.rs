@@ -48,10 +48,12 @@ pub struct DeviceTime {
     closing: AtomicBool,
 }
 
-/// Events bracketing one launch, made before it.
+/// Events bracketing one launch, made before it, and when it was handed to the
+/// driver.
 pub struct Bracket {
     start: *mut c_void,
     end: *mut c_void,
+    launched: u64,
 }
 
 impl DeviceTime {
@@ -109,7 +111,16 @@ impl DeviceTime {
             // SAFETY: an event just made and the launch's stream.
             && unsafe { record(start, stream) == 0 };
         if made {
-            Some(Bracket { start, end })
+            // From now the launch counts as in flight and running (a driver may run
+            // it before the launch call returns) until its end event completes.
+            let launched = monotonic_ns();
+            self.account.in_flight(1);
+            self.account.running(launched, 1);
+            Some(Bracket {
+                start,
+                end,
+                launched,
+            })
         } else {
             destroy(d, &[start, end]);
             None
@@ -131,19 +142,19 @@ impl DeviceTime {
                 // SAFETY: an event of ours and the launch's stream.
                 .is_some_and(|record| unsafe { record(b.end, stream) } == 0);
         if !recorded {
+            // A launch that failed, or whose end cannot be timed, is taken back.
+            self.account.running(b.launched, -1);
+            self.account.in_flight(-1);
             destroy(d, &[b.start, b.end]);
             return;
         }
-        let now = monotonic_ns();
-        self.account.in_flight(1);
-        self.account.running(now, 1);
         self.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Launch {
                 start: b.start,
                 end: b.end,
-                launched: now,
+                launched: b.launched,
             });
     }
 

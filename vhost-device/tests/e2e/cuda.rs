@@ -569,6 +569,10 @@ fn a_cuda_guest_that_goes_while_its_launch_is_held_ends_cleanly() {
     let mut behind = LineProgram::start(d.guest(&vendors, "behind", &c_program("busy")));
     let ran = cuda.ask("run 80");
     let n: u64 = ran.split(' ').nth(1).unwrap().parse().unwrap();
+    let ns: u64 = ran.split(' ').nth(2).unwrap().parse().unwrap();
+    wait_for(&d, "ahead", "the device time of its launches", |v| {
+        v["device_ns"].as_u64().unwrap() >= ns && v["in_flight"] == 0
+    });
     assert_eq!(behind.ask("gate"), "ok");
     wait_for(&d, "behind", "a launch in flight", |v| v["in_flight"] == 1);
     assert_eq!(cuda.ask(&format!("once {n}")), "ok");
