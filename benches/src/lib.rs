@@ -11,6 +11,8 @@
 //! - [`soak`]: a bounded soak of the daemon with well-behaved and hostile guests.
 //! - [`rodinia`]: the Rodinia OpenCL programs from a checkout, compared natively and
 //!   through Hira output for output.
+//! - [`cuda`]: the CUDA test programs natively and through Hira on one driver (the
+//!   CPU test executor unless told the machine's).
 //!
 //! All figures are ratios against native runs made in the same invocation.
 
