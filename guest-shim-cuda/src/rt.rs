@@ -3,7 +3,7 @@
 //! parameter layouts of the kernels it looked up.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -32,8 +32,6 @@ pub const MAX_BYTES: usize = MAX_FRAME_BODY - 64 * 1024;
 struct Runtime {
     conn: Option<Connection>,
     next_id: AtomicU64,
-    /// Contexts the application may make current: created or retained, not destroyed.
-    contexts: Mutex<HashSet<u64>>,
     /// Each looked-up function's parameters and launch limits.
     layouts: Mutex<HashMap<u64, FunctionInfo>>,
     /// Every object the application holds, by kind and id: the context it was made
@@ -69,7 +67,6 @@ fn runtime() -> &'static Runtime {
         Runtime {
             conn,
             next_id: AtomicU64::new(1),
-            contexts: Mutex::new(HashSet::new()),
             layouts: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             allocations: Mutex::new(std::collections::BTreeMap::new()),
@@ -299,12 +296,10 @@ pub(crate) fn set_current(ctx: u64) {
     });
 }
 
+/// Whether `id` names a context the application may make current: created or
+/// retained, not destroyed.
 pub(crate) fn is_context(id: u64) -> bool {
-    runtime()
-        .contexts
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&id)
+    context_of(Kind::Context, id).is_some()
 }
 
 /// An object the host made under id `id`: the handle the application gets.
@@ -316,11 +311,6 @@ pub fn adopt(kind: Kind, id: u64) -> *mut c_void {
         .unwrap_or_else(|e| e.into_inner())
         .insert((kind, id), ctx);
     if kind == Kind::Context {
-        runtime()
-            .contexts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id);
         // A context the application creates becomes current on its thread.
         if id & hira_api_cuda::HOST_ID_BIT == 0 {
             push(id);
@@ -364,11 +354,6 @@ pub fn released(kind: Kind, id: u64) {
     }
     match kind {
         Kind::Context => {
-            runtime()
-                .contexts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
             STACK.with(|s| s.borrow_mut().retain(|&c| c != id));
         }
         Kind::Function => {

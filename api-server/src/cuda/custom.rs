@@ -15,6 +15,11 @@ fn unsupported() -> Fail {
     Fail::Status(status::NOT_SUPPORTED)
 }
 
+/// Where the driver writes an out-value: `v`, or NULL as the guest passed.
+fn out_ptr<T>(wanted: bool, v: &mut T) -> *mut T {
+    if wanted { v } else { std::ptr::null_mut() }
+}
+
 fn new_id(r: &mut Reader<'_>) -> Result<Option<u64>, Fail> {
     Ok(if r.u8()? != 0 { Some(r.u64()?) } else { None })
 }
@@ -37,11 +42,7 @@ pub(crate) fn cuCtxCreate_v2<'a>(
         s.check_new(Kind::Context, id)?;
     }
     let mut h: *mut c_void = std::ptr::null_mut();
-    let out = if id.is_some() {
-        &mut h as *mut *mut c_void
-    } else {
-        std::ptr::null_mut()
-    };
+    let out = out_ptr(id.is_some(), &mut h);
     // SAFETY: an out-pointer to a handle, or NULL as the guest passed.
     let st = unsafe { f(out.cast(), flags, dev) };
     w.i32(st);
@@ -66,11 +67,7 @@ pub(crate) fn cuDevicePrimaryCtxRetain<'a>(
     r.finish()?;
     let f = s.driver.cuDevicePrimaryCtxRetain.ok_or_else(unsupported)?;
     let mut h: *mut c_void = std::ptr::null_mut();
-    let out = if want {
-        &mut h as *mut *mut c_void
-    } else {
-        std::ptr::null_mut()
-    };
+    let out = out_ptr(want, &mut h);
     // SAFETY: an out-pointer to a handle, or NULL as the guest passed.
     let st = unsafe { f(out.cast(), dev) };
     w.i32(st);
@@ -125,11 +122,7 @@ pub(crate) fn cuModuleGetFunction<'a>(
     }
     s.make_current(ctx)?;
     let mut h: *mut c_void = std::ptr::null_mut();
-    let out = if id.is_some() {
-        &mut h as *mut *mut c_void
-    } else {
-        std::ptr::null_mut()
-    };
+    let out = out_ptr(id.is_some(), &mut h);
     let name_ptr = name.as_ref().map_or(std::ptr::null(), |b| b.as_ptr());
     // SAFETY: an out-pointer, a module of this session, a NUL-terminated name.
     let st = unsafe { f(out.cast(), hmod, name_ptr.cast()) };
@@ -408,11 +401,7 @@ pub(crate) fn cuMemAlloc_v2<'a>(
         return Ok(());
     }
     let mut p = 0u64;
-    let out = if want {
-        &mut p as *mut u64
-    } else {
-        std::ptr::null_mut()
-    };
+    let out = out_ptr(want, &mut p);
     // SAFETY: an out-pointer to a device address, or NULL as the guest passed.
     let st = unsafe { alloc(out, size as usize) };
     w.i32(st);

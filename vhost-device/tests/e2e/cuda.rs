@@ -15,6 +15,7 @@ use std::time::Duration;
 use hira_protocol::FrameKind;
 use hira_protocol::handshake::{ErrorPayload, Hello};
 
+use crate::scheduling::wait_for;
 use crate::support::*;
 
 pub(crate) const PROGRAMS: &[&str] = &[
@@ -394,36 +395,14 @@ fn kernel_parameter_layouts_come_from_the_ptx_where_the_driver_cannot_give_them(
     same_as_native(&d, &[]);
 }
 
-/// VM `name` as the daemon's status shows it.
-fn vm(d: &Daemon, name: &str) -> serde_json::Value {
-    d.status()["vms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no VM {name}"))
-}
-
-/// Asks the daemon until `test` holds of VM `name`.
-fn wait_for(
-    d: &Daemon,
-    name: &str,
-    what: &str,
-    test: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let start = std::time::Instant::now();
-    loop {
-        let v = vm(d, name);
-        if test(&v) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "VM {name} never reached {what}: {v}"
-        );
-        std::thread::yield_now();
-    }
+/// `tests/cuda/busy.c` through Hira as a guest of VM `vm`, ready for commands.
+fn busy_guest(d: &Daemon, vm: &str) -> LineProgram {
+    let k = kit();
+    let mut c = Command::new(k.exe("busy"));
+    c.arg(&k.ptx)
+        .env("LD_LIBRARY_PATH", k.shim_dir())
+        .env("HIRA_SOCKET", d.socket(vm));
+    LineProgram::start(c)
 }
 
 /// A CUDA guest's kernels are accounted as device time, and when its VM is ahead of
@@ -432,14 +411,7 @@ fn wait_for(
 #[test]
 fn cuda_kernels_are_accounted_and_held_while_their_vm_is_ahead_of_its_share() {
     let d = daemon_with(&["ahead", "behind"], &[]);
-    let k = kit();
-    let mut cuda = LineProgram::start({
-        let mut c = Command::new(k.exe("busy"));
-        c.arg(&k.ptx)
-            .env("LD_LIBRARY_PATH", k.shim_dir())
-            .env("HIRA_SOCKET", d.socket("ahead"));
-        c
-    });
+    let mut cuda = busy_guest(&d, "ahead");
     let vendors = Vendors::hira();
     let mut behind = LineProgram::start(d.guest(&vendors, "behind", &c_program("busy")));
     // Alone, "ahead" uses the device as it likes; its kernels' time is accounted.
@@ -522,14 +494,7 @@ fn launches_go_without_waiting_and_their_failures_come_back_at_the_next_synchron
 #[test]
 fn moving_a_cuda_session_is_refused_and_the_program_goes_on() {
     let d = daemon(&[]);
-    let k = kit();
-    let mut cuda = LineProgram::start({
-        let mut c = Command::new(k.exe("busy"));
-        c.arg(&k.ptx)
-            .env("LD_LIBRARY_PATH", k.shim_dir())
-            .env("HIRA_SOCKET", d.socket("vm1"));
-        c
-    });
+    let mut cuda = busy_guest(&d, "vm1");
     assert_eq!(cuda.ask("once 1000"), "ok");
     let s = d.status();
     let id = s["sessions"][0]["id"].as_u64().unwrap();
@@ -557,14 +522,7 @@ fn moving_a_cuda_session_is_refused_and_the_program_goes_on() {
 #[test]
 fn a_cuda_guest_that_goes_while_its_launch_is_held_ends_cleanly() {
     let d = daemon_with(&["ahead", "behind"], &[]);
-    let k = kit();
-    let mut cuda = LineProgram::start({
-        let mut c = Command::new(k.exe("busy"));
-        c.arg(&k.ptx)
-            .env("LD_LIBRARY_PATH", k.shim_dir())
-            .env("HIRA_SOCKET", d.socket("ahead"));
-        c
-    });
+    let mut cuda = busy_guest(&d, "ahead");
     let vendors = Vendors::hira();
     let mut behind = LineProgram::start(d.guest(&vendors, "behind", &c_program("busy")));
     let ran = cuda.ask("run 80");

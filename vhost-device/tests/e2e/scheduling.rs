@@ -25,7 +25,7 @@ fn vm(d: &Daemon, name: &str) -> Value {
 
 /// Asks the daemon until `what` holds of VM `name` (the scheduler decides every few
 /// milliseconds; this waits on its answer, not on a guess of time).
-fn wait_for(d: &Daemon, name: &str, what: &str, test: impl Fn(&Value) -> bool) -> Value {
+pub(crate) fn wait_for(d: &Daemon, name: &str, what: &str, test: impl Fn(&Value) -> bool) -> Value {
     let start = Instant::now();
     loop {
         let v = vm(d, name);
