@@ -423,8 +423,10 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
             0
         },
         ring_offset: if on_rings { hello.ring_offset } else { 0 },
-        // The daemon gives the guest its token.
+        // The daemon gives the guest its token and keeps a relayed stream.
         token: [0; 16],
+        replay: false,
+        taken: 0,
     }
     .encode();
     let header = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());

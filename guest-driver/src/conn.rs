@@ -11,6 +11,7 @@ use hira_protocol::handshake::{
     ASYNC_FAILURE, ApiId, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Token,
     Welcome, error_code, migrate,
 };
+use hira_protocol::replay::{self, Replayed};
 use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
 use log::{debug, warn};
 use thiserror::Error;
@@ -109,9 +110,10 @@ impl std::io::Write for Stream {
     }
 }
 
-/// Where requests go: the socket, or the submission ring of the data plane.
+/// Where requests go: the socket (kept until acknowledged where the session's stream
+/// outlives its connection), or the submission ring of the data plane.
 enum Tx {
-    Stream(Stream),
+    Stream(Replayed<Stream>),
     Ring(ring::Producer),
 }
 
@@ -245,6 +247,17 @@ pub struct Connection {
     /// What resumes the session if the host suspends it (host-local sessions on
     /// rings).
     resume: Option<Resume>,
+    /// A relayed stream kept on both ends (`Welcome::replay`): bytes of whole frames
+    /// taken in since the `Welcome`, what this end last acknowledged, and what the
+    /// host acknowledged of what this end sent.
+    keeps: AtomicBool,
+    taken: AtomicU64,
+    ack_sent: AtomicU64,
+    host_acked: std::sync::Arc<AtomicU64>,
+    /// Reconnections so far, and the lock one takes: a thread that saw the
+    /// connection fail reconnects only if nobody did since.
+    generation: AtomicU64,
+    reconnecting: Mutex<()>,
     pub welcome: Welcome,
 }
 
@@ -416,6 +429,8 @@ impl Connection {
                 // No descriptor crosses vsock: ask for a slot of the VM's window.
                 let mut hl = Hello::new(api, std::process::id(), &process_name(), 0);
                 hl.vm_window = window_len > 0;
+                // Relayed, the stream is kept on both ends to outlive a device reset.
+                hl.replay = true;
                 // Rings at the end of the window slot, woken by doorbells on vsock.
                 hl.rings = hl.vm_window
                     && crate::endpoint::rings()
@@ -496,7 +511,15 @@ impl Connection {
             };
             (Tx::Ring(ends.producer), rx)
         } else {
-            (Tx::Stream(clone()?), Rx::Stream(clone()?))
+            let mut tx = Replayed::plain(clone()?);
+            if welcome.replay {
+                tx.enable(replay::GUEST_KEEPS);
+            }
+            (Tx::Stream(tx), Rx::Stream(clone()?))
+        };
+        let host_acked = match &tx {
+            Tx::Stream(t) => t.acked(),
+            Tx::Ring(_) => std::sync::Arc::default(),
         };
         Ok(Connection {
             socket: stream,
@@ -526,6 +549,12 @@ impl Connection {
                     vm_rings: welcome.ring_capacity > 0 && matches!(e, Endpoint::Vsock { .. }),
                 }),
             },
+            keeps: AtomicBool::new(welcome.replay),
+            taken: AtomicU64::new(0),
+            ack_sent: AtomicU64::new(0),
+            host_acked,
+            generation: AtomicU64::new(0),
+            reconnecting: Mutex::new(()),
             welcome,
         })
     }
@@ -576,8 +605,8 @@ impl Connection {
             resume_limit()
         };
         let mut pause = RESUME_RETRY.0;
-        let socket = loop {
-            match self.try_resume(&endpoint, kit) {
+        let (socket, welcome) = loop {
+            match self.try_resume(&endpoint, kit, after_reset) {
                 Ok(s) => break s,
                 Err(TransportError::Refused(m))
                     if after_reset && start.elapsed() >= RESET_REFUSALS =>
@@ -608,10 +637,27 @@ impl Connection {
                 // Relayed: frames go on on the new socket, in both directions.
                 // SAFETY: as above.
                 unsafe { libc::dup2(socket.raw_fd(), rs.raw_fd()) };
-                let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-                if let Tx::Stream(ws) = &*w {
+                let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+                if let Tx::Stream(ws) = &mut *w {
                     // SAFETY: as above.
-                    unsafe { libc::dup2(socket.raw_fd(), ws.raw_fd()) };
+                    unsafe { libc::dup2(socket.raw_fd(), ws.get_ref().raw_fd()) };
+                    if after_reset && self.keeps.load(Ordering::Acquire) {
+                        // The host says what it took; what followed is sent again.
+                        ws.resume(welcome.taken).map_err(|e| {
+                            TransportError::Refused(format!("the stream cannot go on: {e}"))
+                        })?;
+                    } else {
+                        // A resumed session's stream starts afresh (everything before
+                        // the suspension reached the API server that was captured).
+                        ws.enable(if welcome.replay {
+                            replay::GUEST_KEEPS
+                        } else {
+                            0
+                        });
+                        self.keeps.store(welcome.replay, Ordering::Release);
+                        self.taken.store(0, Ordering::Release);
+                        self.ack_sent.store(0, Ordering::Release);
+                    }
                 }
             }
         }
@@ -635,14 +681,68 @@ impl Connection {
             };
         }
         self.unpause();
+        self.generation.fetch_add(1, Ordering::AcqRel);
         log::info!(
-            "the Hira session moved; resumed after {:?}",
+            "the Hira session {}; resumed after {:?}",
+            if after_reset {
+                "lost its connection"
+            } else {
+                "moved"
+            },
             start.elapsed()
         );
         Ok(())
     }
 
-    fn try_resume(&self, endpoint: &Endpoint, kit: &Resume) -> Result<Stream, TransportError> {
+    /// Connects again after the connection failed under a session that outlives it,
+    /// unless another thread did since `seen` (a generation read before the failing
+    /// read or write began).
+    fn reconnect(&self, seen: u64) -> Result<(), TransportError> {
+        let _one = self.reconnecting.lock().unwrap_or_else(|e| e.into_inner());
+        if self.generation.load(Ordering::Acquire) != seen || self.dead().is_some() {
+            return Ok(());
+        }
+        self.resume_session("", true)
+    }
+
+    /// Counts a frame taken in from a kept stream and acknowledges the stream every
+    /// `replay::ACK_EVERY` bytes, unless a writer holds the socket or it has no room
+    /// now (a writer acknowledges after its next frame: the reader never waits for the
+    /// host to read, which may be waiting for this end to read), or the session is
+    /// suspending (nothing may follow `DRAINED`).
+    fn took(&self, f: &Frame) {
+        if !self.keeps.load(Ordering::Acquire) {
+            return;
+        }
+        self.taken
+            .fetch_add((HEADER_LEN + f.payload.len()) as u64, Ordering::AcqRel);
+        if let Ok(mut w) = self.writer.try_lock() {
+            self.acknowledge(&mut w);
+        }
+    }
+
+    /// Sends an acknowledgement if one is due (the caller holds the writer).
+    fn acknowledge(&self, w: &mut Tx) {
+        let taken = self.taken.load(Ordering::Acquire);
+        if taken - self.ack_sent.load(Ordering::Acquire) < replay::ACK_EVERY
+            || self.paused.load(Ordering::Acquire)
+        {
+            return;
+        }
+        if let Tx::Stream(ws) = w
+            && (ws.is_broken() || unix::writable_now(ws.get_ref().raw_fd()))
+        {
+            let _ = std::io::Write::write_all(ws, &replay::ack_frame(taken));
+            self.ack_sent.store(taken, Ordering::Release);
+        }
+    }
+
+    fn try_resume(
+        &self,
+        endpoint: &Endpoint,
+        kit: &Resume,
+        after_reset: bool,
+    ) -> Result<(Stream, Welcome), TransportError> {
         let err = |reason: String| TransportError::Connect {
             path: format!("{endpoint:?}"),
             reason,
@@ -688,6 +788,10 @@ impl Connection {
                 hl.window_len = 0;
                 hl.vm_window = self.window.is_some();
                 hl.rings = kit.vm_rings;
+                hl.replay = true;
+                if after_reset {
+                    hl.taken = self.taken.load(Ordering::Acquire);
+                }
                 let h = hl.encode();
                 let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, h.len());
                 frame::write_parts(&mut s, &[&header.encode(), &h])
@@ -697,7 +801,9 @@ impl Connection {
             }
         };
         match reply.header.kind {
-            FrameKind::Welcome => Ok(stream),
+            FrameKind::Welcome => Welcome::decode(&reply.payload)
+                .map(|w| (stream, w))
+                .map_err(|e| TransportError::Malformed(e.to_string())),
             _ => Err(TransportError::Refused(
                 ErrorPayload::decode(&reply.payload)
                     .map(|e| e.message)
@@ -707,9 +813,11 @@ impl Connection {
     }
 
     /// Whether the session survives its connection being cut: a VM session on rings,
-    /// which lives in the VM's window.
+    /// which lives in the VM's window, or a relayed one whose stream both ends keep.
     fn outlives_resets(&self) -> bool {
-        self.resume.as_ref().is_some_and(|k| k.vm_rings)
+        self.resume
+            .as_ref()
+            .is_some_and(|k| k.vm_rings || self.keeps.load(Ordering::Acquire))
     }
 
     /// The shared data window, if the host accepted one.
@@ -785,7 +893,8 @@ impl Connection {
         for s in spans {
             head.extend_from_slice(&s.encode());
         }
-        {
+        let seen = self.generation.load(Ordering::Acquire);
+        let broken = {
             let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             while self.paused.load(Ordering::Acquire) && self.dead().is_none() {
                 w = self.unpaused.wait(w).unwrap_or_else(|e| e.into_inner());
@@ -793,6 +902,16 @@ impl Connection {
             if let Err(e) = frame::write_parts(&mut *w, &[&head, payload]) {
                 drop(w);
                 let e = TransportError::Closed(e.to_string());
+                self.kill(e.clone());
+                return Err(e);
+            }
+            self.acknowledge(&mut w);
+            matches!(&*w, Tx::Stream(ws) if ws.is_broken())
+        };
+        if broken && self.outlives_resets() {
+            // The connection failed under a kept stream: the request is kept, and
+            // goes again once connected again.
+            if let Err(e) = self.reconnect(seen) {
                 self.kill(e.clone());
                 return Err(e);
             }
@@ -859,6 +978,7 @@ impl Connection {
             }
             d.reading = true;
             drop(d);
+            let seen = self.generation.load(Ordering::Acquire);
             let res = {
                 let mut r = self.reader.lock().unwrap_or_else(|e| e.into_inner());
                 if r.buffer().is_empty() {
@@ -866,6 +986,9 @@ impl Connection {
                 }
                 read_frame(&mut *r)
             };
+            if let Ok(f) = &res {
+                self.took(f);
+            }
             // A deferred output is delivered while this thread is still the reader, so
             // no frame sent after it (a reply that shows the command complete, an event
             // callback) is seen before the application's memory holds the data.
@@ -878,6 +1001,15 @@ impl Connection {
                         self.pause();
                     } else {
                         self.unpause();
+                    }
+                    d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                    d.reading = false;
+                    self.cv.notify_all();
+                    continue;
+                }
+                Ok(f) if replay::is_ack(&f.header) => {
+                    if let Some(n) = replay::ack_count(&f.payload) {
+                        self.host_acked.fetch_max(n, Ordering::AcqRel);
                     }
                     d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
                     d.reading = false;
@@ -960,12 +1092,13 @@ impl Connection {
                     self.cv.notify_all();
                 }
                 Err(e) if self.outlives_resets() && d.dead.is_none() => {
-                    // A VM session on rings: its connection ended without a word from
-                    // the host, as when the VM's vsock device is reset. The session
-                    // lives on in the window; connect again and go on.
+                    // A VM session on rings, or relayed with its stream kept: its
+                    // connection ended without a word from the host, as when the
+                    // VM's vsock device is reset. The session lives on (in the
+                    // window, in the kept streams); connect again and go on.
                     d.reading = true;
                     drop(d);
-                    let back = self.resume_session("", true);
+                    let back = self.reconnect(seen);
                     d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
                     d.reading = false;
                     if let Err(again) = back {

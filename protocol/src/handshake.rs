@@ -10,7 +10,7 @@ use crate::codec::{DecodeError, Reader, Writer};
 /// "HIRA" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIRA");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Longest process name a guest may report.
 pub const MAX_PROCESS_NAME: usize = 256;
 
@@ -89,6 +89,12 @@ pub struct Hello {
     /// the token its `Welcome` gave; its window and, host-local, its ring region and
     /// eventfds travel with this frame again, in that order.
     pub resume: Option<Token>,
+    /// The guest keeps what it sends until acknowledged and counts what it takes in
+    /// (see `replay`), so that a relayed session outlives its connection being cut.
+    pub replay: bool,
+    /// A guest reconnecting after its connection was cut: the bytes of whole frames
+    /// it took in since the `Welcome` (see `replay`).
+    pub taken: u64,
 }
 
 /// A session's resume token: a secret the daemon gives the guest in its `Welcome`.
@@ -120,6 +126,8 @@ impl Hello {
             rings: false,
             ring_offset: 0,
             resume: None,
+            replay: false,
+            taken: 0,
         }
     }
 
@@ -139,6 +147,7 @@ impl Hello {
             Some(t) => w.u8(1).raw(t),
             None => w.u8(0),
         };
+        w.u8(u8::from(self.replay)).u64(self.taken);
         w.into_vec()
     }
 
@@ -167,6 +176,8 @@ impl Hello {
         } else {
             None
         };
+        let replay = r.flag()?;
+        let taken = r.u64()?;
         r.finish()?;
         Ok(Hello {
             magic,
@@ -180,6 +191,8 @@ impl Hello {
             rings,
             ring_offset,
             resume,
+            replay,
+            taken,
         })
     }
 }
@@ -215,6 +228,12 @@ pub struct Welcome {
     /// The token that resumes this session after it was suspended (all zero: it
     /// cannot be).
     pub token: Token,
+    /// The session's frames are relayed and both ends keep what they send until
+    /// acknowledged (see `replay`): it outlives its connection being cut.
+    pub replay: bool,
+    /// To a guest reconnecting after a cut: the bytes of whole frames the host took in
+    /// from it; the guest sends again what follows.
+    pub taken: u64,
 }
 
 impl Welcome {
@@ -227,7 +246,9 @@ impl Welcome {
             .u64(self.window_offset)
             .u64(self.ring_capacity)
             .u64(self.ring_offset)
-            .raw(&self.token);
+            .raw(&self.token)
+            .u8(u8::from(self.replay))
+            .u64(self.taken);
         w.into_vec()
     }
 
@@ -241,6 +262,8 @@ impl Welcome {
         let ring_capacity = r.u64()?;
         let ring_offset = r.u64()?;
         let token = token(&mut r)?;
+        let replay = r.flag()?;
+        let taken = r.u64()?;
         r.finish()?;
         Ok(Welcome {
             version,
@@ -251,6 +274,8 @@ impl Welcome {
             ring_capacity,
             ring_offset,
             token,
+            replay,
+            taken,
         })
     }
 }
@@ -371,6 +396,8 @@ mod tests {
             ring_capacity: 1 << 20,
             ring_offset: 8192,
             token: [7; 16],
+            replay: true,
+            taken: 99,
         };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));
     }

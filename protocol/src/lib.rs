@@ -8,6 +8,8 @@
 //!   tags, object ids. The wire knows no particular API: each is a description in
 //!   `api/` and a crate of its own under `apis/` (`hira-api-opencl`), and the daemon
 //!   sees them all through the registry (`hira-apis`).
+//! - [`replay`]: relayed streams that outlive their connection being cut (bytes kept
+//!   until acknowledged, sent again on reconnecting).
 //! - `unix` (feature `unix`): sending and receiving frames with a file descriptor
 //!   (the data window) over Unix sockets.
 //! - `ring` (feature `unix`): the host-local data plane, two byte rings in shared
@@ -21,6 +23,7 @@ pub mod api;
 pub mod codec;
 pub mod frame;
 pub mod handshake;
+pub mod replay;
 #[cfg(feature = "unix")]
 pub mod ring;
 #[cfg(feature = "unix")]

@@ -142,6 +142,20 @@ pub fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> std::io::Result<OwnedF
     Ok(fd)
 }
 
+/// Whether a small frame written to socket `fd` now leaves at once: the socket is
+/// writable. An acknowledgement (see `replay`) is sent only then, so that the end
+/// that reads never waits for its peer to read.
+pub fn writable_now(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: polls one descriptor the caller holds, without waiting.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLOUT != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -411,6 +411,7 @@ impl VmFields {
 /// policy = "wfq"                                 # or fixed-rate, aimd, fifo
 /// metrics_address = "127.0.0.1:9464"             # optional Prometheus endpoint
 /// cgroup = "/sys/fs/cgroup/hira"                 # optional: per-VM host-memory caps
+/// state_dir = "/var/lib/hira/sessions"           # optional: sessions kept across restarts
 ///
 /// [[local]]
 /// vm = "local"
@@ -447,6 +448,7 @@ pub struct FileConfig {
     pub policy: Option<String>,
     pub metrics_address: Option<String>,
     pub cgroup: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
     #[serde(default)]
     local: Vec<toml::Spanned<LocalEntry>>,
     #[serde(default)]
@@ -662,6 +664,9 @@ pub struct Config {
     pub metrics: Option<String>,
     /// The cgroup directory delegated to the daemon for per-VM host-memory caps.
     pub cgroup: Option<PathBuf>,
+    /// Where the daemon suspends its sessions when it stops, and resumes them from
+    /// when it starts (a restart or an upgrade that applications ride through).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Config {

@@ -508,51 +508,26 @@ fn restore(
             Err(e) => return Ok(json!({ "error": format!("a malformed \"slot\": {e}") })),
         },
     };
-    // A VM session resumes in its slot of the VM's window, kept for it until then.
-    let slot = match slot {
-        None => None,
-        Some(s) => {
-            let Some(q) = router.get(vm) else {
-                return Ok(json!({ "error": format!("this daemon serves no VM {vm:?}") }));
-            };
-            if !q.window.get().is_some_and(|w| w.reserve(s.offset, s.len)) {
-                return Ok(json!({
-                    "error": format!("VM {vm:?} has no free window slot at {} of {} bytes here", s.offset, s.len)
-                }));
-            }
-            Some((s, q))
-        }
+    // A VM session resumes in its slot of the VM's window, kept for it until then
+    // (given back if anything below fails).
+    let parked_slot = match crate::migrate::reserve_slot(router, vm, slot) {
+        Ok(s) => s,
+        Err(e) => return Ok(json!({ "error": e })),
     };
-    // Given back if anything below fails.
-    let parked_slot = crate::migrate::SlotGuard(slot);
     let Some(bytes) = req.get("bytes").and_then(Value::as_u64) else {
         return Ok(json!({ "error": "restore needs \"bytes\": the snapshot's length" }));
-    };
-    let snapshot = match crate::migrate::snapshot_file() {
-        Ok(f) => f,
-        Err(e) => return Ok(json!({ "error": format!("no room for the snapshot: {e}") })),
     };
     // The snapshot comes as bytes on this connection, so that it can come from
     // another host through a forwarded socket (`ssh -L`), which carries no
     // descriptor.
     writeln!(w, "{}", json!({ "send": "bytes" }))?;
-    let mut file = std::fs::File::from(snapshot);
-    let copied = std::io::copy(&mut r.by_ref().take(bytes), &mut file)?;
-    if copied != bytes {
-        return Ok(json!({ "error": "the snapshot was cut short" }));
+    if let Err(e) = crate::migrate::park_from(life, vm, token, parked_slot, bytes, r) {
+        return Ok(json!({ "error": e }));
     }
-    let snapshot = std::os::fd::OwnedFd::from(file);
     let st_size = bytes;
     let endpoint = endpoints
         .get(vm)
         .map_or_else(String::new, |p| p.display().to_string());
-    life.park(crate::migrate::Parked {
-        token,
-        vm: vm.to_string(),
-        snapshot,
-        bytes: st_size,
-        slot: parked_slot.take(),
-    });
     info!("a suspended session of VM {vm:?} waits for its guest");
     Ok(json!({ "parked": { "vm": vm, "endpoint": endpoint, "snapshot_bytes": st_size } }))
 }

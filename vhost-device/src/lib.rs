@@ -9,6 +9,8 @@
 //! - [`router`]: per-VM accounting of every command and the per-VM session cap.
 //! - [`control`]: the control socket (status of sessions and VMs, waiting for idle).
 //! - [`lifecycle`]: the live sessions and the orderly stop on SIGTERM/SIGINT.
+//! - [`restart`]: sessions suspended into the state directory at a stop and taken
+//!   back at the next start.
 //! - [`spawn`]: starting API-server processes (they die with the daemon) and reaping
 //!   them within a grace period.
 //! - [`window`]: per-VM shared data windows (ivshmem) and their per-session slots.
@@ -22,6 +24,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
 pub mod migrate;
+pub mod restart;
 pub mod router;
 pub mod scheduler;
 pub mod session;
@@ -197,6 +200,14 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
             }
         });
     }
+    // Sessions the last daemon suspended into the state directory wait for their
+    // guests from the first moment guests can reach this one.
+    if let Some(dir) = &config.state_dir {
+        let n = restart::resume_all(&life, &router, dir);
+        if n > 0 {
+            info!("{n} sessions from {} wait for their guests", dir.display());
+        }
+    }
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
     info!("ready");
     let signal = signals.wait();
@@ -204,6 +215,12 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     for path in &created {
         let _ = std::fs::remove_file(path);
+    }
+    // No guest reaches this daemon any more: the sessions it can suspend wait in the
+    // state directory for the next one, their guests holding their calls.
+    if let Some(dir) = &config.state_dir {
+        let n = restart::suspend_all(&life, dir);
+        info!("{n} sessions suspended into {}", dir.display());
     }
     let grace = config.limits.teardown_grace + Duration::from_secs(5);
     if !life.stop(grace) {

@@ -67,10 +67,15 @@ struct State {
     /// Suspended sessions waiting for their guests, by token, with when they came.
     parked: HashMap<hira_protocol::handshake::Token, (crate::migrate::Parked, Instant)>,
     /// Live sessions whose guest connection a device reset cut, waiting for the guest
-    /// to connect again: their VM and where its new connection goes.
+    /// to connect again: their VM and where its new connection goes (with how many
+    /// bytes of the relayed stream its guest says it took in).
     detached:
-        HashMap<hira_protocol::handshake::Token, (String, std::sync::mpsc::Sender<UnixStream>)>,
+        HashMap<hira_protocol::handshake::Token, (String, std::sync::mpsc::Sender<Reattached>)>,
 }
+
+/// A guest's new connection to its live session, and the bytes of the relayed
+/// stream it took in before the cut (see `hira_protocol::replay`).
+pub type Reattached = (UnixStream, u64);
 
 /// Live sessions, ended sessions and the stop flag.
 #[derive(Debug, Default)]
@@ -282,7 +287,7 @@ impl Lifecycle {
         token: hira_protocol::handshake::Token,
         vm: &str,
         limit: std::time::Duration,
-    ) -> Option<UnixStream> {
+    ) -> Option<Reattached> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.lock().detached.insert(token, (vm.to_string(), tx));
         let got = rx.recv_timeout(limit).ok();
@@ -291,19 +296,33 @@ impl Lifecycle {
         got.or_else(|| rx.try_recv().ok())
     }
 
-    /// Hands `guest`, a new connection of VM `vm` resuming with `token`, to the live
-    /// session waiting for it; gives it back if none is.
+    /// Hands `guest`, a new connection of VM `vm` resuming with `token` (having taken
+    /// `taken` bytes of its relayed stream), to the live session waiting for it; gives
+    /// it back if none is.
     pub fn reattach(
         &self,
         token: &hira_protocol::handshake::Token,
         vm: &str,
         guest: UnixStream,
+        taken: u64,
     ) -> Result<(), UnixStream> {
         let s = self.lock();
         match s.detached.get(token) {
-            Some((v, tx)) if v == vm => tx.send(guest).map_err(|e| e.0),
+            Some((v, tx)) if v == vm => tx.send((guest, taken)).map_err(|e| e.0.0),
             _ => Err(guest),
         }
+    }
+
+    /// The live sessions that may be asked to migrate, by id.
+    pub fn doors(&self) -> Vec<(u64, Arc<crate::migrate::Door>)> {
+        let mut v: Vec<_> = self
+            .lock()
+            .doors
+            .iter()
+            .map(|(id, d)| (*id, d.clone()))
+            .collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
     }
 
     /// The suspended sessions parked here: VM and snapshot size.

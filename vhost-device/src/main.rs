@@ -85,6 +85,13 @@ struct Args {
     /// cgroup below it, which a VM's `host-mem=SIZE` caps. Default: none.
     #[arg(long, value_name = "DIR")]
     cgroup: Option<PathBuf>,
+    /// When it stops (SIGTERM, SIGINT), the daemon suspends every session it can into
+    /// a file in DIR, and when it starts it takes them back: applications hold their
+    /// calls meanwhile and go on once it is up (a restart or an upgrade; guests wait
+    /// up to their HIRA_RESUME_SECS, 60 s by default). Default: none (sessions end
+    /// with the daemon).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Log lines as `text` (default) or `json` (one object per line: ts, level,
     /// target, msg). `RUST_LOG` sets the level.
     #[arg(long, value_name = "FORMAT")]
@@ -190,6 +197,7 @@ impl TryFrom<Args> for Config {
             control: a.control_socket.or(file.control_socket),
             metrics: a.metrics_address.or(file.metrics_address),
             cgroup: a.cgroup.or(file.cgroup),
+            state_dir: a.state_dir.or(file.state_dir),
             policy: match a.policy.or(file.policy) {
                 Some(p) => p.parse().map_err(anyhow::Error::msg)?,
                 None => hira_policy::Kind::Wfq,

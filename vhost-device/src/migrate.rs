@@ -313,6 +313,55 @@ impl Drop for SlotGuard {
     }
 }
 
+/// Keeps slot `slot` of VM `vm`'s window for a session that will resume in it here;
+/// the guard gives it back unless the session is parked with it.
+pub fn reserve_slot(
+    router: &crate::router::Router,
+    vm: &str,
+    slot: Option<VmSlot>,
+) -> Result<SlotGuard, String> {
+    let Some(s) = slot else {
+        return Ok(SlotGuard(None));
+    };
+    let Some(q) = router.get(vm) else {
+        return Err(format!("this daemon serves no VM {vm:?}"));
+    };
+    if !q.window.get().is_some_and(|w| w.reserve(s.offset, s.len)) {
+        return Err(format!(
+            "VM {vm:?} has no free window slot at {} of {} bytes here",
+            s.offset, s.len
+        ));
+    }
+    Ok(SlotGuard(Some((s, q))))
+}
+
+/// Parks a suspended session of VM `vm` here, to wait for its guest: its snapshot is
+/// the next `bytes` of `from`.
+pub fn park_from(
+    life: &crate::lifecycle::Lifecycle,
+    vm: &str,
+    token: hira_protocol::handshake::Token,
+    slot: SlotGuard,
+    bytes: u64,
+    from: &mut impl std::io::Read,
+) -> Result<(), String> {
+    let snapshot = snapshot_file().map_err(|e| format!("no room for the snapshot: {e}"))?;
+    let mut file = std::fs::File::from(snapshot);
+    let copied = std::io::copy(&mut std::io::Read::take(from, bytes), &mut file)
+        .map_err(|e| format!("the snapshot could not be read: {e}"))?;
+    if copied != bytes {
+        return Err("the snapshot was cut short".into());
+    }
+    life.park(Parked {
+        token,
+        vm: vm.to_string(),
+        snapshot: OwnedFd::from(file),
+        bytes,
+        slot: slot.take(),
+    });
+    Ok(())
+}
+
 impl Parked {
     /// The slot, now that the session resumes in it.
     pub fn take_slot(&mut self) -> Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)> {

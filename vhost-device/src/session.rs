@@ -16,6 +16,7 @@ use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
     DOORBELL, ErrorPayload, Hello, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code, migrate,
 };
+use hira_protocol::replay::{self, Replayed};
 use hira_protocol::{FrameHeader, FrameKind, ring, unix};
 use log::{debug, info, warn};
 
@@ -26,6 +27,14 @@ use crate::spawn;
 
 /// Chunk size for relaying frame bodies.
 const RELAY_CHUNK: usize = 256 * 1024;
+
+/// A relayed VM session reads each frame of its guest whole before forwarding it (up
+/// to this size), so that a cut connection leaves no part of one with the API server.
+const WHOLE_FRAME: usize = 16 << 20;
+
+/// The guest's end as the daemon writes it: a relayed VM session keeps what it sends
+/// until the guest acknowledges it (`hira_protocol::replay`).
+type GuestOut = Replayed<UnixStream>;
 
 /// What a session's guest sent, for the log line that closes the session.
 #[derive(Debug, Default, Clone, Copy)]
@@ -56,7 +65,7 @@ pub enum SessionError {
 }
 
 /// Sends an `Error` frame.
-fn send_error(w: &Mutex<UnixStream>, h: Option<&FrameHeader>, code: u32, message: &str) {
+fn send_error(w: &Mutex<GuestOut>, h: Option<&FrameHeader>, code: u32, message: &str) {
     let frame = error_frame(h, code, message);
     let _ = w
         .lock()
@@ -123,7 +132,7 @@ pub fn run(
         }
     };
     registration.hold(Box::new(slot));
-    let guest_w = Arc::new(Mutex::new(guest_w));
+    let guest_w = Arc::new(Mutex::new(Replayed::plain(guest_w)));
     if let Err(e) = serve(
         guest,
         guest_w,
@@ -141,7 +150,7 @@ pub fn run(
 #[allow(clippy::too_many_arguments)]
 fn serve(
     mut guest: UnixStream,
-    guest_w: Arc<Mutex<UnixStream>>,
+    guest_w: Arc<Mutex<GuestOut>>,
     id: u64,
     vm: &str,
     config: &Config,
@@ -191,14 +200,14 @@ fn serve(
     };
     let mut fds = fds.into_iter();
     let fd = fds.next();
-    // A VM guest whose connection a device reset cut comes back to its live session.
+    // A VM guest whose connection a device reset cut comes back to its live session
+    // (on rings in its window slot, or relayed with the stream kept on both ends).
     if let Some(token) = hello.resume
-        && hello.vm_window
-        && hello.rings
         && fd.is_none()
+        && (hello.vm_window && hello.rings || hello.replay)
     {
         guest.set_read_timeout(None)?;
-        match life.reattach(&token, vm, guest) {
+        match life.reattach(&token, vm, guest, hello.taken) {
             Ok(()) => {
                 info!("VM {vm:?}: a guest reconnected to its live session");
                 return Ok(());
@@ -298,6 +307,7 @@ fn serve(
     }
     let vm_rings = hello.ring_offset > 0;
     hello.rings = local_rings || vm_rings;
+    let asks_replay = std::mem::take(&mut hello.replay);
     guest.set_read_timeout(None)?;
     let max = queue
         .max_sessions()
@@ -383,7 +393,9 @@ fn serve(
             send_error(&guest_w, None, error_code::HANDSHAKE, m);
             return Err(SessionError::Handshake(m.into()));
         }
-        let welcome = Welcome {
+        // A relayed guest that keeps its stream gets it kept here too.
+        let replay = asks_replay && !rings;
+        let mut welcome = Welcome {
             version: hira_protocol::handshake::VERSION,
             session: id,
             vm_name: vm.to_string(),
@@ -400,14 +412,20 @@ fn serve(
                 0
             },
             token,
-        }
-        .encode();
-        let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome.len());
+            replay,
+            taken: 0,
+        };
+        let welcome_bytes = welcome.encode();
+        let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, welcome_bytes.len());
         {
             let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
             let fds: Vec<&OwnedFd> = ring_fds.iter().collect();
-            unix::send_frame_with_fds(&mut g, &wh, &welcome, &fds)?;
+            unix::send_frame_with_fds(g.get_mut(), &wh, &welcome_bytes, &fds)?;
+            if replay {
+                g.enable(replay::DAEMON_KEEPS);
+            }
         }
+        let guest_acked = guest_w.lock().unwrap_or_else(|e| e.into_inner()).acked();
         registration.serving();
         if parked.is_some() {
             life.resumptions
@@ -449,6 +467,10 @@ fn serve(
                 },
                 link,
                 relayed: !rings,
+                replay,
+                taken: 0,
+                ack_sent: 0,
+                guest_acked,
                 draining: None,
                 child: &mut child,
                 server: &mut server,
@@ -475,23 +497,45 @@ fn serve(
                     );
                     // On rings in the VM's window the session lives on in shared
                     // memory when a device reset cuts its connection (not when the
-                    // guest closes it): it waits for the guest to connect again.
-                    let cut =
-                        vm_rings && r.is_ok() && m.child.is_some() && queue.resets() != resets;
+                    // guest closes it), and so does a relayed one whose stream both
+                    // ends keep: it waits for the guest to connect again.
+                    let cut = (vm_rings || replay)
+                        && r.is_ok()
+                        && m.child.is_some()
+                        && queue.resets() != resets;
                     if !cut {
                         break r;
                     }
                     info!(
                         "VM {vm:?} session {id}: connection cut by a device reset; waiting {RESET_GRACE:?} for its guest"
                     );
-                    let Some(back) = life.await_reattach(token, vm, RESET_GRACE) else {
+                    let Some((back, taken)) = life.await_reattach(token, vm, RESET_GRACE) else {
                         info!("VM {vm:?} session {id}: its guest did not come back");
                         break r;
                     };
                     {
                         let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
-                        *g = back.try_clone()?;
-                        unix::send_frame_with_fds(&mut g, &wh, &welcome, &[])?;
+                        *g.get_mut() = back.try_clone()?;
+                        if let Err(e) = g.check(taken).map_err(|e| e.to_string()) {
+                            let f = error_frame(None, error_code::HANDSHAKE, &e);
+                            let _ = g.get_mut().write_all(&f);
+                            info!("VM {vm:?} session {id}: its guest cannot go on: {e}");
+                            break r;
+                        }
+                        // A relayed guest learns what to send again; this end sends
+                        // again what the guest did not take.
+                        welcome.taken = m.taken;
+                        let w = welcome.encode();
+                        let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, w.len());
+                        unix::send_frame_with_fds(g.get_mut(), &wh, &w, &[])?;
+                        if replay {
+                            let _ = g.resume(taken);
+                            info!(
+                                "VM {vm:?} session {id}: relayed stream goes on: {} bytes sent again to the guest, which sends again what followed byte {}",
+                                g.sent() - taken,
+                                m.taken
+                            );
+                        }
                     }
                     m.link
                         .reattached
@@ -595,7 +639,7 @@ struct RelayLink {
 /// closes, the relay goes on with the new one.
 fn relay_to_guest(
     server: UnixStream,
-    guest: &Mutex<UnixStream>,
+    guest: &Mutex<GuestOut>,
     link: &RelayLink,
 ) -> Option<TeardownPayload> {
     let mut server = BufReader::with_capacity(RELAY_CHUNK, server);
@@ -670,7 +714,7 @@ fn relay_to_guest(
         }
         if forward(
             &mut server,
-            &guest_lock(guest),
+            &mut *guest_lock(guest),
             &hb,
             &[],
             h.len as usize,
@@ -689,11 +733,13 @@ fn relay_to_guest(
             "the API server has exited",
         );
     }
-    let _ = guest_lock(guest).shutdown(std::net::Shutdown::Both);
+    let _ = guest_lock(guest)
+        .get_ref()
+        .shutdown(std::net::Shutdown::Both);
     report
 }
 
-fn guest_lock(g: &Mutex<UnixStream>) -> std::sync::MutexGuard<'_, UnixStream> {
+fn guest_lock(g: &Mutex<GuestOut>) -> std::sync::MutexGuard<'_, GuestOut> {
     g.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -702,7 +748,7 @@ fn guest_lock(g: &Mutex<UnixStream>) -> std::sync::MutexGuard<'_, UnixStream> {
 /// write, so the receiver wakes once for it.
 fn forward(
     from: &mut impl Read,
-    mut to: &UnixStream,
+    to: &mut impl Write,
     head: &[u8],
     spans: &[u8],
     n: usize,
@@ -710,10 +756,10 @@ fn forward(
 ) -> std::io::Result<()> {
     if n <= buf.len() {
         from.read_exact(&mut buf[..n])?;
-        return frame::write_parts(&mut to, &[head, spans, &buf[..n]]);
+        return frame::write_parts(to, &[head, spans, &buf[..n]]);
     }
-    frame::write_parts(&mut to, &[head, spans])?;
-    copy_exact(from, &mut to, n, buf)
+    frame::write_parts(to, &[head, spans])?;
+    copy_exact(from, to, n, buf)
 }
 
 /// Copies exactly `n` bytes.
@@ -805,7 +851,7 @@ struct Mover<'a> {
     token: hira_protocol::handshake::Token,
     /// A VM session's slot of the VM's window.
     slot: Option<crate::migrate::VmSlot>,
-    guest_w: &'a Mutex<UnixStream>,
+    guest_w: &'a Mutex<GuestOut>,
     queue: &'a Arc<VmQueue>,
     vm_page: &'a OwnedFd,
     cgroup: Option<std::os::fd::RawFd>,
@@ -818,6 +864,15 @@ struct Mover<'a> {
     /// The session's frames are relayed (no rings): the capture goes in-band and
     /// the snapshot comes back in pieces.
     relayed: bool,
+    /// Both ends keep the relayed stream until acknowledged (a VM guest over vsock):
+    /// the session outlives its connection being cut.
+    replay: bool,
+    /// Bytes of whole frames taken in from the guest since the `Welcome`.
+    taken: u64,
+    /// What this end last acknowledged to the guest.
+    ack_sent: u64,
+    /// What the guest acknowledged of this end's stream.
+    guest_acked: Arc<std::sync::atomic::AtomicU64>,
     /// A suspension of a relayed session waiting for the guest's last frame
     /// (`DRAINED`), and until when.
     draining: Option<(crate::migrate::Suspension, std::time::Instant)>,
@@ -1065,7 +1120,7 @@ const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 fn resumed_here(m: &Mover<'_>) {
     let h = FrameHeader::new(FrameKind::Notify, migrate::RESUMED, 0, 0, 0);
     let mut g = m.guest_w.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = unix::send_frame_with_fds(&mut g, &h, &[], &[]);
+    let _ = g.write_all(&h.encode());
 }
 
 /// A relayed session's guest sent its last frame: the suspension goes on. Returns
@@ -1118,7 +1173,7 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
                 let h = FrameHeader::new(FrameKind::Notify, migrate::SUSPENDING, 0, 0, 0);
                 let told = {
                     let mut g = m.guest_w.lock().unwrap_or_else(|e| e.into_inner());
-                    unix::send_frame_with_fds(&mut g, &h, &[], &[])
+                    g.write_all(&h.encode())
                 };
                 match told {
                     Ok(()) => m.draining = Some((s, std::time::Instant::now() + DRAIN_LIMIT)),
@@ -1186,10 +1241,35 @@ fn serve_on_rings(
     }
 }
 
+/// Acknowledges the guest's stream every `replay::ACK_EVERY` bytes taken in, unless
+/// the relay to the guest holds its end or it has no room now (the relay may wait
+/// for the guest to read, which may wait for this side to read): the next frame
+/// tries again.
+fn acknowledge(m: &mut Mover<'_>) {
+    if m.taken - m.ack_sent < replay::ACK_EVERY {
+        return;
+    }
+    let mut g = match m.guest_w.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    // Only if it leaves at once: this side must not wait for the guest to read.
+    if g.is_broken() || unix::writable_now(g.get_ref().as_raw_fd()) {
+        let _ = g.write_all(&replay::ack_frame(m.taken));
+        m.ack_sent = m.taken;
+    }
+}
+
 /// Checks and forwards the guest's commands (on a VM's rings: its doorbells) until
 /// it disconnects or breaks framing; between two of them, carries out the
 /// migrations asked for (a relayed session's API server gets the capture in its
 /// stream, after every frame forwarded before).
+///
+/// A session whose stream both ends keep (`Mover::replay`) reads each frame whole
+/// before forwarding it and counts it taken; its connection failing between two
+/// frames, or within one not forwarded yet, ends this as the guest closing would (the
+/// caller tells a cut from that).
 fn relay_to_server(
     guest: &mut BufReader<UnixStream>,
     door: &crate::migrate::Door,
@@ -1200,17 +1280,24 @@ fn relay_to_server(
     stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
     let guest_w = m.guest_w;
+    let keeps = m.replay;
     let mut buf = vec![0u8; RELAY_CHUNK];
+    let mut whole: Vec<u8> = Vec::new();
+    // A read from the guest that fails: the end of its connection, or an error.
+    let ended = |e: std::io::Error| -> Result<(), SessionError> {
+        if keeps || e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Ok(())
+        } else {
+            Err(e.into())
+        }
+    };
     loop {
         if guest.buffer().is_empty() && !guest_or_door(guest.get_ref(), door, m)? {
             return Ok(());
         }
-        let server: &UnixStream = m.server;
         let mut hb = [0u8; HEADER_LEN];
-        match guest.read_exact(&mut hb) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
+        if let Err(e) = guest.read_exact(&mut hb) {
+            return ended(e);
         }
         let h = match FrameHeader::decode(&hb) {
             Ok(h) => h,
@@ -1222,18 +1309,33 @@ fn relay_to_server(
                 )));
             }
         };
+        let frame_len = (HEADER_LEN + h.len as usize) as u64;
         if doorbells_only {
             // A VM session on rings: its frames travel in shared memory; the socket
             // carries only doorbells, which have no body to copy.
             if h.kind == FrameKind::Notify && h.opcode == DOORBELL && h.len == 0 {
-                forward(guest, server, &hb, &[], 0, &mut buf)?;
+                forward(guest, &mut &*m.server, &hb, &[], 0, &mut buf)?;
                 continue;
             }
             let m = "a guest on rings may only ring the doorbell on its socket";
             send_error(guest_w, None, error_code::MALFORMED, m);
             return Err(SessionError::Handshake(m.into()));
         }
+        if keeps && replay::is_ack(&h) {
+            let mut p = [0u8; 8];
+            if let Err(e) = guest.read_exact(&mut p) {
+                return ended(e);
+            }
+            if let Some(n) = replay::ack_count(&p) {
+                m.guest_acked
+                    .fetch_max(n, std::sync::atomic::Ordering::AcqRel);
+            }
+            m.taken += frame_len;
+            acknowledge(m);
+            continue;
+        }
         if h.kind == FrameKind::Notify && h.opcode == migrate::DRAINED && h.len == 0 {
+            m.taken += frame_len;
             // The guest's last frame before a suspension (ignored otherwise).
             if drained(door, m) {
                 return Ok(());
@@ -1242,7 +1344,9 @@ fn relay_to_server(
         }
         let span_bytes = h.span_count as usize * SPAN_LEN;
         let mut spans = vec![0u8; span_bytes];
-        guest.read_exact(&mut spans)?;
+        if let Err(e) = guest.read_exact(&mut spans) {
+            return ended(e);
+        }
         let rest = h.len as usize - span_bytes;
         let verdict = if h.kind != FrameKind::Request {
             Err((
@@ -1264,18 +1368,42 @@ fn relay_to_server(
                     .map_err(|e| (error_code::BAD_SPAN, e.to_string())),
             }
         };
-        match verdict {
-            Ok(_) => {}
-            Err((code, message)) => {
-                debug!("rejected frame: {message}");
-                stats.rejected += 1;
-                skip(guest, rest, &mut buf)?;
-                if !h.no_reply() {
-                    send_error(guest_w, Some(&h), code, &message);
-                }
-                continue;
+        if let Err((code, message)) = verdict {
+            debug!("rejected frame: {message}");
+            stats.rejected += 1;
+            if let Err(e) = skip(guest, rest, &mut buf) {
+                return ended(e);
             }
+            if !h.no_reply() {
+                send_error(guest_w, Some(&h), code, &message);
+            }
+            m.taken += frame_len;
+            continue;
         }
-        forward(guest, server, &hb, &spans, rest, &mut buf)?;
+        if !keeps {
+            forward(guest, &mut &*m.server, &hb, &spans, rest, &mut buf)?;
+            continue;
+        }
+        if rest <= WHOLE_FRAME {
+            let body: &mut [u8] = if rest <= buf.len() {
+                &mut buf[..rest]
+            } else {
+                whole.resize(rest, 0);
+                &mut whole[..]
+            };
+            if let Err(e) = guest.read_exact(body) {
+                return ended(e);
+            }
+            frame::write_parts(&mut &*m.server, &[&hb, &spans, body])?;
+            if whole.len() > RELAY_CHUNK {
+                whole = Vec::new();
+            }
+        } else {
+            // Too large to hold: forwarded as it comes. A cut in its middle leaves
+            // part of it with the API server, so then the session cannot go on.
+            forward(guest, &mut &*m.server, &hb, &spans, rest, &mut buf)?;
+        }
+        m.taken += frame_len;
+        acknowledge(m);
     }
 }

@@ -297,6 +297,43 @@ fn sessions_survive_a_daemon_restart_through_checkpoints() {
     assert_eq!(got_q, expected);
 }
 
+#[test]
+fn a_daemon_with_a_state_dir_is_restarted_under_running_applications() {
+    // `--state-dir`: at SIGTERM the daemon suspends its sessions into the directory
+    // itself, and the next one takes them back as it starts; the applications (one on
+    // rings, one relayed) hold their calls meanwhile and go on, every call once.
+    let script = ["step", "pend", "loop 3", "check", "end"];
+    let expected = native(&script);
+    let state = tempfile::tempdir().unwrap();
+    let flags = ["--state-dir", state.path().to_str().unwrap()];
+    let d = Daemon::start_with(&["vm0", "vm1"], &[], &flags);
+    let mut p = guest_program(&d, "vm0");
+    let vendors = Vendors::hira();
+    let mut relayed = d.guest(&vendors, "vm1", &c_program("migrate"));
+    relayed.env("HIRA_RINGS", "0");
+    let mut q = LineProgram::start(relayed);
+    let first: Vec<u64> = d.api_servers().into_iter().map(u64::from).collect();
+    let (mut got_p, mut got_q) = (vec![p.ask(script[0])], vec![q.ask(script[0])]);
+    got_p.push(p.ask(script[1]));
+    got_q.push(q.ask(script[1]));
+    p.send(script[2]);
+    q.send(script[2]);
+    let d = d.restart_with(&["vm0", "vm1"], &flags);
+    got_p.push(p.line());
+    got_q.push(q.line());
+    let now = d.api_servers();
+    assert_eq!(now.len(), 2);
+    assert!(now.iter().all(|p| !first.contains(&u64::from(*p))));
+    for cmd in &script[3..] {
+        got_p.push(p.ask(cmd));
+        got_q.push(q.ask(cmd));
+    }
+    assert_eq!(got_p, expected, "{}", d.log_text());
+    assert_eq!(got_q, expected, "{}", d.log_text());
+    // Every file was taken back, none is left for a later start to resume again.
+    assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0);
+}
+
 /// A forwarder of one Unix socket to another that carries bytes and nothing else
 /// (no descriptors), as `ssh -L` between two hosts does; serves its first `n`
 /// connections.

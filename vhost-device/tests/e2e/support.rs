@@ -204,13 +204,18 @@ impl Daemon {
 
     /// Stops the daemon (SIGTERM, as an operator would) and starts a new one with
     /// listeners for `vms` on the same sockets.
-    pub fn restart(mut self, vms: &[&str]) -> Daemon {
+    pub fn restart(self, vms: &[&str]) -> Daemon {
+        self.restart_with(vms, &[])
+    }
+
+    /// As [`Daemon::restart`], the new daemon with `flags`.
+    pub fn restart_with(mut self, vms: &[&str], flags: &[&str]) -> Daemon {
         // SAFETY: signals our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         self.child.wait().unwrap();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
         let _ = std::fs::remove_file(dir.path().join("notify.sock"));
-        Self::start_in(dir, vms, &[], &[])
+        Self::start_in(dir, vms, &[], flags)
     }
 
     fn start_in(

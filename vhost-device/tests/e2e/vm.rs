@@ -686,18 +686,25 @@ impl Qmp {
 /// connection to `daemon` (QEMU closes a device's connection when it goes), as an
 /// operator would with QMP: nobody tells Hira.
 fn replug_vsock(q: &mut Qmp, daemon: &Daemon) {
+    replug_vsock_again(q, daemon, 0);
+}
+
+/// The `round`th replug of the VM's vsock device (from 0): its chardev was
+/// `vsock{round}` and becomes `vsock{round + 1}`.
+fn replug_vsock_again(q: &mut Qmp, daemon: &Daemon, round: u32) {
+    let (old, new) = (format!("vsock{round}"), format!("vsock{}", round + 1));
     q.execute("device_del", serde_json::json!({"id": "hiravsock"}));
     q.event("DEVICE_DELETED", |d| d["device"] == "hiravsock");
-    q.execute("chardev-remove", serde_json::json!({"id": "vsock0"}));
+    q.execute("chardev-remove", serde_json::json!({"id": old}));
     q.execute(
         "chardev-add",
-        serde_json::json!({"id": "vsock1", "backend": {"type": "socket", "data": {
+        serde_json::json!({"id": new, "backend": {"type": "socket", "data": {
             "addr": {"type": "unix", "data": {"path": daemon.vhost_socket("qvm")}},
             "server": false}}}),
     );
     q.execute(
         "device_add",
-        serde_json::json!({"driver": "vhost-user-vsock-pci", "chardev": "vsock1", "id": "hiravsock", "addr": "0x6"}),
+        serde_json::json!({"driver": "vhost-user-vsock-pci", "chardev": new, "id": "hiravsock", "addr": "0x6"}),
     );
 }
 
@@ -772,6 +779,60 @@ fn a_vm_session_on_rings_outlives_a_reset_of_the_vsock_device() {
         "{}",
         daemon.log_text()
     );
+}
+
+#[test]
+fn a_relayed_vm_session_outlives_a_reset_of_the_vsock_device_with_calls_in_flight() {
+    // No shared window: every frame is relayed over vsock. The VM's vsock device is
+    // unplugged and plugged back, unannounced, while the program runs a loop of
+    // launches and reads, so frames are lost in flight with the connection. Both
+    // ends kept what they sent: the guest reconnects, each sends again what the
+    // other did not take, and every call runs exactly once (a launch run twice or
+    // lost would change the sums), as natively, on the same API server.
+    ensure_built();
+    let script = ["step", "loop 400", "check", "end"];
+    let expected = crate::migration::native(&script);
+    let daemon = Daemon::start_vms_with(&[("qvm", 3)], false);
+    let image = image_with("reset-relayed", MIGRATE_SCRIPT, &["migrate"]);
+    let work = tempfile::tempdir().unwrap();
+    let qmp = work.path().join("q.qmp");
+    let mut console = Console::start(qemu_migratable(
+        &image,
+        &daemon.vhost_socket("qvm"),
+        None,
+        &qmp,
+        true,
+        None,
+    ));
+    let mut q = Qmp::connect(&qmp);
+    console.line_starting("ready");
+    let mut got = vec![console.ask(script[0])];
+    let session = &daemon.status()["sessions"][0];
+    let (pid, before) = (
+        session["api_server_pid"].clone(),
+        session["commands"].as_u64().unwrap(),
+    );
+    {
+        use std::io::Write;
+        writeln!(console.stdin, "{}", script[1]).unwrap();
+    }
+    // Cut twice while the loop runs: once its first hundred calls have reached the
+    // host, and once the next five hundred have.
+    for (round, calls) in [(0, 100), (1, 600)] {
+        while daemon.status()["sessions"][0]["commands"].as_u64().unwrap() < before + calls {
+            std::thread::yield_now();
+        }
+        replug_vsock_again(&mut q, &daemon, round);
+    }
+    got.push(console.line_starting("loop"));
+    assert_eq!(daemon.status()["sessions"][0]["api_server_pid"], pid);
+    for cmd in &script[2..] {
+        got.push(console.ask(cmd));
+    }
+    assert_eq!(got, expected, "daemon log:\n{}", daemon.log_text());
+    assert_eq!(console.line_starting("=== exit"), "=== exit 0");
+    let log = daemon.log_text();
+    assert_eq!(log.matches("its guest reconnected").count(), 2, "{log}");
 }
 
 /// QEMU for the live-migration test: the guest image, Hira's window as ivshmem, the
