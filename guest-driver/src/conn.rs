@@ -251,6 +251,9 @@ pub struct Connection {
     /// taken in since the `Welcome`, what this end last acknowledged, and what the
     /// host acknowledged of what this end sent.
     keeps: AtomicBool,
+    /// The session the host serves this connection as now (a suspended session
+    /// resumes as a new one).
+    session: AtomicU64,
     taken: AtomicU64,
     ack_sent: AtomicU64,
     host_acked: std::sync::Arc<AtomicU64>,
@@ -550,6 +553,7 @@ impl Connection {
                 }),
             },
             keeps: AtomicBool::new(welcome.replay),
+            session: AtomicU64::new(welcome.session),
             taken: AtomicU64::new(0),
             ack_sent: AtomicU64::new(0),
             host_acked,
@@ -641,7 +645,10 @@ impl Connection {
                 if let Tx::Stream(ws) = &mut *w {
                     // SAFETY: as above.
                     unsafe { libc::dup2(socket.raw_fd(), ws.get_ref().raw_fd()) };
-                    if after_reset && self.keeps.load(Ordering::Acquire) {
+                    // The same session after a cut goes on with its stream (one
+                    // suspended meanwhile resumes as a new session: it starts afresh).
+                    let same = welcome.session == self.session.load(Ordering::Acquire);
+                    if after_reset && same && self.keeps.load(Ordering::Acquire) {
                         // The host says what it took; what followed is sent again.
                         ws.resume(welcome.taken).map_err(|e| {
                             TransportError::Refused(format!("the stream cannot go on: {e}"))
@@ -655,6 +662,7 @@ impl Connection {
                             0
                         });
                         self.keeps.store(welcome.replay, Ordering::Release);
+                        self.session.store(welcome.session, Ordering::Release);
                         self.taken.store(0, Ordering::Release);
                         self.ack_sent.store(0, Ordering::Release);
                     }

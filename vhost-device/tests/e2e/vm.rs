@@ -818,8 +818,14 @@ fn a_relayed_vm_session_outlives_a_reset_of_the_vsock_device_with_calls_in_fligh
     }
     // Cut twice while the loop runs: once its first hundred calls have reached the
     // host, and once the next five hundred have.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
     for (round, calls) in [(0, 100), (1, 600)] {
         while daemon.status()["sessions"][0]["commands"].as_u64().unwrap() < before + calls {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the loop stalled before {calls} calls; daemon log:\n{}",
+                daemon.log_text()
+            );
             std::thread::yield_now();
         }
         replug_vsock_again(&mut q, &daemon, round);
