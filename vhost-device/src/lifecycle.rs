@@ -313,6 +313,11 @@ impl Lifecycle {
         }
     }
 
+    /// Live sessions waiting for their guest to connect again after a device reset.
+    pub fn detached(&self) -> usize {
+        self.lock().detached.len()
+    }
+
     /// The live sessions that may be asked to migrate, by id.
     pub fn doors(&self) -> Vec<(u64, Arc<crate::migrate::Door>)> {
         let mut v: Vec<_> = self

@@ -23,6 +23,7 @@ const PORT: u32 = 49152;
 /// The guest side of one connection.
 struct Guest {
     dev: VsockDevice,
+    life: Arc<Lifecycle>,
     buf_alloc: u32,
     fwd_cnt: u32,
     received: Vec<u8>,
@@ -55,14 +56,10 @@ impl Guest {
             .unwrap();
             queue.window.set(w).unwrap();
         }
+        let life = Arc::new(Lifecycle::default());
         Guest {
-            dev: VsockDevice::new(
-                CID,
-                "vsock-vm",
-                Arc::new(config),
-                queue,
-                Arc::new(Lifecycle::default()),
-            ),
+            dev: VsockDevice::new(CID, "vsock-vm", Arc::new(config), queue, life.clone()),
+            life,
             buf_alloc,
             fwd_cnt: 0,
             received: Vec::new(),
@@ -163,6 +160,13 @@ impl Guest {
 
     /// Connects, sends `hello` and returns the `Welcome`.
     fn connect_with(&mut self, hello: Hello) -> Welcome {
+        let (h, body) = self.hello(hello);
+        assert_eq!(h.kind, FrameKind::Welcome);
+        Welcome::decode(&body).unwrap()
+    }
+
+    /// Connects, sends `hello` and returns the answer.
+    fn hello(&mut self, hello: Hello) -> (FrameHeader, Vec<u8>) {
         let reply = self.send(Op::Request, &[]);
         assert!(
             matches!(reply.as_slice(), [h] if h.op == Op::Response),
@@ -173,9 +177,23 @@ impl Guest {
         let mut bytes = fh.encode().to_vec();
         bytes.extend_from_slice(&hello);
         self.send(Op::Rw, &bytes);
-        let (h, body) = self.frame();
-        assert_eq!(h.kind, FrameKind::Welcome);
-        Welcome::decode(&body).unwrap()
+        self.frame()
+    }
+
+    /// Resets the device (every connection cut, what was in flight lost) and waits
+    /// until the session waits for its guest.
+    fn reset(&mut self) {
+        self.dev.reset();
+        self.received.clear();
+        self.fwd_cnt = 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.life.detached() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the session did not wait for its guest"
+            );
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -215,6 +233,73 @@ fn guest_vsock_connection_runs_a_hira_session() {
         "the API server outlived the connection"
     );
     assert_eq!(g.dev.connections(), 0);
+}
+
+/// A `clGetPlatformIDs(1, &p, &n)` request frame with call id `call`.
+fn platform_ids(call: u64) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u32(1).u8(1).u8(1);
+    let fh = FrameHeader::new(FrameKind::Request, op::clGetPlatformIDs, 1, call, w.len());
+    let mut bytes = fh.encode().to_vec();
+    bytes.extend_from_slice(w.as_slice());
+    bytes
+}
+
+#[test]
+fn a_relayed_session_sends_again_what_a_device_reset_lost() {
+    // The guest keeps its stream (`replay`). A request is sent and the device is
+    // reset before its reply reaches the guest: the session waits, and when the guest
+    // connects again saying it took nothing, the daemon says what it took (the
+    // request, whole) and sends the reply again. A guest claiming more than was sent
+    // is refused and the session ends.
+    let mut g = Guest::new(256 * 1024);
+    let mut hello = Hello::new(hira_api_opencl::API, 42, "vsock-guest", 0);
+    hello.replay = true;
+    let w = g.connect_with(hello.clone());
+    assert!(w.replay);
+    let server = api_server_of(w.session);
+    let request = platform_ids(1);
+    g.send(Op::Rw, &request);
+    g.reset();
+    hello.resume = Some(w.token);
+    let (h, body) = g.hello(hello.clone());
+    assert_eq!(
+        h.kind,
+        FrameKind::Welcome,
+        "{:?}",
+        ErrorPayload::decode(&body)
+    );
+    let again = Welcome::decode(&body).unwrap();
+    assert_eq!(
+        (again.session, again.taken),
+        (w.session, request.len() as u64)
+    );
+    let (h, body) = g.frame();
+    assert_eq!((h.kind, h.call_id), (FrameKind::Reply, 1));
+    assert_eq!(
+        &body[..8],
+        &[0, 0, 0, 0, 1, 0, 0, 0],
+        "CL_SUCCESS, one platform"
+    );
+    // The same API server serves on.
+    assert_eq!(api_server_of(w.session), server);
+    g.send(Op::Rw, &platform_ids(2));
+    let (h, _) = g.frame();
+    assert_eq!((h.kind, h.call_id), (FrameKind::Reply, 2));
+    // Cut again; this guest claims bytes that were never sent.
+    let taken = (24 + body.len() + 24 + 8) as u64;
+    g.reset();
+    hello.taken = taken + 1_000_000;
+    let (h, body) = g.hello(hello);
+    assert_eq!(h.kind, FrameKind::Error);
+    assert_eq!(
+        ErrorPayload::decode(&body).unwrap().code,
+        error_code::HANDSHAKE
+    );
+    assert!(
+        wait_exit(server, Duration::from_secs(15)),
+        "the API server outlived its session"
+    );
 }
 
 #[test]
