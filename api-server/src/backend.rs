@@ -27,6 +27,8 @@ pub enum Fail {
 pub struct FrameData<'a> {
     pub spans: &'a [Span],
     pub window: Option<&'a WindowMap>,
+    /// The guest waits for no reply (`FLAG_NO_REPLY`).
+    pub no_reply: bool,
 }
 
 /// What was released when a session ended.

@@ -861,6 +861,7 @@ fn execute(
     let data = FrameData {
         spans: &spans,
         window,
+        no_reply: h.no_reply(),
     };
     reply.clear();
     let res = backend.execute(h.opcode, &f.body[span_bytes..], &data, reply);

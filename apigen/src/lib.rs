@@ -103,13 +103,16 @@ impl Api {
         for f in self.sorted() {
             // A call may wait for the device when it reports earlier failures (the
             // synchronising calls), has a blocking flag, or is marked `waits`.
-            let may_block =
-                f.reports || f.waits || f.args.iter().any(|a| matches!(a.kind, Kind::Blocking));
+            let blocking = f.args.iter().any(|a| matches!(a.kind, Kind::Blocking));
+            let may_block = f.reports || f.waits || blocking;
+            // A streamed transfer's chunks go without a reply, reads too: a chunk's
+            // failure comes back with its output's token.
+            let may_async = f.is_async || (f.streams && blocking);
             let replay = replay_role(f, &kind);
             let _ = writeln!(
                 s,
-                "    hira_protocol::api::OpInfo {{ opcode: {}, name: \"{}\", may_async: {}, may_block: {may_block}, replay: hira_protocol::api::Replay::{replay} }},",
-                f.opcode, f.name, f.is_async
+                "    hira_protocol::api::OpInfo {{ opcode: {}, name: \"{}\", may_async: {may_async}, may_block: {may_block}, replay: hira_protocol::api::Replay::{replay} }},",
+                f.opcode, f.name
             );
         }
     }

@@ -629,7 +629,7 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
             Kind::Blocking if deferred_read(f).is_some() => {
                 let _ = writeln!(
                     dec,
-                    "let {n}__guest = r.u32()?;\nlet {n}__token = if {n}__guest == 0 {{ r.u64()? }} else {{ 0 }};\nlet {n}: {ct} = if {n}__guest == 0 {{ CL_FALSE }} else {{ CL_TRUE }};"
+                    "let {n}__guest = r.u32()?;\nlet {n}__token = if {n}__guest == 0 {{ r.u64()? }} else {{ 0 }};\ns.expect_output({n}__token);\nlet {n}: {ct} = if {n}__guest == 0 {{ CL_FALSE }} else {{ CL_TRUE }};"
                 );
                 let _ = writeln!(chk, "if {n}__guest == 0 {{ s.may_defer()?; }}");
             }

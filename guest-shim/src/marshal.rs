@@ -612,7 +612,10 @@ impl Call {
     pub fn send(mut self, may_async: bool) -> Result<Reply, cl_int> {
         let conn = rt::conn()?;
         let kept = may_async && !rt::force_sync() && self.keep_window_data(conn);
-        let no_reply = may_async && (self.spans.is_empty() || kept) && !rt::force_sync();
+        // A chunk of a streamed read: its output's token brings the data, or why not.
+        let detached = self.defer.is_some() && crate::stream::detaching();
+        let no_reply =
+            detached || (may_async && (self.spans.is_empty() || kept) && !rt::force_sync());
         crate::stats::bytes(self.w.len() + self.window_in, 0);
         match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
             Ok(None) => Ok(Reply {

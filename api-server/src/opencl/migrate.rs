@@ -754,6 +754,7 @@ impl OpenClBackend {
             let frame = FrameData {
                 spans: &[],
                 window: None,
+                no_reply: false,
             };
             let mut w = Writer::new();
             for e in &snap.entries {

@@ -36,6 +36,9 @@ use opencl_sys::{cl_platform_id, cl_uint};
 const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
 
 use crate::backend::{Backend, Fail, FrameData, TeardownReport};
+
+const CL_OUT_OF_RESOURCES: i32 = -5;
+const CL_INVALID_VALUE: i32 = -30;
 use crate::server::FrameWriter;
 pub use session::{Handles, Session};
 
@@ -223,7 +226,32 @@ impl Backend for OpenClBackend {
             Some(rec) => Session::recording(self, rec),
             None => Session::new(self),
         };
-        let res = generated::dispatch(&mut s, opcode, &mut r, frame, w);
+        let mut res = generated::dispatch(&mut s, opcode, &mut r, frame, w);
+        if frame.no_reply
+            && let Some(token) = s.unclaimed_output()
+        {
+            // A read sent without a reply (a chunk of a streamed read) failed: its
+            // output's token says so, which is how the guest hears of it; nothing is
+            // reported again at its next synchronising call.
+            let status = match &res {
+                Ok(()) => w.as_slice().get(..4).map_or(CL_OUT_OF_RESOURCES, |b| {
+                    i32::from_le_bytes(b.try_into().unwrap_or_default())
+                }),
+                Err(Fail::Status(st)) => *st,
+                Err(_) => CL_INVALID_VALUE,
+            };
+            self.deferred.done_now(
+                token,
+                if status < 0 {
+                    status
+                } else {
+                    CL_OUT_OF_RESOURCES
+                },
+            );
+            w.clear();
+            w.i32(0);
+            res = Ok(());
+        }
         // Whatever this call showed complete, the guest must hold its data first.
         self.deferred.settle();
         let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);

@@ -591,11 +591,17 @@ pub struct Session<'a> {
     b: &'a OpenClBackend,
     /// What a call that migration keeps named, while it runs.
     rec: Option<std::cell::RefCell<super::migrate::Rec>>,
+    /// The token of a deferred output the call names and has not handed over yet.
+    output: std::cell::Cell<u64>,
 }
 
 impl<'a> Session<'a> {
     pub fn new(b: &'a OpenClBackend) -> Self {
-        Session { b, rec: None }
+        Session {
+            b,
+            rec: None,
+            output: std::cell::Cell::new(0),
+        }
     }
 
     /// A view that also notes what the call names, into `rec`, for migration's log.
@@ -603,7 +609,19 @@ impl<'a> Session<'a> {
         Session {
             b,
             rec: Some(std::cell::RefCell::new(rec)),
+            output: std::cell::Cell::new(0),
         }
+    }
+
+    /// The call names deferred output `token` (0: none), which the guest waits for
+    /// until it is handed over ([`Session::defer_output`]) or the call fails.
+    pub fn expect_output(&self, token: u64) {
+        self.output.set(token);
+    }
+
+    /// The token of a deferred output the call named and did not hand over.
+    pub(crate) fn unclaimed_output(&self) -> Option<u64> {
+        Some(self.output.take()).filter(|&t| t != 0)
     }
 
     /// What the call named, if it was recorded.
@@ -1610,6 +1628,7 @@ impl<'a> Session<'a> {
 
     /// Delivers `out` to the guest as `token` when host event `event` completes.
     pub fn defer_output(&self, token: u64, event: cl_event, owned: bool, out: OutBuffer) {
+        self.output.set(0);
         self.b.deferred.add(token, event, owned, out);
     }
 

@@ -39,6 +39,7 @@ on_both_planes!(
     frame_cut_short_by_a_disconnect_leaves_nothing_behind,
     guest_frames_other_than_requests_are_rejected,
     streamed_contents_from_a_forged_request_are_checked,
+    a_read_sent_without_a_reply_fails_through_its_token,
 );
 
 const CL_INVALID_CONTEXT: i32 = -34;
@@ -251,6 +252,41 @@ fn streamed_contents_from_a_forged_request_are_checked(rings: bool) {
         "a context"
     );
     assert_eq!(fill(&mut g, 8, 16, &[0xAB; 16]), 0);
+    still_serves(&mut daemon);
+}
+
+fn a_read_sent_without_a_reply_fails_through_its_token(rings: bool) {
+    // A non-blocking read sent without a reply (as a streamed read's chunks are)
+    // names a queue that does not exist: the host's error comes back as its output's
+    // token, once, and nothing is reported again at the next call.
+    use hira_protocol::handshake::{OUTPUT_DONE, OutputDone};
+    let mut daemon = Daemon::start(&["vm1"]);
+    let mut g = RawGuest::session_on(&daemon.socket("vm1"), rings);
+    let (_, device) = platform_and_device(&mut g);
+    let (_, p) = create_context(&mut g, 7, device);
+    assert_eq!(status(&p), 0);
+    let mut w = Writer::new();
+    // queue, buffer, non-blocking with token 55, offset, size, output inline, no
+    // wait list, no event.
+    w.u64(0x999).u64(0x998).u32(0).u64(55).u64(0).u64(64).u8(0);
+    w.u32(0).u8(0).u64(0);
+    g.frame(
+        FrameKind::Request,
+        op::clEnqueueReadBuffer,
+        FLAG_NO_REPLY,
+        90,
+        &[],
+        w.as_slice(),
+    );
+    let (h, p) = g.recv().expect("the output's word");
+    assert_eq!((h.kind, h.opcode), (FrameKind::Notify, OUTPUT_DONE));
+    let done = OutputDone::decode(&p).unwrap();
+    assert_eq!(
+        (done.token, done.status, done.data),
+        (55, CL_INVALID_COMMAND_QUEUE, None)
+    );
+    // The next call's reply is the next frame: no asynchronous failure follows.
+    platform_and_device(&mut g);
     still_serves(&mut daemon);
 }
 
