@@ -49,6 +49,7 @@ fn call(b: &OpenClBackend, window: &WindowMap, opcode: u16, payload: &[u8]) -> i
     let data = FrameData {
         spans: &[],
         window: Some(window),
+        no_reply: false,
     };
     let mut w = Writer::new();
     match b.execute(opcode, payload, &data, &mut w) {
@@ -90,7 +91,7 @@ fn fixture() -> &'static Fixture {
         let mut w = Writer::new();
         w.u32(1).u8(1).u8(1);
         let mut out = Writer::new();
-        let data = FrameData { spans: &[], window: Some(&window) };
+        let data = FrameData { spans: &[], window: Some(&window), no_reply: false };
         b.execute(op::clGetPlatformIDs, w.as_slice(), &data, &mut out).unwrap();
         let platform = u64::from_le_bytes(out.as_slice()[8..16].try_into().unwrap());
         let mut w = Writer::new();
@@ -133,7 +134,9 @@ fuzz_target!(|data: &[u8]| {
     if SKIPPED.contains(&opcode) {
         return;
     }
-    let n = (data[2] % 4) as usize;
+    // The third byte: the span count, and in its top bit the frame's `NO_REPLY`.
+    let no_reply = data[2] & 0x80 != 0;
+    let n = ((data[2] & 0x7F) % 4) as usize;
     let rest = &data[3..];
     if rest.len() < n * SPAN_LEN {
         return;
@@ -145,6 +148,7 @@ fuzz_target!(|data: &[u8]| {
     let frame_data = FrameData {
         spans: &spans,
         window: Some(&f.window),
+        no_reply,
     };
     let mut w = Writer::new();
     let _ = f.backend.execute(opcode, &rest[n * SPAN_LEN..], &frame_data, &mut w);

@@ -44,6 +44,7 @@ fn call(b: &CudaBackend, opcode: u16, payload: &[u8]) -> i32 {
     let data = FrameData {
         spans: &[],
         window: None,
+        no_reply: false,
     };
     let mut w = Writer::new();
     match b.execute(opcode, payload, &data, &mut w) {
