@@ -205,6 +205,12 @@ fn print_list(status: &Value) {
             println!("  VM {} ({})", s(p, "vm"), size(u(p, "snapshot_bytes")));
         }
     }
+    let detached = u(status, "detached");
+    if detached > 0 {
+        println!(
+            "\n{detached} session(s) waiting for their guests to connect again after a device reset"
+        );
+    }
     if sessions.is_empty() {
         println!("\nno live sessions");
         return;

@@ -115,6 +115,10 @@ pub struct Status {
     pub metrics_address: Option<String>,
     /// Suspended sessions restored here and waiting for their guests.
     pub parked: Vec<ParkedStatus>,
+    /// Live sessions whose connection a device reset cut, waiting for their guests to
+    /// connect again, and how many guests did so far.
+    pub detached: usize,
+    pub reconnections: u64,
     /// Sessions moved to a new API server, suspended to leave, and resumed here.
     pub migrations: u64,
     pub suspensions: u64,
@@ -165,6 +169,8 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
         migrations: life.migrations.load(Ordering::Relaxed),
         suspensions: life.suspensions.load(Ordering::Relaxed),
         resumptions: life.resumptions.load(Ordering::Relaxed),
+        detached: life.detached(),
+        reconnections: life.reconnections.load(Ordering::Relaxed),
         parked: life
             .parked()
             .into_iter()

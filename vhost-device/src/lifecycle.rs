@@ -90,6 +90,8 @@ pub struct Lifecycle {
     pub migrations: AtomicU64,
     pub suspensions: AtomicU64,
     pub resumptions: AtomicU64,
+    /// Guests that connected again to their live session after a device reset.
+    pub reconnections: AtomicU64,
 }
 
 /// A registered session; it leaves the registry when dropped.

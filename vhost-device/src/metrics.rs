@@ -137,6 +137,16 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
         "parked_sessions",
         "Suspended sessions waiting here for their guests",
     );
+    let detached = gauge(
+        &mut r,
+        "detached_sessions",
+        "Live sessions whose connection a device reset cut, waiting for their guests",
+    );
+    let reconnections = counter(
+        &mut r,
+        "reconnections",
+        "Guests that connected again to their live session after a device reset",
+    );
     for vm in &status.vms {
         let l = vec![("vm".to_string(), vm.name.clone())];
         sessions.get_or_create(&l).set(vm.sessions as i64);
@@ -179,6 +189,10 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
     suspensions.get_or_create(&none).inc_by(status.suspensions);
     resumptions.get_or_create(&none).inc_by(status.resumptions);
     parked.get_or_create(&none).set(status.parked.len() as i64);
+    detached.get_or_create(&none).set(status.detached as i64);
+    reconnections
+        .get_or_create(&none)
+        .inc_by(status.reconnections);
     crashes
         .get_or_create(&Vec::new())
         .inc_by(status.api_server_crashes);

@@ -540,6 +540,8 @@ fn serve(
                     m.link
                         .reattached
                         .store(true, std::sync::atomic::Ordering::Release);
+                    life.reconnections
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     guest_r = BufReader::with_capacity(RELAY_CHUNK, back);
                     info!("VM {vm:?} session {id}: its guest reconnected");
                 }

@@ -263,6 +263,8 @@ fn prometheus_metrics_show_each_vms_device_time_memory_and_share() {
     assert_eq!(metric(&body, "hira_migrations_total"), 1.0);
     assert_eq!(metric(&body, "hira_session_migrations{vm=\"m\""), 1.0);
     assert_eq!(metric(&body, "hira_parked_sessions"), 0.0);
+    assert_eq!(metric(&body, "hira_detached_sessions"), 0.0);
+    assert_eq!(metric(&body, "hira_reconnections_total"), 0.0);
     let (status, _) = http_get(&addr, "/other");
     assert!(status.contains("404"), "{status}");
     drop(g);

@@ -779,6 +779,7 @@ fn a_vm_session_on_rings_outlives_a_reset_of_the_vsock_device() {
         "{}",
         daemon.log_text()
     );
+    assert_eq!(daemon.status()["reconnections"], 1);
 }
 
 #[test]
@@ -839,6 +840,14 @@ fn a_relayed_vm_session_outlives_a_reset_of_the_vsock_device_with_calls_in_fligh
     assert_eq!(console.line_starting("=== exit"), "=== exit 0");
     let log = daemon.log_text();
     assert_eq!(log.matches("its guest reconnected").count(), 2, "{log}");
+    let status = daemon.status();
+    assert_eq!(
+        (
+            status["reconnections"].as_u64(),
+            status["detached"].as_u64()
+        ),
+        (Some(2), Some(0))
+    );
 }
 
 /// QEMU for the live-migration test: the guest image, Hira's window as ivshmem, the

@@ -283,6 +283,12 @@ fn a_relayed_session_sends_again_what_a_device_reset_lost() {
     );
     // The same API server serves on.
     assert_eq!(api_server_of(w.session), server);
+    assert_eq!(
+        g.life
+            .reconnections
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
     g.send(Op::Rw, &platform_ids(2));
     let (h, _) = g.frame();
     assert_eq!((h.kind, h.call_id), (FrameKind::Reply, 2));
