@@ -89,9 +89,16 @@ pub fn resume_all(life: &Lifecycle, router: &Router, dir: &Path) -> usize {
         return 0;
     };
     let mut parked = 0;
-    let mut files: Vec<_> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
+    let paths: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+    // A file a stopping daemon did not finish writing never resumes anything.
+    for p in paths
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "part"))
+    {
+        let _ = std::fs::remove_file(p);
+    }
+    let mut files: Vec<_> = paths
+        .into_iter()
         .filter(|p| p.extension().is_some_and(|x| x == "hira"))
         .collect();
     files.sort();

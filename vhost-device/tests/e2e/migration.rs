@@ -318,6 +318,9 @@ fn a_daemon_with_a_state_dir_is_restarted_under_running_applications() {
     got_q.push(q.ask(script[1]));
     p.send(script[2]);
     q.send(script[2]);
+    // Left over from an earlier stop: a file cut short, and one that is no session.
+    std::fs::write(state.path().join("9.part"), b"HIRASESS").unwrap();
+    std::fs::write(state.path().join("junk.hira"), b"not a session").unwrap();
     let d = d.restart_with(&["vm0", "vm1"], &flags);
     got_p.push(p.line());
     got_q.push(q.line());
@@ -330,8 +333,18 @@ fn a_daemon_with_a_state_dir_is_restarted_under_running_applications() {
     }
     assert_eq!(got_p, expected, "{}", d.log_text());
     assert_eq!(got_q, expected, "{}", d.log_text());
-    // Every file was taken back, none is left for a later start to resume again.
-    assert_eq!(std::fs::read_dir(state.path()).unwrap().count(), 0);
+    // Every session file was taken back, none is left for a later start to resume
+    // again; the cut one is gone, the one that is no session stays (with a warning).
+    let left: Vec<_> = std::fs::read_dir(state.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["junk.hira"]);
+    assert!(
+        d.log_text().contains("junk.hira: not resumed"),
+        "{}",
+        d.log_text()
+    );
 }
 
 /// A forwarder of one Unix socket to another that carries bytes and nothing else
