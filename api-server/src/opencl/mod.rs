@@ -34,11 +34,10 @@ use log::{info, warn};
 use opencl_sys::{cl_platform_id, cl_uint};
 
 const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
-
-use crate::backend::{Backend, Fail, FrameData, TeardownReport};
-
 const CL_OUT_OF_RESOURCES: i32 = -5;
 const CL_INVALID_VALUE: i32 = -30;
+
+use crate::backend::{Backend, Fail, FrameData, TeardownReport};
 use crate::server::FrameWriter;
 pub use session::{Handles, Session};
 
