@@ -78,31 +78,92 @@ pub fn socket_ping_pong(rounds: usize) -> Result<f64> {
     Ok(median(&mut t))
 }
 
-/// Runs `n` copies of the round-trip program at once on `side`; returns the median
-/// of their median synchronous round trips, in microseconds.
-fn concurrent_rtt(env: &BenchEnv, side: Side, exe: &Path, n: usize, calls: u32) -> Result<f64> {
-    let children = (0..n)
+/// CPU time all the machine's CPUs have spent busy since boot (`/proc/stat`).
+fn machine_busy() -> Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let cpu = stat.lines().next().context("empty /proc/stat")?;
+    let f = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse::<u64>)
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    ensure!(f.len() >= 8, "short cpu line in /proc/stat: {cpu}");
+    // user nice system idle iowait irq softirq steal: all but idle and iowait.
+    let ticks = f[0] + f[1] + f[2] + f[5] + f[6] + f[7];
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
+/// What `n` guests calling at once measured.
+#[derive(Clone, Copy, Default)]
+struct Concurrent {
+    /// The median of the guests' median synchronous round trips (µs).
+    rtt_us: f64,
+    /// Calls per second, all guests together.
+    calls_per_s: f64,
+    /// The whole machine's busy CPU time per call (µs): the guests, their API
+    /// servers, the daemon and anything else that ran.
+    cpu_per_call_us: f64,
+}
+
+/// Runs `n` copies of the round-trip program on `side`, set up first and then
+/// released together (each prints `ready` and waits for a line), so that all of
+/// them call at once.
+fn concurrent_rtt(
+    env: &BenchEnv,
+    side: Side,
+    exe: &Path,
+    n: usize,
+    calls: u32,
+) -> Result<Concurrent> {
+    use std::io::{BufRead, BufReader};
+    let mut children = (0..n)
         .map(|_| {
             let mut cmd = env.command(
                 side != Side::Native,
                 exe,
-                &[calls.to_string(), "sync".to_string()],
+                &[calls.to_string(), "sync".to_string(), "barrier".to_string()],
             );
             if side == Side::Relay {
                 cmd.env("HIRA_RINGS", "0");
             }
-            cmd.stdout(std::process::Stdio::piped())
+            cmd.stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
                 .spawn()
                 .context("rtt starts")
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut medians = Vec::with_capacity(n);
-    for c in children {
-        let out = c.wait_with_output()?;
-        ensure!(out.status.success(), "a concurrent rtt failed ({side:?})");
-        medians.push(field(&String::from_utf8_lossy(&out.stdout), "sync_median_ns")? / 1e3);
+    let mut outs = Vec::with_capacity(n);
+    for c in &mut children {
+        let mut out = BufReader::new(c.stdout.take().context("rtt's stdout")?);
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        ensure!(
+            line == "ready\n",
+            "rtt did not get ready ({side:?}): {line:?}"
+        );
+        outs.push(out);
     }
-    Ok(median(&mut medians))
+    let (busy, start) = (machine_busy()?, std::time::Instant::now());
+    for c in &mut children {
+        c.stdin.take().context("rtt's stdin")?.write_all(b"go\n")?;
+    }
+    let mut medians = Vec::with_capacity(n);
+    for (c, mut out) in children.into_iter().zip(outs) {
+        let mut o = String::new();
+        out.read_to_string(&mut o)?;
+        let status = c.wait_with_output()?.status;
+        ensure!(status.success(), "a concurrent rtt failed ({side:?})");
+        medians.push(field(&o, "sync_median_ns")? / 1e3);
+    }
+    let (wall, busy) = (start.elapsed(), machine_busy()?.saturating_sub(busy));
+    let total = f64::from(calls) * n as f64;
+    Ok(Concurrent {
+        rtt_us: median(&mut medians),
+        calls_per_s: total / wall.as_secs_f64(),
+        cpu_per_call_us: busy.as_secs_f64() * 1e6 / total,
+    })
 }
 
 /// Measures and prints the overhead table, and writes it as JSON to `json`.
@@ -190,6 +251,16 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
         println!("| {name} | {:.2} | {:.2} | {:.2} |", v[0], v[1], v[2]);
     }
     println!("| machine floor: socket ping-pong between two threads (us) | {floor:.2} | - | - |");
+    // Native's own figure moves from repeat to repeat (PoCL's worker wake-up): the
+    // difference within a repeat shows what Hira adds.
+    let mut added: Vec<f64> = m[1][5].iter().zip(&m[0][5]).map(|(h, n)| h - n).collect();
+    let (added_lo, added_hi) = added
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let added_kernel = median(&mut added);
+    println!(
+        "\nempty kernel + clFinish, Hira (rings) minus native in the same repeat: median {added_kernel:.2} us (min {added_lo:.2}, max {added_hi:.2})"
+    );
     let (rr, rr_lo, rr_hi) = ratio(1);
     let (rl, rl_lo, rl_hi) = ratio(2);
     println!(
@@ -262,24 +333,37 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
     }
     // Concurrent guests: the synchronous round trip as 1 to 16 processes call at
     // once (each its own session and API server through Hira).
+    // Each guest calls long enough for the machine's CPU ticks (10 ms) to measure.
+    let concurrent_calls = 50_000;
     let mut concurrency = Vec::new();
     for n in [1usize, 2, 4, 8, 16] {
-        let mut row = [0f64; 2];
+        let mut row = [Concurrent::default(); 2];
         for (k, side) in [Side::Native, Side::Rings].into_iter().enumerate() {
-            let mut v = Vec::new();
+            let mut v: [Vec<f64>; 3] = Default::default();
             for _ in 0..repeats.min(3) {
-                v.push(concurrent_rtt(&env, side, &rtt, n, 2000)?);
+                let c = concurrent_rtt(&env, side, &rtt, n, concurrent_calls)?;
+                v[0].push(c.rtt_us);
+                v[1].push(c.calls_per_s);
+                v[2].push(c.cpu_per_call_us);
             }
-            row[k] = median(&mut v);
+            row[k] = Concurrent {
+                rtt_us: median(&mut v[0]),
+                calls_per_s: median(&mut v[1]),
+                cpu_per_call_us: median(&mut v[2]),
+            };
         }
         concurrency.push((n, row));
     }
     println!(
-        "\nsync no-op call with concurrent guests (median of each guest's median, us; {} cores)\n\n| guests | native | Hira (rings) |\n|---|---|---|",
+        "\nsync no-op call with concurrent guests, released together ({concurrent_calls} calls each; median of {} runs; {} cores)\n\n| guests | native round trip (us) | Hira round trip (us) | Hira calls/s, all guests | Hira machine CPU per call (us) |\n|---|---|---|---|---|",
+        repeats.min(3),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     for (n, row) in &concurrency {
-        println!("| {n} | {:.2} | {:.2} |", row[0], row[1]);
+        println!(
+            "| {n} | {:.2} | {:.2} | {:.0} | {:.2} |",
+            row[0].rtt_us, row[1].rtt_us, row[1].calls_per_s, row[1].cpu_per_call_us
+        );
     }
     if let Some(d) = json.parent() {
         std::fs::create_dir_all(d)?;
@@ -288,8 +372,8 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
         .iter()
         .map(|(n, row)| {
             format!(
-                "{{\"guests\":{n},\"native_us\":{:.3},\"rings_us\":{:.3}}}",
-                row[0], row[1]
+                "{{\"guests\":{n},\"native_us\":{:.3},\"rings_us\":{:.3},\"rings_calls_per_s\":{:.0},\"rings_cpu_per_call_us\":{:.3}}}",
+                row[0].rtt_us, row[1].rtt_us, row[1].calls_per_s, row[1].cpu_per_call_us
             )
         })
         .collect();
@@ -320,7 +404,7 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
     std::fs::write(
         json,
         format!(
-            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}],\"bulk\":[{}]}}\n",
+            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"kernel_finish_added_us\":{added_kernel:.3},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}],\"bulk\":[{}]}}\n",
             trio(&rows[0].1),
             trio(&rows[1].1),
             trio(&rows[2].1),

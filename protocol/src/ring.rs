@@ -24,7 +24,10 @@
 //! Wake-ups are adaptive: a side that finds its ring empty (or full) spins for a
 //! while, then announces that it sleeps, checks once more, and sleeps on its eventfd
 //! and on a liveness descriptor (its socket to the daemon), so that the end of the
-//! peer wakes it too. An idle session costs no CPU.
+//! peer wakes it too. An idle session costs no CPU. How long a side spins it learns:
+//! a spin that ends in sleep anyway halves the next, one that pays doubles it, and
+//! below a few microseconds a side stops spinning but for an occasional probe (on a
+//! host with more busy sessions than CPUs, a spin only keeps the peer from the CPU).
 //!
 //! Everything in the region is writable by the peer, so neither side trusts what it
 //! reads there: each side keeps its own position privately and only reads the
@@ -456,14 +459,68 @@ struct End {
     producer: bool,
     /// Longest spin before sleeping (the caller's choice).
     spin: Duration,
-    /// The spin this end has learnt is worth it, in nanoseconds: halved each time a
-    /// spin ends in sleep anyway (the peer was slow, or is waiting for this CPU on an
-    /// oversubscribed host), doubled each time a spin succeeds.
-    learnt_ns: std::cell::Cell<u64>,
+    /// How long spinning has paid lately.
+    learnt: Learnt,
+}
+
+/// The spin an end has learnt is worth it: halved each time a spin ends in sleep
+/// anyway (the peer was slow, or is waiting for this CPU on an oversubscribed host),
+/// doubled each time a spin succeeds; no spin once halving goes below [`PROBE_NS`],
+/// except a probe every [`PROBE_EVERY`]th wait, so that an end whose peer becomes
+/// quick learns to spin again.
+#[derive(Debug)]
+struct Learnt {
+    /// The spin, in nanoseconds (zero: none).
+    ns: std::cell::Cell<u64>,
+    /// Waits since spinning stopped.
+    waits: std::cell::Cell<u32>,
+}
+
+impl Learnt {
+    fn new() -> Learnt {
+        Learnt {
+            ns: std::cell::Cell::new(MAX_LEARNT_NS),
+            waits: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The spin for the next wait, at most `cap`.
+    fn budget(&self, cap: Duration) -> Duration {
+        let mut ns = self.ns.get();
+        if ns == 0 {
+            let waits = self.waits.get().wrapping_add(1);
+            self.waits.set(waits);
+            if waits.is_multiple_of(PROBE_EVERY) {
+                ns = PROBE_NS;
+            }
+        }
+        cap.min(Duration::from_nanos(ns))
+    }
+
+    /// Learns from a spin of `budget` that ended with what it waited for, or not.
+    fn spun(&self, budget: Duration, paid: bool) {
+        let ns = budget.as_nanos().min(u128::from(MAX_LEARNT_NS)) as u64;
+        if paid {
+            self.ns.set((ns * 2).clamp(PROBE_NS, MAX_LEARNT_NS));
+        } else if ns > 0 {
+            // Below a probe's length a spin is all cost.
+            let halved = ns / 2;
+            self.ns.set(if halved < PROBE_NS { 0 } else { halved });
+        }
+    }
 }
 
 /// Upper bound of what an end learns to spin.
 const MAX_LEARNT_NS: u64 = 10_000_000;
+
+/// The spin of a probe by an end that stopped spinning, and the shortest it learns:
+/// a synchronous call's round trip on an idle host is 1-2 µs, so a quick peer
+/// answers within it.
+const PROBE_NS: u64 = 4_000;
+
+/// How often an end that stopped spinning probes (one wait in this many): a probe
+/// that fails costs [`PROBE_NS`], a sixteenth of that per wait.
+const PROBE_EVERY: u32 = 16;
 
 impl End {
     fn head(&self) -> &AtomicU64 {
@@ -569,17 +626,14 @@ impl End {
         ready: &dyn Fn() -> std::io::Result<bool>,
     ) -> std::io::Result<()> {
         let start = Instant::now();
-        let budget = self
-            .spin
-            .min(Duration::from_nanos(self.learnt_ns.get().max(1_000)));
+        let budget = self.learnt.budget(self.spin);
         loop {
             let spun = start.elapsed();
             if spun >= budget {
                 break;
             }
             if ready()? {
-                self.learnt_ns
-                    .set((self.learnt_ns.get() * 2).min(MAX_LEARNT_NS));
+                self.learnt.spun(budget, true);
                 return Ok(());
             }
             if spun < SPIN_BEFORE_YIELD {
@@ -597,9 +651,7 @@ impl End {
                 std::thread::yield_now();
             }
         }
-        if !budget.is_zero() {
-            self.learnt_ns.set(self.learnt_ns.get() / 2);
-        }
+        self.learnt.spun(budget, false);
         loop {
             flag.store(1, Ordering::SeqCst);
             fence(Ordering::SeqCst);
@@ -750,7 +802,7 @@ fn ends(region: Arc<Region>, produce: Which, consume: Which, p: Signal, c: Signa
         signal: p,
         producer: true,
         spin: Duration::ZERO,
-        learnt_ns: std::cell::Cell::new(MAX_LEARNT_NS),
+        learnt: Learnt::new(),
     };
     let consumer = End {
         region,
@@ -758,7 +810,7 @@ fn ends(region: Arc<Region>, produce: Which, consume: Which, p: Signal, c: Signa
         signal: c,
         producer: false,
         spin: Duration::ZERO,
-        learnt_ns: std::cell::Cell::new(MAX_LEARNT_NS),
+        learnt: Learnt::new(),
     };
     // Each side's position starts where the region says: zero for a fresh region.
     Ends {
@@ -1006,6 +1058,71 @@ mod tests {
         g.consumer.end.tail().store(12345, Ordering::Release);
         let e = s.producer.write(&[1, 2, 3]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_spin_that_never_pays_stops_and_a_probe_that_pays_learns_again() {
+        let cap = Duration::from_micros(50);
+        let l = Learnt::new();
+        assert_eq!(l.budget(cap), cap);
+        // 50, 25, 12.5 and 6.25 µs spins that end in sleep: the next would be under
+        // a probe's length, so there is none.
+        for _ in 0..4 {
+            let b = l.budget(cap);
+            assert!(!b.is_zero());
+            l.spun(b, false);
+        }
+        let budgets: Vec<Duration> = (0..PROBE_EVERY * 2).map(|_| l.budget(cap)).collect();
+        let probes: Vec<usize> = (0..budgets.len())
+            .filter(|&i| !budgets[i].is_zero())
+            .collect();
+        assert_eq!(
+            probes,
+            [PROBE_EVERY as usize - 1, 2 * PROBE_EVERY as usize - 1]
+        );
+        assert_eq!(budgets[probes[0]], Duration::from_nanos(PROBE_NS));
+        // A probe that pays: the spin doubles with each success up to the cap.
+        l.spun(Duration::from_nanos(PROBE_NS), true);
+        let mut seen = vec![];
+        for _ in 0..4 {
+            let b = l.budget(cap);
+            seen.push(b.as_micros());
+            l.spun(b, true);
+        }
+        assert_eq!(seen, [8, 16, 32, 50]);
+    }
+
+    #[test]
+    fn a_reader_whose_writer_answers_only_after_it_sleeps_stops_spinning() {
+        let (mut g, mut s, _gd, _sd) = pair(4096);
+        s.consumer.set_spin(Duration::from_micros(50));
+        let rounds = 8u64;
+        let t = std::thread::spawn(move || {
+            for _ in 0..rounds {
+                s.consumer.read_exact(&mut [0u8; 1]).unwrap();
+            }
+            s
+        });
+        for i in 0..rounds {
+            // The byte goes only once the reader announces sleep (its spin over),
+            // and the next round starts once it has read it.
+            while g.producer.end.consumer_sleeping().load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            g.producer.write_all(&[i as u8]).unwrap();
+            while g.producer.end.tail().load(Ordering::Acquire) < i + 1 {
+                std::thread::yield_now();
+            }
+        }
+        let s = t.join().unwrap();
+        assert_eq!(s.consumer.end.learnt.ns.get(), 0);
+        assert!(
+            s.consumer
+                .end
+                .learnt
+                .budget(Duration::from_micros(50))
+                .is_zero()
+        );
     }
 
     #[test]

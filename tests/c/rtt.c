@@ -1,9 +1,12 @@
 /* Round trip of a synchronous no-op call, clGetCommandQueueInfo(CL_QUEUE_REFERENCE_COUNT)
  * (a query Hira never caches), the cost of an asynchronously forwarded call,
  * clSetKernelArg, and the medians of a blocking 4-byte clEnqueueWriteBuffer and of an
- * empty kernel launch followed by clFinish. Usage: rtt [calls [sync]] (default 20000;
- * a tenth of that for the last two, which `sync` leaves out, so that concurrent
- * copies measure calls alone). Prints nanoseconds. */
+ * empty kernel launch followed by clFinish. Usage: rtt [calls [sync [barrier]]]
+ * (default 20000; a tenth of that for the last two). `sync` leaves out all but the
+ * first, so that concurrent copies measure synchronous calls alone; with `barrier`,
+ * the program prints `ready` once set up and warmed, and starts measuring when a line
+ * arrives on its standard input, so that concurrent copies call at the same time.
+ * Prints nanoseconds. */
 #include "common.h"
 #include <string.h>
 #include <time.h>
@@ -36,22 +39,30 @@ int main(int argc, char **argv) {
     cl_uint refs;
     for (int i = 0; i < 1000; i++)
         CHECK(clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof refs, &refs, NULL));
+    if (argc > 3 && !strcmp(argv[3], "barrier")) {
+        char line[16];
+        printf("ready\n");
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin)) {
+            fprintf(stderr, "rtt: no start line\n");
+            return 1;
+        }
+    }
     for (int i = 0; i < n; i++) {
         long long t0 = now_ns();
         CHECK(clGetCommandQueueInfo(q, CL_QUEUE_REFERENCE_COUNT, sizeof refs, &refs, NULL));
         t[i] = now_ns() - t0;
     }
     qsort(t, n, sizeof *t, cmp);
+    long long sync_median = t[n / 2], sync_p99 = t[n * 99 / 100];
+    if (argc > 2 && !strcmp(argv[2], "sync")) {
+        printf("sync_median_ns=%lld sync_p99_ns=%lld calls=%d\n", sync_median, sync_p99, n);
+        return 0;
+    }
     long long t0 = now_ns();
     for (int i = 0; i < n; i++) CHECK(clSetKernelArg(k, 0, sizeof i, &i));
     CHECK(clFinish(q));
     double async_ns = (double)(now_ns() - t0) / n;
-    long long sync_median = t[n / 2], sync_p99 = t[n * 99 / 100];
-    if (argc > 2 && !strcmp(argv[2], "sync")) {
-        printf("sync_median_ns=%lld sync_p99_ns=%lld async_mean_ns=%.0f calls=%d\n", sync_median,
-               sync_p99, async_ns, n);
-        return 0;
-    }
     int m = n / 10 > 0 ? n / 10 : 1;
     cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4, NULL, &err);
     CHECK_ERR(err, "clCreateBuffer");
