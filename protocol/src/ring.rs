@@ -28,6 +28,8 @@
 //! a spin that ends in sleep anyway halves the next, one that pays doubles it, and
 //! below a few microseconds a side stops spinning but for an occasional probe (on a
 //! host with more busy sessions than CPUs, a spin only keeps the peer from the CPU).
+//! A side that has just woken its peer yields between looks from the start of its
+//! next wait: the woken thread is often queued on the waker's own CPU.
 //!
 //! Everything in the region is writable by the peer, so neither side trusts what it
 //! reads there: each side keeps its own position privately and only reads the
@@ -78,6 +80,9 @@ pub struct Region {
     base: *mut u8,
     len: usize,
     capacity: usize,
+    /// Whether this side woke its sleeping peer since it last waited (this process's
+    /// own note, not in the shared mapping).
+    woke_peer: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the mapping lives as long as the value; its bytes are only reached through
@@ -165,6 +170,7 @@ impl Region {
             base: base.cast(),
             len,
             capacity,
+            woke_peer: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -547,7 +553,11 @@ impl End {
     /// Wakes the peer, which announced that it sleeps.
     fn ring_peer(&self) {
         match &self.signal {
-            Signal::Eventfds { peer, .. } => ring_bell(peer.as_raw_fd()),
+            Signal::Eventfds { peer, .. } => {
+                ring_bell(peer.as_raw_fd());
+                // Host-local: the peer's thread and this one share the scheduler.
+                self.region.woke_peer.store(true, Ordering::Relaxed);
+            }
             Signal::Doorbells { socket, .. } if self.producer => {
                 let b = doorbell_frame();
                 // SAFETY: sends a local 24-byte buffer without blocking or SIGPIPE; a
@@ -627,6 +637,14 @@ impl End {
     ) -> std::io::Result<()> {
         let start = Instant::now();
         let budget = self.learnt.budget(self.spin);
+        // A peer this side just woke needs a CPU, and the scheduler often puts it on
+        // this side's own (a wake-up is affine): polling without yielding would keep
+        // it waiting for exactly what this side waits for.
+        let yield_after = if self.region.woke_peer.swap(false, Ordering::Relaxed) {
+            Duration::ZERO
+        } else {
+            SPIN_BEFORE_YIELD
+        };
         loop {
             let spun = start.elapsed();
             if spun >= budget {
@@ -636,7 +654,7 @@ impl End {
                 self.learnt.spun(budget, true);
                 return Ok(());
             }
-            if spun < SPIN_BEFORE_YIELD {
+            if spun < yield_after {
                 for _ in 0..32 {
                     std::hint::spin_loop();
                 }
@@ -1123,6 +1141,34 @@ mod tests {
                 .budget(Duration::from_micros(50))
                 .is_zero()
         );
+    }
+
+    #[test]
+    fn a_writer_notes_that_it_woke_its_peer_and_its_next_wait_takes_the_note() {
+        let (mut g, mut s, _gd, _sd) = pair(4096);
+        // The server does not sleep: a write leaves no note.
+        g.producer.write_all(&[1]).unwrap();
+        assert!(!g.producer.end.region.woke_peer.load(Ordering::Relaxed));
+        s.consumer.read_exact(&mut [0u8; 1]).unwrap();
+        let t = std::thread::spawn(move || {
+            s.consumer.read_exact(&mut [0u8; 1]).unwrap();
+            // The reply goes once the guest sleeps, so that the guest waits for it.
+            while s.producer.end.consumer_sleeping().load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            s.producer.write_all(&[3]).unwrap();
+        });
+        while g.producer.end.consumer_sleeping().load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        g.producer.write_all(&[2]).unwrap();
+        assert!(g.producer.end.region.woke_peer.load(Ordering::Relaxed));
+        // The guest's wait for the reply takes the note (it yields at once).
+        let mut r = [0u8; 1];
+        g.consumer.read_exact(&mut r).unwrap();
+        assert_eq!(r, [3]);
+        t.join().unwrap();
+        assert!(!g.consumer.end.region.woke_peer.load(Ordering::Relaxed));
     }
 
     #[test]
