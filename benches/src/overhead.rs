@@ -78,6 +78,81 @@ pub fn socket_ping_pong(rounds: usize) -> Result<f64> {
     Ok(median(&mut t))
 }
 
+/// The machine's floor for one round trip between two threads that share one core,
+/// as a guest and its API server do once the host has more busy threads than cores:
+/// two threads pinned to the same CPU pass a turn back and forth, each waiting by
+/// yielding the CPU (`sleep` false) or by sleeping on an eventfd the other writes.
+/// Mean ns per round trip.
+pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // SAFETY: fills a local set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    ensure!(
+        r == 0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `c` is below CPU_SETSIZE.
+    let cpu = (0..libc::CPU_SETSIZE as usize)
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .context("no CPU to run on")?;
+    let fds: Vec<std::os::fd::OwnedFd> = (0..2)
+        .map(|_| {
+            // SAFETY: a plain system call.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+            // SAFETY: a new descriptor that nothing else owns.
+            Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+        })
+        .collect::<Result<_>>()?;
+    let raw: Vec<i32> = fds.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+    // Whose turn it is: 0 or 1.
+    let turn = Arc::new(AtomicU32::new(0));
+    let side = move |me: u32, turn: Arc<AtomicU32>| {
+        // SAFETY: an empty set with one CPU below CPU_SETSIZE added, then a system call.
+        unsafe {
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
+        }
+        let start = Instant::now();
+        for _ in 0..rounds {
+            while turn.load(Ordering::Acquire) != me {
+                if sleep {
+                    let mut v = 0u64;
+                    // SAFETY: reads 8 bytes into a local from an eventfd kept open.
+                    unsafe { libc::read(raw[me as usize], (&raw mut v).cast(), 8) };
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            turn.store(1 - me, Ordering::Release);
+            if sleep {
+                let v = 1u64;
+                // SAFETY: writes 8 bytes from a local to an eventfd kept open.
+                unsafe { libc::write(raw[1 - me as usize], (&raw const v).cast(), 8) };
+            }
+        }
+        start.elapsed()
+    };
+    let other = {
+        let turn = turn.clone();
+        let side = side.clone();
+        std::thread::spawn(move || side(1, turn))
+    };
+    let took = std::thread::spawn(move || side(0, turn))
+        .join()
+        .map_err(|_| anyhow::anyhow!("hand-off thread panicked"))?;
+    other
+        .join()
+        .map_err(|_| anyhow::anyhow!("hand-off thread panicked"))?;
+    drop(fds);
+    Ok(took.as_nanos() as f64 / f64::from(rounds))
+}
+
 /// CPU time all the machine's CPUs have spent busy since boot (`/proc/stat`).
 fn machine_busy() -> Result<Duration> {
     let stat = std::fs::read_to_string("/proc/stat")?;
@@ -373,6 +448,17 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
             row[0].rtt_us, row[1].rtt_us, row[1].calls_per_s, row[1].cpu_per_call_us
         );
     }
+    // What a call costs at least once its two sides share a core.
+    let mut hand_off: [Vec<f64>; 2] = Default::default();
+    for _ in 0..repeats {
+        for (k, sleep) in [false, true].into_iter().enumerate() {
+            hand_off[k].push(one_core_hand_off(50_000, sleep)? / 1e3);
+        }
+    }
+    let (yield_us, eventfd_us) = (median(&mut hand_off[0]), median(&mut hand_off[1]));
+    println!(
+        "\nmachine floor once a call's two sides share a core (two threads pinned to one CPU passing a turn, median of {repeats}): {yield_us:.2} us a round trip yielding to each other, {eventfd_us:.2} us sleeping on eventfds"
+    );
     if let Some(d) = json.parent() {
         std::fs::create_dir_all(d)?;
     }
@@ -412,7 +498,7 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
     std::fs::write(
         json,
         format!(
-            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"kernel_finish_added_us\":{added_kernel:.3},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}],\"bulk\":[{}]}}\n",
+            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"kernel_finish_added_us\":{added_kernel:.3},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}],\"one_core_hand_off_us\":{{\"yield\":{yield_us:.3},\"eventfd\":{eventfd_us:.3}}},\"bulk\":[{}]}}\n",
             trio(&rows[0].1),
             trio(&rows[1].1),
             trio(&rows[2].1),
@@ -439,5 +525,15 @@ mod tests {
             2500.0
         );
         assert!(field("a=1", "missing").is_err());
+    }
+
+    #[test]
+    fn a_hand_off_on_one_core_passes_every_turn_both_ways() {
+        // Each side waits for its turn 5,000 times: a lost turn or wake-up hangs.
+        for sleep in [false, true] {
+            let ns = one_core_hand_off(5_000, sleep).unwrap();
+            eprintln!("sleep={sleep}: {ns:.0} ns a round trip");
+            assert!(ns.is_finite() && ns > 0.0);
+        }
     }
 }

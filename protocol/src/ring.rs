@@ -350,6 +350,21 @@ enum Signal {
 /// spin budget runs out, it yields between looks.
 const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
 
+/// Yields the CPU; whether another thread ran meanwhile (the yield took longer than
+/// a system call that finds nothing else to run: about 0.5 µs on virtual CPUs, a
+/// switch away and back at least 2.5 µs).
+fn give_cpu() -> bool {
+    let start = Instant::now();
+    std::thread::yield_now();
+    start.elapsed() >= GAVE_AWAY
+}
+
+/// How long a yield that handed the CPU to another thread takes at least.
+const GAVE_AWAY: Duration = Duration::from_micros(2);
+
+/// How many times a waiting side yields its CPU, after its spin and before it sleeps.
+const YIELDS_BEFORE_SLEEP: u32 = 4;
+
 /// How long a producer in a VM session sleeps between looks at a full ring.
 const FULL_RING_POLL: Duration = Duration::from_micros(200);
 
@@ -480,6 +495,11 @@ struct Learnt {
     ns: std::cell::Cell<u64>,
     /// Waits since spinning stopped.
     waits: std::cell::Cell<u32>,
+    /// Whether the last wait ended only after this side's CPU went to another
+    /// thread: the next wait yields from its start.
+    yield_first: std::cell::Cell<bool>,
+    /// How many times this end slept (diagnostics).
+    sleeps: std::cell::Cell<u64>,
 }
 
 impl Learnt {
@@ -487,6 +507,8 @@ impl Learnt {
         Learnt {
             ns: std::cell::Cell::new(MAX_LEARNT_NS),
             waits: std::cell::Cell::new(0),
+            yield_first: std::cell::Cell::new(false),
+            sleeps: std::cell::Cell::new(0),
         }
     }
 
@@ -640,11 +662,16 @@ impl End {
         // A peer this side just woke needs a CPU, and the scheduler often puts it on
         // this side's own (a wake-up is affine): polling without yielding would keep
         // it waiting for exactly what this side waits for.
-        let yield_after = if self.region.woke_peer.swap(false, Ordering::Relaxed) {
+        // Likewise when the last wait ended only after this side gave its CPU away:
+        // the peer then shares this side's CPU.
+        let woke_peer = self.region.woke_peer.swap(false, Ordering::Relaxed);
+        let yield_after = if woke_peer || self.learnt.yield_first.get() {
             Duration::ZERO
         } else {
             SPIN_BEFORE_YIELD
         };
+        // Whether the last yield handed the CPU to another thread.
+        let mut gave = false;
         loop {
             let spun = start.elapsed();
             if spun >= budget {
@@ -652,6 +679,7 @@ impl End {
             }
             if ready()? {
                 self.learnt.spun(budget, true);
+                self.learnt.yield_first.set(gave);
                 return Ok(());
             }
             if spun < yield_after {
@@ -666,10 +694,22 @@ impl End {
                 if self.daemon_calls() {
                     return Err(daemon_message());
                 }
-                std::thread::yield_now();
+                gave = give_cpu();
             }
         }
         self.learnt.spun(budget, false);
+        // On a host with more busy threads than CPUs the peer is often runnable but
+        // waiting for a CPU: a few yields hand it this one for the cost of a context
+        // switch, where a sleep and its wake-up cost a system call each side and an
+        // interrupt to another CPU. Where nothing else is runnable, a yield returns at
+        // once and costs a system call.
+        for _ in 0..YIELDS_BEFORE_SLEEP {
+            let gave = give_cpu();
+            if ready()? {
+                self.learnt.yield_first.set(gave);
+                return Ok(());
+            }
+        }
         loop {
             flag.store(1, Ordering::SeqCst);
             fence(Ordering::SeqCst);
@@ -677,6 +717,7 @@ impl End {
                 flag.store(0, Ordering::Relaxed);
                 return Ok(());
             }
+            self.learnt.sleeps.set(self.learnt.sleeps.get() + 1);
             let woke = self.sleep()?;
             flag.store(0, Ordering::Relaxed);
             if ready()? {
@@ -849,6 +890,11 @@ impl Producer {
         self.end.spin = spin;
     }
 
+    /// How many times this end has slept waiting for its peer (diagnostics).
+    pub fn sleeps(&self) -> u64 {
+        self.end.learnt.sleeps.get()
+    }
+
     /// Free bytes, from the peer's tail, checked.
     fn free(&self) -> std::io::Result<usize> {
         let cap = self.end.region.capacity as u64;
@@ -950,6 +996,11 @@ impl Consumer {
     /// How long to spin waiting for data before sleeping.
     pub fn set_spin(&mut self, spin: Duration) {
         self.end.spin = spin;
+    }
+
+    /// How many times this end has slept waiting for its peer (diagnostics).
+    pub fn sleeps(&self) -> u64 {
+        self.end.learnt.sleeps.get()
     }
 
     /// Bytes ready to read, from the peer's head, checked.
@@ -1108,6 +1159,109 @@ mod tests {
             l.spun(b, true);
         }
         assert_eq!(seen, [8, 16, 32, 50]);
+    }
+
+    /// The CPUs the calling thread may run on.
+    fn affinity() -> libc::cpu_set_t {
+        // SAFETY: a system call that fills a local set.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+                0
+            );
+            set
+        }
+    }
+
+    /// Lets the calling thread run on `set` only.
+    fn set_affinity(set: &libc::cpu_set_t) {
+        // SAFETY: a system call that reads a local set.
+        let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) };
+        assert_eq!(r, 0);
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin(cpu: usize) {
+        // SAFETY: an all-zero `cpu_set_t` is the empty set, and `cpu` is below
+        // CPU_SETSIZE (it came from `CPU_ISSET`).
+        let set = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            set
+        };
+        set_affinity(&set);
+    }
+
+    /// `rounds` one-byte calls and replies between a guest and a server thread that
+    /// share one CPU, as many busy threads on few CPUs do; `note` sees the guest's
+    /// ends after each reply.
+    fn ping_pong_on_one_cpu(
+        spin: Duration,
+        rounds: u32,
+        mut note: impl FnMut(&Ends),
+    ) -> (Ends, Ends) {
+        let (mut g, mut s, gd, sd) = pair(4096);
+        for e in [&mut g, &mut s] {
+            e.producer.set_spin(spin);
+            e.consumer.set_spin(spin);
+        }
+        let all = affinity();
+        let cpu = (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `c` is below CPU_SETSIZE.
+            .find(|&c| unsafe { libc::CPU_ISSET(c, &all) })
+            .unwrap();
+        let t = std::thread::spawn(move || {
+            pin(cpu);
+            let mut b = [0u8; 1];
+            for _ in 0..rounds {
+                s.consumer.read_exact(&mut b).unwrap();
+                s.producer.write_all(&b).unwrap();
+            }
+            s
+        });
+        // The test's own thread: pinned only for the exchange.
+        let before = affinity();
+        pin(cpu);
+        for i in 0..rounds {
+            let mut b = [i as u8];
+            g.producer.write_all(&b).unwrap();
+            g.consumer.read_exact(&mut b).unwrap();
+            assert_eq!(b, [i as u8]);
+            note(&g);
+        }
+        set_affinity(&before);
+        drop((gd, sd));
+        (g, t.join().unwrap())
+    }
+
+    #[test]
+    fn sides_sharing_a_cpu_hand_it_over_instead_of_sleeping() {
+        // No spin at all: every wait that is not answered in its yields sleeps.
+        let rounds = 2000;
+        let (g, s) = ping_pong_on_one_cpu(Duration::ZERO, rounds, |_| {});
+        let sleeps = g.consumer.sleeps() + s.consumer.sleeps();
+        // Each side waits once per round; a wait that slept every time would be
+        // 2 * rounds.
+        assert!(
+            sleeps < u64::from(rounds) / 2,
+            "{sleeps} sleeps in {rounds} rounds"
+        );
+    }
+
+    #[test]
+    fn a_side_whose_peer_shares_its_cpu_learns_to_yield_first() {
+        // A long spin: without learning, each wait would poll without yielding for
+        // SPIN_BEFORE_YIELD while its peer waits for the CPU.
+        let rounds = 500;
+        let mut first = 0;
+        ping_pong_on_one_cpu(Duration::from_millis(1), rounds, |g| {
+            first += u32::from(g.consumer.end.learnt.yield_first.get());
+        });
+        assert!(
+            first > rounds / 2,
+            "{first} of {rounds} waits learnt to yield first"
+        );
     }
 
     #[test]
