@@ -208,19 +208,28 @@ impl BenchEnv {
     }
 
     /// CPU time the daemon process has used so far, all its threads, live and ended
-    /// (not its API servers), in `/proc`'s clock ticks (usually 10 ms).
+    /// (not its API servers), from its process CPU clock (nanoseconds).
     pub fn daemon_cpu(&self) -> Result<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.daemon.id()))?;
-        // Fields after the parenthesised command name; utime and stime are 14 and 15.
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .context("malformed /proc stat")?;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+        let pid = libc::pid_t::try_from(self.daemon.id())?;
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: writes the clock id into a local.
+        let r = unsafe { libc::clock_getcpuclockid(pid, &mut clock) };
+        ensure!(
+            r == 0,
+            "clock_getcpuclockid: {}",
+            std::io::Error::from_raw_os_error(r)
+        );
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writes the time into a local.
+        let r = unsafe { libc::clock_gettime(clock, &mut t) };
+        ensure!(r == 0, "clock_gettime: {}", std::io::Error::last_os_error());
+        Ok(Duration::new(
+            u64::try_from(t.tv_sec)?,
+            u32::try_from(t.tv_nsec)?,
+        ))
     }
 
     /// A command running `exe` natively or through Hira.
