@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::env::{BenchEnv, build_components, compile, workspace};
-use crate::median;
+use crate::{median, min_max};
 
 /// How a program reaches the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,9 +289,7 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     eprint!("\r\x1b[2K");
     let ratio = |k: usize| -> (f64, f64, f64) {
         let mut r: Vec<f64> = m[k][3].iter().zip(&m[0][3]).map(|(h, n)| h / n).collect();
-        let (lo, hi) = r
-            .iter()
-            .fold((f64::MAX, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+        let (lo, hi) = min_max(&r);
         (median(&mut r), lo, hi)
     };
     let med = |k: usize, j: usize| median(&mut m[k][j].clone());
@@ -329,9 +327,7 @@ pub fn overhead(repeats: usize, iterations: u32, calls: u32, json: &Path) -> Res
     // Native's own figure moves from repeat to repeat (PoCL's worker wake-up): the
     // difference within a repeat shows what Hira adds.
     let mut added: Vec<f64> = m[1][5].iter().zip(&m[0][5]).map(|(h, n)| h - n).collect();
-    let (added_lo, added_hi) = added
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let (added_lo, added_hi) = min_max(&added);
     let added_kernel = median(&mut added);
     println!(
         "\nempty kernel + clFinish, Hira (rings) minus native in the same repeat: median {added_kernel:.2} us (min {added_lo:.2}, max {added_hi:.2})"

@@ -28,8 +28,11 @@
 //! a spin that ends in sleep anyway halves the next, one that pays doubles it, and
 //! below a few microseconds a side stops spinning but for an occasional probe (on a
 //! host with more busy sessions than CPUs, a spin only keeps the peer from the CPU).
-//! A side that has just woken its peer yields between looks from the start of its
-//! next wait: the woken thread is often queued on the waker's own CPU.
+//! Before it sleeps a side yields its CPU a few times: on a busy host the peer is
+//! often runnable and waiting for a CPU. A side yields between looks from the start
+//! of its next wait when it has just woken its peer (the woken thread is often
+//! queued on the waker's own CPU) or when its last wait ended only after its CPU
+//! went to another thread (the peer shares its CPU).
 //!
 //! Everything in the region is writable by the peer, so neither side trusts what it
 //! reads there: each side keeps its own position privately and only reads the
@@ -659,11 +662,10 @@ impl End {
     ) -> std::io::Result<()> {
         let start = Instant::now();
         let budget = self.learnt.budget(self.spin);
-        // A peer this side just woke needs a CPU, and the scheduler often puts it on
-        // this side's own (a wake-up is affine): polling without yielding would keep
-        // it waiting for exactly what this side waits for.
-        // Likewise when the last wait ended only after this side gave its CPU away:
-        // the peer then shares this side's CPU.
+        // Polling without yielding would keep a peer that shares this side's CPU
+        // waiting for exactly what this side waits for: a peer it just woke (the
+        // scheduler often puts it on the waker's CPU), or one that answered the last
+        // wait only after this side gave its CPU away.
         let woke_peer = self.region.woke_peer.swap(false, Ordering::Relaxed);
         let yield_after = if woke_peer || self.learnt.yield_first.get() {
             Duration::ZERO
@@ -1206,10 +1208,11 @@ mod tests {
             e.producer.set_spin(spin);
             e.consumer.set_spin(spin);
         }
-        let all = affinity();
+        // The test's own thread is pinned only for the exchange.
+        let before = affinity();
         let cpu = (0..libc::CPU_SETSIZE as usize)
             // SAFETY: `c` is below CPU_SETSIZE.
-            .find(|&c| unsafe { libc::CPU_ISSET(c, &all) })
+            .find(|&c| unsafe { libc::CPU_ISSET(c, &before) })
             .unwrap();
         let t = std::thread::spawn(move || {
             pin(cpu);
@@ -1220,8 +1223,6 @@ mod tests {
             }
             s
         });
-        // The test's own thread: pinned only for the exchange.
-        let before = affinity();
         pin(cpu);
         for i in 0..rounds {
             let mut b = [i as u8];
