@@ -9,21 +9,30 @@
 //! 4. A Landlock ruleset: the file system is reduced to the libraries and driver
 //!    files (read and execute), the GPU device nodes and the kernel cache.
 //! 5. A seccomp allow-list (`seccompiler`): system calls outside what the OpenCL
-//!    runtime and this server use fail with `EPERM`; the most dangerous ones
-//!    (`ptrace`, `mount`, `bpf`, module loading...) are not on the list at all.
+//!    and CUDA runtimes and this server use fail with `EPERM` and are logged once
+//!    each ([`log_refused`]); the most dangerous ones (`ptrace`, `mount`, `bpf`,
+//!    module loading...) are not on the list at all.
+//!
+//! `HIRA_SANDBOX_SKIP` (comma-separated layer names) turns layers off, for an
+//! operator bringing up a driver; a skipped layer is reported as not applied.
 //!
 //! A layer the machine cannot apply (no Landlock in the kernel, no privilege to make
 //! namespaces) is reported with its reason; `hira-vhost` logs the report of a probe
 //! at start, once, and each API server logs it at debug level.
 
 use std::collections::BTreeMap;
+use std::os::fd::IntoRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use landlock::{
     ABI, Access, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
     RulesetStatus,
 };
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 
 /// What the sandbox should be.
 #[derive(Debug, Clone, Default)]
@@ -70,7 +79,19 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
     // mask the daemon runs with.
     // SAFETY: umask only changes this process's file-creation mask.
     unsafe { libc::umask(0o077) };
-    report.add("namespaces", namespaces());
+    // Layers the operator turned off (`HIRA_SANDBOX_SKIP`, for bringing up a driver
+    // the sandbox stops): reported as not applied, with the reason.
+    let skip = std::env::var("HIRA_SANDBOX_SKIP").unwrap_or_default();
+    let skipped = |layer: &str| skip.split(',').any(|l| l.trim() == layer);
+    let off = || Err("skipped: HIRA_SANDBOX_SKIP".to_string());
+    report.add(
+        "namespaces",
+        if skipped("namespaces") {
+            off()
+        } else {
+            namespaces()
+        },
+    );
     if let Some(dir) = &config.cache_dir {
         // SAFETY: called while the process is single-threaded (the caller's contract),
         // so nothing reads the environment concurrently.
@@ -81,7 +102,14 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
     }
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
-    report.add("user", drop_privileges(config.user));
+    report.add(
+        "user",
+        if skipped("user") {
+            off()
+        } else {
+            drop_privileges(config.user)
+        },
+    );
     // Changing credentials clears the parent-death signal hira-vhost armed: arm it
     // again, so that this process still dies with the daemon, and leave if the
     // daemon is already gone.
@@ -108,8 +136,18 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
             Err(errno())
         },
     );
-    report.add("landlock", landlock(config));
-    report.add("seccomp", seccomp());
+    report.add(
+        "landlock",
+        if skipped("landlock") {
+            off()
+        } else {
+            landlock(config)
+        },
+    );
+    report.add(
+        "seccomp",
+        if skipped("seccomp") { off() } else { seccomp() },
+    );
     report
 }
 
@@ -216,6 +254,17 @@ fn landlock(config: &SandboxConfig) -> Result<String, String> {
             }
         }
     }
+    // This process's own threads in procfs, writable: NVIDIA's CUDA driver names
+    // the threads it starts by writing /proc/self/task/<tid>/comm, and other
+    // sandboxes of it report `cuInit` failing with CUDA_ERROR_OPERATING_SYSTEM
+    // (304) when it cannot (not isolated here: seccomp stopped it first).
+    // Landlock binds a rule to the directory's inode, and procfs makes a new inode
+    // when a dentry that nothing holds is evicted: the descriptor kept open below
+    // holds it for the process's life. Only this process's tasks lie beneath; the
+    // kernel's own checks still decide which of their files may be written.
+    if let Some(task) = own_task_dir() {
+        rules.push((task, read | AccessFs::WriteFile));
+    }
     // This executable, wherever it is installed.
     if let Ok(exe) = std::env::current_exe() {
         rules.push((exe, read));
@@ -246,6 +295,20 @@ fn landlock(config: &SandboxConfig) -> Result<String, String> {
         )),
         RulesetStatus::NotEnforced => Err("the kernel does not enforce Landlock".into()),
     }
+}
+
+/// `/proc/<pid>/task` of this process, its dentry held open for the process's life
+/// (see its Landlock rule).
+fn own_task_dir() -> Option<PathBuf> {
+    let path = PathBuf::from(format!("/proc/{}/task", std::process::id()));
+    let held = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(&path)
+        .ok()?;
+    // Left open on purpose: the rule lasts as long as the process.
+    let _ = held.into_raw_fd();
+    Some(path)
 }
 
 /// System calls the API server and an OpenCL runtime (PoCL with its in-process LLVM,
@@ -363,6 +426,17 @@ const ALLOWED: &[i64] = &[
     libc::SYS_recvfrom,
     libc::SYS_shutdown,
     libc::SYS_socketpair,
+    // NVIDIA's driver (CUDA 13, driver 580: `cuInit` fails with
+    // CUDA_ERROR_OPERATING_SYSTEM without them): Unix-domain sockets (socket is
+    // allowed for that domain only, see `seccomp`; abstract names are this
+    // server's own in its network namespace, paths are Landlock's), NUMA
+    // placement, and links it makes where Landlock allows.
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_accept4,
+    libc::SYS_connect,
+    libc::SYS_get_mempolicy,
+    libc::SYS_symlinkat,
     libc::SYS_getsockopt,
     libc::SYS_setsockopt,
     libc::SYS_getsockname,
@@ -395,31 +469,242 @@ const ALLOWED_LEGACY: &[i64] = &[
     libc::SYS_arch_prctl,
     libc::SYS_vfork,
     libc::SYS_chmod,
+    libc::SYS_symlink,
 ];
 #[cfg(not(target_arch = "x86_64"))]
 const ALLOWED_LEGACY: &[i64] = &[];
 
 fn seccomp() -> Result<String, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| e.to_string())?;
+    // socket(2) for the Unix domain only (the server has no network of its own).
+    let unix_only = SeccompRule::new(vec![
+        SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::AF_UNIX as u64,
+        )
+        .map_err(|e| e.to_string())?,
+    ])
+    .map_err(|e| e.to_string())?;
     let rules = ALLOWED
         .iter()
         .chain(ALLOWED_LEGACY)
         .map(|&nr| (nr, vec![]))
+        .chain([(libc::SYS_socket, vec![unix_only])])
         .collect();
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Errno(libc::EPERM as u32),
-        SeccompAction::Allow,
-        arch,
-    )
-    .map_err(|e| e.to_string())?;
+    // A refused call traps to `on_refused`, which fails it with EPERM as the filter
+    // would and notes which call it was, so the operator learns what a driver
+    // needed (`log_refused`); where the handler cannot be installed, the filter
+    // fails the call itself.
+    let refuse = if refusal::install() {
+        SeccompAction::Trap
+    } else {
+        SeccompAction::Errno(libc::EPERM as u32)
+    };
+    let filter =
+        SeccompFilter::new(rules, refuse, SeccompAction::Allow, arch).map_err(|e| e.to_string())?;
     let program: BpfProgram = filter
         .try_into()
         .map_err(|e: seccompiler::BackendError| e.to_string())?;
     // Every thread started later inherits the filter; none exists yet.
     seccompiler::apply_filter(&program).map_err(|e| e.to_string())?;
     Ok(format!(
-        "{} system calls allowed",
-        ALLOWED.len() + ALLOWED_LEGACY.len()
+        "{} system calls allowed, socket for the Unix domain only",
+        ALLOWED.len() + ALLOWED_LEGACY.len() + 1
     ))
+}
+
+/// System calls the seccomp filter refused, noted by a SIGSYS handler.
+///
+/// Hand-written rather than taken from a crate: seccompiler builds the filter but
+/// has no handler, and the handler must be async-signal-safe (atomics only).
+mod refusal {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+    /// One bit per system call number below 512; larger numbers share the last bit.
+    const WORDS: usize = 8;
+    static REFUSED: [AtomicU64; WORDS] = [const { AtomicU64::new(0) }; WORDS];
+    static LOGGED: [AtomicU64; WORDS] = [const { AtomicU64::new(0) }; WORDS];
+    /// How many distinct calls were refused: the cheap test for something new.
+    static DISTINCT: AtomicU32 = AtomicU32::new(0);
+    static SEEN: AtomicU32 = AtomicU32::new(0);
+
+    /// Offset of `si_syscall` in a SIGSYS `siginfo_t` on 64-bit Linux: three ints,
+    /// padding, then `si_call_addr`.
+    const SI_SYSCALL: usize = 24;
+
+    fn note(nr: i32) {
+        let bit = usize::try_from(nr)
+            .unwrap_or(usize::MAX)
+            .min(WORDS * 64 - 1);
+        let mask = 1u64 << (bit % 64);
+        if REFUSED[bit / 64].fetch_or(mask, Ordering::Relaxed) & mask == 0 {
+            DISTINCT.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    extern "C" fn on_refused(
+        _sig: libc::c_int,
+        info: *mut libc::siginfo_t,
+        ctx: *mut libc::c_void,
+    ) {
+        // SAFETY: the kernel passes a SIGSYS siginfo, whose si_syscall is an int at
+        // SI_SYSCALL, and the interrupted thread's ucontext.
+        unsafe {
+            note(info.cast::<u8>().add(SI_SYSCALL).cast::<i32>().read());
+            let uc = ctx.cast::<libc::ucontext_t>();
+            // The refused call returns -EPERM, as the filter's errno action would.
+            #[cfg(target_arch = "x86_64")]
+            {
+                (*uc).uc_mcontext.gregs[libc::REG_RAX as usize] = -i64::from(libc::EPERM);
+            }
+            #[cfg(target_arch = "aarch64")]
+            {
+                (*uc).uc_mcontext.regs[0] = (-i64::from(libc::EPERM)) as u64;
+            }
+        }
+    }
+
+    /// Installs the SIGSYS handler; false where this architecture has none here.
+    pub fn install() -> bool {
+        if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            return false;
+        }
+        // SAFETY: a zeroed sigaction with a handler of the SA_SIGINFO signature.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_refused as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) == 0
+        }
+    }
+
+    /// System calls refused since the last call, each once in the process's life.
+    pub fn take_new() -> Vec<u32> {
+        let n = DISTINCT.load(Ordering::Acquire);
+        if SEEN.swap(n, Ordering::Relaxed) == n {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (w, (refused, logged)) in REFUSED.iter().zip(&LOGGED).enumerate() {
+            let r = refused.load(Ordering::Relaxed);
+            let new = r & !logged.fetch_or(r, Ordering::Relaxed);
+            for b in 0..64 {
+                if new & (1 << b) != 0 {
+                    out.push((w * 64 + b) as u32);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Logs, once each, the system calls the seccomp filter refused since the last
+/// call (a driver that needs one fails with its own error, often a generic one
+/// such as CUDA_ERROR_OPERATING_SYSTEM; this names the cause). Cheap when nothing
+/// new was refused: one atomic load.
+pub fn log_refused() {
+    for nr in refusal::take_new() {
+        log::warn!(
+            "the sandbox refused system call {nr} ({}) with EPERM",
+            std::env::consts::ARCH
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `body` in a forked child (sandbox layers are for life) and returns its
+    /// exit code.
+    fn in_child(body: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: the child only makes system calls, may start a thread, and exits
+        // with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", errno());
+        if pid == 0 {
+            let code = body();
+            // SAFETY: ends the child without running the parent's test harness.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child was killed: {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    /// In a child process (the filter is for life): a call off the list fails with
+    /// EPERM, as before, and is named once.
+    #[test]
+    fn a_refused_call_fails_with_eperm_and_is_named_once() {
+        let code = in_child(|| {
+            if seccomp().is_err() {
+                return 10;
+            }
+            // A Unix-domain socket is allowed, any other domain is not.
+            // SAFETY: socket(2) with plain integers; the results are checked.
+            let unix = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+            if unix < 0 {
+                return 15;
+            }
+            // SAFETY: as above.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+            if fd != -1 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
+                return 11;
+            }
+            if refusal::take_new() != [libc::SYS_socket as u32] {
+                return 12;
+            }
+            // SAFETY: as above.
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+            if !refusal::take_new().is_empty() {
+                return 13;
+            }
+            // An allowed call is untouched.
+            // SAFETY: getpid has no preconditions.
+            if unsafe { libc::getpid() } <= 0 {
+                return 14;
+            }
+            0
+        });
+        assert_eq!(code, 0, "see the codes above");
+    }
+
+    /// In a child process: under the Landlock rules a thread can name itself
+    /// through procfs (NVIDIA's driver does, in `cuInit`), and procfs stays
+    /// read-only elsewhere.
+    #[test]
+    fn threads_can_name_themselves_through_procfs_and_nothing_else_there_is_writable() {
+        let code = in_child(|| {
+            match landlock(&SandboxConfig::default()) {
+                Ok(_) => {}
+                Err(e) if e.contains("does not enforce") => return 20,
+                Err(_) => return 10,
+            }
+            let named = std::thread::spawn(|| {
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() };
+                std::fs::write(format!("/proc/self/task/{tid}/comm"), "hira-named")
+                    .and_then(|()| std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")))
+            })
+            .join();
+            match named {
+                Ok(Ok(n)) if n.trim() == "hira-named" => {}
+                _ => return 11,
+            }
+            match std::fs::write("/proc/self/oom_score_adj", "1") {
+                Err(e) if e.raw_os_error() == Some(libc::EACCES) => 0,
+                _ => 12,
+            }
+        });
+        if code == 20 {
+            eprintln!("skipped: this kernel does not enforce Landlock");
+            return;
+        }
+        assert_eq!(code, 0, "see the codes above");
+    }
 }

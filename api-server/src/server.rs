@@ -637,6 +637,7 @@ fn migration<R: Read>(
 }
 
 fn refuse(writer: &FrameWriter, message: &str) {
+    crate::sandbox::log_refused();
     let e = ErrorPayload {
         code: error_code::HANDSHAKE,
         message: message.to_string(),
@@ -865,6 +866,7 @@ fn execute(
     };
     reply.clear();
     let res = backend.execute(h.opcode, &f.body[span_bytes..], &data, reply);
+    crate::sandbox::log_refused();
     if h.no_reply() {
         let status = match &res {
             Ok(()) => reply

@@ -57,7 +57,7 @@ pub fn run(
     let ptx = dir.join("kernels.ptx");
     std::fs::write(
         &ptx,
-        cuda::nvrtc::compile(&sdk, &src, "compute_52").map_err(anyhow::Error::msg)?,
+        cuda::nvrtc::compile(&sdk, &src, &sdk.arch).map_err(anyhow::Error::msg)?,
     )?;
     let bench = BenchEnv::start_cuda(bin, &driver_dir, &shim)?;
     let mut out = Vec::new();

@@ -30,6 +30,11 @@ int main(int argc, char **argv) {
         sum += warp;
     }
     printf("warp size asked 1000 times: %d\n", sum / 1000);
+    /* Features Hira does not remote read as absent, whatever the host's device has. */
+    int pools = -1, managed_memory = -1;
+    CHECK(cuDeviceGetAttribute(&pools, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0));
+    CHECK(cuDeviceGetAttribute(&managed_memory, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0));
+    printf("memory pools: %d, managed memory: %d\n", pools, managed_memory);
     CHECK(cuCtxDestroy(ctx));
     return r != CUDA_ERROR_NOT_SUPPORTED;
 }

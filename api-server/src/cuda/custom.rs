@@ -56,6 +56,70 @@ pub(crate) fn cuCtxCreate_v2<'a>(
     Ok(())
 }
 
+/// Device attributes that announce features Hira does not remote (managed and
+/// mapped host memory, memory pools, virtual memory management, IPC and shareable
+/// handles, external semaphores, arrays, cooperative and cluster launches, graphics
+/// interop): through Hira the device has none of them, so programs and libraries
+/// that ask first take the paths Hira implements (cudarc, for one, allocates with
+/// `cuMemAllocAsync` where memory pools are announced, else with `cuMemAlloc`).
+const NOT_REMOTED: &[c_int] = &[
+    19,  // CAN_MAP_HOST_MEMORY: cuMemHostGetDevicePointer
+    83,  // MANAGED_MEMORY
+    88,  // PAGEABLE_MEMORY_ACCESS: the device cannot reach the guest's memory
+    89,  // CONCURRENT_MANAGED_ACCESS
+    91,  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+    95,  // COOPERATIVE_LAUNCH
+    96,  // COOPERATIVE_MULTI_DEVICE_LAUNCH
+    99,  // HOST_REGISTER_SUPPORTED
+    100, // PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
+    101, // DIRECT_MANAGED_MEM_ACCESS_FROM_HOST
+    102, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    103, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+    104, // HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
+    105, // HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED
+    112, // SPARSE_CUDA_ARRAY_SUPPORTED
+    113, // READ_ONLY_HOST_REGISTER_SUPPORTED
+    114, // TIMELINE_SEMAPHORE_INTEROP_SUPPORTED
+    115, // MEMORY_POOLS_SUPPORTED: cuMemAllocAsync, cuMemPool*
+    116, // GPU_DIRECT_RDMA_SUPPORTED
+    119, // MEMPOOL_SUPPORTED_HANDLE_TYPES
+    120, // CLUSTER_LAUNCH: cuLaunchKernelEx
+    121, // DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED
+    124, // DMA_BUF_SUPPORTED
+    125, // IPC_EVENT_SUPPORTED
+    128, // HANDLE_TYPE_FABRIC_SUPPORTED
+    132, // MULTICAST_SUPPORTED
+    135, // D3D12_CIG_SUPPORTED
+    138, // VULKAN_CIG_SUPPORTED
+    141, // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    142, // HOST_NUMA_MEMORY_POOLS_SUPPORTED
+    143, // HOST_NUMA_MULTINODE_IPC_SUPPORTED
+];
+
+/// The driver's answer, except for features Hira does not remote (`NOT_REMOTED`),
+/// which read 0. The driver still validates the attribute and the device.
+pub(crate) fn cuDeviceGetAttribute<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
+    let want = r.u8()? != 0;
+    let attrib = r.i32()?;
+    let dev = r.i32()?;
+    r.finish()?;
+    let f = s.driver.cuDeviceGetAttribute.ok_or_else(unsupported)?;
+    let mut v: c_int = 0;
+    let out = out_ptr(want, &mut v);
+    // SAFETY: an out-pointer to an int, or NULL as the guest passed.
+    let st = unsafe { f(out, attrib, dev) };
+    w.i32(st);
+    if st == 0 && want {
+        w.i32(if NOT_REMOTED.contains(&attrib) { 0 } else { v });
+    }
+    Ok(())
+}
+
 pub(crate) fn cuDevicePrimaryCtxRetain<'a>(
     s: &Session,
     r: &mut Reader<'a>,

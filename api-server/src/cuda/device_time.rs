@@ -16,6 +16,7 @@
 //! as behind a busy device. Unlike OpenCL's gates, which wait on the device, a held
 //! CUDA launch waits before the host call: the driver API has no user events.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,11 @@ use hira_protocol::usage::{Gate, monotonic_ns};
 
 use super::Driver;
 use crate::account::Account;
+
+thread_local! {
+    /// This thread was told a moment ago that its launch would not be held.
+    static ADMITTED: Cell<bool> = const { Cell::new(false) };
+}
 
 /// How often a held launch looks at the decision again.
 pub const GATE_POLL: Duration = Duration::from_millis(1);
@@ -65,9 +71,16 @@ impl DeviceTime {
         }
     }
 
-    /// Whether a launch now would wait for the VM's decision.
+    /// Whether a launch now would wait for the VM's decision, asked by the reading
+    /// thread before it runs a launch itself. When it would not, the next launch
+    /// this thread admits goes through whatever the decision is by then: the reader
+    /// runs it at once, and a decision that turned to `Hold` in between must not
+    /// hold it there, where the reader could no longer see its guest go (a held
+    /// launch waits on a worker thread, see `may_wait_on_guest`).
     pub fn would_hold(&self) -> bool {
-        self.account.gate() != Gate::Run
+        let hold = self.account.gate() != Gate::Run;
+        ADMITTED.set(!hold);
+        hold
     }
 
     /// The guest is gone: launches held now, and later ones, go through (the
@@ -78,6 +91,9 @@ impl DeviceTime {
 
     /// Waits until the VM's decision lets a launch through.
     pub fn admit(&self) {
+        if ADMITTED.replace(false) {
+            return;
+        }
         // The common case costs one atomic load.
         if self.account.gate() == Gate::Run {
             return;
@@ -201,5 +217,79 @@ fn destroy(d: &Driver, events: &[*mut c_void]) {
     for &e in events.iter().filter(|e| !e.is_null()) {
         // SAFETY: an event this module made.
         unsafe { f(e) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hira_protocol::usage::{UsagePage, VmPage};
+
+    /// The daemon's ends of a VM's page and a session's usage page, and the API
+    /// server's device time on them.
+    fn held_vm() -> (VmPage, UsagePage, DeviceTime) {
+        let (vm, fd) = VmPage::create().unwrap();
+        let (usage, ufd) = UsagePage::create().unwrap();
+        let account = Account::new(
+            Some(VmPage::map(&fd).unwrap()),
+            Some(Arc::new(UsagePage::map(&ufd).unwrap())),
+        );
+        (vm, usage, DeviceTime::new(Arc::new(account)))
+    }
+
+    /// The reader was told its launch would run: it runs, though the decision
+    /// turned to `Hold` before the launch reached `admit`; and only that launch.
+    #[test]
+    fn a_launch_admitted_at_dispatch_is_not_held_on_the_reading_thread() {
+        use std::sync::mpsc::channel;
+        let (daemon, usage, dt) = held_vm();
+        let dt = Arc::new(dt);
+        let (asked_tx, asked) = channel();
+        let (turned, turned_rx) = channel::<()>();
+        let (done_tx, done) = channel();
+        let reader = {
+            let dt = dt.clone();
+            std::thread::spawn(move || {
+                asked_tx.send(dt.would_hold()).unwrap();
+                turned_rx.recv().unwrap();
+                dt.admit();
+                done_tx.send(ADMITTED.get()).unwrap();
+            })
+        };
+        assert!(!asked.recv().unwrap(), "the decision is Run when asked");
+        daemon.set_gate(Gate::Hold);
+        turned.send(()).unwrap();
+        // A hang here is the bug: let the launch go and fail.
+        let left = done.recv_timeout(Duration::from_secs(60));
+        dt.close();
+        reader.join().unwrap();
+        assert_eq!(
+            left,
+            Ok(false),
+            "admitted at once, and the admission used up"
+        );
+        assert_eq!(usage.read().held, 0, "never held");
+    }
+
+    /// A launch asked about while the decision holds waits until the decision
+    /// changes.
+    #[test]
+    fn a_held_launch_waits_for_the_decision() {
+        let (daemon, usage, dt) = held_vm();
+        daemon.set_gate(Gate::Hold);
+        assert!(dt.would_hold());
+        let dt = Arc::new(dt);
+        let waiting = {
+            let dt = dt.clone();
+            std::thread::spawn(move || dt.admit())
+        };
+        // Held, as the session's page says, until the decision changes.
+        while usage.read().held != 1 {
+            std::thread::yield_now();
+        }
+        assert!(!waiting.is_finished(), "held while the decision holds");
+        daemon.set_gate(Gate::Run);
+        waiting.join().unwrap();
+        assert_eq!(usage.read().held, 0);
     }
 }

@@ -416,6 +416,9 @@ fn attribute(a: c_int) -> Option<c_int> {
         81 => 64 * 1024,
         82 => 65536,
         97 => 1,
+        // MEMORY_POOLS_SUPPORTED, as GPUs since Pascal report: libraries then use
+        // cuMemAllocAsync, which this executor has (allocating at once).
+        115 => 1,
         0 | 1000.. => return None,
         _ => 0,
     })
@@ -634,6 +637,36 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
             None => CUDA_ERROR_OUT_OF_MEMORY,
         }
     })
+}
+
+/// Stream-ordered allocation: the executor runs each stream's work at once, so the
+/// memory is there when the call returns. Zero bytes give a null pointer, as the
+/// driver does.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: Handle,
+) -> CUresult {
+    with_ctx(|s, _| {
+        if dptr.is_null() || !stream_ok(s, stream) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if size == 0 {
+            // SAFETY: checked not null.
+            return unsafe { put(dptr, 0) };
+        }
+        match s.mem.alloc(size) {
+            // SAFETY: checked not null.
+            Some(a) => unsafe { put(dptr, a) },
+            None => CUDA_ERROR_OUT_OF_MEMORY,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
+    cuMemFree_v2(dptr)
 }
 
 #[unsafe(no_mangle)]
@@ -1658,6 +1691,8 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuDevicePrimaryCtxRelease" => cuDevicePrimaryCtxRelease_v2,
         "cuDevicePrimaryCtxGetState" => cuDevicePrimaryCtxGetState,
         "cuMemAlloc" => cuMemAlloc_v2,
+        "cuMemAllocAsync" => cuMemAllocAsync,
+        "cuMemFreeAsync" => cuMemFreeAsync,
         "cuMemFree" => cuMemFree_v2,
         "cuMemGetInfo" => cuMemGetInfo_v2,
         "cuMemGetAddressRange" => cuMemGetAddressRange_v2,

@@ -7,6 +7,11 @@ use std::path::PathBuf;
 
 /// Where the CUDA headers and NVRTC are: `HIRA_CUDA_SDK`, else `target/cuda-sdk` of
 /// this workspace (`scripts/lib.sh`'s `ensure_cuda_sdk` puts them there).
+///
+/// On a GPU machine whose toolkit is newer, `HIRA_NVRTC` names that toolkit's NVRTC
+/// library instead (the headers stay the SDK's, which the guest library is built
+/// against) and `HIRA_CUDA_ARCH` the virtual architecture kernels are compiled for:
+/// NVRTC 13 no longer compiles for `compute_52`, the default.
 pub fn sdk() -> Result<Sdk, String> {
     let root = std::env::var_os("HIRA_CUDA_SDK").map_or_else(
         || {
@@ -19,7 +24,11 @@ pub fn sdk() -> Result<Sdk, String> {
     );
     let sdk = Sdk {
         include: root.join("nvidia/cuda_runtime/include"),
-        nvrtc: root.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
+        nvrtc: std::env::var_os("HIRA_NVRTC").map_or_else(
+            || root.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
+            PathBuf::from,
+        ),
+        arch: std::env::var("HIRA_CUDA_ARCH").unwrap_or_else(|_| "compute_52".into()),
     };
     if !sdk.include.join("cuda.h").is_file() || !sdk.nvrtc.is_file() {
         return Err(format!(
@@ -38,6 +47,8 @@ pub struct Sdk {
     pub include: PathBuf,
     /// `libnvrtc.so.12`.
     pub nvrtc: PathBuf,
+    /// The virtual architecture test kernels are compiled for (`compute_52`).
+    pub arch: String,
 }
 
 type Prog = *mut c_void;

@@ -40,7 +40,7 @@ fn built() -> &'static Built {
             std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
         }
         let src = std::fs::read_to_string(repo().join("tests/cuda/kernels.cu")).unwrap();
-        let ptx = nvrtc::compile(&sdk, &src, "compute_52").unwrap_or_else(|e| panic!("{e}"));
+        let ptx = nvrtc::compile(&sdk, &src, &sdk.arch).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(dir.join("kernels.ptx"), ptx).unwrap();
         for prog in ["vector_add", "matmul", "streams", "contexts", "fault"] {
             let out = Command::new("gcc")
