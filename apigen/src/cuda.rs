@@ -147,6 +147,8 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         s.push_str("            c.current();\n");
     }
     let mut after = String::new();
+    // What a failure sets, for a call marked `clears`.
+    let mut cleared = String::new();
     for a in &f.args {
         let n = &a.name;
         let line = match &a.kind {
@@ -162,6 +164,10 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 format!("let {n}__id = c.new_id(!{n}.is_null());")
             }
             Kind::NewFunction => {
+                let _ = writeln!(
+                    cleared,
+                    "                if !{n}.is_null() {{ *{n} = std::ptr::null_mut(); }}"
+                );
                 let module = f
                     .args
                     .iter()
@@ -191,6 +197,10 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let _ = writeln!(
                     after,
                     "                if !{n}.is_null() {{ *{n} = {read}; }}"
+                );
+                let _ = writeln!(
+                    cleared,
+                    "                if !{n}.is_null() {{ *{n} = 0 as _; }}"
                 );
                 format!("c.w.u8(u8::from(!{n}.is_null()));")
             }
@@ -225,6 +235,15 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             format!("c.send({may_async})")
         }
     );
+    if f.clears {
+        if cleared.is_empty() {
+            return Err(format!("{}: `clears` needs an out-value to clear", f.name));
+        }
+        let _ = writeln!(
+            s,
+            "            if rep.status != 0 {{\n{cleared}            }}"
+        );
+    }
     if f.noted {
         let _ = writeln!(
             s,

@@ -180,6 +180,9 @@ pub struct Func {
     /// After a success the guest notes what the call made or ended
     /// (`guest-shim-cuda/src/notes.rs`, one function named after the call).
     pub noted: bool,
+    /// On a failure the call's out-values are set to zero (a null handle), as the
+    /// vendor's driver does; otherwise a failure leaves them as they were.
+    pub clears: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -441,6 +444,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         configures: false,
         current: false,
         noted: false,
+        clears: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -458,6 +462,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "configures" => f.configures = true,
             "current" => f.current = true,
             "noted" => f.noted = true,
+            "clears" => f.clears = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

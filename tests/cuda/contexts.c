@@ -19,10 +19,11 @@ int main(int argc, char **argv) {
     CHECK(cuModuleLoadData(&mb, ptx));
     CUfunction scale_b;
     CHECK(cuModuleGetFunction(&scale_b, mb, "scale"));
-    /* Its own variable: what a failed lookup leaves in its out-parameter is not
-     * defined (NVIDIA's driver 580 overwrites it; Hira leaves it). */
-    CUfunction missing;
+    /* A failed lookup leaves a null handle (NVIDIA's driver does so; the API does
+     * not say), in a variable of its own. */
+    CUfunction missing = scale_b;
     EXPECT(cuModuleGetFunction(&missing, mb, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
+    printf("a failed lookup leaves a null handle: %s\n", missing == NULL ? "yes" : "no");
 
     /* Module globals: read the table, change it in context b only. */
     CUdeviceptr table_b;
@@ -69,9 +70,12 @@ int main(int argc, char **argv) {
 
     /* Errors the driver defines. */
     EXPECT(cuMemFree(table_a + 4), CUDA_ERROR_INVALID_VALUE);
-    CUdeviceptr big;
+    CUdeviceptr big = 1;
     EXPECT(cuMemAlloc(&big, (size_t)1 << 50), CUDA_ERROR_OUT_OF_MEMORY);
+    int cleared = big == 0;
+    big = 1;
     EXPECT(cuMemAlloc(&big, 0), CUDA_ERROR_INVALID_VALUE);
+    printf("failed allocations leave 0: %s\n", cleared && big == 0 ? "yes" : "no");
     EXPECT(cuDeviceGet(&dev, 99), CUDA_ERROR_INVALID_DEVICE);
     const char *ename = NULL, *estr = NULL;
     CHECK(cuGetErrorName(CUDA_ERROR_INVALID_VALUE, &ename));

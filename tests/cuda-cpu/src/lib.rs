@@ -627,7 +627,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    with_ctx(|s, _| {
+    // As NVIDIA's driver (seen on 580): a failed allocation leaves 0.
+    let st = with_ctx(|s, _| {
         if dptr.is_null() || size == 0 {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -636,7 +637,12 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
             Some(a) => unsafe { put(dptr, a) },
             None => CUDA_ERROR_OUT_OF_MEMORY,
         }
-    })
+    });
+    if st != CUDA_SUCCESS && !dptr.is_null() {
+        // SAFETY: the caller's out-pointer, not null.
+        unsafe { dptr.write(0) };
+    }
+    st
 }
 
 /// Stream-ordered allocation: the executor runs each stream's work at once, so the
@@ -1068,7 +1074,8 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     m: Handle,
     name: *const c_char,
 ) -> CUresult {
-    with_ctx(|s, _| {
+    // As NVIDIA's driver (seen on 580): a failed lookup leaves a null handle.
+    let st = with_ctx(|s, _| {
         if pf.is_null() || name.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -1084,7 +1091,12 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         s.functions.insert(h, (m as usize, i));
         // SAFETY: checked not null.
         unsafe { put(pf, h as Handle) }
-    })
+    });
+    if st != CUDA_SUCCESS && !pf.is_null() {
+        // SAFETY: the caller's out-pointer, not null.
+        unsafe { pf.write(std::ptr::null_mut()) };
+    }
+    st
 }
 
 #[unsafe(no_mangle)]

@@ -183,6 +183,15 @@ fn same_as_native(d: &Daemon, env: &[(&str, &str)]) {
 fn cuda_programs_print_through_hira_what_they_print_natively() {
     let d = daemon(&[]);
     same_as_native(&d, &[]);
+    // What failed calls leave in their out-values is the guest library's doing
+    // (the host sends nothing back on a failure): as NVIDIA's driver does.
+    let o = through_hira(&d, "contexts", &[]);
+    let o = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.contains("a failed lookup leaves a null handle: yes")
+            && o.contains("failed allocations leave 0: yes"),
+        "{o}"
+    );
     let log = d.log_text();
     assert!(
         log.contains("vector_add") && log.contains("shared-memory rings"),
