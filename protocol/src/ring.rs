@@ -56,6 +56,8 @@ const HEAD: usize = 0;
 const TAIL: usize = 64;
 const CONSUMER_SLEEPING: usize = 128;
 const PRODUCER_SLEEPING: usize = 192;
+/// Set by the consumer while it waits for data (spinning, yielding or asleep).
+const CONSUMER_WAITING: usize = 256;
 /// Default capacity of each ring.
 pub const DEFAULT_CAPACITY: usize = 1024 * 1024;
 /// Largest capacity either side accepts.
@@ -190,7 +192,7 @@ impl Region {
                 self.u64_at(which.header() + off)
                     .store(0, Ordering::Release);
             }
-            for off in [CONSUMER_SLEEPING, PRODUCER_SLEEPING] {
+            for off in [CONSUMER_SLEEPING, PRODUCER_SLEEPING, CONSUMER_WAITING] {
                 self.u32_at(which.header() + off)
                     .store(0, Ordering::Release);
             }
@@ -353,6 +355,10 @@ enum Signal {
 /// spin budget runs out, it yields between looks.
 const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
 
+/// How long a waiting side gives its peer to take what it sent before it concludes
+/// that the peer is not running and yields between looks from then on.
+const PICKUP: Duration = Duration::from_micros(2);
+
 /// Yields the CPU; whether another thread ran meanwhile (the yield took longer than
 /// a system call that finds nothing else to run: about 0.5 µs on virtual CPUs, a
 /// switch away and back at least 2.5 µs).
@@ -503,6 +509,9 @@ struct Learnt {
     yield_first: std::cell::Cell<bool>,
     /// How many times this end slept (diagnostics).
     sleeps: std::cell::Cell<u64>,
+    /// How many waits stopped polling early because the peer was off its CPU
+    /// (diagnostics).
+    handed: std::cell::Cell<u64>,
 }
 
 impl Learnt {
@@ -512,6 +521,7 @@ impl Learnt {
             waits: std::cell::Cell::new(0),
             yield_first: std::cell::Cell::new(false),
             sleeps: std::cell::Cell::new(0),
+            handed: std::cell::Cell::new(0),
         }
     }
 
@@ -568,6 +578,10 @@ impl End {
 
     fn producer_sleeping(&self) -> &AtomicU32 {
         self.region.u32_at(self.which.header() + PRODUCER_SLEEPING)
+    }
+
+    fn consumer_waiting(&self) -> &AtomicU32 {
+        self.region.u32_at(self.which.header() + CONSUMER_WAITING)
     }
 
     fn data(&self) -> *mut u8 {
@@ -637,6 +651,37 @@ impl End {
         }
     }
 
+    /// For a consumer: whether its peer waits for what this side last sent it on the
+    /// other ring (the guest's request, the API server's reply) and has still not
+    /// taken it. A peer that waits on a CPU takes a message within a microsecond, so
+    /// one that has not is waiting for a CPU, often this one (on a host with more
+    /// busy threads than CPUs): polling without yielding would only keep it waiting.
+    /// A peer busy with an earlier message (a call it executes) is not waiting, and
+    /// this side polls as before. The words are the peer's to write; a peer that lies
+    /// about them only changes when its own session yields.
+    fn peer_not_running(&self) -> bool {
+        if self.producer {
+            return false;
+        }
+        let other = match self.which {
+            Which::Submission => Which::Completion,
+            Which::Completion => Which::Submission,
+        };
+        let head = self
+            .region
+            .u64_at(other.header() + HEAD)
+            .load(Ordering::Relaxed);
+        let tail = self
+            .region
+            .u64_at(other.header() + TAIL)
+            .load(Ordering::Relaxed);
+        let waiting = self
+            .region
+            .u32_at(other.header() + CONSUMER_WAITING)
+            .load(Ordering::Relaxed);
+        tail < head && waiting != 0
+    }
+
     /// For the API server's consumer: whether the daemon has a message waiting.
     fn daemon_calls(&self) -> bool {
         match &self.signal {
@@ -660,6 +705,21 @@ impl End {
         flag: &AtomicU32,
         ready: &dyn Fn() -> std::io::Result<bool>,
     ) -> std::io::Result<()> {
+        if self.producer {
+            return self.wait_for(flag, ready);
+        }
+        // For the peer's `peer_not_running`: a hint, not a synchronisation.
+        self.consumer_waiting().store(1, Ordering::Relaxed);
+        let r = self.wait_for(flag, ready);
+        self.consumer_waiting().store(0, Ordering::Relaxed);
+        r
+    }
+
+    fn wait_for(
+        &self,
+        flag: &AtomicU32,
+        ready: &dyn Fn() -> std::io::Result<bool>,
+    ) -> std::io::Result<()> {
         let start = Instant::now();
         let budget = self.learnt.budget(self.spin);
         // Polling without yielding would keep a peer that shares this side's CPU
@@ -674,6 +734,9 @@ impl End {
         };
         // Whether the last yield handed the CPU to another thread.
         let mut gave = false;
+        // Whether the peer was found waiting for a CPU (`peer_not_running`): from
+        // then on this side yields between looks.
+        let mut peer_off = false;
         loop {
             let spun = start.elapsed();
             if spun >= budget {
@@ -684,7 +747,11 @@ impl End {
                 self.learnt.yield_first.set(gave);
                 return Ok(());
             }
-            if spun < yield_after {
+            if !peer_off && spun >= PICKUP && spun < yield_after && self.peer_not_running() {
+                peer_off = true;
+                self.learnt.handed.set(self.learnt.handed.get() + 1);
+            }
+            if spun < yield_after && !peer_off {
                 for _ in 0..32 {
                     std::hint::spin_loop();
                 }
@@ -1086,6 +1153,63 @@ mod tests {
         (guest, server, gd, sd)
     }
 
+    /// A consumer says while it waits, and only then.
+    #[test]
+    fn a_consumer_says_while_it_waits() {
+        let (mut g, mut s, _gd, _sd) = pair(4096);
+        let waiting = |s: &Ends| s.consumer.end.consumer_waiting().load(Ordering::Relaxed);
+        assert_eq!(waiting(&s), 0);
+        let t = std::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            s.consumer.read_exact(&mut b).unwrap();
+            s
+        });
+        // The guest sees the server's word through its own mapping.
+        while g.producer.end.consumer_waiting().load(Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        g.producer.write_all(&[7]).unwrap();
+        let s = t.join().unwrap();
+        assert_eq!(waiting(&s), 0, "no longer waiting once it read");
+    }
+
+    /// What a peer waits for and has not taken says it is off its CPU; a peer busy
+    /// with an earlier message, or one that took it, does not.
+    #[test]
+    fn a_waiting_peer_that_has_not_taken_a_message_is_not_running() {
+        let (mut g, mut s, _gd, _sd) = pair(4096);
+        let server_waits = |on: u32| g_word(&s).store(on, Ordering::Relaxed);
+        fn g_word(s: &Ends) -> &AtomicU32 {
+            s.consumer.end.consumer_waiting()
+        }
+        // Nothing sent: nothing untaken.
+        server_waits(1);
+        assert!(!g.consumer.end.peer_not_running());
+        g.producer.write_all(&[7]).unwrap();
+        assert!(
+            g.consumer.end.peer_not_running(),
+            "untaken, and the server waits"
+        );
+        server_waits(0);
+        assert!(
+            !g.consumer.end.peer_not_running(),
+            "the server is busy, not waiting"
+        );
+        server_waits(1);
+        s.consumer.read_exact(&mut [0u8; 1]).unwrap();
+        g_word(&s).store(1, Ordering::Relaxed);
+        assert!(!g.consumer.end.peer_not_running(), "taken");
+        // The same the other way: a reply the guest waits for and has not taken.
+        g.consumer
+            .end
+            .consumer_waiting()
+            .store(1, Ordering::Relaxed);
+        s.producer.write_all(&[9]).unwrap();
+        assert!(s.consumer.end.peer_not_running());
+        // A producer never asks.
+        assert!(!g.producer.end.peer_not_running());
+    }
+
     #[test]
     fn frames_cross_in_both_directions_and_wrap() {
         let (mut g, mut s, _gd, _sd) = pair(4096);
@@ -1256,12 +1380,15 @@ mod tests {
         // SPIN_BEFORE_YIELD while its peer waits for the CPU.
         let rounds = 500;
         let mut first = 0;
-        ping_pong_on_one_cpu(Duration::from_millis(1), rounds, |g| {
+        let (g, _) = ping_pong_on_one_cpu(Duration::from_millis(1), rounds, |g| {
             first += u32::from(g.consumer.end.learnt.yield_first.get());
         });
+        // Either it yields from the start, or it finds its peer waiting for the CPU
+        // (its request untaken) and yields from then on.
+        let handed = g.consumer.end.learnt.handed.get();
         assert!(
-            first > rounds / 2,
-            "{first} of {rounds} waits learnt to yield first"
+            u64::from(first) + handed > u64::from(rounds) / 2,
+            "{first} of {rounds} waits learnt to yield first, {handed} found the peer off its CPU"
         );
     }
 
