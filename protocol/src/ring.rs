@@ -727,16 +727,13 @@ impl End {
         // scheduler often puts it on the waker's CPU), or one that answered the last
         // wait only after this side gave its CPU away.
         let woke_peer = self.region.woke_peer.swap(false, Ordering::Relaxed);
-        let yield_after = if woke_peer || self.learnt.yield_first.get() {
+        let mut yield_after = if woke_peer || self.learnt.yield_first.get() {
             Duration::ZERO
         } else {
             SPIN_BEFORE_YIELD
         };
         // Whether the last yield handed the CPU to another thread.
         let mut gave = false;
-        // Whether the peer was found waiting for a CPU (`peer_not_running`): from
-        // then on this side yields between looks.
-        let mut peer_off = false;
         loop {
             let spun = start.elapsed();
             if spun >= budget {
@@ -747,11 +744,12 @@ impl End {
                 self.learnt.yield_first.set(gave);
                 return Ok(());
             }
-            if !peer_off && spun >= PICKUP && spun < yield_after && self.peer_not_running() {
-                peer_off = true;
+            if spun >= PICKUP && spun < yield_after && self.peer_not_running() {
+                // The peer waits for a CPU: yield between looks from now on.
+                yield_after = Duration::ZERO;
                 self.learnt.handed.set(self.learnt.handed.get() + 1);
             }
-            if spun < yield_after && !peer_off {
+            if spun < yield_after {
                 for _ in 0..32 {
                     std::hint::spin_loop();
                 }

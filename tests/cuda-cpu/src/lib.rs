@@ -654,20 +654,22 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     size: usize,
     stream: Handle,
 ) -> CUresult {
-    with_ctx(|s, _| {
+    let st = with_ctx(|s, _| {
         if dptr.is_null() || !stream_ok(s, stream) {
-            return CUDA_ERROR_INVALID_VALUE;
+            CUDA_ERROR_INVALID_VALUE
+        } else {
+            CUDA_SUCCESS
         }
-        if size == 0 {
-            // SAFETY: checked not null.
-            return unsafe { put(dptr, 0) };
-        }
-        match s.mem.alloc(size) {
-            // SAFETY: checked not null.
-            Some(a) => unsafe { put(dptr, a) },
-            None => CUDA_ERROR_OUT_OF_MEMORY,
-        }
-    })
+    });
+    if st != CUDA_SUCCESS {
+        return st;
+    }
+    if size == 0 {
+        // SAFETY: checked not null.
+        return unsafe { put(dptr, 0) };
+    }
+    // SAFETY: as the caller passed them, checked above.
+    unsafe { cuMemAlloc_v2(dptr, size) }
 }
 
 #[unsafe(no_mangle)]
