@@ -184,6 +184,13 @@ impl Wfq {
     pub fn vtime(&self, vm: &str) -> Option<u128> {
         self.vms.get(vm).map(|v| v.vtime / 1000)
     }
+
+    /// The system's virtual time follows the furthest-behind busy VM, never back.
+    fn follow_busy(&mut self) {
+        if let Some(min) = self.vms.values().filter(|v| v.busy).map(|v| v.vtime).min() {
+            self.system = self.system.max(min);
+        }
+    }
 }
 
 impl Scheduler for Wfq {
@@ -219,6 +226,11 @@ impl Scheduler for Wfq {
             }
             v.dispatched = r.dispatched();
         }
+        // The work the VMs busy until now report in this tick ran before any VM that
+        // becomes busy in it could compete: the system's virtual time takes it in
+        // first, or a VM's burst of finished commands reported in the tick in which
+        // another VM turns up would count as a lead over that VM.
+        self.follow_busy();
         // A VM that becomes busy starts at the system's virtual time: no credit for
         // the time it had nothing for the device. Busy is "active within the grace
         // period": a VM that launches and waits for each command is briefly idle
@@ -233,10 +245,7 @@ impl Scheduler for Wfq {
             }
             v.busy = busy;
         }
-        // The system's virtual time follows the furthest-behind busy VM, never back.
-        if let Some(min) = self.vms.values().filter(|v| v.busy).map(|v| v.vtime).min() {
-            self.system = self.system.max(min);
-        }
+        self.follow_busy();
         // A VM is held while one that is further behind by more than a quantum is busy:
         // the device never idles for long for the sake of a VM that has nothing for
         // it. An idle VM that is ahead is held at its next command.

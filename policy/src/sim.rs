@@ -275,6 +275,54 @@ fn wfq_gives_a_lone_vm_the_whole_device_and_no_credit_for_idling() {
     }
 }
 
+/// A VM's device time can arrive in a burst (a real CUDA driver's launches are timed
+/// when the stream is next synchronised): a burst reported in the very tick in which
+/// another VM first has work ran before that VM competed, and is no lead over it.
+#[test]
+fn wfq_counts_no_lead_for_work_reported_as_another_vm_turns_up() {
+    let report = |device_ns, in_flight, finished| Report {
+        device_ns,
+        in_flight,
+        held: 0,
+        finished,
+    };
+    let mut w = Wfq::default();
+    let mut now = 0;
+    let mut tick = |w: &mut Wfq, reports: &[(&str, Report)]| {
+        now += 2 * MS;
+        let r: BTreeMap<String, Report> =
+            reports.iter().map(|(n, r)| (n.to_string(), *r)).collect();
+        w.tick(now, &r)
+    };
+    // "ahead" alone has 80 launches in flight for a few ticks, nothing timed yet.
+    for _ in 0..5 {
+        tick(
+            &mut w,
+            &[("ahead", report(0, 80, 0)), ("behind", Report::default())],
+        );
+    }
+    // Their 240 ms arrive together, in the tick in which "behind" first has work.
+    let d = tick(
+        &mut w,
+        &[
+            ("ahead", report(240 * MS, 0, 80)),
+            ("behind", report(0, 1, 0)),
+        ],
+    );
+    assert_eq!(d["ahead"], Decision::Run, "{w:?}");
+    assert_eq!(w.vtime("behind"), w.vtime("ahead"));
+    // From there on a lead counts: one more long launch puts it a quantum ahead.
+    let d = tick(
+        &mut w,
+        &[
+            ("ahead", report(30 * MS, 0, 1)),
+            ("behind", report(0, 1, 0)),
+        ],
+    );
+    assert_eq!(d["ahead"], Decision::Hold);
+    assert_eq!(d["behind"], Decision::Run);
+}
+
 #[test]
 fn wfq_does_not_hold_a_vm_for_one_that_mostly_computes_on_the_host() {
     let mut loads = two_lengths(1);

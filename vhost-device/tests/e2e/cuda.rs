@@ -386,10 +386,14 @@ fn cuda_device_memory_counts_against_the_vms_quota() {
         err.contains("cuMemAlloc(&b, n + 64) failed: 2 CUDA_ERROR_OUT_OF_MEMORY"),
         "the second allocation is refused as a full device would refuse it: {err}"
     );
-    // Within the quota, and again after the first program's memory came back.
+    // Within the quota, and again after the first program's memory came back. A
+    // program's memory comes back once its API server has ended, after the program
+    // itself (a real driver takes a while to tear a context down): wait for that.
     let n = (3usize << 20).to_string();
     let k = kit();
     for _ in 0..2 {
+        d.wait_idle(Duration::from_secs(60));
+        assert_eq!(vm_entry(&d.status(), "vm1")["mem_used"], 0);
         let mut c = Command::new(k.exe("transfer"));
         c.arg(&k.ptx)
             .arg(&n)
