@@ -34,6 +34,7 @@ mod includes;
 mod known;
 pub mod local;
 pub mod marshal;
+mod nontemporal;
 pub mod rt;
 pub mod sizes;
 pub mod stats;

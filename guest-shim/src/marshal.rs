@@ -279,9 +279,7 @@ impl Call {
         if let Some(i) = self.window_region(src.len()) {
             // SAFETY: the region is at least src.len() bytes of the mapped window and
             // belongs to this call alone.
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), self.regions[i].ptr(), src.len())
-            };
+            unsafe { crate::stream::copy_in(src, self.regions[i].ptr()) };
             self.window_in += src.len();
             self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
             return Ok(());

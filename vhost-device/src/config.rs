@@ -667,6 +667,45 @@ pub struct Config {
     /// Where the daemon suspends its sessions when it stops, and resumes them from
     /// when it starts (a restart or an upgrade that applications ride through).
     pub state_dir: Option<PathBuf>,
+    /// `GLIBC_TUNABLES` for API servers (`None`: they inherit the daemon's).
+    pub api_server_tunables: Option<String>,
+}
+
+/// glibc's tunable for the size from which `memcpy` stores around the caches.
+const NT_TUNABLE: &str = "glibc.cpu.x86_non_temporal_threshold";
+
+/// `GLIBC_TUNABLES` for API servers from the daemon's own (`inherited`) and
+/// `HIRA_SERVER_NT_KB` (`nt_kb`): glibc's non-temporal threshold set to that many KiB,
+/// default 8 MiB, the chunk of large streamed writes (`guest-shim/src/stream.rs`),
+/// so that the host copies those chunks as it would copy the whole transfer; `0`
+/// leaves glibc's own. A threshold the operator set in `GLIBC_TUNABLES` stands.
+pub fn api_server_tunables(
+    inherited: Option<&str>,
+    nt_kb: Option<&str>,
+) -> Result<Option<String>, String> {
+    let kb = match nt_kb {
+        None => 8 * 1024,
+        Some(v) => v.trim().parse::<u64>().map_err(|_| {
+            format!("HIRA_SERVER_NT_KB: expected a size in KiB (0: glibc's own), got {v:?}")
+        })?,
+    };
+    if kb != 0 && !(64..=1 << 30).contains(&kb) {
+        return Err(format!(
+            "HIRA_SERVER_NT_KB: {kb} KiB is outside 64 KiB to 1 TiB (0: glibc's own)"
+        ));
+    }
+    let operator_set = inherited.is_some_and(|t| {
+        t.split(':')
+            .any(|kv| kv.split_once('=').is_some_and(|(k, _)| k == NT_TUNABLE))
+    });
+    if kb == 0 || operator_set || !cfg!(target_arch = "x86_64") {
+        return Ok(None);
+    }
+    let ours = format!("{NT_TUNABLE}={:#x}", kb * 1024);
+    Ok(Some(match inherited {
+        Some(t) if !t.is_empty() => format!("{t}:{ours}"),
+        _ => ours,
+    }))
 }
 
 impl Config {
@@ -759,6 +798,32 @@ pub fn parse_sandbox_user(text: &str) -> Result<(u32, u32), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn api_servers_copy_large_chunks_around_the_caches_unless_the_operator_says() {
+        let t = |inherited, kb| api_server_tunables(inherited, kb);
+        assert_eq!(
+            t(None, None).unwrap().as_deref(),
+            Some("glibc.cpu.x86_non_temporal_threshold=0x800000")
+        );
+        assert_eq!(
+            t(Some("glibc.malloc.arena_max=2"), Some("16384"))
+                .unwrap()
+                .as_deref(),
+            Some("glibc.malloc.arena_max=2:glibc.cpu.x86_non_temporal_threshold=0x1000000")
+        );
+        // The operator's own threshold, or 0, leaves API servers with the daemon's.
+        assert_eq!(
+            t(Some("glibc.cpu.x86_non_temporal_threshold=0x100000"), None).unwrap(),
+            None
+        );
+        assert_eq!(t(None, Some("0")).unwrap(), None);
+        for bad in ["8M", "-1", "1", ""] {
+            let e = t(None, Some(bad)).unwrap_err();
+            assert!(e.starts_with("HIRA_SERVER_NT_KB: "), "{bad:?}: {e}");
+        }
+    }
 
     #[test]
     fn bare_path_belongs_to_local_vm() {

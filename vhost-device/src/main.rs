@@ -198,6 +198,11 @@ impl TryFrom<Args> for Config {
             metrics: a.metrics_address.or(file.metrics_address),
             cgroup: a.cgroup.or(file.cgroup),
             state_dir: a.state_dir.or(file.state_dir),
+            api_server_tunables: config::api_server_tunables(
+                std::env::var("GLIBC_TUNABLES").ok().as_deref(),
+                std::env::var("HIRA_SERVER_NT_KB").ok().as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?,
             policy: match a.policy.or(file.policy) {
                 Some(p) => p.parse().map_err(anyhow::Error::msg)?,
                 None => hira_policy::Kind::Wfq,

@@ -55,6 +55,9 @@ pub fn api_server(
     if let Some(p) = &config.platform {
         cmd.arg("--platform").arg(p);
     }
+    if let Some(t) = &config.api_server_tunables {
+        cmd.env("GLIBC_TUNABLES", t);
+    }
     sandbox_args(&mut cmd, config);
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
