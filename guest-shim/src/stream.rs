@@ -81,23 +81,47 @@ static DEPTH: LazyLock<usize> = LazyLock::new(|| {
 const MIN_CHUNK: usize = 256 << 10;
 
 /// Writes of at least this many bytes are copied into the window around the caches
-/// (`nontemporal.rs`), as glibc's `memcpy` would copy them whole on this kind of
-/// machine, and their chunks, being 8 MiB, are copied out of it so by API servers
-/// (`HIRA_SERVER_NT_KB`): `HIRA_STREAM_NT_MIN_KB`, default 128 MiB (0: never).
-/// Measured on a 2-core machine (A/B alternated, 5 runs each): 256 MiB writes at
-/// 70-88% of `memcpy` against 53-61%. 64 MiB writes gained too (91% against 82%), but
-/// a buffer written around the caches is read back from memory (reads of it fell
-/// from 97% to 78%), where `memcpy` of 64 MiB goes through the caches. Reads copied
-/// into the application's memory so gained nothing (256 MiB: 61-70% against 66-76%).
+/// (`nontemporal.rs`) and their chunks, being 8 MiB, out of it so by API servers
+/// (`HIRA_SERVER_NT_KB`): `HIRA_STREAM_NT_MIN_KB`, by default about the size from
+/// which glibc's `memcpy` copies so ([`memcpy_nontemporal_from`]), so that a transfer
+/// goes around the caches exactly when it would natively (0: never). Measured on a
+/// 2-core machine (glibc 2.36, which goes around the caches from 181.5 MiB there;
+/// A/B alternated, 5 runs each): 256 MiB writes at 88-93% of `memcpy` against 60-62%.
+/// Below glibc's size the data stays in the caches natively, and a CPU device's
+/// kernels read it from there: with this at 128 MiB, pathfinder (a 154 MiB upload)
+/// ran at 1.07x of native against 0.98-1.00x, and reads of a 64 MiB buffer written
+/// so fell from 97% to 78% of `memcpy`. Reads copied into the application's memory
+/// around the caches gained nothing (256 MiB: 61-70% against 66-76%).
 static NT_MIN: LazyLock<usize> = LazyLock::new(|| {
     std::env::var("HIRA_STREAM_NT_MIN_KB")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .map_or(128 << 20, |kb| match kb {
+        .map_or_else(memcpy_nontemporal_from, |kb| match kb {
             0 => usize::MAX,
             kb => kb.saturating_mul(1024),
         })
 });
+
+/// The size from which glibc's `memcpy` stores around the caches, as glibc 2.36
+/// computes it: three quarters of the last-level cache's share of each CPU (181.5 MiB
+/// of a 482 MiB cache shared by 2 CPUs; this gives 180). Where the cache is not known,
+/// 256 MiB.
+fn memcpy_nontemporal_from() -> usize {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let (cache, cpus) = unsafe {
+            (
+                libc::sysconf(libc::_SC_LEVEL3_CACHE_SIZE),
+                libc::sysconf(libc::_SC_NPROCESSORS_ONLN),
+            )
+        };
+        if cache > 0 && cpus > 0 {
+            return (cache as usize / cpus as usize / 4 * 3).max(32 << 20);
+        }
+    }
+    256 << 20
+}
 
 /// How one transfer is cut.
 #[derive(Clone, Copy, Debug)]
