@@ -136,7 +136,9 @@ fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
     // tests/c/stream.c: buffers created from 12-40 MiB of host memory, blocking writes
     // and reads at odd offsets, a kernel right after a streamed write, two threads.
     // The output must be the native one with the default window, a window of 4 MiB
-    // (chunks of 512 KiB), every call synchronous, and frames relayed.
+    // (chunks of 512 KiB), writes from 16 MiB copied around the caches by the guest
+    // and the API server (8 MiB chunks: `nontemporal.rs`, at odd offsets of the
+    // application's memory), every call synchronous, and frames relayed.
     let daemon = Daemon::start(&["vm1"]);
     let vendors = Vendors::hira();
     let exe = c_program("stream");
@@ -147,6 +149,7 @@ fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
     for env in [
         None,
         Some(("HIRA_WINDOW_MB", "4")),
+        Some(("HIRA_STREAM_NT_MIN_KB", "16384")),
         Some(("HIRA_SYNC", "1")),
         Some(("HIRA_RINGS", "0")),
     ] {
