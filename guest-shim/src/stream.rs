@@ -158,7 +158,9 @@ pub(crate) fn plan(len: usize, way: Way) -> Option<Plan> {
     (chunk >= MIN_CHUNK).then_some(Plan {
         chunk,
         in_flight,
-        nontemporal,
+        // Only in chunks the API server copies around the caches too: the guest's
+        // side alone makes writes slower (the host's copy then reads from memory).
+        nontemporal: nontemporal && chunk >= WRITE_CHUNK_NT,
     })
 }
 
