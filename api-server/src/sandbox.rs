@@ -82,16 +82,14 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
     // Layers the operator turned off (`HIRA_SANDBOX_SKIP`, for bringing up a driver
     // the sandbox stops): reported as not applied, with the reason.
     let skip = std::env::var("HIRA_SANDBOX_SKIP").unwrap_or_default();
-    let skipped = |layer: &str| skip.split(',').any(|l| l.trim() == layer);
-    let off = || Err("skipped: HIRA_SANDBOX_SKIP".to_string());
-    report.add(
-        "namespaces",
-        if skipped("namespaces") {
-            off()
+    let layer = |name: &str, apply: &dyn Fn() -> Result<String, String>| {
+        if skip.split(',').any(|l| l.trim() == name) {
+            Err("skipped: HIRA_SANDBOX_SKIP".to_string())
         } else {
-            namespaces()
-        },
-    );
+            apply()
+        }
+    };
+    report.add("namespaces", layer("namespaces", &namespaces));
     if let Some(dir) = &config.cache_dir {
         // SAFETY: called while the process is single-threaded (the caller's contract),
         // so nothing reads the environment concurrently.
@@ -102,14 +100,7 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
     }
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
-    report.add(
-        "user",
-        if skipped("user") {
-            off()
-        } else {
-            drop_privileges(config.user)
-        },
-    );
+    report.add("user", layer("user", &|| drop_privileges(config.user)));
     // Changing credentials clears the parent-death signal hira-vhost armed: arm it
     // again, so that this process still dies with the daemon, and leave if the
     // daemon is already gone.
@@ -136,18 +127,8 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
             Err(errno())
         },
     );
-    report.add(
-        "landlock",
-        if skipped("landlock") {
-            off()
-        } else {
-            landlock(config)
-        },
-    );
-    report.add(
-        "seccomp",
-        if skipped("seccomp") { off() } else { seccomp() },
-    );
+    report.add("landlock", layer("landlock", &|| landlock(config)));
+    report.add("seccomp", layer("seccomp", &seccomp));
     report
 }
 
