@@ -153,6 +153,93 @@ pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
     Ok(took.as_nanos() as f64 / f64::from(rounds))
 }
 
+/// The machine's cost of waking a thread asleep on an idle CPU, which every hop that
+/// sleeps pays (a PoCL worker woken for a command, a side of a call that stopped
+/// spinning): one thread sleeps on an eventfd, pinned to one CPU; another, pinned to a
+/// second CPU and polling between rounds so that its own CPU never idles, waits until
+/// the first CPU has been idle for `idle` and writes the eventfd. Median ns from the
+/// write to the sleeper running; `None` with fewer than two CPUs to pin to. On a
+/// virtual machine a halted virtual CPU must be scheduled again by the hypervisor
+/// (tens of microseconds where the guest kernel does not poll before it halts).
+pub fn idle_cpu_wake(rounds: usize, idle: Duration) -> Result<Option<f64>> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // SAFETY: fills a local set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    ensure!(
+        r == 0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: each `c` is below CPU_SETSIZE.
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .take(2)
+        .collect();
+    let &[waker_cpu, sleeper_cpu] = cpus.as_slice() else {
+        return Ok(None);
+    };
+    let pin = |cpu: usize| {
+        // SAFETY: an empty set with one CPU below CPU_SETSIZE added, then a system call.
+        unsafe {
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
+        }
+    };
+    // SAFETY: a plain system call.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    // SAFETY: a new descriptor that nothing else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let epoch = Instant::now();
+    // When the last write went out, and how many rounds the sleeper has seen (the
+    // waker writes again only after the sleeper has taken the last one).
+    let sent = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(AtomicU64::new(0));
+    let sleeper = {
+        let (sent, seen) = (sent.clone(), seen.clone());
+        std::thread::spawn(move || -> Vec<f64> {
+            pin(sleeper_cpu);
+            let mut t = Vec::with_capacity(rounds);
+            for i in 0..rounds {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into a local from an eventfd kept open.
+                while unsafe { libc::read(raw, (&raw mut v).cast(), 8) } != 8 {}
+                let now = epoch.elapsed().as_nanos() as u64;
+                t.push(now.saturating_sub(sent.load(Ordering::Acquire)) as f64);
+                seen.store(i as u64 + 1, Ordering::Release);
+            }
+            t
+        })
+    };
+    pin(waker_cpu);
+    for i in 0..rounds as u64 {
+        while seen.load(Ordering::Acquire) < i {
+            std::hint::spin_loop();
+        }
+        let quiet = Instant::now();
+        while quiet.elapsed() < idle {
+            std::hint::spin_loop();
+        }
+        sent.store(epoch.elapsed().as_nanos() as u64, Ordering::Release);
+        let v = 1u64;
+        // SAFETY: writes 8 bytes from a local to an eventfd kept open.
+        unsafe { libc::write(raw, (&raw const v).cast(), 8) };
+    }
+    let mut t = sleeper
+        .join()
+        .map_err(|_| anyhow::anyhow!("sleeping thread panicked"))?;
+    // The waker's own affinity goes back to every CPU it had.
+    // SAFETY: restores the set read above.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    drop(fd);
+    Ok(Some(median(&mut t)))
+}
+
 /// CPU time all the machine's CPUs have spent busy since boot (`/proc/stat`).
 fn machine_busy() -> Result<Duration> {
     let stat = std::fs::read_to_string("/proc/stat")?;
@@ -457,6 +544,12 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
     println!(
         "\nmachine floor once a call's two sides share a core (two threads pinned to one CPU passing a turn, median of {repeats}): {yield_us:.2} us a round trip yielding to each other, {eventfd_us:.2} us sleeping on eventfds"
     );
+    let idle_wake = idle_cpu_wake(2_000, Duration::from_micros(200))?.map(|ns| ns / 1e3);
+    if let Some(us) = idle_wake {
+        println!(
+            "machine floor for a hop that sleeps (a thread asleep on an idle CPU woken from another, median of 2,000): {us:.2} us"
+        );
+    }
     if let Some(d) = json.parent() {
         std::fs::create_dir_all(d)?;
     }
@@ -496,7 +589,7 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
     std::fs::write(
         json,
         format!(
-            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"kernel_finish_added_us\":{added_kernel:.3},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}],\"one_core_hand_off_us\":{{\"yield\":{yield_us:.3},\"eventfd\":{eventfd_us:.3}}},\"bulk\":[{}]}}\n",
+            "{{\"repeats\":{repeats},\"sync_rtt_us\":{},\"sync_p99_us\":{},\"async_call_us\":{},\"write4_us\":{},\"kernel_finish_us\":{},\"kernel_finish_added_us\":{added_kernel:.3},\"floor_ping_pong_us\":{floor:.3},\"stencil\":{{\"iterations\":{iterations},\"seconds\":{},\"ratio_rings\":{rr:.3},\"ratio_relayed\":{rl:.3}}},\"daemon_cpu_per_call\":[{}],\"concurrent_sync_rtt\":[{}],\"one_core_hand_off_us\":{{\"yield\":{yield_us:.3},\"eventfd\":{eventfd_us:.3}}},\"idle_cpu_wake_us\":{},\"bulk\":[{}]}}\n",
             trio(&rows[0].1),
             trio(&rows[1].1),
             trio(&rows[2].1),
@@ -505,6 +598,7 @@ bulk transfers (blocking write + clFinish, blocking read; MiB/s, median of 5 aft
             trio(&rows[5].1),
             daemon_json.join(","),
             concurrency_json.join(","),
+            idle_wake.map_or_else(|| "null".to_string(), |us| format!("{us:.3}")),
             bulk_json.join(","),
         ),
     )?;
@@ -523,6 +617,18 @@ mod tests {
             2500.0
         );
         assert!(field("a=1", "missing").is_err());
+    }
+
+    #[test]
+    fn an_idle_cpu_wake_is_timed_for_every_round() {
+        // Each round waits for the sleeper to take the last: a lost wake-up hangs.
+        match idle_cpu_wake(200, Duration::from_micros(50)).unwrap() {
+            Some(ns) => {
+                eprintln!("{ns:.0} ns to wake a thread on an idle CPU");
+                assert!(ns.is_finite() && ns > 0.0);
+            }
+            None => assert!(std::thread::available_parallelism().map_or(1, |n| n.get()) < 2),
+        }
     }
 
     #[test]
