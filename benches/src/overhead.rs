@@ -78,14 +78,8 @@ pub fn socket_ping_pong(rounds: usize) -> Result<f64> {
     Ok(median(&mut t))
 }
 
-/// The machine's floor for one round trip between two threads that share one core,
-/// as a guest and its API server do once the host has more busy threads than cores:
-/// two threads pinned to the same CPU pass a turn back and forth, each waiting by
-/// yielding the CPU (`sleep` false) or by sleeping on an eventfd the other writes.
-/// Mean ns per round trip.
-pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU32, Ordering};
+/// The CPUs this thread may run on, and the set itself (to restore it later).
+fn allowed_cpus() -> Result<(Vec<usize>, libc::cpu_set_t)> {
     // SAFETY: fills a local set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -95,10 +89,32 @@ pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
         "sched_getaffinity: {}",
         std::io::Error::last_os_error()
     );
-    // SAFETY: `c` is below CPU_SETSIZE.
-    let cpu = (0..libc::CPU_SETSIZE as usize)
-        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .context("no CPU to run on")?;
+    // SAFETY: each `c` is below CPU_SETSIZE.
+    let cpus = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    Ok((cpus, set))
+}
+
+/// Pins the calling thread to `cpu` (best effort: a measurement, not a guarantee).
+fn pin_to(cpu: usize) {
+    // SAFETY: an empty set with one CPU below CPU_SETSIZE added, then a system call.
+    unsafe {
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
+    }
+}
+
+/// The machine's floor for one round trip between two threads that share one core,
+/// as a guest and its API server do once the host has more busy threads than cores:
+/// two threads pinned to the same CPU pass a turn back and forth, each waiting by
+/// yielding the CPU (`sleep` false) or by sleeping on an eventfd the other writes.
+/// Mean ns per round trip.
+pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let cpu = *allowed_cpus()?.0.first().context("no CPU to run on")?;
     let fds: Vec<std::os::fd::OwnedFd> = (0..2)
         .map(|_| {
             // SAFETY: a plain system call.
@@ -112,12 +128,7 @@ pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
     // Whose turn it is: 0 or 1.
     let turn = Arc::new(AtomicU32::new(0));
     let side = move |me: u32, turn: Arc<AtomicU32>| {
-        // SAFETY: an empty set with one CPU below CPU_SETSIZE added, then a system call.
-        unsafe {
-            let mut one: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut one);
-            libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
-        }
+        pin_to(cpu);
         let start = Instant::now();
         for _ in 0..rounds {
             while turn.load(Ordering::Acquire) != me {
@@ -164,30 +175,9 @@ pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
 pub fn idle_cpu_wake(rounds: usize, idle: Duration) -> Result<Option<f64>> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
-    // SAFETY: fills a local set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    ensure!(
-        r == 0,
-        "sched_getaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: each `c` is below CPU_SETSIZE.
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .take(2)
-        .collect();
-    let &[waker_cpu, sleeper_cpu] = cpus.as_slice() else {
+    let (cpus, set) = allowed_cpus()?;
+    let &[waker_cpu, sleeper_cpu, ..] = cpus.as_slice() else {
         return Ok(None);
-    };
-    let pin = |cpu: usize| {
-        // SAFETY: an empty set with one CPU below CPU_SETSIZE added, then a system call.
-        unsafe {
-            let mut one: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut one);
-            libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one);
-        }
     };
     // SAFETY: a plain system call.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -203,7 +193,7 @@ pub fn idle_cpu_wake(rounds: usize, idle: Duration) -> Result<Option<f64>> {
     let sleeper = {
         let (sent, seen) = (sent.clone(), seen.clone());
         std::thread::spawn(move || -> Vec<f64> {
-            pin(sleeper_cpu);
+            pin_to(sleeper_cpu);
             let mut t = Vec::with_capacity(rounds);
             for i in 0..rounds {
                 let mut v = 0u64;
@@ -216,7 +206,7 @@ pub fn idle_cpu_wake(rounds: usize, idle: Duration) -> Result<Option<f64>> {
             t
         })
     };
-    pin(waker_cpu);
+    pin_to(waker_cpu);
     for i in 0..rounds as u64 {
         while seen.load(Ordering::Acquire) < i {
             std::hint::spin_loop();
