@@ -96,6 +96,15 @@ fn allowed_cpus() -> Result<(Vec<usize>, libc::cpu_set_t)> {
     Ok((cpus, set))
 }
 
+/// A new eventfd, counter at zero.
+fn eventfd() -> Result<std::os::fd::OwnedFd> {
+    // SAFETY: a plain system call.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
 /// Pins the calling thread to `cpu` (best effort: a measurement, not a guarantee).
 fn pin_to(cpu: usize) {
     // SAFETY: an empty set with one CPU below CPU_SETSIZE added, then a system call.
@@ -115,15 +124,7 @@ pub fn one_core_hand_off(rounds: u32, sleep: bool) -> Result<f64> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
     let cpu = *allowed_cpus()?.0.first().context("no CPU to run on")?;
-    let fds: Vec<std::os::fd::OwnedFd> = (0..2)
-        .map(|_| {
-            // SAFETY: a plain system call.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-            ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-            // SAFETY: a new descriptor that nothing else owns.
-            Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
-        })
-        .collect::<Result<_>>()?;
+    let fds = [eventfd()?, eventfd()?];
     let raw: Vec<i32> = fds.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
     // Whose turn it is: 0 or 1.
     let turn = Arc::new(AtomicU32::new(0));
@@ -179,11 +180,7 @@ pub fn idle_cpu_wake(rounds: usize, idle: Duration) -> Result<Option<f64>> {
     let &[waker_cpu, sleeper_cpu, ..] = cpus.as_slice() else {
         return Ok(None);
     };
-    // SAFETY: a plain system call.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-    // SAFETY: a new descriptor that nothing else owns.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let fd = eventfd()?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     let epoch = Instant::now();
     // When the last write went out, and how many rounds the sleeper has seen (the

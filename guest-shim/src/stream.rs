@@ -57,7 +57,7 @@ static STREAM_MIN: LazyLock<usize> = LazyLock::new(|| {
 const WRITE_CHUNKS: usize = 8;
 const WRITE_CHUNK_MIN: usize = 1 << 20;
 const WRITE_CHUNK_MAX: usize = 4 << 20;
-const WRITE_CHUNK_NT: usize = 8 << 20;
+const WRITE_CHUNK_NT: usize = hira_protocol::STREAM_NT_CHUNK;
 /// Chunk of a read: 2 MiB. Read chunks go without a reply (`HIRA_STREAM_DETACH`);
 /// 2 MiB did best with them (16 to 256 MiB reads at 0.94-1.09x of `memcpy`, against
 /// 0.64-0.89x with 4 MiB, medians of A/B runs alternated on a 2-core machine).

@@ -32,4 +32,10 @@ pub mod unix;
 pub mod usage;
 
 pub use codec::{DecodeError, Reader, Writer};
+
+/// The chunk in which a guest streams a write it copies into the data window around
+/// the caches, and the size from which the daemon has API servers' `memcpy` copy
+/// around the caches too (`HIRA_SERVER_NT_KB`'s default): the two sides agree on it,
+/// so that both copies of such a chunk take the same path.
+pub const STREAM_NT_CHUNK: usize = 8 << 20;
 pub use frame::{FrameError, FrameHeader, FrameKind, Span};

@@ -676,7 +676,7 @@ const NT_TUNABLE: &str = "glibc.cpu.x86_non_temporal_threshold";
 
 /// `GLIBC_TUNABLES` for API servers from the daemon's own (`inherited`) and
 /// `HIRA_SERVER_NT_KB` (`nt_kb`): glibc's non-temporal threshold set to that many KiB,
-/// default 8 MiB, the chunk of large streamed writes (`guest-shim/src/stream.rs`),
+/// default the chunk of large streamed writes ([`hira_protocol::STREAM_NT_CHUNK`]),
 /// so that the host copies those chunks as it would copy the whole transfer; `0`
 /// leaves glibc's own. A threshold the operator set in `GLIBC_TUNABLES` stands.
 pub fn api_server_tunables(
@@ -684,7 +684,7 @@ pub fn api_server_tunables(
     nt_kb: Option<&str>,
 ) -> Result<Option<String>, String> {
     let kb = match nt_kb {
-        None => 8 * 1024,
+        None => (hira_protocol::STREAM_NT_CHUNK / 1024) as u64,
         Some(v) => v.trim().parse::<u64>().map_err(|_| {
             format!("HIRA_SERVER_NT_KB: expected a size in KiB (0: glibc's own), got {v:?}")
         })?,
