@@ -64,6 +64,14 @@ pub trait Backend: Send + Sync {
         self.may_block(opcode)
     }
 
+    /// Whether the host library may print while it runs call `opcode` (a compiler's
+    /// diagnostics), or while the commands the call may wait for run (a kernel's
+    /// `printf`): the session reads what the library printed before it replies, so
+    /// that the guest has it when the call returns.
+    fn may_print(&self, opcode: u16) -> bool {
+        self.may_block(opcode)
+    }
+
     /// Whether `opcode` names a call of this API and may be forwarded without a reply
     /// (`None`: it names none).
     fn may_async(&self, opcode: u16) -> Option<bool>;

@@ -9,6 +9,8 @@
 //!   the few host calls that need hand-written code.
 //! - [`account`]: what the session uses, charged to its VM: device memory against the VM's quota, device time, and the VM's scheduling decision.
 //! - [`window`]: the guest's data window mapped into this process.
+//! - [`output`]: what the host library prints (a kernel's `printf`), taken from the
+//!   process's standard output and error to the guest's, within a bound.
 //! - [`sandbox`]: namespaces, an unprivileged user, `no_new_privs`, Landlock and a
 //!   seccomp allow-list, entered before the first byte from the guest is read.
 //!
@@ -19,6 +21,7 @@ pub mod account;
 pub mod backend;
 pub mod cuda;
 pub mod opencl;
+pub mod output;
 pub mod sandbox;
 pub mod server;
 pub mod window;
@@ -44,4 +47,7 @@ pub struct Config {
     pub vm_page: Option<hira_protocol::usage::VmPage>,
     /// When the process started, for the log of how long a restore took.
     pub started: std::time::Instant,
+    /// What the host library prints, on its way to the guest (`None`: it stays on
+    /// this process's standard output and error).
+    pub output: Option<std::sync::Arc<output::HostOutput>>,
 }

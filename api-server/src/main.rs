@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use hira_api_server::Config;
+use hira_api_server::output::{self, Bound, HostOutput};
 use hira_api_server::sandbox::{self, SandboxConfig};
 use hira_protocol::usage::{UsagePage, VmPage};
 
@@ -46,6 +47,14 @@ struct Args {
     /// once at start to report what the machine allows).
     #[arg(long)]
     sandbox_check: bool,
+    /// Bytes per second of the host library's output (a kernel's `printf`) the
+    /// session may send its guest; the excess is dropped and counted.
+    #[arg(long, value_name = "BYTES", default_value_t = output::DEFAULT_RATE)]
+    output_rate: u64,
+    /// Bytes of the host library's output held for the guest at once (and the burst
+    /// above the rate).
+    #[arg(long, value_name = "BYTES", default_value_t = output::DEFAULT_BUFFER)]
+    output_buffer: u64,
 }
 
 fn sandbox_config(a: &Args) -> anyhow::Result<SandboxConfig> {
@@ -109,7 +118,12 @@ impl TryFrom<Args> for Config {
             }
             None => None,
         };
+        anyhow::ensure!(
+            a.output_rate > 0 && a.output_buffer > 0,
+            "--output-rate and --output-buffer must be positive"
+        );
         Ok(Config {
+            output: None,
             started: std::time::Instant::now(),
             socket,
             usage,
@@ -125,7 +139,23 @@ fn main() -> anyhow::Result<()> {
     // is installed on the host, it must not remote the API server's calls to itself.
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     unsafe { std::env::set_var("HIRA_DISABLE", "1") };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // This process's own lines go to the standard error it was started with (the
+    // daemon's log), also once descriptor 2 carries the host library's output to the
+    // guest.
+    let log = output::log_sink().context("cannot duplicate standard error")?;
+    let panic_log = log.try_clone().context("cannot duplicate standard error")?;
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .target(env_logger::Target::Pipe(Box::new(log)))
+        .init();
+    std::panic::set_hook(Box::new(move |info| {
+        use std::io::Write;
+        let thread = std::thread::current();
+        let _ = writeln!(
+            &panic_log,
+            "thread '{}' {info}",
+            thread.name().unwrap_or("<unnamed>")
+        );
+    }));
     let args = Args::parse();
     if args.list_platforms {
         for name in hira_api_server::opencl::platform_names().map_err(anyhow::Error::msg)? {
@@ -140,11 +170,22 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let config = Config::try_from(args).context("invalid arguments")?;
+    let bound = Bound {
+        rate: args.output_rate,
+        buffer: args.output_buffer,
+    };
+    let mut config = Config::try_from(args).context("invalid arguments")?;
+    // Before the host library is loaded.
+    let output = HostOutput::capture(bound, config.usage.clone())
+        .context("cannot take the host library's output")?;
     // Before anything from the guest is read, and while this process has one thread.
     for line in sandbox::enter(&sandbox_config).lines() {
         log::debug!("sandbox {line}");
     }
+    output
+        .start()
+        .context("cannot read the host library's output")?;
+    config.output = Some(output);
     match hira_api_server::run(config).context("API server failed")? {
         hira_api_server::Outcome::Ended(report) => log::info!(
             "teardown: released {} objects ({} failed)",

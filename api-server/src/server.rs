@@ -23,6 +23,7 @@ use crate::Config;
 use crate::account::Account;
 use crate::backend::{Backend, Fail, FrameData, TeardownReport};
 use crate::opencl::OpenClBackend;
+use crate::output::HostOutput;
 use crate::window::WindowMap;
 
 /// Most guest threads one session may call from at once.
@@ -155,8 +156,12 @@ impl<R: Read> Input<R> {
 }
 
 /// Writes whole frames to the guest (its completion ring, or the socket); shared by
-/// workers and callback threads.
-pub struct FrameWriter(Mutex<Box<dyn Write + Send>>);
+/// workers and callback threads. A writer to the guest sends what the host library
+/// printed ahead of each frame of the session (see [`crate::output`]).
+pub struct FrameWriter {
+    to: Mutex<Box<dyn Write + Send>>,
+    output: Option<Arc<HostOutput>>,
+}
 
 impl std::fmt::Debug for FrameWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -164,16 +169,56 @@ impl std::fmt::Debug for FrameWriter {
     }
 }
 
+/// Whether a frame to the guest is part of its session (a reply, a callback), so the
+/// host's output goes before it; the migration's frames on a relayed session's
+/// stream are the daemon's.
+fn session_frame(kind: FrameKind, opcode: u16) -> bool {
+    match kind {
+        FrameKind::Reply | FrameKind::Error => true,
+        FrameKind::Notify => !(migrate::CAPTURE..=migrate::RESUMED).contains(&opcode),
+        _ => false,
+    }
+}
+
 impl FrameWriter {
     /// A writer of frames to `to`.
     pub fn new(to: impl Write + Send + 'static) -> Self {
-        FrameWriter(Mutex::new(Box::new(to)))
+        FrameWriter {
+            to: Mutex::new(Box::new(to)),
+            output: None,
+        }
+    }
+
+    /// A writer of frames to the guest at `to` that sends `output` ahead of them.
+    pub fn to_guest(to: impl Write + Send + 'static, output: Option<Arc<HostOutput>>) -> Self {
+        FrameWriter {
+            to: Mutex::new(Box::new(to)),
+            output,
+        }
+    }
+
+    /// Reads what the host library printed so far, for the next frame to take along:
+    /// after a call that may have made it print.
+    pub fn collect_output(&self) {
+        if let Some(o) = &self.output {
+            o.collect();
+        }
     }
 
     /// Sends one frame with `payload`.
     pub fn send(&self, kind: FrameKind, opcode: u16, channel: u32, call_id: u64, payload: &[u8]) {
         let header = FrameHeader::new(kind, opcode, channel, call_id, payload.len());
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.to.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = &self.output
+            && session_frame(kind, opcode)
+        {
+            o.flush(|op, p| {
+                let h = FrameHeader::new(FrameKind::Notify, op, channel, 0, p.len());
+                if let Err(e) = frame::write_parts(&mut *s, &[&h.encode(), p]) {
+                    debug!("cannot send output to the guest: {e}");
+                }
+            });
+        }
         let res = frame::write_parts(&mut *s, &[&header.encode(), payload]);
         if let Err(e) = res {
             debug!("cannot send to the guest: {e}");
@@ -347,13 +392,19 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
             r.ends.consumer.set_spin(RING_SPIN);
             r.ends.producer.set_spin(RING_SPIN);
             (
-                Arc::new(FrameWriter::new(r.ends.producer)),
+                Arc::new(FrameWriter::to_guest(
+                    r.ends.producer,
+                    config.output.clone(),
+                )),
                 Box::new(Submissions(r.ends.consumer)),
                 r.handoff,
             )
         }
         None => (
-            Arc::new(FrameWriter::new(control.try_clone()?)),
+            Arc::new(FrameWriter::to_guest(
+                control.try_clone()?,
+                config.output.clone(),
+            )),
             Box::new(control.try_clone()?),
             None,
         ),
@@ -867,6 +918,9 @@ fn execute(
     reply.clear();
     let res = backend.execute(h.opcode, &f.body[span_bytes..], &data, reply);
     crate::sandbox::log_refused();
+    if !h.no_reply() && backend.may_print(h.opcode) {
+        writer.collect_output();
+    }
     if h.no_reply() {
         let status = match &res {
             Ok(()) => reply

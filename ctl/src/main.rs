@@ -164,7 +164,7 @@ fn print_list(status: &Value) {
     let vms = status["vms"].as_array().unwrap_or(&empty);
     let sessions = status["sessions"].as_array().unwrap_or(&empty);
     println!(
-        "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
         "VM",
         "SESSIONS",
         "SHARE",
@@ -174,7 +174,9 @@ fn print_list(status: &Value) {
         "MEMORY",
         "MEM-QUOTA",
         "HOST-MEM",
-        "HOST-CAP"
+        "HOST-CAP",
+        "OUTPUT",
+        "OUT-DROPPED"
     );
     for vm in vms {
         let host = vm["host_mem_used"]
@@ -186,7 +188,7 @@ fn print_list(status: &Value) {
             quota(&vm["host_mem"])
         };
         println!(
-            "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
             s(vm, "name"),
             u(vm, "sessions"),
             u(vm, "share"),
@@ -197,6 +199,8 @@ fn print_list(status: &Value) {
             quota(&vm["mem_quota"]),
             host,
             cap,
+            size(u(vm, "output_bytes")),
+            size(u(vm, "output_dropped")),
         );
     }
     if let Some(parked) = status["parked"].as_array().filter(|p| !p.is_empty()) {
@@ -216,8 +220,17 @@ fn print_list(status: &Value) {
         return;
     }
     println!(
-        "\n{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
-        "SESSION", "VM", "API", "PROCESS", "GUEST-PID", "API-SERVER", "CALLS", "MEMORY", "MOVES"
+        "\n{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5} {:>12}",
+        "SESSION",
+        "VM",
+        "API",
+        "PROCESS",
+        "GUEST-PID",
+        "API-SERVER",
+        "CALLS",
+        "MEMORY",
+        "MOVES",
+        "OUT-DROPPED"
     );
     for se in sessions {
         let api = se
@@ -225,7 +238,7 @@ fn print_list(status: &Value) {
             .and_then(Value::as_u64)
             .map_or_else(|| "-".into(), |p| p.to_string());
         println!(
-            "{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5}",
+            "{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5} {:>12}",
             u(se, "id"),
             s(se, "vm"),
             s(se, "api"),
@@ -235,6 +248,7 @@ fn print_list(status: &Value) {
             u(se, "commands"),
             size(u(se, "memory")),
             u(se, "migrations"),
+            size(u(se, "output_dropped")),
         );
     }
 }

@@ -8,8 +8,8 @@ use std::sync::{Condvar, Mutex};
 
 use hira_protocol::frame::{self, FLAG_NO_REPLY, HEADER_LEN};
 use hira_protocol::handshake::{
-    ASYNC_FAILURE, ApiId, AsyncFailure, ErrorPayload, Hello, OUTPUT_DONE, OutputDone, Token,
-    Welcome, error_code, migrate,
+    ASYNC_FAILURE, ApiId, AsyncFailure, ErrorPayload, HOST_OUTPUT, Hello, HostOutput, OUTPUT_DONE,
+    OutputDone, Token, Welcome, error_code, migrate,
 };
 use hira_protocol::replay::{self, Replayed};
 use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
@@ -1036,6 +1036,20 @@ impl Connection {
                         Err(e) => Err(TransportError::Malformed(format!("output frame: {e}"))),
                     }
                 }
+                // What the host's library printed: written where the application's
+                // descriptor points now, before the reply that follows is seen.
+                Ok(f) if f.header.kind == FrameKind::Notify && f.header.opcode == HOST_OUTPUT => {
+                    match HostOutput::decode(&f.payload) {
+                        Ok(o) => {
+                            write_to_fd(o.stream.fd(), &o.data);
+                            d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
+                            d.reading = false;
+                            self.cv.notify_all();
+                            continue;
+                        }
+                        Err(e) => Err(TransportError::Malformed(format!("host output frame: {e}"))),
+                    }
+                }
                 other => other,
             };
             d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
@@ -1192,5 +1206,26 @@ impl Connection {
     /// Whether the connection has failed.
     pub fn is_dead(&self) -> bool {
         self.dead().is_some()
+    }
+}
+
+/// Writes `data` to descriptor `fd` of this process, as the host's library would
+/// have written it natively (unbuffered, with `write`). A descriptor that is closed or
+/// full of errors loses the bytes, as it would natively.
+fn write_to_fd(fd: i32, mut data: &[u8]) {
+    while !data.is_empty() {
+        // SAFETY: `data` is valid for `data.len()` bytes; an invalid `fd` is an error.
+        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            debug!(
+                "cannot write the host's output to descriptor {fd}: {}",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        data = &data[n as usize..];
     }
 }

@@ -10,7 +10,7 @@ use crate::codec::{DecodeError, Reader, Writer};
 /// "HIRA" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIRA");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Longest process name a guest may report.
 pub const MAX_PROCESS_NAME: usize = 256;
 
@@ -514,6 +514,61 @@ impl OutputDone {
     }
 }
 
+/// Opcode of the `Notify` frame an API server sends the guest with what the host's
+/// library printed while serving the session: a kernel's `printf`, a compiler's
+/// diagnostics. Sent before the reply to any synchronous call (and before any
+/// callback), so that the guest writes it where the application's own descriptor
+/// points at that moment, before the call returns, as the library would natively.
+pub const HOST_OUTPUT: u16 = 0xFFFB;
+
+/// Which of the application's descriptors a [`HostOutput`] goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    /// Standard output (descriptor 1).
+    Stdout = 1,
+    /// Standard error (descriptor 2).
+    Stderr = 2,
+}
+
+impl OutputStream {
+    /// The descriptor number the stream has in every process.
+    pub fn fd(self) -> i32 {
+        self as i32
+    }
+}
+
+/// The payload of a [`HOST_OUTPUT`] frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostOutput {
+    pub stream: OutputStream,
+    pub data: Vec<u8>,
+}
+
+impl HostOutput {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u8(self.stream as u8).bytes(&self.data);
+        w.into_vec()
+    }
+
+    pub fn decode(payload: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(payload);
+        let stream = match r.u8()? {
+            1 => OutputStream::Stdout,
+            2 => OutputStream::Stderr,
+            v => {
+                return Err(DecodeError::BadValue {
+                    what: "output stream",
+                    value: u64::from(v),
+                });
+            }
+        };
+        let data = r.bytes(crate::frame::MAX_FRAME_BODY)?.to_vec();
+        r.finish()?;
+        Ok(HostOutput { stream, data })
+    }
+}
+
 #[cfg(test)]
 mod output_done_tests {
     use super::*;
@@ -529,6 +584,25 @@ mod output_done_tests {
             assert_eq!(OutputDone::decode(&o.encode()), Ok(o));
         }
         assert!(OutputDone::decode(&[0u8; 5]).is_err());
+    }
+
+    #[test]
+    fn host_output_round_trips_and_names_only_two_streams() {
+        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+            let o = HostOutput {
+                stream,
+                data: b"kernel says 40\n".to_vec(),
+            };
+            assert_eq!(HostOutput::decode(&o.encode()), Ok(o));
+        }
+        let mut bad = HostOutput {
+            stream: OutputStream::Stdout,
+            data: vec![1],
+        }
+        .encode();
+        bad[0] = 3;
+        assert!(HostOutput::decode(&bad).is_err());
+        assert!(HostOutput::decode(&[]).is_err());
     }
 }
 

@@ -38,4 +38,10 @@ pub use codec::{DecodeError, Reader, Writer};
 /// around the caches too (`HIRA_SERVER_NT_KB`'s default): the two sides agree on it,
 /// so that both copies of such a chunk take the same path.
 pub const STREAM_NT_CHUNK: usize = 8 << 20;
+/// The bytes per second of the host library's output (a kernel's `printf`) a session
+/// may send its guest unless the daemon is told otherwise (`--output-rate`).
+pub const DEFAULT_OUTPUT_RATE: u64 = 1 << 20;
+/// The bytes of it a session may hold for its guest at once, and its burst above the
+/// rate (`--output-buffer`).
+pub const DEFAULT_OUTPUT_BUFFER: u64 = 1 << 20;
 pub use frame::{FrameError, FrameHeader, FrameKind, Span};

@@ -17,7 +17,10 @@
 //! added), `finished` at 72 (measured commands finished), and the commands running
 //! now as a count at 88 and the sum of their start times at 96 (CLOCK_MONOTONIC ns),
 //! under a sequence counter at 80 (odd while the API server updates them), so that
-//! the device time of commands still running is known at any moment.
+//! the device time of commands still running is known at any moment. What the
+//! host's library printed for the session (a kernel's `printf`, a compiler's
+//! diagnostics): `output_bytes` at 104, the bytes sent to the guest, and
+//! `output_dropped` at 112, the bytes dropped over the session's bound.
 //!
 //! Only the API server writes the page; the daemon only reads numbers from it, so a
 //! compromised API server can misstate its own session's usage and nothing else.
@@ -157,6 +160,10 @@ pub struct Usage {
     pub held_ns: u64,
     /// Measured commands finished.
     pub finished: u64,
+    /// Bytes the host's library printed that were sent to the guest.
+    pub output_bytes: u64,
+    /// Bytes it printed that exceeded the session's bound and were dropped.
+    pub output_dropped: u64,
 }
 
 impl UsagePage {
@@ -237,6 +244,13 @@ impl UsagePage {
         seq.fetch_add(1, Ordering::Release);
     }
 
+    /// Counts what the host's library printed: `sent` bytes went to the guest,
+    /// `dropped` exceeded the session's bound.
+    pub fn output(&self, sent: u64, dropped: u64) {
+        self.u64_at(104).fetch_add(sent, Ordering::Relaxed);
+        self.u64_at(112).fetch_add(dropped, Ordering::Relaxed);
+    }
+
     /// Device time of the commands running at `now` (CLOCK_MONOTONIC ns) so far.
     pub fn running_ns(&self, now: u64) -> u64 {
         for _ in 0..64 {
@@ -267,6 +281,8 @@ impl UsagePage {
             held: self.u64_at(56).load(Ordering::Relaxed),
             held_ns: self.u64_at(64).load(Ordering::Relaxed),
             finished: self.u64_at(72).load(Ordering::Relaxed),
+            output_bytes: self.u64_at(104).load(Ordering::Relaxed),
+            output_dropped: self.u64_at(112).load(Ordering::Relaxed),
         }
     }
 }
@@ -433,6 +449,10 @@ mod tests {
         writer.memory(4096);
         writer.memory(-100_000);
         assert_eq!(reader.read().memory, 0, "never below zero");
+        writer.output(30, 0);
+        writer.output(12, 4000);
+        let u = reader.read();
+        assert_eq!((u.output_bytes, u.output_dropped), (42, 4000));
     }
 
     #[test]

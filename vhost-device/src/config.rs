@@ -412,6 +412,8 @@ impl VmFields {
 /// metrics_address = "127.0.0.1:9464"             # optional Prometheus endpoint
 /// cgroup = "/sys/fs/cgroup/hira"                 # optional: per-VM host-memory caps
 /// state_dir = "/var/lib/hira/sessions"           # optional: sessions kept across restarts
+/// output_rate = "1M"                             # a session's host output, bytes a second
+/// output_buffer = "1M"                           # and held for its guest at once
 ///
 /// [[local]]
 /// vm = "local"
@@ -449,6 +451,8 @@ pub struct FileConfig {
     pub metrics_address: Option<String>,
     pub cgroup: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
+    pub output_rate: Option<String>,
+    pub output_buffer: Option<String>,
     #[serde(default)]
     local: Vec<toml::Spanned<LocalEntry>>,
     #[serde(default)]
@@ -669,6 +673,27 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     /// `GLIBC_TUNABLES` for API servers (`None`: they inherit the daemon's).
     pub api_server_tunables: Option<String>,
+    /// How much of the host library's output each session may send its guest.
+    pub output: OutputBound,
+}
+
+/// How much of the host library's output (a kernel's `printf`) one session may send
+/// its guest: its API server drops and counts the excess.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputBound {
+    /// Bytes per second, sustained.
+    pub rate: u64,
+    /// Bytes held for the guest at once, and the burst above the rate.
+    pub buffer: u64,
+}
+
+impl Default for OutputBound {
+    fn default() -> Self {
+        OutputBound {
+            rate: hira_protocol::DEFAULT_OUTPUT_RATE,
+            buffer: hira_protocol::DEFAULT_OUTPUT_BUFFER,
+        }
+    }
 }
 
 /// glibc's tunable for the size from which `memcpy` stores around the caches.

@@ -80,6 +80,10 @@ pub struct VmStatus {
     pub held_ns: u64,
     /// The scheduler's last decision: run, hold or delay.
     pub decision: &'static str,
+    /// The host library's output (a kernel's `printf`) sent to the VM's guests, and
+    /// dropped over their sessions' bound, in bytes (ended and live sessions).
+    pub output_bytes: u64,
+    pub output_dropped: u64,
     /// The VM's own cap on sessions (null: the daemon-wide one).
     pub max_sessions: Option<usize>,
     /// Host memory its API servers use together, their cap, and how many the kernel
@@ -100,6 +104,10 @@ pub struct SessionStatus {
     pub memory: u64,
     /// Device time its commands used, in ns.
     pub device_ns: u64,
+    /// The host library's output sent to its guest, and dropped over its bound, in
+    /// bytes.
+    pub output_bytes: u64,
+    pub output_dropped: u64,
 }
 
 /// What `status` answers.
@@ -148,6 +156,8 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
                 bytes: usage.bytes,
                 memory: usage.memory,
                 device_ns: usage.device_ns,
+                output_bytes: usage.output_bytes,
+                output_dropped: usage.output_dropped,
             }
         })
         .collect();
@@ -196,6 +206,8 @@ fn vm_status(name: String, q: &VmQueue) -> VmStatus {
         held: u.held,
         held_ns: u.held_ns,
         decision: q.decision(),
+        output_bytes: u.output_bytes,
+        output_dropped: u.output_dropped,
         max_sessions: q.max_sessions(),
         host_mem_used,
         host_mem,

@@ -92,6 +92,15 @@ struct Args {
     /// with the daemon).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Bytes per second of the host library's output (a kernel's `printf`, a
+    /// compiler's diagnostics) each session may send its guest's standard output and
+    /// error, with K, M or G (default 1M); the excess is dropped and counted.
+    #[arg(long, value_name = "SIZE")]
+    output_rate: Option<String>,
+    /// Bytes of that output each session holds for its guest at once, and its burst
+    /// above the rate (default 1M).
+    #[arg(long, value_name = "SIZE")]
+    output_buffer: Option<String>,
     /// Log lines as `text` (default) or `json` (one object per line: ts, level,
     /// target, msg). `RUST_LOG` sets the level.
     #[arg(long, value_name = "FORMAT")]
@@ -186,7 +195,25 @@ impl TryFrom<Args> for Config {
         if let Some(g) = a.socket_group.or(file.socket_group) {
             access.gid = Some(config::parse_group(&g)?);
         }
+        let size = |flag: &str, v: Option<String>, default: u64| -> anyhow::Result<u64> {
+            v.map_or(Ok(default), |v| {
+                config::parse_size(&v).with_context(|| format!("{flag} {v:?}"))
+            })
+        };
+        let output = config::OutputBound {
+            rate: size(
+                "output_rate",
+                a.output_rate.or(file.output_rate),
+                hira_protocol::DEFAULT_OUTPUT_RATE,
+            )?,
+            buffer: size(
+                "output_buffer",
+                a.output_buffer.or(file.output_buffer),
+                hira_protocol::DEFAULT_OUTPUT_BUFFER,
+            )?,
+        };
         Ok(Config {
+            output,
             listeners,
             vhost_user_vms,
             api_server,

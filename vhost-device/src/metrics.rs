@@ -119,6 +119,26 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
         "Device memory a live session holds",
     );
     let s_commands = counter(&mut r, "session_commands", "Commands a live session sent");
+    let output = counter(
+        &mut r,
+        "vm_output_bytes",
+        "The host library's output (kernel printf, diagnostics) sent to the VM's guests",
+    );
+    let dropped = counter(
+        &mut r,
+        "vm_output_dropped_bytes",
+        "The host library's output dropped over the VM's sessions' bound",
+    );
+    let s_output = counter(
+        &mut r,
+        "session_output_bytes",
+        "The host library's output sent to a live session's guest",
+    );
+    let s_dropped = counter(
+        &mut r,
+        "session_output_dropped_bytes",
+        "The host library's output dropped over a live session's bound",
+    );
     let crashes = counter(&mut r, "api_server_crashes", "API servers that crashed");
     let s_moves = gauge(
         &mut r,
@@ -156,6 +176,8 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
         held_s.get_or_create(&l).inc_by(vm.held_ns as f64 / 1e9);
         in_flight.get_or_create(&l).set(i(vm.in_flight));
         held.get_or_create(&l).set(i(vm.held));
+        output.get_or_create(&l).inc_by(vm.output_bytes);
+        dropped.get_or_create(&l).inc_by(vm.output_dropped);
         memory.get_or_create(&l).set(i(vm.mem_used));
         if let Some(q) = vm.mem_quota {
             quota.get_or_create(&l).set(i(q));
@@ -180,6 +202,8 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
         s_device.get_or_create(&l).inc_by(s.device_ns as f64 / 1e9);
         s_memory.get_or_create(&l).set(i(s.memory));
         s_commands.get_or_create(&l).inc_by(s.commands);
+        s_output.get_or_create(&l).inc_by(s.output_bytes);
+        s_dropped.get_or_create(&l).inc_by(s.output_dropped);
         s_moves
             .get_or_create(&l)
             .set(i64::from(s.session.migrations));

@@ -36,6 +36,10 @@ pub struct VmQueue {
     bytes: AtomicU64,
     device_ns: AtomicU64,
     held_ns: AtomicU64,
+    /// The host library's output of ended sessions: sent to the guest, and dropped
+    /// over the sessions' bound.
+    output_bytes: AtomicU64,
+    output_dropped: AtomicU64,
     /// The VM's share of device time (0 reads as 1).
     share: AtomicU32,
     /// The scheduler's last decision for the VM: 0 run, 1 hold, 2 delay.
@@ -72,6 +76,12 @@ impl Drop for Tracked {
             self.queue
                 .device_ns
                 .fetch_add(u.device_ns, Ordering::Relaxed);
+            self.queue
+                .output_bytes
+                .fetch_add(u.output_bytes, Ordering::Relaxed);
+            self.queue
+                .output_dropped
+                .fetch_add(u.output_dropped, Ordering::Relaxed);
         }
     }
 }
@@ -129,6 +139,8 @@ impl VmQueue {
             bytes: self.bytes.load(Ordering::Relaxed),
             device_ns: self.device_ns.load(Ordering::Relaxed),
             held_ns: self.held_ns.load(Ordering::Relaxed),
+            output_bytes: self.output_bytes.load(Ordering::Relaxed),
+            output_dropped: self.output_dropped.load(Ordering::Relaxed),
             ..Usage::default()
         };
         for p in live.values() {
@@ -140,6 +152,8 @@ impl VmQueue {
             t.memory += u.memory;
             t.in_flight += u.in_flight;
             t.held += u.held;
+            t.output_bytes += u.output_bytes;
+            t.output_dropped += u.output_dropped;
         }
         t
     }

@@ -51,7 +51,11 @@ pub fn api_server(
         .arg("--vm-page-fd")
         .arg(VM_PAGE_FD.to_string())
         .arg("--session")
-        .arg(id.to_string());
+        .arg(id.to_string())
+        .arg("--output-rate")
+        .arg(config.output.rate.to_string())
+        .arg("--output-buffer")
+        .arg(config.output.buffer.to_string());
     if let Some(p) = &config.platform {
         cmd.arg("--platform").arg(p);
     }

@@ -498,6 +498,11 @@ impl Backend for CudaBackend {
         op_info(opcode).is_some_and(|o| o.may_block)
     }
 
+    fn may_print(&self, opcode: u16) -> bool {
+        use hira_api_cuda::op;
+        self.may_block(opcode) || opcode == op::cuModuleLoadData
+    }
+
     fn may_wait_on_guest(&self, opcode: u16) -> bool {
         // A launch the VM's decision holds runs off the reading thread, which stays
         // free to see the guest go (and the launch is then let through).

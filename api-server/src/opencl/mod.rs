@@ -276,6 +276,14 @@ impl Backend for OpenClBackend {
         op_info(opcode).is_some_and(|o| o.may_block)
     }
 
+    fn may_print(&self, opcode: u16) -> bool {
+        self.may_block(opcode)
+            || matches!(
+                opcode,
+                op::clBuildProgram | op::clCompileProgram | op::clLinkProgram
+            )
+    }
+
     fn may_wait_on_guest(&self, opcode: u16) -> bool {
         self.may_block(opcode) && self.open_user_events.load(Ordering::Acquire) > 0
     }

@@ -10,6 +10,7 @@ mod isolation;
 mod kernel_args;
 mod malformed;
 mod migration;
+mod output;
 mod piglit;
 mod programs;
 mod pyopencl;

@@ -3,13 +3,12 @@
 //! still sees the queue it asked for), and a VM ahead of its share is held where its
 //! commands reach the device until the VM it is ahead of has nothing waiting.
 
-use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Daemon, LineProgram, Vendors, c_program};
+use crate::support::{Daemon, LineProgram, Vendors, c_program, http_get, metric};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -187,26 +186,6 @@ fn a_flooding_vm_keeps_at_most_its_backlog_bound_on_the_device() {
     assert!(vm(&d, "flood")["held_ns"].as_u64().unwrap() > 0);
     drop((flood, light));
     d.wait_idle(TIMEOUT);
-}
-
-/// A GET on the metrics endpoint: status line and body.
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).expect("the metrics endpoint accepts");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
-/// The value of the metric line that starts with `prefix`.
-fn metric(body: &str, prefix: &str) -> f64 {
-    body.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in\n{body}"))
 }
 
 #[test]

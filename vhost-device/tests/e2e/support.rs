@@ -791,3 +791,23 @@ pub fn vm_entry<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json
         .find(|v| v["name"] == name)
         .unwrap_or_else(|| panic!("no VM {name} in {status}"))
 }
+
+/// A GET on the metrics endpoint: status line and body.
+pub fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).expect("the metrics endpoint accepts");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of the metric line that starts with `prefix`.
+pub fn metric(body: &str, prefix: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{body}"))
+}
