@@ -356,6 +356,9 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             Kind::CtxProps => {
                 let _ = writeln!(enc, "c.context_properties({n})?;");
             }
+            Kind::PartProps => {
+                let _ = writeln!(enc, "c.partition_properties({n} as *const isize)?;");
+            }
             Kind::Callback { kind, data } if kind == "Destructor" => {
                 // The callback gets the object being destroyed: the handle the
                 // application had, remembered with the callback.
@@ -776,6 +779,12 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 let _ = writeln!(
                     dec,
                     "let {n}__z = Session::zlist(r)?;\nlet {n} = Session::array_ptr(&{n}__z) as {ct};"
+                );
+            }
+            Kind::PartProps => {
+                let _ = writeln!(
+                    dec,
+                    "let {n}__z = Session::partition_properties(r)?;\nlet {n} = Session::array_ptr(&{n}__z) as {ct};"
                 );
             }
             Kind::CtxProps => {

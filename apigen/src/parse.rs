@@ -66,6 +66,7 @@ pub enum Kind {
     Arr(String),
     ZList,
     CtxProps,
+    PartProps,
     Callback {
         kind: String,
         data: String,
@@ -322,6 +323,7 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
         "arr" => Kind::Arr(p(0)?),
         "zlist" => Kind::ZList,
         "ctxprops" => Kind::CtxProps,
+        "partprops" => Kind::PartProps,
         "cb" => Kind::Callback {
             kind: p(0)?,
             data: p(1)?,

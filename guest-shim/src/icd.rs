@@ -57,14 +57,12 @@ fn unsupported(slot: usize, args: [usize; 8]) -> usize {
 }
 
 /// The code an unsupported entry point returns: the one the specification gives for
-/// what Hira reports (no pipes, no SVM, no native kernels, no partitioning), else
+/// what Hira reports (no pipes, no SVM, no native kernels), else
 /// `CL_INVALID_OPERATION`.
 fn unsupported_code(name: &str) -> cl_int {
     match name {
         // No pipe object can exist, so whatever the application passes is not one.
         "clGetPipeInfo" => CL_INVALID_MEM_OBJECT,
-        // No partition type is reported, so whatever is asked is not supported.
-        "clCreateSubDevices" => CL_INVALID_VALUE,
         _ => CL_INVALID_OPERATION,
     }
 }
@@ -254,8 +252,9 @@ mod coverage {
             "\nMasked device properties: `CL_DEVICE_SVM_CAPABILITIES` keeps only\n\
              `CL_DEVICE_SVM_COARSE_GRAIN_BUFFER` (fine-grained sharing and SVM atomics\n\
              cannot cross the VM boundary), the `CL_EXEC_NATIVE_KERNEL` bit of\n\
-             `CL_DEVICE_EXECUTION_CAPABILITIES` is cleared, and no partition type is\n\
-             reported (`CL_DEVICE_PARTITION_*`).\n",
+             `CL_DEVICE_EXECUTION_CAPABILITIES` is cleared, and\n\
+             `CL_DEVICE_PARTITION_PROPERTIES` keeps the partition types the\n\
+             specification defines.\n",
         );
         out
     }

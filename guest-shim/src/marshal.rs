@@ -508,6 +508,34 @@ impl Call {
         Ok(())
     }
 
+    /// Device partition properties: a partition type, then its values (see
+    /// [`hira_api_opencl::partition_words`]). A type this build does not know is
+    /// `CL_INVALID_VALUE`, as for a device that does not support it.
+    ///
+    /// # Safety
+    /// `p` must be null or a partition property list as the specification defines it.
+    pub unsafe fn partition_properties(&mut self, p: *const isize) -> Result<(), cl_int> {
+        if p.is_null() {
+            self.words(None);
+            return Ok(());
+        }
+        let mut v: Vec<u64> = Vec::new();
+        loop {
+            if v.len() > hira_api_opencl::MAX_PARTITION_WORDS {
+                return Err(CL_INVALID_VALUE);
+            }
+            // SAFETY: the list is read word by word only as far as its shape says.
+            v.push(unsafe { *p.add(v.len()) } as u64);
+            match hira_api_opencl::partition_words(&v) {
+                Some(true) => break,
+                Some(false) => {}
+                None => return Err(CL_INVALID_VALUE),
+            }
+        }
+        self.words(Some(v));
+        Ok(())
+    }
+
     /// Context properties, translating the platform handle.
     ///
     /// # Safety
@@ -1158,32 +1186,37 @@ const CL_EXEC_NATIVE_KERNEL: u64 = 1 << 1;
 /// `CL_DEVICE_SVM_CAPABILITIES`.
 const CL_DEVICE_SVM_CAPABILITIES: u32 = 0x1053;
 const CL_DEVICE_SVM_COARSE_GRAIN_BUFFER: u64 = 1;
-const CL_DEVICE_PARTITION_MAX_SUB_DEVICES: u32 = 0x1043;
 const CL_DEVICE_PARTITION_PROPERTIES: u32 = 0x1044;
-const CL_DEVICE_PARTITION_AFFINITY_DOMAIN: u32 = 0x1045;
 
 /// What Hira cannot honour across the VM boundary, or does not forward yet, is masked
 /// from device properties, so that applications never select it: fine-grained shared
 /// virtual memory and SVM atomics (guest and host address spaces differ; coarse-grained
 /// buffers are supported, `crate::svm`), native kernels (a guest function pointer
-/// cannot run on the host) and partitioning into sub-devices. The matching entry points return the specification's codes for a device
-/// without them (see `icd::unsupported_code`).
+/// cannot run on the host). The matching entry points return the specification's codes for a device
+/// without them (see `icd::unsupported_code`). Of the partition types, only those the
+/// specification defines are reported: a vendor's own has a property list whose shape
+/// Hira cannot know, so `clCreateSubDevices` could not forward it.
 fn mask_device(param: u32, b: &mut Vec<u8>) {
-    match param {
-        // No sub-devices: `clCreateSubDevices` is not forwarded.
-        CL_DEVICE_PARTITION_MAX_SUB_DEVICES => {
-            *b = 0u32.to_le_bytes().to_vec();
-            return;
+    if param == CL_DEVICE_PARTITION_PROPERTIES {
+        let mut kept: Vec<u8> = b
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .filter(|&t| {
+                matches!(
+                    t,
+                    hira_api_opencl::CL_DEVICE_PARTITION_EQUALLY
+                        | hira_api_opencl::CL_DEVICE_PARTITION_BY_COUNTS
+                        | hira_api_opencl::CL_DEVICE_PARTITION_BY_AFFINITY_DOMAIN
+                )
+            })
+            .flat_map(u64::to_le_bytes)
+            .collect();
+        if kept.is_empty() {
+            // No type: the list is a single 0.
+            kept = 0u64.to_le_bytes().to_vec();
         }
-        CL_DEVICE_PARTITION_PROPERTIES => {
-            *b = 0u64.to_le_bytes().to_vec();
-            return;
-        }
-        CL_DEVICE_PARTITION_AFFINITY_DOMAIN => {
-            *b = 0u64.to_le_bytes().to_vec();
-            return;
-        }
-        _ => {}
+        *b = kept;
+        return;
     }
     let Ok(bytes) = <[u8; 8]>::try_from(&b[..]) else {
         return;
@@ -1212,6 +1245,17 @@ mod tests {
         let mut other = 7u64.to_le_bytes().to_vec();
         mask_device(0x1000, &mut other);
         assert_eq!(other, 7u64.to_le_bytes());
+    }
+
+    #[test]
+    fn only_the_specifications_partition_types_are_reported() {
+        let words = |v: &[u64]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        let mut types = words(&[0x1086, 0x4040, 0x1087]);
+        mask_device(CL_DEVICE_PARTITION_PROPERTIES, &mut types);
+        assert_eq!(types, words(&[0x1086, 0x1087]));
+        let mut vendor = words(&[0x4040]);
+        mask_device(CL_DEVICE_PARTITION_PROPERTIES, &mut vendor);
+        assert_eq!(vendor, words(&[0]));
     }
 
     #[test]

@@ -24,6 +24,11 @@
  *              it back -> "unmap SUM"
  *   devices    where the context's device is in the platform's device list now
  *              -> "devices INDEX of COUNT"
+ *   split      partitions the device equally and releases those sub-devices, then
+ *              partitions it by counts 1,1 and makes a context, a queue, a program
+ *              and a buffer on the second sub-device -> "split N"
+ *   sub        a kernel on that sub-device's queue, and what the sub-device says of
+ *              itself -> "sub SUM parent P units U queue Q"
  *   end        releases everything and waits for the destructor callback -> "end ok"
  */
 #include "cl30.h"
@@ -155,6 +160,11 @@ int main(void) {
     CHECK(clEnqueueNDRangeKernel(q, add, 1, NULL, &n, NULL, 1, &user, &kept));
     CHECK(clWaitForEvents(1, &kept));
 
+    cl_device_id subs[2] = {0};
+    cl_context sctx = NULL;
+    cl_command_queue sq = NULL;
+    cl_kernel sk = NULL;
+    cl_mem sbuf = NULL;
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("ready\n");
     unsigned steps = 0;
@@ -187,6 +197,41 @@ int main(void) {
             for (cl_uint i = 0; i < count && i < 8; i++)
                 if (all[i] == device) at = i;
             printf("devices %u of %u\n", at, count);
+        } else if (!strcmp(cmd, "split")) {
+            cl_device_partition_property eq[] = {CL_DEVICE_PARTITION_EQUALLY, 1, 0};
+            cl_device_id first[8];
+            cl_uint made = 0;
+            CHECK(clCreateSubDevices(device, eq, 8, first, &made));
+            for (cl_uint i = 0; i < made; i++) CHECK(clReleaseDevice(first[i]));
+            cl_device_partition_property counts[] = {CL_DEVICE_PARTITION_BY_COUNTS, 1, 1, 0, 0};
+            CHECK(clCreateSubDevices(device, counts, 2, subs, &made));
+            sctx = clCreateContext(NULL, 1, &subs[1], NULL, NULL, &err);
+            CHECK(err);
+            sq = clCreateCommandQueueWithProperties(sctx, subs[1], NULL, &err);
+            CHECK(err);
+            static const char *ssrc =
+                "__kernel void twice(__global float *v) { size_t i = get_global_id(0); v[i] = 2.0f * v[i] + 1.0f; }\n";
+            cl_program sp = clCreateProgramWithSource(sctx, 1, &ssrc, NULL, &err);
+            CHECK(err);
+            CHECK(clBuildProgram(sp, 1, &subs[1], NULL, NULL, NULL));
+            sk = clCreateKernel(sp, "twice", &err);
+            CHECK(err);
+            clReleaseProgram(sp);
+            for (int i = 0; i < N; i++) out[i] = (float)(i % 13);
+            sbuf = clCreateBuffer(sctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof out, out, &err);
+            CHECK(err);
+            CHECK(clSetKernelArg(sk, 0, sizeof sbuf, &sbuf));
+            printf("split %u\n", made);
+        } else if (!strcmp(cmd, "sub")) {
+            CHECK(clEnqueueNDRangeKernel(sq, sk, 1, NULL, &n, NULL, 0, NULL, NULL));
+            CHECK(clEnqueueReadBuffer(sq, sbuf, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+            cl_device_id parent = NULL, qdev = NULL;
+            cl_uint units = 0;
+            CHECK(clGetDeviceInfo(subs[1], CL_DEVICE_PARENT_DEVICE, sizeof parent, &parent, NULL));
+            CHECK(clGetDeviceInfo(subs[1], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL));
+            CHECK(clGetCommandQueueInfo(sq, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL));
+            printf("sub %.6e parent %d units %u queue %d\n", sum(out, N), parent == device, units,
+                   qdev == subs[1]);
         } else if (!strcmp(cmd, "pend")) {
             pend = clCreateUserEvent(ctx, &err);
             CHECK(err);

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cl3::OpenCl;
-use hira_api_opencl::{Kind, OpInfo, Replay, op, op_info, tag};
+use hira_api_opencl::{HOST_ID_BIT, Kind, OpInfo, Replay, op, op_info, tag};
 use hira_migration::snapshot::MAX_REQUEST;
 use hira_migration::{Log, Snapshot, StandIn};
 use hira_protocol::{Reader, Writer};
@@ -763,7 +763,9 @@ impl OpenClBackend {
                     return Err(format!("the snapshot keeps {name}, which no log keeps"));
                 }
                 w.clear();
-                let mut s = Session::new(self);
+                // Objects the host named get the ids it gave them the first time.
+                let host_ids = e.creates.iter().copied().filter(|id| id & HOST_ID_BIT != 0);
+                let mut s = Session::replaying(self, host_ids.collect());
                 let mut r = Reader::new(&e.request);
                 super::generated::dispatch(&mut s, e.opcode, &mut r, &frame, &mut w)
                     .map_err(|f| format!("replaying {name}: {f}"))?;
@@ -772,6 +774,11 @@ impl OpenClBackend {
                 });
                 if status != CL_SUCCESS {
                     return Err(format!("replaying {name} failed with {status}"));
+                }
+                if !s.replayed_alike() {
+                    return Err(format!(
+                        "replaying {name} made other objects than the first time (another device?)"
+                    ));
                 }
                 self.deferred.settle();
             }

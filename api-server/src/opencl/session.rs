@@ -69,6 +69,9 @@ struct Entry {
     /// References the guest application holds (0 for objects it only found, such as
     /// devices).
     guest_refs: u32,
+    /// The guest's references are counted: objects of a reference-counted kind, and
+    /// sub-devices (which the guest creates; root devices it only finds).
+    counted: bool,
 }
 
 /// The session's handle table: guest ids to host objects and back.
@@ -91,12 +94,19 @@ impl Handles {
     }
 
     fn insert(&mut self, id: u64, kind: Kind, host: usize, guest_refs: u32) {
+        // An id the host assigned in an earlier life of the session (a replay) is not
+        // handed out again.
+        if id & HOST_ID_BIT != 0 {
+            self.next_host_id = self.next_host_id.max(id & !HOST_ID_BIT);
+        }
+        let counted = kind.refcounted() || (kind == Kind::Device && guest_refs > 0);
         self.by_id.insert(
             id,
             Entry {
                 kind,
                 host,
                 guest_refs,
+                counted,
             },
         );
         self.by_host.insert(host, id);
@@ -194,7 +204,7 @@ impl Handles {
         let mut v: Vec<(Kind, usize, u32)> = self
             .by_id
             .drain()
-            .filter(|(_, e)| e.guest_refs > 0 && e.kind.refcounted())
+            .filter(|(_, e)| e.guest_refs > 0 && e.counted)
             .map(|(_, e)| (e.kind, e.host, e.guest_refs))
             .collect();
         self.by_host.clear();
@@ -593,6 +603,9 @@ pub struct Session<'a> {
     rec: Option<std::cell::RefCell<super::migrate::Rec>>,
     /// The token of a deferred output the call names and has not handed over yet.
     output: std::cell::Cell<u64>,
+    /// A call replayed from migration's log: the ids the host assigned the objects it
+    /// made the first time, to give them again, and whether it made more.
+    replay_ids: Option<std::cell::RefCell<(std::collections::VecDeque<u64>, bool)>>,
 }
 
 impl<'a> Session<'a> {
@@ -601,15 +614,48 @@ impl<'a> Session<'a> {
             b,
             rec: None,
             output: std::cell::Cell::new(0),
+            replay_ids: None,
+        }
+    }
+
+    /// A view for replaying a logged call whose objects the host gave `ids` (in the
+    /// order it made them): they get the same ids again.
+    pub(crate) fn replaying(b: &'a OpenClBackend, ids: Vec<u64>) -> Self {
+        Session {
+            replay_ids: Some(std::cell::RefCell::new((ids.into(), false))),
+            ..Session::new(b)
+        }
+    }
+
+    /// Whether a replayed call made exactly the objects it made the first time.
+    pub(crate) fn replayed_alike(&self) -> bool {
+        self.replay_ids
+            .as_ref()
+            .is_none_or(|r| matches!(&*r.borrow(), (left, false) if left.is_empty()))
+    }
+
+    /// The id for an object the host made: the one it had, when replaying.
+    fn host_assigned_id(&self, h: &mut Handles) -> u64 {
+        match &self.replay_ids {
+            Some(r) => {
+                let mut r = r.borrow_mut();
+                match r.0.pop_front() {
+                    Some(id) => id,
+                    None => {
+                        r.1 = true;
+                        h.fresh_host_id()
+                    }
+                }
+            }
+            None => h.fresh_host_id(),
         }
     }
 
     /// A view that also notes what the call names, into `rec`, for migration's log.
     pub(crate) fn recording(b: &'a OpenClBackend, rec: super::migrate::Rec) -> Self {
         Session {
-            b,
             rec: Some(std::cell::RefCell::new(rec)),
-            output: std::cell::Cell::new(0),
+            ..Session::new(b)
         }
     }
 
@@ -861,7 +907,7 @@ impl<'a> Session<'a> {
 
     pub fn retained(&self, id: u64) {
         if let Some(e) = self.handles().by_id.get_mut(&id)
-            && e.kind.refcounted()
+            && e.counted
         {
             e.guest_refs += 1;
         }
@@ -874,7 +920,7 @@ impl<'a> Session<'a> {
         let Some(e) = h.by_id.get_mut(&id) else {
             return;
         };
-        if !e.kind.refcounted() {
+        if !e.counted {
             return;
         }
         e.guest_refs = e.guest_refs.saturating_sub(1);
@@ -1013,7 +1059,7 @@ impl<'a> Session<'a> {
             .take_while(|p| !p.is_null())
             .map(|&p| {
                 if owned {
-                    let id = h.fresh_host_id();
+                    let id = self.host_assigned_id(&mut h);
                     self.note(|r| r.creates.push(id));
                     h.insert(id, kind, p as usize, 1);
                     if let Some(sig) = signatures.next() {
@@ -1153,6 +1199,21 @@ impl<'a> Session<'a> {
             return Err(Fail::Status(CL_INVALID_VALUE));
         }
         v.push(0);
+        Ok(Some(v))
+    }
+
+    /// Device partition properties: exactly one list of a shape the specification
+    /// defines (see [`hira_api_opencl::partition_words`]), else `CL_INVALID_VALUE`.
+    pub fn partition_properties(r: &mut Reader<'_>) -> Result<Option<Vec<u64>>, Fail> {
+        if !r.flag()? {
+            return Ok(None);
+        }
+        let n = r.count(hira_api_opencl::MAX_PARTITION_WORDS)?;
+        let v = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+        // A list whose last word ends it is one list: its shape fixes where it ends.
+        if hira_api_opencl::partition_words(&v) != Some(true) {
+            return Err(Fail::Status(CL_INVALID_VALUE));
+        }
         Ok(Some(v))
     }
 

@@ -133,6 +133,39 @@ pub enum InfoHandles {
 
 /// `CL_CONTEXT_PLATFORM`.
 pub const CL_CONTEXT_PLATFORM: u64 = 0x1084;
+
+/// `CL_DEVICE_PARTITION_EQUALLY`, `_BY_COUNTS` and `_BY_AFFINITY_DOMAIN`.
+pub const CL_DEVICE_PARTITION_EQUALLY: u64 = 0x1086;
+pub const CL_DEVICE_PARTITION_BY_COUNTS: u64 = 0x1087;
+pub const CL_DEVICE_PARTITION_BY_AFFINITY_DOMAIN: u64 = 0x1088;
+/// Longest partition property list either side reads (a count per compute unit of a
+/// large host, and the type and terminators).
+pub const MAX_PARTITION_WORDS: usize = 4096 + 3;
+
+/// The shape of a device partition property list read so far, `words`: `Some(true)`
+/// when it is whole (its last word ends it), `Some(false)` when it needs more, `None`
+/// when it is not a list the specification defines (an unknown type, a missing
+/// terminator). `EQUALLY` and `BY_AFFINITY_DOMAIN` take one value then 0;
+/// `BY_COUNTS` takes counts to `CL_DEVICE_PARTITION_BY_COUNTS_LIST_END` (0), then 0.
+/// A list is whole only where its shape ends it, so no shorter prefix of a whole
+/// list is whole.
+pub fn partition_words(words: &[u64]) -> Option<bool> {
+    let (&kind, rest) = words.split_first()?;
+    match kind {
+        CL_DEVICE_PARTITION_EQUALLY | CL_DEVICE_PARTITION_BY_AFFINITY_DOMAIN => match rest {
+            [] | [_] => Some(false),
+            [_, 0] => Some(true),
+            _ => None,
+        },
+        CL_DEVICE_PARTITION_BY_COUNTS => match rest.iter().position(|&c| c == 0) {
+            None => Some(false),
+            Some(end) if end + 1 == rest.len() => Some(false),
+            Some(end) if end + 2 == rest.len() && rest[end + 1] == 0 => Some(true),
+            Some(_) => None,
+        },
+        _ => None,
+    }
+}
 /// `CL_PROGRAM_BINARIES`: its value is an array of pointers to caller buffers.
 pub const CL_PROGRAM_BINARIES: u32 = 0x1166;
 /// `CL_PROGRAM_BINARY_SIZES`.
@@ -221,5 +254,41 @@ mod tests {
             Some(InfoHandles::Array(Kind::Device))
         );
         assert_eq!(info_handles("clGetDeviceInfo", 0x1000), None);
+    }
+}
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+
+    /// Whether `words` is exactly one whole list: every shorter prefix needs more.
+    fn whole(words: &[u64]) -> bool {
+        (1..words.len()).all(|i| partition_words(&words[..i]) == Some(false))
+            && partition_words(words) == Some(true)
+    }
+
+    #[test]
+    fn partition_lists_have_the_shapes_the_specification_gives() {
+        assert!(whole(&[CL_DEVICE_PARTITION_EQUALLY, 1, 0]));
+        assert!(whole(&[CL_DEVICE_PARTITION_BY_AFFINITY_DOMAIN, 0x20, 0]));
+        assert!(whole(&[CL_DEVICE_PARTITION_BY_COUNTS, 1, 1, 0, 0]));
+        assert!(whole(&[CL_DEVICE_PARTITION_BY_COUNTS, 0, 0]));
+        assert_eq!(partition_words(&[]), None);
+        assert_eq!(partition_words(&[0]), None, "no type");
+        assert_eq!(partition_words(&[0x1234, 1, 0]), None, "unknown type");
+        assert_eq!(
+            partition_words(&[CL_DEVICE_PARTITION_EQUALLY, 1, 5]),
+            None,
+            "a second value"
+        );
+        assert_eq!(
+            partition_words(&[CL_DEVICE_PARTITION_BY_COUNTS, 1, 0, 7]),
+            None,
+            "no 0 after the list's end"
+        );
+        assert_eq!(
+            partition_words(&[CL_DEVICE_PARTITION_BY_COUNTS, 1, 2]),
+            Some(false)
+        );
     }
 }

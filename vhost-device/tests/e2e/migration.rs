@@ -121,6 +121,31 @@ fn a_session_moves_between_api_servers_with_its_objects_and_contents() {
 }
 
 #[test]
+fn sub_devices_and_what_was_made_on_them_move() {
+    // The first sub-devices are released before the second are made, so the host's
+    // ids of the second are not the first a fresh server would give.
+    let script = ["split", "sub", "sub", "step", "sub", "end"];
+    let expected = native(&script);
+    assert!(
+        expected[1].contains("parent 1 units 1 queue 1"),
+        "{expected:?}"
+    );
+    let d = Daemon::start(&["vm0"]);
+    let mut p = guest_program(&d, "vm0");
+    let (id, _) = the_session(&d);
+    let got = answers_moving_after_each(&d, &mut p, id, &script);
+    assert_eq!(
+        got, expected,
+        "answers through migrations differ from native"
+    );
+    drop(p);
+    let ended = d.wait_idle(TIMEOUT);
+    let e = ended.iter().find(|e| e["id"] == json!(id)).unwrap();
+    // The sub-devices, their context, queue, kernel and buffer were released.
+    assert_eq!(e["release_failures"], json!(0), "{e}");
+}
+
+#[test]
 fn a_session_moves_while_its_calls_run() {
     for sync in [false, true] {
         let script = ["loop 40", "check", "step", "end"];

@@ -157,7 +157,7 @@ fn clinfo_reports_every_device_property_as_native() {
 }
 
 /// The native clinfo report with what Hira masks (fine-grained shared virtual memory
-/// and SVM atomics, native kernels, sub-devices, extensions with entry points Hira
+/// and SVM atomics, native kernels, extensions with entry points Hira
 /// does not forward) reported absent.
 fn as_hira_masks(native: &str) -> String {
     use hira_api_opencl::extensions::{mask_list, passed_through};
@@ -177,30 +177,15 @@ fn as_hira_masks(native: &str) -> String {
             }
             !l.contains("ommand buffer")
         })
-        // No sub-devices.
-        .map(|l| {
-            let t = l.trim_start();
-            let value_at = |label: &str| {
-                let end = l.find(label).unwrap_or(0) + label.len();
-                l.len() - l[end..].trim_start().len()
-            };
-            if t.starts_with("Max number of sub-devices") {
-                format!("{}0", &l[..value_at("Max number of sub-devices")])
-            } else if t.starts_with("Supported partition types") {
-                format!("{}None", &l[..value_at("Supported partition types")])
-            } else {
-                l.to_string()
-            }
-        })
         .filter_map(|l| {
             let Some(at) = l.find(" cl_").map(|i| i + 1) else {
-                return Some(l);
+                return Some(l.to_string());
             };
             let (head, list) = l.split_at(at);
             let first = list.split_whitespace().next().unwrap_or("");
             if list.contains(" 0x") {
                 // One entry of an extensions-with-version list.
-                return passed_through(first).then_some(l);
+                return passed_through(first).then(|| l.to_string());
             }
             Some(format!("{head}{}", mask_list(list)))
         })
@@ -245,4 +230,9 @@ fn transfers_larger_than_the_data_window_match_native() {
 #[test]
 fn coarse_grained_svm_with_pointers_in_svm_memory_matches_native() {
     same_as_native("svm", &[]);
+}
+
+#[test]
+fn device_partitioning_and_sub_devices_match_native() {
+    same_as_native("subdevices", &[]);
 }

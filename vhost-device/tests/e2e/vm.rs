@@ -184,23 +184,31 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("usergate", ""),
     ("stream", "small"),
     ("known", ""),
+    ("printf", ""),
 ];
+
+/// Programs whose standard error is compared too: what the host's library printed
+/// reaches the guest's descriptor 2.
+const STDERR_PROGRAMS: &[&str] = &["build_error"];
 
 /// Runs every program of [`PROGRAMS`] in a guest, once per environment of `envs`
 /// (such as `HIRA_SYNC=1`), and compares with native runs.
 fn programs_match_native(window: bool, envs: &[&str]) -> Daemon {
     ensure_built();
     let daemon = Daemon::start_vms_with(&[("qvm", 3)], window);
-    let script: String = envs
-        .iter()
-        .flat_map(|env| {
-            PROGRAMS.iter().map(move |(p, args)| {
+    let script: String =
+        envs.iter()
+            .flat_map(|env| {
+                PROGRAMS.iter().map(move |(p, args)| {
                 format!(
                     "echo '=== {p}'\n{env} /hira/{p} {args} 2>/dev/null\necho \"=== exit $?\"\n"
                 )
             })
-        })
-        .collect();
+            .chain(STDERR_PROGRAMS.iter().map(move |p| {
+                format!("echo '=== {p} stderr'\n{env} /hira/{p} 2>&1 >/dev/null\n")
+            }))
+            })
+            .collect();
     let names: Vec<&str> = PROGRAMS.iter().map(|(p, _)| *p).collect();
     let image = image_with(
         if window {
@@ -235,6 +243,16 @@ fn programs_match_native(window: bool, envs: &[&str]) -> Daemon {
             "=== {p}\n{}=== exit {}\n",
             String::from_utf8_lossy(&o.stdout),
             o.status.code().unwrap_or(-1)
+        ));
+    }
+    for p in STDERR_PROGRAMS {
+        let mut cmd = Command::new(c_program(p));
+        cmd.env("OCL_ICD_VENDORS", native_vendors.dir.path());
+        let o = run_with_timeout(&mut cmd, Duration::from_secs(120));
+        assert!(!o.stderr.is_empty(), "{p} says nothing on stderr natively");
+        expected.push_str(&format!(
+            "=== {p} stderr\n{}",
+            String::from_utf8_lossy(&o.stderr)
         ));
     }
     let expected = expected.repeat(envs.len());
@@ -344,7 +362,11 @@ fn guest_programs_with_the_ivshmem_window_match_native() {
     let daemon = programs_match_native(true, &["", "HIRA_SYNC=1"]);
     let ended = daemon.wait_idle(Duration::from_secs(30));
     let sessions: Vec<_> = ended.iter().filter(|e| e["vm"] == "qvm").collect();
-    assert_eq!(sessions.len(), 2 * PROGRAMS.len(), "{ended:?}");
+    assert_eq!(
+        sessions.len(),
+        2 * (PROGRAMS.len() + STDERR_PROGRAMS.len()),
+        "{ended:?}"
+    );
     // With a window slot, each session's frames travel on rings at the end of the
     // slot, woken by doorbells over vsock; the daemon relays the doorbells only.
     for s in &sessions {
