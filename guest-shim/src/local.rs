@@ -15,7 +15,8 @@ use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_map_flags, cl_m
 
 use crate::generated as g;
 pub use crate::icd::{clGetExtensionFunctionAddress, clGetExtensionFunctionAddressForPlatform};
-use crate::rt::{self, CL_INVALID_VALUE};
+use crate::rt::{self, CL_INVALID_VALUE, CL_MEM_OBJECT_IMAGE1D_ARRAY};
+use crate::stats;
 pub use crate::svm::{
     clEnqueueSVMFree, clEnqueueSVMMap, clEnqueueSVMMemFill, clEnqueueSVMMemcpy,
     clEnqueueSVMMigrateMem, clEnqueueSVMUnmap, clSVMAlloc, clSVMFree, clSetKernelArgSVMPointer,
@@ -31,13 +32,11 @@ const CL_INVALID_OPERATION: cl_int = -59;
 const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
 const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
 const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
-const CL_MEM_TYPE: u32 = 0x1100;
 const CL_COMMAND_MAP_BUFFER: u32 = 0x11FB;
 const CL_COMMAND_MAP_IMAGE: u32 = 0x11FC;
 const CL_COMMAND_UNMAP_MEM_OBJECT: u32 = 0x11FD;
 const CL_MEM_OBJECT_IMAGE2D_ARRAY: u32 = 0x10F3;
 const CL_MEM_OBJECT_IMAGE3D: u32 = 0x10F2;
-const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
 
 /// How a mapping's memory is filled from the device.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -115,11 +114,6 @@ fn mem_query<T: Copy>(query: MemInfoFn, mem: cl_mem, param: u32) -> Result<T, cl
 /// A `size_t` image property.
 fn image_info_size(image: cl_mem, param: u32) -> Result<usize, cl_int> {
     mem_query(g::clGetImageInfo, image, param)
-}
-
-/// The image's type (`CL_MEM_TYPE`), asked once and cached like every constant query.
-fn image_type(image: cl_mem) -> Result<u32, cl_int> {
-    mem_query(g::clGetMemObjectInfo, image, CL_MEM_TYPE)
 }
 
 enum Region {
@@ -239,6 +233,8 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
             return Err(status);
         }
         rt::note_command_type(event, CL_COMMAND_MAP_BUFFER);
+        // What the mapping brought from the device: the region, or nothing.
+        stats::data(if fill == Fill::None { 0 } else { size }, 0);
         MAPPINGS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -278,7 +274,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
             return Err(CL_INVALID_VALUE);
         }
         let fill = map_access(id, map_flags)?;
-        let kind = image_type(image)?;
+        let kind = rt::image_type(image)?;
         // SAFETY: both point to three size_t per the API.
         let (o, r) = unsafe {
             (
@@ -411,6 +407,10 @@ pub unsafe extern "C" fn clEnqueueMapImage(
             return Err(status);
         }
         rt::note_command_type(event, CL_COMMAND_MAP_IMAGE);
+        if fill != Fill::None {
+            let bytes = r.iter().try_fold(elem, |acc, &d| acc.checked_mul(d));
+            stats::data(bytes.unwrap_or(0), 0);
+        }
         // SAFETY: checked non-null above / optional per the API.
         unsafe {
             *image_row_pitch = row;
@@ -508,6 +508,16 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
         drop(m.shadow);
         if status == 0 {
             rt::note_command_type(event, CL_COMMAND_UNMAP_MEM_OBJECT);
+            // What the unmap sent back: the region written, or nothing.
+            let sent = match (&m.region, wrote) {
+                (Region::Buffer { size, .. }, true) => *size,
+                (Region::Image { region, .. }, true) => rt::image_elem_size(memobj)
+                    .ok()
+                    .and_then(|e| region.iter().try_fold(e, |acc, &d| acc.checked_mul(d)))
+                    .unwrap_or(0),
+                (_, false) => 0,
+            };
+            stats::data(0, sent);
         }
         Ok(status)
     })

@@ -50,6 +50,8 @@ pub struct MemExtra {
     pub host_ptr: usize,
     /// Bytes per pixel, once known (images only).
     pub elem_size: usize,
+    /// `CL_MEM_TYPE`, once known (images only; 0 before).
+    pub image_type: u32,
     /// Size in bytes, for buffers made by `clCreateBuffer*`.
     pub size: Option<usize>,
 }
@@ -456,6 +458,7 @@ pub(crate) fn note_mem(id: u64, flags: u64, host_ptr: *mut c_void, size: Option<
             flags,
             host_ptr,
             elem_size: 0,
+            image_type: 0,
             size,
         },
     );
@@ -486,6 +489,7 @@ pub(crate) fn note_sub_buffer(id: u64, parent: &MemExtra, flags: u64, origin: us
             flags: f,
             host_ptr,
             elem_size: 0,
+            image_type: 0,
             size: Some(size),
         },
     );
@@ -743,6 +747,36 @@ pub(crate) unsafe fn image_rect(
     // SAFETY: points to three size_t, per the contract above.
     let r = unsafe { *(region as *const [usize; 3]) };
     RectLayout::image(elem, r, row_pitch, slice_pitch).ok_or(CL_INVALID_VALUE)
+}
+
+/// `CL_MEM_OBJECT_IMAGE1D_ARRAY`.
+pub(crate) const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
+
+/// The type of image `image` (`CL_MEM_TYPE`), asked of the host once and remembered.
+pub(crate) fn image_type(image: cl_mem) -> Result<u32, cl_int> {
+    let (id, kind) = lookup(image).ok_or(-38)?;
+    if kind != Kind::Mem {
+        return Err(-38);
+    }
+    if let Some(e) = mem_extra(id).filter(|e| e.image_type != 0) {
+        return Ok(e.image_type);
+    }
+    let mut t: u32 = 0;
+    // SAFETY: asking for CL_MEM_TYPE, a cl_mem_object_type (u32), into a local u32.
+    let status = unsafe {
+        crate::generated::clGetMemObjectInfo(
+            image,
+            0x1100,
+            std::mem::size_of::<u32>(),
+            (&mut t as *mut u32).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if status != 0 {
+        return Err(status);
+    }
+    objects().mem.entry(id).or_default().image_type = t;
+    Ok(t)
 }
 
 /// Bytes per pixel of `image`, asked of the host once and remembered.

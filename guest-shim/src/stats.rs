@@ -1,6 +1,7 @@
 //! Per-call statistics (`HIRA_STATS=1`): for each API function the application called,
-//! how often, how long it took in total and on average, and how many bytes crossed to
-//! the host and back. Printed to stderr when the process exits (`HIRA_STATS=PATH`
+//! how often, how long it took in total and on average, how many bytes crossed to
+//! the host and back (frames and data), and of those the object data a map brought
+//! in and an unmap sent back. Printed to stderr when the process exits (`HIRA_STATS=PATH`
 //! writes them to PATH instead).
 //!
 //! Only the application's own calls count: a call the shim makes while serving
@@ -25,6 +26,9 @@ struct Entry {
     nanos: u128,
     sent: u64,
     received: u64,
+    /// Object data a map brought into the guest, and an unmap sent back.
+    data_in: u64,
+    data_out: u64,
 }
 
 static TABLE: LazyLock<Mutex<HashMap<&'static str, Entry>>> =
@@ -70,14 +74,36 @@ pub(crate) fn bytes(sent: usize, received: usize) {
     e.received += received as u64;
 }
 
+/// Counts object data moved for the current application call: `into_guest` bytes a
+/// map brought in, `to_host` bytes an unmap sent back.
+pub(crate) fn data(into_guest: usize, to_host: usize) {
+    if !enabled() {
+        return;
+    }
+    let Some(name) = CURRENT.with(Cell::get) else {
+        return;
+    };
+    let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let e = t.entry(name).or_default();
+    e.data_in += into_guest as u64;
+    e.data_out += to_host as u64;
+}
+
 /// The report, one line per function, busiest first, then a totals line.
 fn report() -> String {
     let t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     let mut rows: Vec<(&&str, &Entry)> = t.iter().collect();
     rows.sort_by(|a, b| b.1.nanos.cmp(&a.1.nanos).then(a.0.cmp(b.0)));
     let mut s = format!(
-        "hira-stats: {:<36} {:>10} {:>12} {:>10} {:>14} {:>14}\n",
-        "function", "calls", "total ms", "mean us", "bytes sent", "bytes recv"
+        "hira-stats: {:<36} {:>10} {:>12} {:>10} {:>14} {:>14} {:>14} {:>14}\n",
+        "function",
+        "calls",
+        "total ms",
+        "mean us",
+        "bytes sent",
+        "bytes recv",
+        "data in",
+        "data out"
     );
     let (mut calls, mut sent, mut received) = (0u64, 0u64, 0u64);
     for (name, e) in rows {
@@ -85,13 +111,15 @@ fn report() -> String {
         sent += e.sent;
         received += e.received;
         s.push_str(&format!(
-            "hira-stats: {:<36} {:>10} {:>12.3} {:>10.2} {:>14} {:>14}\n",
+            "hira-stats: {:<36} {:>10} {:>12.3} {:>10.2} {:>14} {:>14} {:>14} {:>14}\n",
             name,
             e.calls,
             e.nanos as f64 / 1e6,
             e.nanos as f64 / 1e3 / e.calls.max(1) as f64,
             e.sent,
-            e.received
+            e.received,
+            e.data_in,
+            e.data_out
         ));
     }
     s.push_str(&format!(
@@ -132,6 +160,7 @@ mod tests {
                     nanos: 4000,
                     sent: 16,
                     received: 8,
+                    ..Entry::default()
                 },
             );
             t.insert(
@@ -141,6 +170,8 @@ mod tests {
                     nanos: 9000,
                     sent: 4096,
                     received: 4,
+                    data_in: 0,
+                    data_out: 4000,
                 },
             );
         }
@@ -148,6 +179,10 @@ mod tests {
         assert!(
             r.lines().nth(1).unwrap().contains("clEnqueueWriteBuffer"),
             "busiest first:\n{r}"
+        );
+        assert!(
+            r.lines().nth(1).unwrap().ends_with(" 0           4000"),
+            "data columns last:\n{r}"
         );
         assert!(
             r.ends_with("hira-stats: total calls=3 bytes_sent=4112 bytes_received=12\n"),

@@ -216,3 +216,61 @@ fn event_status_and_profiling_after_a_wait_are_answered_in_the_guest() {
         }
     }
 }
+
+#[test]
+fn maps_move_only_their_regions_and_read_only_unmaps_send_nothing_back() {
+    // tests/c/map_regions.c: regions of a 4 MiB buffer, a 4 MiB 2D array, a 1 MiB 3D
+    // image and a 1D array, mapped for reading, writing and invalidating, give the
+    // native results; the shim's statistics count as object data exactly the regions
+    // the program says it mapped for reading or writing (maps) and wrote (unmaps).
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("map_regions");
+    let native = run_native(&exe, &[]);
+    assert!(native.status.success());
+    let expected = String::from_utf8_lossy(&native.stdout).into_owned();
+    let (map_in, unmap_out): (u64, u64) = expected
+        .lines()
+        .find_map(|l| l.strip_prefix("data: maps bring in "))
+        .and_then(|l| {
+            let (a, b) = l.split_once(" bytes, unmaps send back ")?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no data line: {expected}"));
+    assert!(!expected.contains("WRONG"), "{expected}");
+    let stats_dir = tempfile::tempdir().unwrap();
+    for rings in ["1", "0"] {
+        let stats = stats_dir.path().join(format!("stats-{rings}"));
+        let o = run_with_timeout(
+            daemon
+                .guest(&vendors, "vm1", &exe)
+                .env("HIRA_RINGS", rings)
+                .env("HIRA_STATS", &stats),
+            Duration::from_secs(120),
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), expected);
+        let table = std::fs::read_to_string(&stats).unwrap();
+        // hira-stats: NAME calls total-ms mean-us bytes-sent bytes-received data-in data-out
+        let column = |function: &str, at: usize| -> u64 {
+            table
+                .lines()
+                .find(|l| l.split_whitespace().nth(1) == Some(function))
+                .and_then(|l| l.split_whitespace().nth(at)?.parse().ok())
+                .unwrap_or_else(|| panic!("no {function} row:\n{table}"))
+        };
+        assert_eq!(
+            column("clEnqueueMapBuffer", 7) + column("clEnqueueMapImage", 7),
+            map_in,
+            "{table}"
+        );
+        assert_eq!(column("clEnqueueUnmapMemObject", 8), unmap_out, "{table}");
+        assert_eq!(column("clEnqueueMapImage", 8), 0, "{table}");
+        // Everything that crossed for the maps is the regions and a little framing:
+        // not the 9 MiB of the objects.
+        let received = column("clEnqueueMapBuffer", 6) + column("clEnqueueMapImage", 6);
+        assert!(received < map_in + 64 * 1024, "{table}");
+        let sent = column("clEnqueueUnmapMemObject", 5);
+        assert!(sent < unmap_out + 64 * 1024, "{table}");
+    }
+}
