@@ -63,3 +63,14 @@ extern "C" __global__ void spin(unsigned n, unsigned *out) {
     for (unsigned i = 0; i < n; i++) x = x * 1664525u + 1013904223u + (x >> 7);
     *out = x;
 }
+
+// Device-side printf: each of the first n threads prints a line with a conversion of
+// each kind and stores what printf returned (the number of arguments it parsed).
+extern "C" __global__ void say(int n, int *returned) {
+    int i = threadIdx.x;
+    if (i < n) {
+        returned[i] = printf("thread %d: d=%d u=%u x=%x f=%f s=%s c=%c ld=%ld w=[%5.2f]\n", i,
+                             -7 * i, 4000000000u - i, 0xbeef + i, i * 0.5f, "lit", 'A' + i,
+                             -10000000000L * (i + 1), 3.14159 * (i + 1));
+    }
+}

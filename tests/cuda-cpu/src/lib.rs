@@ -13,6 +13,14 @@
 //! allocations, sticky errors after a kernel fault, events with timing. Work runs
 //! when it is enqueued, so every stream is always idle. Device memory lives in this
 //! process; a device address is never a host pointer.
+//!
+//! A kernel's `printf` output waits in its context's FIFO (`CU_LIMIT_PRINTF_FIFO_SIZE`
+//! bytes, the excess dropped) and is written to descriptor 1 with `write(2)`, as the
+//! driver writes it, at the calls where the CUDA Programming Guide says the driver
+//! flushes it: a launch (before it runs; after it too with `CUDA_LAUNCH_BLOCKING=1`),
+//! context, stream and event synchronisation, blocking copies (`cuMemcpy`,
+//! `cuMemcpyHtoD`, `cuMemcpyDtoH`, `cuMemcpyDtoD`), loading or unloading a module,
+//! destroying a context (releasing the primary one for the last time). Not at exit.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
@@ -194,6 +202,10 @@ struct Context {
     flags: c_uint,
     limits: HashMap<c_int, usize>,
     cache_config: c_int,
+    /// What its kernels printed, until a flush.
+    printf: ptx::PrintfFifo,
+    /// Whether a kernel that calls `printf` was launched: the FIFO's size is fixed.
+    printf_launched: bool,
 }
 
 impl Context {
@@ -204,15 +216,22 @@ impl Context {
             flags,
             limits: HashMap::new(),
             cache_config: 0,
+            printf: ptx::PrintfFifo::new(PRINTF_FIFO_SIZE),
+            printf_launched: false,
         }
     }
 }
+
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
+/// Its default, as the driver's: 1 MiB.
+const PRINTF_FIFO_SIZE: usize = 1 << 20;
 
 /// `CUlimit` defaults: stack size, printf FIFO, malloc heap, device-runtime sync
 /// depth and pending launches, L2 fetch granularity, persisting L2 size.
 const LIMITS: &[(c_int, usize)] = &[
     (0, 1024),
-    (1, 1 << 20),
+    (LIMIT_PRINTF_FIFO_SIZE, PRINTF_FIFO_SIZE),
     (2, 8 << 20),
     (3, 2),
     (4, 2048),
@@ -281,14 +300,72 @@ fn current() -> Option<usize> {
 
 /// Runs `f` with the current context, which must be live and without a fault.
 fn with_ctx<F: FnOnce(&mut State, usize) -> CUresult>(f: F) -> CUresult {
-    with(|s| match current() {
+    with(|s| in_ctx(s, f))
+}
+
+/// Runs `f` on `s` with the current context, which must be live and without a
+/// fault.
+fn in_ctx<F: FnOnce(&mut State, usize) -> CUresult>(s: &mut State, f: F) -> CUresult {
+    match current() {
         Some(c) => match s.contexts.get(&c) {
             Some(ctx) if ctx.sticky != CUDA_SUCCESS => ctx.sticky,
             Some(_) => f(s, c),
             None => CUDA_ERROR_INVALID_CONTEXT,
         },
         None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+/// Runs `f` on the initialised state, then writes to descriptor 1 the `printf`
+/// output `f` took from contexts' FIFOs, once the state's lock is released.
+fn with_output<F: FnOnce(&mut State, &mut Vec<u8>) -> CUresult>(f: F) -> CUresult {
+    let mut out = Vec::new();
+    let r = with(|s| f(s, &mut out));
+    write_stdout(&out);
+    r
+}
+
+/// Appends what context `ctx`'s `printf` FIFO holds to `out`, emptying it.
+fn take_printf(s: &mut State, ctx: usize, out: &mut Vec<u8>) {
+    if let Some(c) = s.contexts.get_mut(&ctx) {
+        out.extend_from_slice(&c.printf.take());
+    }
+}
+
+/// Like [`with`], for a call at which the driver flushes the current context's
+/// `printf` FIFO: its output is written first.
+fn with_flushing<F: FnOnce(&mut State) -> CUresult>(f: F) -> CUresult {
+    with_output(|s, out| {
+        if let Some(c) = current() {
+            take_printf(s, c, out);
+        }
+        f(s)
     })
+}
+
+/// Like [`with_ctx`], for a call at which the driver flushes the context's `printf`
+/// FIFO: its output is written first, even if a kernel has faulted since (what it
+/// printed before its fault is still printed).
+fn with_ctx_flushing<F: FnOnce(&mut State, usize) -> CUresult>(f: F) -> CUresult {
+    with_flushing(|s| in_ctx(s, f))
+}
+
+/// Writes `data` to descriptor 1 unbuffered, with `write(2)`, as the driver writes a
+/// kernel's `printf` output: it lands wherever descriptor 1 points now, and ahead of
+/// what the program's own `stdio` buffers still hold. Bytes a descriptor refuses are
+/// lost, as they would be natively.
+fn write_stdout(mut data: &[u8]) {
+    while !data.is_empty() {
+        // SAFETY: `data` is valid for `data.len()` bytes; a bad descriptor is an error.
+        let n = unsafe { libc::write(1, data.as_ptr().cast(), data.len()) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        match usize::try_from(n) {
+            Ok(n) if n > 0 => data = &data[n..],
+            _ => return,
+        }
+    }
 }
 
 /// Writes `v` through `p` if it is not null.
@@ -482,12 +559,13 @@ fn drop_context(s: &mut State, h: usize) {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
-    with(|s| {
+    with_output(|s, out| {
         let h = ctx as usize;
         match s.contexts.get(&h) {
             Some(c) if !c.primary => {}
             _ => return CUDA_ERROR_INVALID_CONTEXT,
         }
+        take_printf(s, h, out);
         drop_context(s, h);
         STACK.with(|st| st.borrow_mut().retain(|&c| c != h));
         CUDA_SUCCESS
@@ -551,7 +629,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    with_ctx(|_, _| CUDA_SUCCESS)
+    with_ctx_flushing(|_, _| CUDA_SUCCESS)
 }
 
 #[unsafe(no_mangle)]
@@ -582,12 +660,13 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevi
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    with(|s| {
+    with_output(|s, out| {
         if dev != 0 {
             return CUDA_ERROR_INVALID_DEVICE;
         }
         match s.primary {
             Some((h, 1)) => {
+                take_printf(s, h, out);
                 drop_context(s, h);
                 s.primary = None;
                 CUDA_SUCCESS
@@ -765,25 +844,28 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    with_ctx(|s, _| copy_to_device(s, dst, src, n))
+    with_ctx_flushing(|s, _| copy_to_device(s, dst, src, n))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    with_ctx(|s, _| copy_from_device(s, dst, src, n))
+    with_ctx_flushing(|s, _| copy_from_device(s, dst, src, n))
+}
+
+/// Copies `n` bytes of device memory from `src` to `dst`.
+fn copy_on_device(s: &mut State, dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    let mut tmp = vec![0u8; n];
+    if !ptx::DeviceMemory::read(&s.mem, src, &mut tmp)
+        || !ptx::DeviceMemory::write(&mut s.mem, dst, &tmp)
+    {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    with_ctx(|s, _| {
-        let mut tmp = vec![0u8; n];
-        if !ptx::DeviceMemory::read(&s.mem, src, &mut tmp)
-            || !ptx::DeviceMemory::write(&mut s.mem, dst, &tmp)
-        {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        CUDA_SUCCESS
-    })
+    with_ctx_flushing(|s, _| copy_on_device(s, dst, src, n))
 }
 
 #[unsafe(no_mangle)]
@@ -833,13 +915,13 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     if ok != CUDA_SUCCESS {
         return ok;
     }
-    cuMemcpyDtoD_v2(dst, src, n)
+    with_ctx(|s, _| copy_on_device(s, dst, src, n))
 }
 
 /// A copy in the unified address space: each side is device memory if it lies in an
-/// allocation, else host memory.
-fn unified_copy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    with_ctx(|s, _| {
+/// allocation, else host memory. A blocking one flushes the `printf` FIFO.
+fn unified_copy(dst: CUdeviceptr, src: CUdeviceptr, n: usize, blocking: bool) -> CUresult {
+    let copy = |s: &mut State, _| {
         if n == 0 {
             return CUDA_SUCCESS;
         }
@@ -866,12 +948,17 @@ fn unified_copy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
                 CUDA_SUCCESS
             }
         }
-    })
+    };
+    if blocking {
+        with_ctx_flushing(copy)
+    } else {
+        with_ctx(copy)
+    }
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    unified_copy(dst, src, n)
+    unified_copy(dst, src, n, true)
 }
 
 #[unsafe(no_mangle)]
@@ -891,7 +978,7 @@ pub extern "C" fn cuMemcpyAsync(
     if ok != CUDA_SUCCESS {
         return ok;
     }
-    unified_copy(dst, src, n)
+    unified_copy(dst, src, n, false)
 }
 
 fn memset(dst: CUdeviceptr, pattern: &[u8], count: usize) -> CUresult {
@@ -981,7 +1068,7 @@ fn unload(s: &mut State, m: usize) {
 
 /// Loads PTX text; a cubin or fatbin is refused (this executor runs only PTX).
 unsafe fn load_image(pmod: *mut Handle, image: *const c_void) -> CUresult {
-    with_ctx(|s, ctx| {
+    with_ctx_flushing(|s, ctx| {
         if pmod.is_null() || image.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -1061,10 +1148,11 @@ pub unsafe extern "C" fn cuModuleLoad(pmod: *mut Handle, fname: *const c_char) -
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuModuleUnload(m: Handle) -> CUresult {
-    with(|s| {
-        if !s.modules.contains_key(&(m as usize)) {
+    with_output(|s, out| {
+        let Some(ctx) = s.modules.get(&(m as usize)).map(|lm| lm.ctx) else {
             return CUDA_ERROR_INVALID_HANDLE;
-        }
+        };
+        take_printf(s, ctx, out);
         unload(s, m as usize);
         CUDA_SUCCESS
     })
@@ -1282,7 +1370,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
     if std::env::var("HIRA_CUDA_CPU_FAIL_LAUNCH").is_ok_and(|v| v == n.to_string()) {
         return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
     }
-    with_ctx(|s, ctx| {
+    let r = with_ctx_flushing(|s, ctx| {
         let Some((m, i, globals)) = kernel_of(s, f) else {
             return CUDA_ERROR_INVALID_HANDLE;
         };
@@ -1350,20 +1438,35 @@ pub unsafe extern "C" fn cuLaunchKernel(
             grid: [gx, gy, gz],
             block: [bx, by, bz],
         };
-        if let Err(e) = ptx::launch(k, dims, shared as usize, &buf, &globals, &mut s.mem) {
+        let Some(c) = s.contexts.get_mut(&ctx) else {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        };
+        c.printf_launched |= k.uses_printf();
+        let run = ptx::launch(
+            k,
+            dims,
+            shared as usize,
+            &buf,
+            &globals,
+            &mut s.mem,
+            &mut c.printf,
+        );
+        if let Err(e) = run {
             eprintln!("hira CPU test executor: kernel {} faulted: {e}", k.name);
-            let code = if e.0.contains("address") {
+            // As on a GPU, the fault is reported by later calls and sticks.
+            c.sticky = if e.0.contains("address") {
                 CUDA_ERROR_ILLEGAL_ADDRESS
             } else {
                 CUDA_ERROR_LAUNCH_FAILED
             };
-            // As on a GPU, the fault is reported by later calls and sticks.
-            if let Some(c) = s.contexts.get_mut(&ctx) {
-                c.sticky = code;
-            }
         }
         CUDA_SUCCESS
-    })
+    });
+    // With CUDA_LAUNCH_BLOCKING=1 the driver flushes at the end of a launch too.
+    if r == CUDA_SUCCESS && std::env::var_os("CUDA_LAUNCH_BLOCKING").is_some_and(|v| v == "1") {
+        with_flushing(|_| CUDA_SUCCESS);
+    }
+    r
 }
 
 // ---------------------------------------------------------------------------------
@@ -1448,17 +1551,22 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     with_ctx(|s, ctx| unsafe { put(flags, s.contexts[&ctx].flags) })
 }
 
+/// The printf FIFO's size cannot change once a kernel that calls `printf` was
+/// launched in the context: `CUDA_ERROR_INVALID_VALUE`, as the documentation says.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
     with_ctx(|s, ctx| {
         if !LIMITS.iter().any(|&(l, _)| l == limit) {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        s.contexts
-            .get_mut(&ctx)
-            .expect("current")
-            .limits
-            .insert(limit, value);
+        let c = s.contexts.get_mut(&ctx).expect("current");
+        if limit == LIMIT_PRINTF_FIFO_SIZE {
+            if c.printf_launched {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            c.printf.set_capacity(value);
+        }
+        c.limits.insert(limit, value);
         CUDA_SUCCESS
     })
 }
@@ -1520,20 +1628,24 @@ pub extern "C" fn cuStreamDestroy_v2(h: Handle) -> CUresult {
     })
 }
 
+/// `CUDA_SUCCESS` if stream `h` exists: work runs when it is enqueued, so a stream
+/// is always idle.
+fn stream_idle(s: &State, h: Handle) -> CUresult {
+    if stream_ok(s, h) {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_INVALID_HANDLE
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(h: Handle) -> CUresult {
-    with_ctx(|s, _| {
-        if stream_ok(s, h) {
-            CUDA_SUCCESS
-        } else {
-            CUDA_ERROR_INVALID_HANDLE
-        }
-    })
+    with_ctx_flushing(|s, _| stream_idle(s, h))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(h: Handle) -> CUresult {
-    cuStreamSynchronize(h)
+    with_ctx(|s, _| stream_idle(s, h))
 }
 
 #[unsafe(no_mangle)]
@@ -1585,20 +1697,24 @@ pub extern "C" fn cuEventRecord(ev: Handle, stream: Handle) -> CUresult {
     })
 }
 
+/// `CUDA_SUCCESS` if event `ev` exists: work runs when it is enqueued, so an event
+/// is always complete.
+fn event_known(s: &State, ev: Handle) -> CUresult {
+    if s.events.contains_key(&(ev as usize)) {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_INVALID_HANDLE
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(ev: Handle) -> CUresult {
-    with(|s| {
-        if s.events.contains_key(&(ev as usize)) {
-            CUDA_SUCCESS
-        } else {
-            CUDA_ERROR_INVALID_HANDLE
-        }
-    })
+    with(|s| event_known(s, ev))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(ev: Handle) -> CUresult {
-    cuEventQuery(ev)
+    with_flushing(|s| event_known(s, ev))
 }
 
 #[unsafe(no_mangle)]

@@ -8,9 +8,17 @@
 //! something else. Written for this repository because the one PTX interpreter crate
 //! (`ptoxide` 0.1) does not parse what NVRTC 12 emits (`shr`, `selp`, `atom`,
 //! module-scope variables with initialisers) and has not been maintained since.
-//! Warp-level instructions (`shfl`, `vote`) and calls are not supported.
+//! Warp-level instructions (`shfl`, `vote`) are not supported.
+//!
+//! The one function a kernel may call is `vprintf`, the system call NVRTC makes of
+//! device-side `printf` (declared `.extern .func`, called in a `{ ... }` block whose
+//! `.param` variables carry the format's and the arguments' generic addresses): it
+//! formats with the C library's own `snprintf`, one conversion at a time, into the
+//! context's [`PrintfFifo`], which the driver API flushes ([`format_vprintf`]). A call
+//! of any other function is refused when the module loads, with the callee named.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CString, c_char, c_int, c_long, c_void};
 
 /// Where a PTX operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +206,9 @@ enum Op {
     AtomCas(Space),
     Popc,
     Clz,
+    // `call vprintf`: operands are the format's and the arguments' call parameters,
+    // then the return value's if the call has one (`true`).
+    Call(bool),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,6 +249,9 @@ enum Symbol {
     Local(usize),
     /// A module variable: index into `Module::globals`.
     Global(usize),
+    /// Offset in the thread's call parameters (the `.param` variables of a call
+    /// sequence), addressed in the parameter space from [`CALL_PARAM_BASE`].
+    CallParam(usize),
 }
 
 /// A parameter of an entry point.
@@ -255,6 +269,8 @@ pub struct Kernel {
     regs: usize,
     shared_size: usize,
     local_size: usize,
+    /// Bytes of call parameters per thread.
+    call_size: usize,
     symbols: Vec<Symbol>,
     code: Vec<Inst>,
 }
@@ -273,6 +289,11 @@ impl Kernel {
     /// Registers per thread.
     pub fn registers(&self) -> usize {
         self.regs
+    }
+
+    /// Whether the kernel calls `vprintf` (device-side `printf`).
+    pub fn uses_printf(&self) -> bool {
+        self.code.iter().any(|i| matches!(i.op, Op::Call(_)))
     }
 }
 
@@ -303,6 +324,11 @@ pub trait DeviceMemory {
 const SHARED_BASE: u64 = 0xFE00_0000_0000_0000;
 const LOCAL_BASE: u64 = 0xFF00_0000_0000_0000;
 const WINDOW: u64 = 1 << 40;
+/// Where a thread's call parameters start in the parameter space, above any kernel's
+/// parameters (at most 32 KiB).
+const CALL_PARAM_BASE: u64 = 1 << 32;
+/// The one function kernels may call.
+const VPRINTF: &str = "vprintf";
 
 // ---------------------------------------------------------------------------------
 // Parsing
@@ -416,7 +442,7 @@ struct SharedDecl {
     dynamic: bool,
 }
 
-struct FuncBuilder {
+struct FuncBuilder<'m> {
     regs: HashMap<String, usize>,
     nregs: usize,
     syms: HashMap<String, usize>,
@@ -424,9 +450,17 @@ struct FuncBuilder {
     labels: HashMap<String, usize>,
     shared: usize,
     local: usize,
+    /// Bytes of call parameters so far.
+    call: usize,
+    /// Call parameters by name: offset and size. The call sequences of a function
+    /// declare the same names (`param0`, `retval0`) in scopes of their own; each
+    /// sequence stores, calls and loads in turn, so they share one area per name.
+    call_params: HashMap<String, (usize, usize)>,
+    /// The functions the module declares or defines before this one.
+    funcs: &'m HashSet<String>,
 }
 
-impl FuncBuilder {
+impl FuncBuilder<'_> {
     fn reg(&self, name: &str) -> Result<usize, PtxError> {
         self.regs
             .get(name)
@@ -458,6 +492,46 @@ impl FuncBuilder {
         self.syms.insert(name.to_string(), self.symbols.len());
         self.symbols.push(s);
     }
+
+    /// A `.param` variable of a call sequence (`.param .b64 param0`). A name declared
+    /// again keeps its area if that is large enough, else gets a larger one.
+    fn declare_call_param(&mut self, decl: &str) -> Result<(), PtxError> {
+        let (align, size, name, init) = parse_var(decl)?;
+        if init.is_some() {
+            return err("call parameters cannot be initialised");
+        }
+        if self
+            .call_params
+            .get(&name)
+            .is_some_and(|&(_, had)| had >= size)
+        {
+            return Ok(());
+        }
+        self.call = align_up(self.call, align);
+        self.call_params.insert(name.clone(), (self.call, size));
+        self.symbol(&name, Symbol::CallParam(self.call));
+        self.call += size;
+        Ok(())
+    }
+
+    /// The size of call parameter `name`, if it is one.
+    fn call_param_size(&self, name: &str) -> Option<usize> {
+        self.call_params.get(name).map(|&(_, size)| size)
+    }
+}
+
+/// The name a `.func` declaration or definition gives its function: `.extern .func
+/// (.param .b32 func_retval0) vprintf (...)` names `vprintf`.
+fn func_name(head: &str) -> Option<String> {
+    let mut rest = head.split(".func").nth(1)?.trim_start();
+    if rest.starts_with('(') {
+        let close = rest.find(')')?;
+        rest = rest[close + 1..].trim_start();
+    }
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$' || c == '.'))
+        .unwrap_or(rest.len());
+    (end > 0).then(|| rest[..end].to_string())
 }
 
 fn align_up(v: usize, a: usize) -> usize {
@@ -553,11 +627,20 @@ impl Module {
         };
         let mut global_syms: HashMap<String, usize> = HashMap::new();
         let mut shared: Vec<SharedDecl> = Vec::new();
+        let mut funcs: HashSet<String> = HashSet::new();
         let mut rest = text.as_str();
         loop {
             rest = rest.trim_start();
             if rest.is_empty() {
                 break;
+            }
+            // These directives end with their line, not with a ';'.
+            if [".version", ".target", ".address_size", ".file"]
+                .iter()
+                .any(|d| rest.starts_with(d))
+            {
+                rest = rest.split_once('\n').map_or("", |(_, r)| r);
+                continue;
             }
             // Top-level statements end with ';' or are function definitions with a body.
             let semi = rest.find(';');
@@ -604,11 +687,13 @@ impl Module {
                     continue;
                 }
                 if head.contains(".entry") {
-                    let k = parse_kernel(&head, body, &global_syms, &shared)?;
+                    let k = parse_kernel(&head, body, &global_syms, &shared, &funcs)?;
                     module.kernels.push(k);
                 } else if head.contains(".func") {
-                    // Device functions are kept out: calls are not supported, and an
-                    // unused one (NVRTC leaves none at -O3 unless asked) is harmless.
+                    // Device functions are kept out: calls of them are refused where
+                    // they are made, and an unused one (NVRTC leaves none at -O3
+                    // unless asked) is harmless.
+                    funcs.extend(func_name(&head));
                 } else {
                     return err(format!("unexpected block after {head:?}"));
                 }
@@ -617,15 +702,18 @@ impl Module {
                 let words: Vec<&str> = head.split_whitespace().collect();
                 match words.first().copied() {
                     Some(".version" | ".target" | ".address_size" | ".file" | ".pragma") => {}
+                    // Before variables: a prototype's parameters may say `.global`.
+                    Some(_) if head.contains(".func") || head.contains(".entry") => {
+                        // A declaration (prototype) only: `.extern .func vprintf`, or
+                        // a function defined further on.
+                        funcs.extend(func_name(&head));
+                    }
                     Some(_)
                         if head.contains(".global")
                             || head.contains(".const")
                             || head.contains(".shared") =>
                     {
                         module.global_var(&head, &mut global_syms, &mut shared)?;
-                    }
-                    Some(_) if head.contains(".func") || head.contains(".entry") => {
-                        // A declaration (prototype) only.
                     }
                     _ => return err(format!("unsupported PTX directive: {head}")),
                 }
@@ -682,6 +770,7 @@ fn parse_kernel(
     body: &str,
     globals: &HashMap<String, usize>,
     module_shared: &[SharedDecl],
+    funcs: &HashSet<String>,
 ) -> Result<Kernel, PtxError> {
     let after = head
         .split(".entry")
@@ -706,6 +795,9 @@ fn parse_kernel(
         labels: HashMap::new(),
         shared: 0,
         local: 0,
+        call: 0,
+        call_params: HashMap::new(),
+        funcs,
     };
     for (g, &i) in globals {
         f.symbol(g, Symbol::Global(i));
@@ -779,7 +871,13 @@ fn parse_kernel(
                 f.symbol(&name, Symbol::Local(f.local));
                 f.local += size;
             }
+            // Only a call sequence declares parameters inside a function's body.
+            ".param" => f.declare_call_param(&s.replacen(".param", "", 1))?,
             ".loc" | ".pragma" | ".maxntid" | ".reqntid" | ".minnctapersm" | ".maxnreg" => {}
+            // A call spreads over several lines: one line, for the errors that name it.
+            _ if s.contains('\n') => {
+                insts_text.push(s.split_whitespace().collect::<Vec<_>>().join(" "))
+            }
             _ => insts_text.push(s),
         }
     }
@@ -804,12 +902,13 @@ fn parse_kernel(
         regs: f.nregs,
         shared_size: f.shared,
         local_size: f.local,
+        call_size: f.call,
         symbols: f.symbols,
         code,
     })
 }
 
-fn parse_operand(f: &FuncBuilder, s: &str, ty: Ty) -> Result<Operand, PtxError> {
+fn parse_operand(f: &FuncBuilder<'_>, s: &str, ty: Ty) -> Result<Operand, PtxError> {
     let s = s.trim();
     if let Some(inner) = s.strip_prefix('{') {
         let inner = inner.trim_end_matches('}');
@@ -907,7 +1006,7 @@ fn parse_cmp(s: &str) -> Option<Cmp> {
     })
 }
 
-fn parse_inst(f: &FuncBuilder, s: &str) -> Result<Inst, PtxError> {
+fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
     let mut s = s.trim();
     let mut guard = None;
     if let Some(rest) = s.strip_prefix('@') {
@@ -938,6 +1037,9 @@ fn parse_inst(f: &FuncBuilder, s: &str) -> Result<Inst, PtxError> {
             _ => None,
         })
         .unwrap_or(1);
+    if base == "call" {
+        return parse_call(f, guard, operands, s);
+    }
     let has = |m: &str| mods.contains(&m);
     let ty = types.first().copied().unwrap_or(Ty::B(64));
     let mut ty2 = types.get(1).copied().unwrap_or(ty);
@@ -1070,6 +1172,70 @@ fn parse_inst(f: &FuncBuilder, s: &str) -> Result<Inst, PtxError> {
     })
 }
 
+/// `call.uni (retval0), vprintf, (param0, param1)`, the call NVRTC makes of
+/// `printf`: the callee must be `vprintf`, declared by the module, with two 64-bit
+/// call parameters and at most one 32-bit return value. Any other call (a device
+/// function, an indirect call through a register) is refused, the callee named.
+fn parse_call(
+    f: &FuncBuilder<'_>,
+    guard: Option<(usize, bool)>,
+    operands: &str,
+    text: &str,
+) -> Result<Inst, PtxError> {
+    let parts = split_top(operands, ',');
+    let (rets, rest) = match parts.split_first() {
+        Some((r, rest)) if r.starts_with('(') => (Some(r.as_str()), rest),
+        _ => (None, &parts[..]),
+    };
+    let callee = rest.first().map_or("", |c| c.as_str());
+    if callee != VPRINTF {
+        return err(format!(
+            "calls are not supported: the CPU test executor provides `{VPRINTF}` only, \
+             and this calls `{callee}`"
+        ));
+    }
+    if !f.funcs.contains(VPRINTF) {
+        return err(format!(
+            "`{VPRINTF}` is called but the module does not declare it"
+        ));
+    }
+    let list = |p: &str| -> Vec<String> {
+        split_top(p.trim().trim_start_matches('(').trim_end_matches(')'), ',')
+    };
+    let args = match rest {
+        [_, args] if args.starts_with('(') => list(args),
+        _ => return err(format!("`{VPRINTF}` takes a list of two parameters")),
+    };
+    let rets = rets.map(list).unwrap_or_default();
+    if args.len() != 2 || rets.len() > 1 {
+        return err(format!(
+            "`{VPRINTF}` takes two parameters and returns one value"
+        ));
+    }
+    let mut ops = Vec::with_capacity(3);
+    for (name, size) in args
+        .iter()
+        .map(|a| (a, 8))
+        .chain(rets.iter().map(|r| (r, 4)))
+    {
+        match (f.call_param_size(name), f.syms.get(name.as_str())) {
+            (Some(had), Some(&i)) if had >= size => ops.push(Operand::Sym(i, 0)),
+            _ => {
+                return err(format!("`{name}` is not a call parameter of {size} bytes"));
+            }
+        }
+    }
+    Ok(Inst {
+        guard,
+        op: Op::Call(!rets.is_empty()),
+        ty: Ty::B(64),
+        ty2: Ty::B(64),
+        vec: 1,
+        ops,
+        text: text.to_string(),
+    })
+}
+
 // ---------------------------------------------------------------------------------
 // Execution
 
@@ -1084,6 +1250,8 @@ struct Thread {
     pc: usize,
     regs: Vec<u64>,
     local: Vec<u8>,
+    /// The `.param` variables of call sequences.
+    call: Vec<u8>,
     tid: [u32; 3],
     state: ThreadState,
 }
@@ -1101,6 +1269,7 @@ struct Ctx<'a> {
     globals: &'a [u64],
     shared: Vec<u8>,
     mem: &'a mut dyn DeviceMemory,
+    printf: &'a mut PrintfFifo,
     ctaid: [u32; 3],
     dims: Dims,
 }
@@ -1131,7 +1300,8 @@ fn f32b(f: f32) -> u64 {
 
 /// Runs a kernel over the whole grid. `params` holds its parameters as laid out by
 /// `Kernel::params`; `globals` the addresses of the module's variables; `dynamic`
-/// the bytes of dynamic shared memory.
+/// the bytes of dynamic shared memory; `printf` receives what its `printf` calls
+/// print.
 pub fn launch(
     kernel: &Kernel,
     dims: Dims,
@@ -1139,6 +1309,7 @@ pub fn launch(
     params: &[u8],
     globals: &[u64],
     mem: &mut dyn DeviceMemory,
+    printf: &mut PrintfFifo,
 ) -> Result<(), PtxError> {
     if params.len() < kernel.param_bytes() {
         return err("too few parameter bytes for the kernel");
@@ -1153,6 +1324,7 @@ pub fn launch(
         globals,
         shared: vec![0; kernel.shared_size + dynamic],
         mem,
+        printf,
         ctaid: [0; 3],
         dims,
     };
@@ -1178,6 +1350,7 @@ fn run_block(ctx: &mut Ctx<'_>) -> Result<(), PtxError> {
                     pc: 0,
                     regs: vec![0; ctx.kernel.regs],
                     local: vec![0; ctx.kernel.local_size],
+                    call: vec![0; ctx.kernel.call_size],
                     tid: [x, y, z],
                     state: ThreadState::Running,
                 });
@@ -1258,6 +1431,7 @@ impl Ctx<'_> {
         match self.kernel.symbols[i] {
             Symbol::Param(o) | Symbol::Shared(o) | Symbol::Local(o) => o as u64,
             Symbol::Global(g) => self.globals[g],
+            Symbol::CallParam(o) => CALL_PARAM_BASE + o as u64,
         }
     }
 
@@ -1297,7 +1471,7 @@ impl Ctx<'_> {
 
     fn load(&self, t: &Thread, space: Space, addr: u64, out: &mut [u8]) -> Result<(), PtxError> {
         let (space, a) = Self::resolve(space, addr);
-        let mut slice = |buf: &[u8], what: &str| -> Result<(), PtxError> {
+        let mut slice = |buf: &[u8], a: u64, what: &str| -> Result<(), PtxError> {
             let s = usize::try_from(a).ok();
             match s.and_then(|s| buf.get(s..s.checked_add(out.len())?)) {
                 Some(b) => {
@@ -1308,9 +1482,12 @@ impl Ctx<'_> {
             }
         };
         match space {
-            Space::Shared => slice(&self.shared, "shared"),
-            Space::Local => slice(&t.local, "local"),
-            Space::Param => slice(self.params, "parameter"),
+            Space::Shared => slice(&self.shared, a, "shared"),
+            Space::Local => slice(&t.local, a, "local"),
+            Space::Param if a >= CALL_PARAM_BASE => {
+                slice(&t.call, a - CALL_PARAM_BASE, "call parameter")
+            }
+            Space::Param => slice(self.params, a, "parameter"),
             Space::Global | Space::Const | Space::Generic => {
                 if self.mem.read(a, out) {
                     Ok(())
@@ -1329,7 +1506,7 @@ impl Ctx<'_> {
         data: &[u8],
     ) -> Result<(), PtxError> {
         let (space, a) = Self::resolve(space, addr);
-        let put = |buf: &mut [u8], what: &str| -> Result<(), PtxError> {
+        let put = |buf: &mut [u8], a: u64, what: &str| -> Result<(), PtxError> {
             let s = usize::try_from(a).ok();
             match s.and_then(|s| buf.get_mut(s..s.checked_add(data.len())?)) {
                 Some(b) => {
@@ -1340,9 +1517,12 @@ impl Ctx<'_> {
             }
         };
         match space {
-            Space::Shared => put(&mut self.shared, "shared"),
-            Space::Local => put(&mut t.local, "local"),
-            Space::Param => err("stores to the parameter space are not supported"),
+            Space::Shared => put(&mut self.shared, a, "shared"),
+            Space::Local => put(&mut t.local, a, "local"),
+            Space::Param if a >= CALL_PARAM_BASE => {
+                put(&mut t.call, a - CALL_PARAM_BASE, "call parameter")
+            }
+            Space::Param => err("stores to a kernel's parameters are not supported"),
             Space::Global | Space::Const | Space::Generic => {
                 if self.mem.write(a, data) {
                     Ok(())
@@ -1820,8 +2000,494 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
             let a = mask(v(ctx, t, 1)?, bits);
             set(t, &o[0], u64::from(a.leading_zeros() - (64 - bits)))?;
         }
+        Op::Call(ret) => {
+            let param = |i: usize| -> Result<u64, PtxError> {
+                let mut b = [0u8; 8];
+                ctx.load(t, Space::Param, ctx.address(t, &o[i])?, &mut b)?;
+                Ok(u64::from_le_bytes(b))
+            };
+            let (fmt, args) = (param(0)?, param(1)?);
+            let status = ctx.vprintf(t, fmt, args)?;
+            if ret {
+                let at = ctx.address(t, &o[2])?;
+                ctx.store(t, Space::Param, at, &status.to_le_bytes())?;
+            }
+        }
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Device-side printf
+
+/// The most arguments one `printf` prints; the conversions after them are printed as
+/// written (CUDA Programming Guide, "Formatted Output": 32 beside the format).
+const PRINTF_MAX_ARGS: i32 = 32;
+/// The longest format `vprintf` reads.
+const PRINTF_MAX_FORMAT: usize = 64 * 1024;
+
+/// A context's `printf` FIFO: what its kernels printed, kept until the driver API
+/// flushes it ([`PrintfFifo::take`]). Bounded like the driver's
+/// (`CU_LIMIT_PRINTF_FIFO_SIZE`, 1 MiB unless set): the output of a `printf` that
+/// does not fit in what is left is dropped whole, and counted; what came first is
+/// kept. The driver's FIFO holds each call's format and arguments, unformatted; this
+/// one holds the text, so the bound counts the bytes printed, not the driver's
+/// records.
+#[derive(Debug)]
+pub struct PrintfFifo {
+    text: Vec<u8>,
+    capacity: usize,
+    dropped: u64,
+}
+
+impl PrintfFifo {
+    /// An empty FIFO of `capacity` bytes.
+    pub fn new(capacity: usize) -> PrintfFifo {
+        PrintfFifo {
+            text: Vec::new(),
+            capacity,
+            dropped: 0,
+        }
+    }
+
+    /// Sets its size (`cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE)`).
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity;
+    }
+
+    /// Bytes one more `printf` may add.
+    pub fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.text.len())
+    }
+
+    /// Adds one `printf`'s output, or drops it whole if it does not fit (`false`).
+    pub fn push(&mut self, text: &[u8]) -> bool {
+        if text.len() > self.room() {
+            self.dropped += 1;
+            return false;
+        }
+        self.text.extend_from_slice(text);
+        true
+    }
+
+    /// Takes what it holds, leaving it empty: the flush.
+    pub fn take(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.text)
+    }
+
+    /// How many `printf` outputs were dropped for want of room.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+/// What one `vprintf` call printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Printed {
+    /// The formatted bytes; empty when `dropped`.
+    pub text: Vec<u8>,
+    /// The number of arguments parsed: what `printf` returns.
+    pub args: i32,
+    /// Whether the output is longer than the room it had, and so dropped whole.
+    pub dropped: bool,
+}
+
+impl Printed {
+    /// Appends `bytes` if they fit in `room`; else the output is dropped.
+    fn put(&mut self, bytes: &[u8], room: usize) {
+        if self.dropped {
+            return;
+        }
+        if self.text.len().saturating_add(bytes.len()) > room {
+            self.drop_all();
+            return;
+        }
+        self.text.extend_from_slice(bytes);
+    }
+
+    /// Drops the whole output.
+    fn drop_all(&mut self) {
+        self.dropped = true;
+        self.text = Vec::new();
+    }
+}
+
+/// Why a `vprintf` call printed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrintfError {
+    /// The format is a null pointer: `printf` returns -1 (Programming Guide).
+    NullFormat,
+    /// The format asks for what this executor does not format (`*` widths and
+    /// precisions, `%n`, wide characters, `long double`): `printf` returns -2, the
+    /// Programming Guide's "internal error".
+    Unsupported(String),
+    /// The format, an argument or a string lies where the thread cannot read: the
+    /// kernel faults, as its own load from there would.
+    Fault(String),
+}
+
+impl std::fmt::Display for PrintfError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PrintfError::NullFormat => f.write_str("vprintf: the format is a null pointer"),
+            PrintfError::Unsupported(m) | PrintfError::Fault(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Formats `vprintf(fmt, args)`, the call NVRTC makes of device-side `printf`, as
+/// NVIDIA's driver prints it.
+///
+/// `fmt` is the generic address of a NUL-terminated format; `args` that of the
+/// arguments, packed in order, each at the next multiple of its own size: `int`,
+/// `unsigned`, `char` and `short` take 4 bytes; `long`, `long long`, `size_t`,
+/// pointers, `%s` strings (a generic address of a NUL-terminated string) and `double`
+/// (to which `float` is promoted) take 8. `args` may be null when the format takes
+/// none. Each conversion is formatted by the C library's own `snprintf` with its
+/// flags, width, precision and length, so the text is byte for byte what the host's C
+/// library prints. `read` reads the calling thread's memory at a generic address. No
+/// more than `room` bytes are made: beyond, the output is [`Printed::dropped`] (its
+/// arguments are still parsed).
+///
+/// `printf` returns the number of arguments parsed, as the CUDA Programming Guide
+/// says; the errors say what it returns instead ([`PrintfError`]).
+pub fn format_vprintf(
+    read: &dyn Fn(u64, &mut [u8]) -> bool,
+    fmt: u64,
+    args: u64,
+    room: usize,
+) -> Result<Printed, PrintfError> {
+    if fmt == 0 {
+        return Err(PrintfError::NullFormat);
+    }
+    let format = match read_cstr(read, fmt, PRINTF_MAX_FORMAT) {
+        Ok((f, true)) => f,
+        Ok((_, false)) => {
+            return Err(PrintfError::Unsupported(format!(
+                "the format at {fmt:#x} is longer than {PRINTF_MAX_FORMAT} bytes"
+            )));
+        }
+        Err(at) => {
+            return Err(PrintfError::Fault(format!(
+                "vprintf: the format at {fmt:#x} runs to address {at:#x}, which cannot be read"
+            )));
+        }
+    };
+    let mut p = Printed {
+        text: Vec::new(),
+        args: 0,
+        dropped: false,
+    };
+    // Offset of the next argument.
+    let mut next = 0u64;
+    let mut i = 0;
+    while i < format.len() {
+        if format[i] != b'%' {
+            let end = format[i..]
+                .iter()
+                .position(|&c| c == b'%')
+                .map_or(format.len(), |n| i + n);
+            p.put(&format[i..end], room);
+            i = end;
+            continue;
+        }
+        let spec = parse_spec(&format[i..])?;
+        let text = &format[i..i + spec.len];
+        i += spec.len;
+        let arg = match spec.conv {
+            Conv::Verbatim => {
+                p.put(text, room);
+                continue;
+            }
+            Conv::Percent => CArg::None,
+            _ if p.args >= PRINTF_MAX_ARGS => {
+                p.put(text, room);
+                continue;
+            }
+            Conv::Int { long } => {
+                p.args += 1;
+                let v = take_arg(read, args, &mut next, if long { 8 } else { 4 }, p.args)?;
+                if long {
+                    CArg::Long(v as c_long)
+                } else {
+                    CArg::Int(v as u32 as c_int)
+                }
+            }
+            Conv::Double => {
+                p.args += 1;
+                CArg::Double(f64::from_bits(take_arg(read, args, &mut next, 8, p.args)?))
+            }
+            Conv::Ptr => {
+                p.args += 1;
+                CArg::Ptr(take_arg(read, args, &mut next, 8, p.args)? as usize as *const c_void)
+            }
+            Conv::Str => {
+                p.args += 1;
+                let at = take_arg(read, args, &mut next, 8, p.args)?;
+                if at == 0 {
+                    // The C library prints "(null)".
+                    CArg::Str(None)
+                } else {
+                    // Never more than the precision asks for, nor than fits.
+                    let max = spec
+                        .precision
+                        .unwrap_or(usize::MAX)
+                        .min(room.saturating_add(1));
+                    let (bytes, ended) = read_cstr(read, at, max).map_err(|bad| {
+                        PrintfError::Fault(format!(
+                            "vprintf: the string of argument {} runs to address {bad:#x}, \
+                             which cannot be read",
+                            p.args
+                        ))
+                    })?;
+                    if !ended && spec.precision != Some(bytes.len()) {
+                        p.drop_all();
+                    }
+                    // No NUL inside: `read_cstr` stops at the first.
+                    CArg::Str(CString::new(bytes).ok())
+                }
+            }
+        };
+        // A width or a number's precision beyond the room cannot fit: the C library
+        // is not asked to make that many bytes.
+        let numeric = !matches!(spec.conv, Conv::Str | Conv::Percent);
+        if spec.width > room || (numeric && spec.precision.unwrap_or(0) > room) {
+            p.drop_all();
+        }
+        if p.dropped {
+            continue;
+        }
+        p.put(&c_format(text, &arg)?, room);
+    }
+    Ok(p)
+}
+
+/// The bytes of the NUL-terminated string at `addr`, at most `max` of them, and
+/// whether its NUL came within them; `Err` with the first address that cannot be
+/// read.
+fn read_cstr(
+    read: &dyn Fn(u64, &mut [u8]) -> bool,
+    addr: u64,
+    max: usize,
+) -> Result<(Vec<u8>, bool), u64> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        let at = addr.checked_add(out.len() as u64).ok_or(u64::MAX)?;
+        let mut b = [0u8];
+        if !read(at, &mut b) {
+            return Err(at);
+        }
+        if b[0] == 0 {
+            return Ok((out, true));
+        }
+        out.push(b[0]);
+    }
+    Ok((out, false))
+}
+
+/// Argument `n` of `size` bytes, at the next multiple of its size from `*next` in
+/// the arguments at `args`; moves `*next` past it.
+fn take_arg(
+    read: &dyn Fn(u64, &mut [u8]) -> bool,
+    args: u64,
+    next: &mut u64,
+    size: u64,
+    n: i32,
+) -> Result<u64, PrintfError> {
+    let at = next.next_multiple_of(size);
+    let mut b = [0u8; 8];
+    match args.checked_add(at) {
+        Some(addr) if read(addr, &mut b[..size as usize]) => {
+            *next = at + size;
+            Ok(u64::from_le_bytes(b))
+        }
+        _ => Err(PrintfError::Fault(format!(
+            "vprintf: argument {n} at address {:#x} cannot be read (the format takes more \
+             arguments than were passed?)",
+            args.wrapping_add(at)
+        ))),
+    }
+}
+
+/// One conversion specification, `%[flags][width][.precision][length]conversion`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spec {
+    /// Its bytes in the format, `%` included.
+    len: usize,
+    conv: Conv,
+    width: usize,
+    precision: Option<usize>,
+}
+
+/// What a conversion takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conv {
+    /// `%%`: prints `%`, takes nothing.
+    Percent,
+    /// `d i o u x X c`: an integer of 8 bytes if `long`, else 4.
+    Int { long: bool },
+    /// `e E f F g G a A`: a `double`.
+    Double,
+    /// `s`: the generic address of a string.
+    Str,
+    /// `p`: a pointer.
+    Ptr,
+    /// No conversion the C library has (or the format ends inside it): printed as
+    /// written, taking nothing.
+    Verbatim,
+}
+
+/// Parses the specification at the start of `f` (which starts with `%`).
+fn parse_spec(f: &[u8]) -> Result<Spec, PrintfError> {
+    let at = |j: usize| f.get(j).copied();
+    let digits = |j: &mut usize| {
+        let mut v = 0usize;
+        while let Some(d @ b'0'..=b'9') = at(*j) {
+            v = v.saturating_mul(10).saturating_add(usize::from(d - b'0'));
+            *j += 1;
+        }
+        v
+    };
+    let unsupported = |what: &str| {
+        Err(PrintfError::Unsupported(format!(
+            "{what} in `{}` are not supported",
+            String::from_utf8_lossy(f)
+        )))
+    };
+    let mut j = 1;
+    while matches!(at(j), Some(b'-' | b'+' | b' ' | b'#' | b'0' | b'\'')) {
+        j += 1;
+    }
+    if at(j) == Some(b'*') {
+        return unsupported("`*` widths");
+    }
+    let width = digits(&mut j);
+    let mut precision = None;
+    if at(j) == Some(b'.') {
+        j += 1;
+        if at(j) == Some(b'*') {
+            return unsupported("`*` precisions");
+        }
+        precision = Some(digits(&mut j));
+    }
+    let length_at = j;
+    while matches!(at(j), Some(b'h' | b'l' | b'q' | b'L' | b'j' | b'z' | b't')) {
+        j += 1;
+    }
+    let length = &f[length_at..j];
+    let spec = |len, conv| Spec {
+        len,
+        conv,
+        width,
+        precision,
+    };
+    let Some(c) = at(j) else {
+        return Ok(spec(j, Conv::Verbatim));
+    };
+    let long = matches!(length, b"l" | b"ll" | b"q" | b"j" | b"z" | b"t");
+    let conv = match (c, length) {
+        (b'%', _) => Conv::Percent,
+        (b'd' | b'i' | b'o' | b'u' | b'x' | b'X', b"" | b"h" | b"hh") => Conv::Int { long: false },
+        (b'd' | b'i' | b'o' | b'u' | b'x' | b'X', _) if long => Conv::Int { long: true },
+        (b'c', b"") => Conv::Int { long: false },
+        (b'e' | b'E' | b'f' | b'F' | b'g' | b'G' | b'a' | b'A', b"" | b"l") => Conv::Double,
+        (b's', b"") => Conv::Str,
+        (b'p', b"") => Conv::Ptr,
+        (b'n', _) => return unsupported("`%n` conversions"),
+        (b'C' | b'S', _) => return unsupported("wide characters"),
+        (b'd' | b'i' | b'o' | b'u' | b'x' | b'X' | b'c' | b's' | b'p', _)
+        | (b'e' | b'E' | b'f' | b'F' | b'g' | b'G' | b'a' | b'A', _) => {
+            return unsupported("these lengths");
+        }
+        _ => Conv::Verbatim,
+    };
+    Ok(spec(j + 1, conv))
+}
+
+/// An argument of one conversion, of the C type its specification takes.
+enum CArg {
+    None,
+    Int(c_int),
+    Long(c_long),
+    Double(f64),
+    Ptr(*const c_void),
+    /// NUL-terminated; `None` is a null pointer.
+    Str(Option<CString>),
+}
+
+/// Formats one conversion specification (`%5.2f`) of `arg` with the C library's
+/// `snprintf`.
+fn c_format(spec: &[u8], arg: &CArg) -> Result<Vec<u8>, PrintfError> {
+    let cannot = || {
+        PrintfError::Unsupported(format!(
+            "the C library cannot format `{}`",
+            String::from_utf8_lossy(spec)
+        ))
+    };
+    let spec = CString::new(spec).map_err(|_| cannot())?;
+    let run = |buf: *mut c_char, len: usize| -> c_int {
+        let s = spec.as_ptr();
+        // SAFETY: `s` is a NUL-terminated specification of one conversion that takes
+        // exactly one argument of `arg`'s C type, or none for `CArg::None` (`%%`):
+        // `parse_spec` refuses `*` and `%n`, and makes `Conv::Verbatim`, never
+        // formatted, of anything else, so `snprintf` reads only the argument passed and
+        // writes only to `buf`. `buf` is null with `len` 0, or valid for `len` bytes.
+        // A string is NUL-terminated and outlives the call, or null (printed
+        // "(null)").
+        unsafe {
+            match arg {
+                CArg::None => libc::snprintf(buf, len, s),
+                CArg::Int(v) => libc::snprintf(buf, len, s, *v),
+                CArg::Long(v) => libc::snprintf(buf, len, s, *v),
+                CArg::Double(v) => libc::snprintf(buf, len, s, *v),
+                CArg::Ptr(v) => libc::snprintf(buf, len, s, *v),
+                CArg::Str(v) => libc::snprintf(
+                    buf,
+                    len,
+                    s,
+                    v.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                ),
+            }
+        }
+    };
+    let n = usize::try_from(run(std::ptr::null_mut(), 0)).map_err(|_| cannot())?;
+    let mut out = vec![0u8; n + 1];
+    if usize::try_from(run(out.as_mut_ptr().cast(), out.len())) != Ok(n) {
+        return Err(cannot());
+    }
+    out.truncate(n);
+    Ok(out)
+}
+
+impl Ctx<'_> {
+    /// Runs `vprintf(fmt, args)` for thread `t`: its output goes to the FIFO, or is
+    /// dropped if the FIFO is full. Returns what `printf` returns: the number of
+    /// arguments parsed (dropped or not), -1 for a null format, -2 for a format this
+    /// executor does not format (which it names on its standard error). A format,
+    /// argument or string it cannot read faults the kernel.
+    fn vprintf(&mut self, t: &Thread, fmt: u64, args: u64) -> Result<i32, PtxError> {
+        let room = self.printf.room();
+        let read = |addr: u64, out: &mut [u8]| self.load(t, Space::Generic, addr, out).is_ok();
+        match format_vprintf(&read, fmt, args, room) {
+            Ok(p) => {
+                if p.dropped {
+                    self.printf.dropped += 1;
+                } else {
+                    self.printf.push(&p.text);
+                }
+                Ok(p.args)
+            }
+            Err(PrintfError::NullFormat) => Ok(-1),
+            Err(PrintfError::Unsupported(why)) => {
+                eprintln!(
+                    "hira CPU test executor: kernel {}: printf: {why}",
+                    self.kernel.name
+                );
+                Ok(-2)
+            }
+            Err(PrintfError::Fault(why)) => Err(PtxError(why)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1833,7 +2499,7 @@ mod tests {
     impl DeviceMemory for Flat {
         fn read(&self, addr: u64, out: &mut [u8]) -> bool {
             let a = addr as usize;
-            match self.0.get(a..a + out.len()) {
+            match a.checked_add(out.len()).and_then(|end| self.0.get(a..end)) {
                 Some(s) => {
                     out.copy_from_slice(s);
                     true
@@ -1843,7 +2509,10 @@ mod tests {
         }
         fn write(&mut self, addr: u64, data: &[u8]) -> bool {
             let a = addr as usize;
-            match self.0.get_mut(a..a + data.len()) {
+            match a
+                .checked_add(data.len())
+                .and_then(|end| self.0.get_mut(a..end))
+            {
                 Some(s) => {
                     s.copy_from_slice(data);
                     true
@@ -1921,7 +2590,7 @@ $L__BB0_2:
             grid: [3, 1, 1],
             block: [16, 1, 1],
         };
-        launch(k, dims, 0, &params, &[], &mut mem).unwrap();
+        launch(k, dims, 0, &params, &[], &mut mem, &mut PrintfFifo::new(0)).unwrap();
         for i in 0..64u32 {
             let got = f32::from_le_bytes(mem.0[256 + 4 * i as usize..][..4].try_into().unwrap());
             let want = if i < n {
@@ -1944,7 +2613,16 @@ $L__BB0_2:
             grid: [1, 1, 1],
             block: [4, 1, 1],
         };
-        let e = launch(&m.kernels[0], dims, 0, &params, &[], &mut mem).unwrap_err();
+        let e = launch(
+            &m.kernels[0],
+            dims,
+            0,
+            &params,
+            &[],
+            &mut mem,
+            &mut PrintfFifo::new(0),
+        )
+        .unwrap_err();
         assert!(e.0.contains("illegal address"), "{e}");
     }
 
@@ -1956,6 +2634,367 @@ $L__BB0_2:
         );
         let e = Module::parse(&src).unwrap_err();
         assert!(e.0.contains("shfl.sync.bfly.b32"), "{e}");
+    }
+
+    /// What NVRTC 12.9 emits for `tests/cuda/kernels.cu`'s `say` (`printf` with one
+    /// conversion of each kind, its result stored), comments removed.
+    const SAY: &str = "
+.version 8.8
+.target sm_52
+.address_size 64
+
+.extern .func  (.param .b32 func_retval0) vprintf
+(
+	.param .b64 vprintf_param_0,
+	.param .b64 vprintf_param_1
+)
+;
+.global .align 1 .b8 $str[59] = {116, 104, 114, 101, 97, 100, 32, 37, 100, 58, 32, 100, 61, 37, 100, 32, 117, 61, 37, 117, 32, 120, 61, 37, 120, 32, 102, 61, 37, 102, 32, 115, 61, 37, 115, 32, 99, 61, 37, 99, 32, 108, 100, 61, 37, 108, 100, 32, 119, 61, 91, 37, 53, 46, 50, 102, 93, 10};
+.global .align 1 .b8 $str$1[4] = {108, 105, 116};
+
+.visible .entry say(
+	.param .u32 say_param_0,
+	.param .u64 say_param_1
+)
+{
+	.local .align 8 .b8 	__local_depot0[56];
+	.reg .b64 	%SP;
+	.reg .b64 	%SPL;
+	.reg .pred 	%p<2>;
+	.reg .f32 	%f<3>;
+	.reg .b32 	%r<10>;
+	.reg .f64 	%fd<4>;
+	.reg .b64 	%rd<13>;
+
+
+	mov.u64 	%SPL, __local_depot0;
+	cvta.local.u64 	%SP, %SPL;
+	ld.param.u32 	%r2, [say_param_0];
+	ld.param.u64 	%rd1, [say_param_1];
+	mov.u32 	%r1, %tid.x;
+	setp.ge.s32 	%p1, %r1, %r2;
+	@%p1 bra 	$L__BB0_2;
+
+	cvta.to.global.u64 	%rd2, %rd1;
+	cvt.rn.f32.s32 	%f1, %r1;
+	mul.f32 	%f2, %f1, 0f3F000000;
+	cvt.f64.f32 	%fd1, %f2;
+	add.s32 	%r3, %r1, 1;
+	cvt.s64.s32 	%rd3, %r3;
+	mul.lo.s64 	%rd4, %rd3, -10000000000;
+	cvt.rn.f64.s32 	%fd2, %r3;
+	mul.f64 	%fd3, %fd2, 0d400921F9F01B866E;
+	mul.lo.s32 	%r4, %r1, -7;
+	add.u64 	%rd5, %SP, 0;
+	add.u64 	%rd6, %SPL, 0;
+	st.local.v2.u32 	[%rd6], {%r1, %r4};
+	mov.u32 	%r5, -294967296;
+	sub.s32 	%r6, %r5, %r1;
+	add.s32 	%r7, %r1, 48879;
+	st.local.v2.u32 	[%rd6+8], {%r6, %r7};
+	st.local.f64 	[%rd6+16], %fd1;
+	mov.u64 	%rd7, $str$1;
+	cvta.global.u64 	%rd8, %rd7;
+	st.local.u64 	[%rd6+24], %rd8;
+	add.s32 	%r8, %r1, 65;
+	st.local.u32 	[%rd6+32], %r8;
+	st.local.u64 	[%rd6+40], %rd4;
+	st.local.f64 	[%rd6+48], %fd3;
+	mov.u64 	%rd9, $str;
+	cvta.global.u64 	%rd10, %rd9;
+	{
+	.reg .b32 temp_param_reg;
+	.param .b64 param0;
+	st.param.b64 	[param0+0], %rd10;
+	.param .b64 param1;
+	st.param.b64 	[param1+0], %rd5;
+	.param .b32 retval0;
+	call.uni (retval0), 
+	vprintf, 
+	(
+	param0, 
+	param1
+	);
+	ld.param.b32 	%r9, [retval0+0];
+	}
+	mul.wide.s32 	%rd11, %r1, 4;
+	add.s64 	%rd12, %rd2, %rd11;
+	st.global.u32 	[%rd12], %r9;
+
+$L__BB0_2:
+	ret;
+
+}
+";
+
+    /// The lines `say` prints for threads 0, 1 and 2.
+    const SAID: &str = "\
+thread 0: d=0 u=4000000000 x=beef f=0.000000 s=lit c=A ld=-10000000000 w=[ 3.14]
+thread 1: d=-7 u=3999999999 x=bef0 f=0.500000 s=lit c=B ld=-20000000000 w=[ 6.28]
+thread 2: d=-14 u=3999999998 x=bef1 f=1.000000 s=lit c=C ld=-30000000000 w=[ 9.42]
+";
+
+    /// Runs `say` in one block of 4 threads, 3 of which print, in 4 KiB of memory whose
+    /// first bytes hold the module's strings; returns the FIFO and what each printing
+    /// thread's `printf` returned.
+    fn run_say(src: &str, fifo_size: usize) -> Result<(PrintfFifo, Vec<i32>), PtxError> {
+        let m = Module::parse(src)?;
+        let mut mem = Flat(vec![0; 4096]);
+        let mut globals = Vec::new();
+        let mut at = 64u64;
+        for g in &m.globals {
+            mem.write(at, &g.init);
+            globals.push(at);
+            at += g.size as u64;
+        }
+        let out = 1024u64;
+        let mut params = Vec::new();
+        params.extend_from_slice(&3u32.to_le_bytes());
+        params.extend_from_slice(&[0; 4]);
+        params.extend_from_slice(&out.to_le_bytes());
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [4, 1, 1],
+        };
+        let mut fifo = PrintfFifo::new(fifo_size);
+        launch(
+            &m.kernels[0],
+            dims,
+            0,
+            &params,
+            &globals,
+            &mut mem,
+            &mut fifo,
+        )?;
+        let returned = (0..3)
+            .map(|i| {
+                let a = out as usize + 4 * i;
+                i32::from_le_bytes(mem.0[a..a + 4].try_into().unwrap())
+            })
+            .collect();
+        Ok((fifo, returned))
+    }
+
+    #[test]
+    fn a_kernels_printf_lines_go_to_the_fifo_and_printf_returns_the_arguments_parsed() {
+        let (mut fifo, returned) = run_say(SAY, 1 << 20).unwrap();
+        assert_eq!(String::from_utf8(fifo.take()).unwrap(), SAID);
+        assert_eq!(returned, vec![9, 9, 9]);
+        assert!(fifo.take().is_empty(), "a flush empties the FIFO");
+    }
+
+    #[test]
+    fn a_full_fifo_keeps_the_first_lines_and_drops_the_rest_whole() {
+        let first = SAID.lines().next().unwrap().len() + 1;
+        let (mut fifo, _) = run_say(SAY, first + 10).unwrap();
+        assert_eq!(
+            String::from_utf8(fifo.take()).unwrap(),
+            SAID.lines().next().unwrap().to_string() + "\n"
+        );
+        assert_eq!(fifo.dropped(), 2);
+    }
+
+    #[test]
+    fn a_printf_whose_arguments_cannot_be_read_faults_the_kernel() {
+        // The arguments' address is one no memory holds.
+        let src = SAY.replace("[param1+0], %rd5;", "[param1+0], 3735879680;");
+        let e = run_say(&src, 1 << 20).unwrap_err();
+        assert!(
+            e.0.contains("argument 1 at address 0xdead0000 cannot be read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_call_of_any_function_but_vprintf_is_refused_at_load_with_the_callee_named() {
+        let src = SAY.replace("\tvprintf, \n", "\thelper, \n");
+        assert_ne!(src, SAY);
+        let e = Module::parse(&src).unwrap_err();
+        assert!(e.0.contains("calls are not supported"), "{e}");
+        assert!(e.0.contains("`helper`"), "{e}");
+        // An indirect call names the register it calls through.
+        let src = SAY.replace("\tvprintf, \n", "\t%rd9, \n");
+        let e = Module::parse(&src).unwrap_err();
+        assert!(e.0.contains("`%rd9`"), "{e}");
+    }
+
+    #[test]
+    fn vprintf_must_be_declared_to_be_called() {
+        let src = SAY.replace(
+            ".extern .func  (.param .b32 func_retval0) vprintf",
+            ".extern .func  (.param .b32 func_retval0) other",
+        );
+        let e = Module::parse(&src).unwrap_err();
+        assert!(e.0.contains("does not declare it"), "{e}");
+    }
+
+    /// Memory holding a format at 0x100, strings at 0x200 and packed arguments at
+    /// 0x300, for `format_vprintf`.
+    struct Packed {
+        mem: Flat,
+        next: usize,
+    }
+
+    const FMT: u64 = 0x100;
+    const STR: u64 = 0x200;
+    const ARGS: u64 = 0x300;
+
+    impl Packed {
+        fn new(fmt: &str) -> Packed {
+            let mut mem = Flat(vec![0; 0x400]);
+            mem.write(FMT, fmt.as_bytes());
+            Packed { mem, next: 0 }
+        }
+
+        /// Packs an argument at the next multiple of its size.
+        fn arg(mut self, bytes: &[u8]) -> Packed {
+            self.next = self.next.next_multiple_of(bytes.len());
+            self.mem.write(ARGS + self.next as u64, bytes);
+            self.next += bytes.len();
+            self
+        }
+
+        fn format(&self, fmt: u64, args: u64, room: usize) -> Result<Printed, PrintfError> {
+            let read = |a: u64, out: &mut [u8]| self.mem.read(a, out);
+            format_vprintf(&read, fmt, args, room)
+        }
+
+        fn text(&self) -> (String, i32) {
+            let p = self.format(FMT, ARGS, 1 << 20).unwrap();
+            assert!(!p.dropped);
+            (String::from_utf8(p.text).unwrap(), p.args)
+        }
+    }
+
+    #[test]
+    fn vprintf_formats_each_conversion_byte_for_byte_as_the_c_library_does() {
+        let mut p =
+            Packed::new("d=%d u=%u x=%#x f=%f s=%s c=%c ld=%ld w=[%5.2f] %% [%-4d] %e %hhd\n")
+                .arg(&(-7i32).to_le_bytes())
+                .arg(&4_000_000_000u32.to_le_bytes())
+                .arg(&255u32.to_le_bytes())
+                .arg(&0.5f64.to_le_bytes())
+                .arg(&STR.to_le_bytes())
+                .arg(&u32::from(b'A').to_le_bytes())
+                .arg(&(-10_000_000_000i64).to_le_bytes())
+                .arg(&std::f64::consts::PI.to_le_bytes())
+                .arg(&42i32.to_le_bytes())
+                .arg(&1e-300f64.to_le_bytes())
+                .arg(&300i32.to_le_bytes());
+        p.mem.write(STR, b"lit\0");
+        assert_eq!(
+            p.text(),
+            (
+                "d=-7 u=4000000000 x=0xff f=0.500000 s=lit c=A ld=-10000000000 w=[ 3.14] % \
+                 [42  ] 1.000000e-300 44\n"
+                    .to_string(),
+                11
+            )
+        );
+    }
+
+    #[test]
+    fn vprintf_without_arguments_takes_a_null_argument_pointer() {
+        let p = Packed::new("no arguments, 100%%\n");
+        let out = p.format(FMT, 0, 1 << 20).unwrap();
+        assert_eq!(out.text, b"no arguments, 100%\n");
+        assert_eq!(out.args, 0);
+    }
+
+    #[test]
+    fn a_null_string_prints_as_the_c_library_prints_it() {
+        let mut p = Packed::new("[%s] [%.3s] [%.2s]")
+            .arg(&0u64.to_le_bytes())
+            .arg(&0u64.to_le_bytes())
+            .arg(&STR.to_le_bytes());
+        p.mem.write(STR, b"abcdef\0");
+        // glibc prints "(null)", or nothing where the precision cuts it.
+        assert_eq!(p.text(), ("[(null)] [] [ab]".to_string(), 3));
+    }
+
+    #[test]
+    fn a_null_format_is_refused_as_printf_refuses_it() {
+        let p = Packed::new("");
+        assert_eq!(p.format(0, ARGS, 1 << 20), Err(PrintfError::NullFormat));
+    }
+
+    #[test]
+    fn a_format_outside_memory_is_an_error_not_a_crash() {
+        let p = Packed::new("");
+        for fmt in [0xdead_0000, 0x400, u64::MAX] {
+            match p.format(fmt, ARGS, 1 << 20) {
+                Err(PrintfError::Fault(m)) => assert!(m.contains("cannot be read"), "{m}"),
+                other => panic!("{fmt:#x}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn arguments_past_the_end_of_memory_are_an_error_not_a_crash() {
+        // Two conversions, and memory ends 4 bytes after the arguments start.
+        let p = Packed::new("%d %d");
+        match p.format(FMT, 0x400 - 4, 1 << 20) {
+            Err(PrintfError::Fault(m)) => assert!(m.contains("argument 2 at address 0x400"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // A string that runs off the end of memory without its NUL.
+        let mut p = Packed::new("%s").arg(&(0x400u64 - 3).to_le_bytes());
+        p.mem.write(0x400 - 3, b"abc");
+        match p.format(FMT, ARGS, 1 << 20) {
+            Err(PrintfError::Fault(m)) => assert!(m.contains("string of argument 1"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn star_widths_and_percent_n_are_refused_cleanly() {
+        for fmt in ["%*d", "%.*f", "%n", "%Lf", "%lc"] {
+            let p = Packed::new(fmt).arg(&[0; 8]).arg(&[0; 8]);
+            assert!(
+                matches!(
+                    p.format(FMT, ARGS, 1 << 20),
+                    Err(PrintfError::Unsupported(_))
+                ),
+                "{fmt}"
+            );
+        }
+    }
+
+    #[test]
+    fn conversions_past_the_thirty_second_argument_are_printed_as_written() {
+        let fmt = "%d".repeat(33);
+        let mut p = Packed::new(&fmt);
+        for _ in 0..33 {
+            p = p.arg(&1i32.to_le_bytes());
+        }
+        assert_eq!(p.text(), ("1".repeat(32) + "%d", 32));
+    }
+
+    #[test]
+    fn unknown_conversions_are_printed_as_written_and_take_nothing() {
+        let p = Packed::new("%y %d %").arg(&5i32.to_le_bytes());
+        assert_eq!(p.text(), ("%y 5 %".to_string(), 1));
+    }
+
+    #[test]
+    fn output_longer_than_the_room_is_dropped_whole_and_its_arguments_still_parsed() {
+        let mut p = Packed::new("%s and %d")
+            .arg(&STR.to_le_bytes())
+            .arg(&7i32.to_le_bytes());
+        p.mem.write(STR, b"a long string\0");
+        let fits = p.format(FMT, ARGS, 19).unwrap();
+        assert_eq!(
+            (fits.text.as_slice(), fits.dropped),
+            (&b"a long string and 7"[..], false)
+        );
+        let dropped = p.format(FMT, ARGS, 18).unwrap();
+        assert_eq!(
+            (dropped.text.len(), dropped.args, dropped.dropped),
+            (0, 2, true)
+        );
+        // A width larger than the room is not even formatted.
+        let p = Packed::new("%2000000000d").arg(&1i32.to_le_bytes());
+        assert!(p.format(FMT, ARGS, 1 << 20).unwrap().dropped);
     }
 
     #[test]

@@ -42,7 +42,14 @@ fn built() -> &'static Built {
         let src = std::fs::read_to_string(repo().join("tests/cuda/kernels.cu")).unwrap();
         let ptx = nvrtc::compile(&sdk, &src, &sdk.arch).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(dir.join("kernels.ptx"), ptx).unwrap();
-        for prog in ["vector_add", "matmul", "streams", "contexts", "fault"] {
+        for prog in [
+            "vector_add",
+            "matmul",
+            "streams",
+            "contexts",
+            "fault",
+            "printf",
+        ] {
             let out = Command::new("gcc")
                 .args(["-O2", "-Wall", "-Werror", "-o"])
                 .arg(dir.join(prog))
@@ -135,5 +142,20 @@ fn a_kernel_fault_is_reported_by_the_next_synchronisation_and_sticks() {
     assert!(
         out.contains("launch 0, synchronize CUDA_ERROR_ILLEGAL_ADDRESS, later calls fail too: yes"),
         "{out}"
+    );
+}
+
+#[test]
+fn a_kernels_printf_lines_reach_stdout_when_the_context_is_synchronised() {
+    let out = run("printf", 0);
+    assert_eq!(
+        out,
+        "before\n\
+         thread 0: d=0 u=4000000000 x=beef f=0.000000 s=lit c=A ld=-10000000000 w=[ 3.14]\n\
+         thread 1: d=-7 u=3999999999 x=bef0 f=0.500000 s=lit c=B ld=-20000000000 w=[ 6.28]\n\
+         thread 2: d=-14 u=3999999998 x=bef1 f=1.000000 s=lit c=C ld=-30000000000 w=[ 9.42]\n\
+         after\n\
+         printf returned 9 9 9\n\
+         setting the printf FIFO size after such a launch: CUDA_ERROR_INVALID_VALUE\n"
     );
 }

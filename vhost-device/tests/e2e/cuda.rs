@@ -27,6 +27,7 @@ pub(crate) const PROGRAMS: &[&str] = &[
     "transfer",
     "launches",
     "misc",
+    "printf",
 ];
 /// Programs that run through Hira only, or that other tests drive.
 const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error"];
@@ -190,6 +191,16 @@ fn cuda_programs_print_through_hira_what_they_print_natively() {
     assert!(
         o.contains("a failed lookup leaves a null handle: yes")
             && o.contains("failed allocations leave 0: yes"),
+        "{o}"
+    );
+    // A kernel's printf reaches the guest program's standard output, between what the
+    // program printed before the launch and after the synchronisation.
+    let o = through_hira(&d, "printf", &[]);
+    let o = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.starts_with(
+            "before\nthread 0: d=0 u=4000000000 x=beef f=0.000000 s=lit c=A ld=-10000000000 w=[ 3.14]\n"
+        ) && o.contains("w=[ 9.42]\nafter\nprintf returned 9 9 9\n"),
         "{o}"
     );
     let log = d.log_text();
