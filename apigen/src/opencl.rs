@@ -42,6 +42,7 @@ fn wire_scalar(ctype: &str) -> Result<&'static str, String> {
     let t = ctype.trim();
     Ok(match t {
         "cl_int" => "i32",
+        "cl_sync_point_khr" | "cl_command_buffer_info_khr" => "u32",
         "cl_uint"
         | "cl_bool"
         | "cl_addressing_mode"
@@ -358,6 +359,12 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
             }
             Kind::PartProps => {
                 let _ = writeln!(enc, "c.partition_properties({n} as *const isize)?;");
+            }
+            Kind::Null => {
+                let _ = writeln!(
+                    enc,
+                    "if !{n}.is_null() {{ return Err(crate::rt::CL_INVALID_VALUE); }}"
+                );
             }
             Kind::Callback { kind, data } if kind == "Destructor" => {
                 // The callback gets the object being destroyed: the handle the
@@ -781,6 +788,9 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     "let {n}__z = Session::zlist(r)?;\nlet {n} = Session::array_ptr(&{n}__z) as {ct};"
                 );
             }
+            Kind::Null => {
+                let _ = writeln!(dec, "let {n}: {ct} = std::ptr::null_mut();");
+            }
             Kind::PartProps => {
                 let _ = writeln!(
                     dec,
@@ -971,12 +981,17 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 guard_args.join(", ")
             );
         }
+        // An extension's query goes to the host's entry point, looked up by hand.
+        let host_fn = if f.ext {
+            format!("crate::opencl::custom::{}", f.name)
+        } else {
+            format!("rt.{}", f.name)
+        };
         let _ = writeln!(
             s,
-            "    s.info_query(\"{}\", {} as *mut c_void, {pn} as u32, w, |param: u32, size: size_t, value: *mut c_void, size_ret: *mut size_t| {{\n        // SAFETY: `value` is null or points to `size` writable bytes, `size_ret` to a size_t.\n        unsafe {{ rt.{}({}) }}\n    }})\n}}\n",
+            "    s.info_query(\"{}\", {} as *mut c_void, {pn} as u32, w, |param: u32, size: size_t, value: *mut c_void, size_ret: *mut size_t| {{\n        // SAFETY: `value` is null or points to `size` writable bytes, `size_ret` to a size_t.\n        unsafe {{ {host_fn}({}) }}\n    }})\n}}\n",
             f.name,
             f.args[0].name,
-            f.name,
             info_names.join(", ")
         );
         return Ok(());

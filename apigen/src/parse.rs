@@ -67,6 +67,9 @@ pub enum Kind {
     ZList,
     CtxProps,
     PartProps,
+    /// An out-pointer the application must pass as null (an extension's feature
+    /// Hira does not forward): anything else is `CL_INVALID_VALUE`.
+    Null,
     Callback {
         kind: String,
         data: String,
@@ -184,6 +187,9 @@ pub struct Func {
     /// On a failure the call's out-values are set to zero (a null handle), as the
     /// vendor's driver does; otherwise a failure leaves them as they were.
     pub clears: bool,
+    /// An extension's entry point: applications get it from
+    /// `clGetExtensionFunctionAddressForPlatform`, not the ICD dispatch table.
+    pub ext: bool,
 }
 
 /// Splits at commas outside brackets.
@@ -324,6 +330,7 @@ fn parse_kind(text: &str) -> Result<Kind, String> {
         "zlist" => Kind::ZList,
         "ctxprops" => Kind::CtxProps,
         "partprops" => Kind::PartProps,
+        "null" => Kind::Null,
         "cb" => Kind::Callback {
             kind: p(0)?,
             data: p(1)?,
@@ -447,6 +454,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         current: false,
         noted: false,
         clears: false,
+        ext: false,
     };
     for flag in flags.split_whitespace() {
         match flag {
@@ -465,6 +473,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "current" => f.current = true,
             "noted" => f.noted = true,
             "clears" => f.clears = true,
+            "ext" => f.ext = true,
             other => return Err(format!("unknown flag `{other}`")),
         }
     }

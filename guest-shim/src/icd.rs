@@ -171,8 +171,50 @@ fn extension_function(name: *const c_char) -> *mut c_void {
     let name = unsafe { CStr::from_ptr(name) };
     match name.to_bytes() {
         b"clIcdGetPlatformIDsKHR" => clIcdGetPlatformIDsKHR as *mut c_void,
-        _ => std::ptr::null_mut(),
+        other => crate::generated::EXTENSION_FUNCTIONS
+            .iter()
+            .find(|(n, _)| n.as_bytes() == other)
+            .filter(|_| extension_seen(hira_api_opencl::extensions::COMMAND_BUFFER))
+            .map_or(std::ptr::null_mut(), |&(_, f)| f as *mut c_void),
     }
+}
+
+/// Whether a device of the host's platform reports extension `name` to this guest
+/// (after Hira's masking and the API server's: an extension whose entry points are
+/// not forwarded is not there), asked once.
+fn extension_seen(name: &str) -> bool {
+    static SEEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SEEN.get_or_init(|| {
+        use crate::generated as g;
+        let mut platform: cl_platform_id = std::ptr::null_mut();
+        let mut devices = [std::ptr::null_mut(); 16];
+        let mut n: cl_uint = 0;
+        // SAFETY: out-pointers to locals of the sizes given.
+        unsafe {
+            if g::clGetPlatformIDs(1, &mut platform, std::ptr::null_mut()) != 0
+                || g::clGetDeviceIDs(platform, !0, 16, devices.as_mut_ptr(), &mut n) != 0
+            {
+                return false;
+            }
+        }
+        devices[..(n as usize).min(16)].iter().any(|&d| {
+            let mut text = vec![0u8; 8192];
+            // SAFETY: a buffer of its own length for the extension list.
+            let st = unsafe {
+                g::clGetDeviceInfo(
+                    d,
+                    0x1030,
+                    text.len(),
+                    text.as_mut_ptr().cast(),
+                    std::ptr::null_mut(),
+                )
+            };
+            st == 0
+                && String::from_utf8_lossy(text.split(|&b| b == 0).next().unwrap_or(&[]))
+                    .split(' ')
+                    .any(|e| e == name)
+        })
+    })
 }
 
 /// Returns the address of an extension function this ICD implements, or NULL.

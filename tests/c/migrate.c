@@ -29,9 +29,14 @@
  *              and a buffer on the second sub-device -> "split N"
  *   sub        a kernel on that sub-device's queue, and what the sub-device says of
  *              itself -> "sub SUM parent P units U queue Q"
+ *   record     records add(a, b) -> c and a fill of the sub-buffer's half of c in a
+ *              command buffer (cl_khr_command_buffer) and finalizes it -> "record ok"
+ *   replay     runs the command buffer and reads c -> "replay SUM"
+ *   rearg      sets add's last argument again -> "rearg ok"
  *   end        releases everything and waits for the destructor callback -> "end ok"
  */
 #include "cl30.h"
+#include <CL/cl_ext.h>
 #include <stdio.h>
 #include <sched.h>
 #include <string.h>
@@ -165,6 +170,7 @@ int main(void) {
     cl_command_queue sq = NULL;
     cl_kernel sk = NULL;
     cl_mem sbuf = NULL;
+    cl_command_buffer_khr cbuf = NULL;
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("ready\n");
     unsigned steps = 0;
@@ -232,6 +238,34 @@ int main(void) {
             CHECK(clGetCommandQueueInfo(sq, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL));
             printf("sub %.6e parent %d units %u queue %d\n", sum(out, N), parent == device, units,
                    qdev == subs[1]);
+        } else if (!strcmp(cmd, "record")) {
+            clCreateCommandBufferKHR_fn create = (clCreateCommandBufferKHR_fn)
+                clGetExtensionFunctionAddressForPlatform(platform, "clCreateCommandBufferKHR");
+            clCommandNDRangeKernelKHR_fn ndrange = (clCommandNDRangeKernelKHR_fn)
+                clGetExtensionFunctionAddressForPlatform(platform, "clCommandNDRangeKernelKHR");
+            clCommandFillBufferKHR_fn fill = (clCommandFillBufferKHR_fn)
+                clGetExtensionFunctionAddressForPlatform(platform, "clCommandFillBufferKHR");
+            clFinalizeCommandBufferKHR_fn finalize = (clFinalizeCommandBufferKHR_fn)
+                clGetExtensionFunctionAddressForPlatform(platform, "clFinalizeCommandBufferKHR");
+            if (!create || !ndrange || !fill || !finalize) return 3;
+            cbuf = create(1, &q, NULL, &err);
+            CHECK(err);
+            cl_sync_point_khr added;
+            CHECK(ndrange(cbuf, NULL, NULL, add, 1, NULL, &n, NULL, 0, NULL, &added, NULL));
+            float quarter = 0.25f;
+            CHECK(fill(cbuf, NULL, c, &quarter, sizeof quarter, sizeof out / 2, sizeof out / 2, 1, &added, NULL,
+                       NULL));
+            CHECK(finalize(cbuf));
+            printf("record ok\n");
+        } else if (!strcmp(cmd, "replay")) {
+            clEnqueueCommandBufferKHR_fn enqueue = (clEnqueueCommandBufferKHR_fn)
+                clGetExtensionFunctionAddressForPlatform(platform, "clEnqueueCommandBufferKHR");
+            CHECK(enqueue(0, NULL, cbuf, 0, NULL, NULL));
+            CHECK(clEnqueueReadBuffer(q, c, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+            printf("replay %.6e\n", sum(out, N));
+        } else if (!strcmp(cmd, "rearg")) {
+            CHECK(clSetKernelArg(add, 2, sizeof c, &c));
+            printf("rearg ok\n");
         } else if (!strcmp(cmd, "pend")) {
             pend = clCreateUserEvent(ctx, &err);
             CHECK(err);
@@ -271,6 +305,12 @@ int main(void) {
             printf("check status %d type %#x user %d tex %lu hidden %.6e args %u options %s\n",
                    status, type, user_status, texsum, sum(out, N), nargs, options);
         } else if (!strcmp(cmd, "end")) {
+            if (cbuf) {
+                /* It holds the buffers it recorded: released first. */
+                clReleaseCommandBufferKHR_fn release_cbuf = (clReleaseCommandBufferKHR_fn)
+                    clGetExtensionFunctionAddressForPlatform(platform, "clReleaseCommandBufferKHR");
+                CHECK(release_cbuf(cbuf));
+            }
             clReleaseEvent(kept);
             clReleaseEvent(user);
             clReleaseKernel(scale);

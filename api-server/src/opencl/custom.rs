@@ -17,6 +17,13 @@ use opencl_sys::{
 use hira_api_opencl::ARG_INFO_FOR_SHIM;
 
 use super::Session;
+pub use super::command_buffer::{
+    clCommandBarrierWithWaitListKHR, clCommandCopyBufferKHR, clCommandCopyBufferRectKHR,
+    clCommandCopyBufferToImageKHR, clCommandCopyImageKHR, clCommandCopyImageToBufferKHR,
+    clCommandFillBufferKHR, clCommandFillImageKHR, clCommandNDRangeKernelKHR,
+    clCreateCommandBufferKHR, clEnqueueCommandBufferKHR, clFinalizeCommandBufferKHR,
+    clGetCommandBufferInfoKHR, clReleaseCommandBufferKHR, clRetainCommandBufferKHR,
+};
 use super::device_time::{CL_QUEUE_PROFILING_ENABLE, DeviceTime};
 use super::queues::info_value;
 

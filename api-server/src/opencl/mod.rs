@@ -13,6 +13,7 @@
 //!   that the host never reads past what the guest sent.
 
 pub mod builds;
+pub mod command_buffer;
 pub mod custom;
 pub mod deferred;
 pub mod device_time;
@@ -86,6 +87,9 @@ pub struct OpenClBackend {
     /// Events of commands the guest holds and has not been told the end of, by id:
     /// (event, queue) host handles (`Session::report_completed`).
     pub(crate) unreported: Mutex<std::collections::HashMap<u64, (usize, usize)>>,
+    /// Kernels a command buffer recorded (by id): a later change of their arguments
+    /// would not be what a replay records, so it keeps the session from moving.
+    pub(crate) recorded_kernels: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -188,6 +192,7 @@ impl OpenClBackend {
                 std::ptr::null_mut(),
             ) == Some(0)
             {
+                command_buffer::resolve(rt, platform, &devices);
                 for d in devices {
                     handles.found(hira_api_opencl::Kind::Device, d as usize);
                 }
@@ -207,6 +212,7 @@ impl OpenClBackend {
             migration: migrate::Migration::default(),
             fills: Mutex::new(queues::Queues::new(rt)),
             unreported: Mutex::default(),
+            recorded_kernels: Mutex::default(),
             writer,
         })
     }

@@ -225,6 +225,7 @@ pub(crate) fn retain(rt: &OpenCl, kind: Kind, p: *mut c_void) -> Option<cl_int> 
         Kind::Queue => rt.clRetainCommandQueue(p.cast()),
         Kind::Context => rt.clRetainContext(p.cast()),
         Kind::Device => rt.clRetainDevice(p.cast()),
+        Kind::CommandBuffer => super::command_buffer::retain(p),
         Kind::Platform => Some(CL_SUCCESS),
     }
 }
@@ -243,6 +244,7 @@ pub(crate) fn release(rt: &OpenCl, kind: Kind, p: *mut c_void) -> Option<cl_int>
         }
         Kind::Context => rt.clReleaseContext(p.cast()),
         Kind::Device => rt.clReleaseDevice(p.cast()),
+        Kind::CommandBuffer => super::command_buffer::release(p),
         Kind::Platform => Some(CL_SUCCESS),
     }
 }
@@ -1440,6 +1442,18 @@ impl<'a> Session<'a> {
         k: KernelArg,
     ) -> Result<KernelArg, Fail> {
         self.note(|r| r.key = Some(u64::from(index)));
+        if self
+            .b
+            .recorded_kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&kernel)
+        {
+            self.note(|r| {
+                r.unmigratable =
+                    Some("a kernel's arguments changed after a command buffer recorded it")
+            });
+        }
         let signature = self.handles().kernels.get(&kernel).cloned();
         let kind = match &signature {
             // The host checks the index; nothing of the value reaches it then.
@@ -1758,6 +1772,17 @@ impl<'a> Session<'a> {
         list.as_ref().map_or(0, Vec::len) == n as usize
     }
 
+    /// A command buffer recorded host kernel `kernel` with its arguments as they are.
+    pub fn recorded_kernel(&self, kernel: opencl_sys::cl_kernel) {
+        if let Some(id) = self.handles().id_of(kernel as usize) {
+            self.b
+                .recorded_kernels
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id);
+        }
+    }
+
     /// The gate a device command must wait behind, if the VM's decision holds it.
     pub fn admit(&self, queue: opencl_sys::cl_command_queue) -> Option<HeldGate> {
         self.b.device_time.admit(queue)
@@ -1837,6 +1862,9 @@ impl<'a> Session<'a> {
         }
         if let Some(how) = hira_api_opencl::info_handles(function, param) {
             self.host_to_ids(how, &mut buf);
+        }
+        if function == "clGetDeviceInfo" {
+            super::command_buffer::mask_unforwarded(param, &mut buf);
         }
         if function == "clGetProgramInfo" && param == CL_PROGRAM_SOURCE {
             super::builds::guest_source(&mut buf);

@@ -12,6 +12,9 @@
 pub const PASSED_THROUGH: &[&str] = &[
     "cl_khr_3d_image_writes",
     "cl_khr_byte_addressable_store",
+    // Version 0.9.0 only: the API server takes it out of a device that reports another
+    // (`api-server/src/opencl/command_buffer.rs`).
+    "cl_khr_command_buffer",
     "cl_khr_depth_images",
     "cl_khr_device_uuid",
     "cl_khr_expect_assume",
@@ -56,6 +59,10 @@ pub const PASSED_THROUGH: &[&str] = &[
     "cl_intel_subgroups_long",
     "cl_intel_subgroups_short",
 ];
+
+/// `cl_khr_command_buffer`: passed through, its entry points forwarded, where the host
+/// reports the one version Hira knows (the API server takes it out elsewhere).
+pub const COMMAND_BUFFER: &str = "cl_khr_command_buffer";
 
 /// Whether a guest sees host extension `name`.
 pub fn passed_through(name: &str) -> bool {
@@ -106,10 +113,10 @@ mod tests {
     #[test]
     fn extensions_with_entry_points_are_masked_and_spacing_kept() {
         assert_eq!(
-            mask_list("cl_khr_fp64   cl_khr_command_buffer cl_khr_spir cl_pocl_content_size"),
+            mask_list("cl_khr_fp64   cl_khr_semaphore cl_khr_spir cl_pocl_content_size"),
             "cl_khr_fp64 cl_khr_spir"
         );
-        assert_eq!(mask_list("cl_khr_command_buffer cl_khr_icd"), "cl_khr_icd");
+        assert_eq!(mask_list("cl_khr_semaphore cl_khr_icd"), "cl_khr_icd");
         assert_eq!(mask_list(""), "");
     }
 

@@ -26,6 +26,8 @@ pub enum Kind {
     Program = 7,
     Kernel = 8,
     Event = 9,
+    /// `cl_khr_command_buffer`'s recorded command sequence.
+    CommandBuffer = 10,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
             Kind::Program => -44,
             Kind::Kernel => -48,
             Kind::Event => -58,
+            Kind::CommandBuffer => -1138,
         }
     }
 
@@ -54,14 +57,16 @@ impl Kind {
     pub fn teardown_rank(self) -> u8 {
         match self {
             Kind::Event => 0,
-            Kind::Kernel => 1,
-            Kind::Program => 2,
-            Kind::Sampler => 3,
-            Kind::Mem => 4,
-            Kind::Queue => 5,
-            Kind::Context => 6,
-            Kind::Device => 7,
-            Kind::Platform => 8,
+            // It holds the kernels, memory objects and queues it recorded.
+            Kind::CommandBuffer => 1,
+            Kind::Kernel => 2,
+            Kind::Program => 3,
+            Kind::Sampler => 4,
+            Kind::Mem => 5,
+            Kind::Queue => 6,
+            Kind::Context => 7,
+            Kind::Device => 8,
+            Kind::Platform => 9,
         }
     }
 }
@@ -80,6 +85,7 @@ impl TryFrom<u8> for Kind {
             7 => Kind::Program,
             8 => Kind::Kernel,
             9 => Kind::Event,
+            10 => Kind::CommandBuffer,
             other => return Err(other),
         })
     }
@@ -208,6 +214,11 @@ pub const INFO_HANDLES: &[(&str, u32, InfoHandles)] = &[
     ("clGetKernelInfo", 0x1194, InfoHandles::One(Kind::Program)),
     ("clGetEventInfo", 0x11D0, InfoHandles::One(Kind::Queue)),
     ("clGetEventInfo", 0x11D4, InfoHandles::One(Kind::Context)),
+    (
+        "clGetCommandBufferInfoKHR",
+        0x1294,
+        InfoHandles::Array(Kind::Queue),
+    ),
 ];
 
 /// Whether `(function, param)` carries handles, and how.
@@ -241,10 +252,10 @@ mod tests {
 
     #[test]
     fn kind_round_trips_through_u8() {
-        for k in 1..=9u8 {
+        for k in 1..=10u8 {
             assert_eq!(Kind::try_from(k).unwrap() as u8, k);
         }
-        assert_eq!(Kind::try_from(10), Err(10));
+        assert_eq!(Kind::try_from(11), Err(11));
     }
 
     #[test]

@@ -146,6 +146,44 @@ fn sub_devices_and_what_was_made_on_them_move() {
 }
 
 #[test]
+fn a_recorded_command_buffer_moves_and_runs_as_natively() {
+    let script = ["record", "replay", "step", "replay", "replay", "end"];
+    let expected = native(&script);
+    let d = Daemon::start(&["vm0"]);
+    let mut p = guest_program(&d, "vm0");
+    let (id, _) = the_session(&d);
+    let got = answers_moving_after_each(&d, &mut p, id, &script);
+    assert_eq!(
+        got, expected,
+        "answers through migrations differ from native"
+    );
+}
+
+#[test]
+fn a_kernel_whose_arguments_change_after_a_command_buffer_recorded_it_keeps_its_session() {
+    // The replay of the recording would take the kernel's new arguments: the session
+    // stays where it is, with the reason, and goes on.
+    let d = Daemon::start(&["vm0"]);
+    let mut p = guest_program(&d, "vm0");
+    let (id, _) = the_session(&d);
+    assert_eq!(p.ask("record"), "record ok");
+    let a = migrate(&d, id);
+    assert!(
+        a["moved"].is_object(),
+        "a recorded command buffer moves: {a}"
+    );
+    assert_eq!(p.ask("rearg"), "rearg ok");
+    let a = migrate(&d, id);
+    let why = a["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("it moved: {a}"));
+    assert!(why.contains("command buffer recorded"), "{why}");
+    let answer = p.ask("replay");
+    assert!(answer.starts_with("replay "), "{answer}");
+    assert_eq!(p.ask("end"), "end ok");
+}
+
+#[test]
 fn a_session_moves_while_its_calls_run() {
     for sync in [false, true] {
         let script = ["loop 40", "check", "step", "end"];
