@@ -74,9 +74,10 @@ fn a_kernel_that_prints_without_end_is_bounded_counted_and_leaves_the_daemons_lo
     // What the kernel prints: 4 rounds of 256 work-items printing 500 lines each.
     // (Counted, not read from the native run: there its two workers' large writes
     // into the test's pipe may interleave and cut lines.)
-    let printed: usize = 4 * (0..256)
-        .flat_map(|g| (0..500).map(move |i| format!("flood {g} {i}\n").len()))
-        .sum::<usize>();
+    let printed: usize = 4
+        * (0..256)
+            .flat_map(|g| (0..500).map(move |i| format!("flood {g} {i}\n").len()))
+            .sum::<usize>();
     assert!(
         flood_bytes(&native.stdout) > printed / 2,
         "the flood printed natively: {}",
