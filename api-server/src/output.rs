@@ -398,7 +398,8 @@ impl HostOutput {
     /// Writes everything kept as frames with `write_frame` (the session's frame
     /// writer, under its lock) and empties the buffer. Cheap when nothing is kept.
     pub fn flush(&self, mut write_frame: impl FnMut(u16, &[u8])) {
-        if !self.pending.swap(false, Ordering::AcqRel) {
+        // Every frame of the session asks: a plain load when nothing is kept.
+        if !self.pending.load(Ordering::Acquire) || !self.pending.swap(false, Ordering::AcqRel) {
             return;
         }
         let (chunks, held) = self.kept.lock().unwrap_or_else(|e| e.into_inner()).take();

@@ -174,15 +174,16 @@ fn extension_function(name: *const c_char) -> *mut c_void {
         other => crate::generated::EXTENSION_FUNCTIONS
             .iter()
             .find(|(n, _)| n.as_bytes() == other)
-            .filter(|_| extension_seen(hira_api_opencl::extensions::COMMAND_BUFFER))
+            .filter(|_| command_buffers_seen())
             .map_or(std::ptr::null_mut(), |&(_, f)| f as *mut c_void),
     }
 }
 
-/// Whether a device of the host's platform reports extension `name` to this guest
-/// (after Hira's masking and the API server's: an extension whose entry points are
-/// not forwarded is not there), asked once.
-fn extension_seen(name: &str) -> bool {
+/// Whether a device of the host's platform reports `cl_khr_command_buffer` (the one
+/// extension whose entry points are forwarded) to this guest, after Hira's masking and
+/// the API server's (a version it does not forward is not there); asked once.
+fn command_buffers_seen() -> bool {
+    let name = hira_api_opencl::extensions::COMMAND_BUFFER;
     static SEEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *SEEN.get_or_init(|| {
         use crate::generated as g;

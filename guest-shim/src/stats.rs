@@ -60,33 +60,36 @@ pub(crate) fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Counts bytes moved for the current application call.
-pub(crate) fn bytes(sent: usize, received: usize) {
+/// Adds to the current application call's entry with `add`.
+fn count(add: impl FnOnce(&mut Entry)) {
     if !enabled() {
         return;
     }
     let Some(name) = CURRENT.with(Cell::get) else {
         return;
     };
-    let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    let e = t.entry(name).or_default();
-    e.sent += sent as u64;
-    e.received += received as u64;
+    add(TABLE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(name)
+        .or_default());
+}
+
+/// Counts bytes moved for the current application call.
+pub(crate) fn bytes(sent: usize, received: usize) {
+    count(|e| {
+        e.sent += sent as u64;
+        e.received += received as u64;
+    });
 }
 
 /// Counts object data moved for the current application call: `into_guest` bytes a
 /// map brought in, `to_host` bytes an unmap sent back.
 pub(crate) fn data(into_guest: usize, to_host: usize) {
-    if !enabled() {
-        return;
-    }
-    let Some(name) = CURRENT.with(Cell::get) else {
-        return;
-    };
-    let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    let e = t.entry(name).or_default();
-    e.data_in += into_guest as u64;
-    e.data_out += to_host as u64;
+    count(|e| {
+        e.data_in += into_guest as u64;
+        e.data_out += to_host as u64;
+    });
 }
 
 /// The report, one line per function, busiest first, then a totals line.

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_void};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{LazyLock, Mutex, OnceLock};
 
 use cl3::OpenCl;
 use opencl_sys::{
@@ -41,7 +41,7 @@ type Sync = cl_sync_point_khr;
 type Mutable = cl_mutable_command_khr;
 
 /// The host's entry points, with the 0.9.0 signatures.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 struct Fns {
     create: unsafe extern "C" fn(
         cl_uint,
@@ -190,21 +190,14 @@ static FNS: OnceLock<Option<Fns>> = OnceLock::new();
 
 /// The queue each command buffer was made for, by host handle: the queue an enqueue
 /// without queues runs on, for its device time.
-static QUEUES: LazyQueues = LazyQueues(OnceLock::new());
+static QUEUES: LazyLock<Mutex<HashMap<usize, usize>>> = LazyLock::new(Mutex::default);
 
-struct LazyQueues(OnceLock<Mutex<HashMap<usize, usize>>>);
-
-impl LazyQueues {
-    fn get(&self) -> std::sync::MutexGuard<'_, HashMap<usize, usize>> {
-        self.0
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
+fn made_on() -> std::sync::MutexGuard<'static, HashMap<usize, usize>> {
+    QUEUES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn fns() -> Option<Fns> {
-    FNS.get().copied().flatten()
+fn fns() -> Option<&'static Fns> {
+    FNS.get().and_then(Option::as_ref)
 }
 
 /// Whether the host's command buffers are forwarded.
@@ -336,7 +329,7 @@ pub(crate) fn release(p: *mut c_void) -> Option<cl_int> {
     if r == Some(0) {
         // The host may reuse the handle once the last reference is gone; a stale
         // queue stays harmless as the next buffer made there replaces it.
-        QUEUES.get().remove(&(p as usize));
+        made_on().remove(&(p as usize));
     }
     r
 }
@@ -355,19 +348,9 @@ pub unsafe fn clCreateCommandBufferKHR(
     let b = unsafe { (f.create)(num_queues, queues, properties, errcode_ret) };
     if !b.is_null() && num_queues > 0 && !queues.is_null() {
         // SAFETY: `queues` holds `num_queues` handles.
-        QUEUES.get().insert(b as usize, unsafe { *queues } as usize);
+        made_on().insert(b as usize, unsafe { *queues } as usize);
     }
     Some(b)
-}
-
-/// # Safety
-/// As `clFinalizeCommandBufferKHR`.
-pub unsafe fn clFinalizeCommandBufferKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe { (f.finalize)(b) })
 }
 
 /// # Safety
@@ -407,8 +390,7 @@ pub unsafe fn clEnqueueCommandBufferKHR(
         // SAFETY: `queues` holds `num_queues` handles.
         unsafe { *queues }
     } else {
-        QUEUES
-            .get()
+        made_on()
             .get(&(b as usize))
             .map_or(std::ptr::null_mut(), |&q| q as cl_command_queue)
     };
@@ -449,221 +431,62 @@ pub unsafe fn clEnqueueCommandBufferKHR(
     Some(status)
 }
 
-/// # Safety
-/// As `clCommandBarrierWithWaitListKHR`.
-pub unsafe fn clCommandBarrierWithWaitListKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe { (f.barrier)(b, q, n, wait, sync, mutable) })
+/// The recording calls that go to the host as they are: each takes the session and
+/// the call's arguments, and calls the host's entry point `$field` with them.
+macro_rules! forwarded {
+    ($($name:ident => $field:ident ($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
+        #[doc = concat!("# Safety\nAs `", stringify!($name), "`.")]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(_s: &mut Session<'_>, $($arg: $ty),*) -> Option<cl_int> {
+            // SAFETY: forwarded contract.
+            fns().map(|f| unsafe { (f.$field)($($arg),*) })
+        }
+    )*};
 }
 
-/// # Safety
-/// As `clCommandCopyBufferKHR`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn clCommandCopyBufferKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    src: cl_mem,
-    dst: cl_mem,
-    src_offset: usize,
-    dst_offset: usize,
-    size: usize,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe {
-        (f.copy_buffer)(
-            b, q, src, dst, src_offset, dst_offset, size, n, wait, sync, mutable,
-        )
-    })
-}
-
-/// # Safety
-/// As `clCommandCopyBufferRectKHR`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn clCommandCopyBufferRectKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    src: cl_mem,
-    dst: cl_mem,
-    src_origin: *const usize,
-    dst_origin: *const usize,
-    region: *const usize,
-    src_row_pitch: usize,
-    src_slice_pitch: usize,
-    dst_row_pitch: usize,
-    dst_slice_pitch: usize,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe {
-        (f.copy_buffer_rect)(
-            b,
-            q,
-            src,
-            dst,
-            src_origin,
-            dst_origin,
-            region,
-            src_row_pitch,
-            src_slice_pitch,
-            dst_row_pitch,
-            dst_slice_pitch,
-            n,
-            wait,
-            sync,
-            mutable,
-        )
-    })
-}
-
-/// # Safety
-/// As `clCommandCopyBufferToImageKHR`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn clCommandCopyBufferToImageKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    src: cl_mem,
-    dst: cl_mem,
-    src_offset: usize,
-    dst_origin: *const usize,
-    region: *const usize,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe {
-        (f.copy_buffer_to_image)(
-            b, q, src, dst, src_offset, dst_origin, region, n, wait, sync, mutable,
-        )
-    })
-}
-
-/// # Safety
-/// As `clCommandCopyImageKHR`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn clCommandCopyImageKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    src: cl_mem,
-    dst: cl_mem,
-    src_origin: *const usize,
-    dst_origin: *const usize,
-    region: *const usize,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe {
-        (f.copy_image)(
-            b, q, src, dst, src_origin, dst_origin, region, n, wait, sync, mutable,
-        )
-    })
-}
-
-/// # Safety
-/// As `clCommandCopyImageToBufferKHR`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn clCommandCopyImageToBufferKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    src: cl_mem,
-    dst: cl_mem,
-    src_origin: *const usize,
-    region: *const usize,
-    dst_offset: usize,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe {
-        (f.copy_image_to_buffer)(
-            b, q, src, dst, src_origin, region, dst_offset, n, wait, sync, mutable,
-        )
-    })
-}
-
-/// # Safety
-/// As `clCommandFillBufferKHR`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn clCommandFillBufferKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    buffer: cl_mem,
-    pattern: *const c_void,
-    pattern_size: usize,
-    offset: usize,
-    size: usize,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe {
-        (f.fill_buffer)(
-            b,
-            q,
-            buffer,
-            pattern,
-            pattern_size,
-            offset,
-            size,
-            n,
-            wait,
-            sync,
-            mutable,
-        )
-    })
-}
-
-/// # Safety
-/// As `clCommandFillImageKHR`.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn clCommandFillImageKHR(
-    _s: &mut Session<'_>,
-    b: cl_command_buffer_khr,
-    q: cl_command_queue,
-    image: cl_mem,
-    fill_color: *const c_void,
-    origin: *const usize,
-    region: *const usize,
-    n: cl_uint,
-    wait: *const Sync,
-    sync: *mut Sync,
-    mutable: *mut Mutable,
-) -> Option<cl_int> {
-    // SAFETY: forwarded contract.
-    fns().map(|f| unsafe {
-        (f.fill_image)(
-            b, q, image, fill_color, origin, region, n, wait, sync, mutable,
-        )
-    })
+forwarded! {
+    clFinalizeCommandBufferKHR => finalize(b: cl_command_buffer_khr);
+    clCommandBarrierWithWaitListKHR => barrier(
+        b: cl_command_buffer_khr, q: cl_command_queue, n: cl_uint, wait: *const Sync,
+        sync: *mut Sync, mutable: *mut Mutable,
+    );
+    clCommandCopyBufferKHR => copy_buffer(
+        b: cl_command_buffer_khr, q: cl_command_queue, src: cl_mem, dst: cl_mem,
+        src_offset: usize, dst_offset: usize, size: usize, n: cl_uint, wait: *const Sync,
+        sync: *mut Sync, mutable: *mut Mutable,
+    );
+    clCommandCopyBufferRectKHR => copy_buffer_rect(
+        b: cl_command_buffer_khr, q: cl_command_queue, src: cl_mem, dst: cl_mem,
+        src_origin: *const usize, dst_origin: *const usize, region: *const usize,
+        src_row_pitch: usize, src_slice_pitch: usize, dst_row_pitch: usize,
+        dst_slice_pitch: usize, n: cl_uint, wait: *const Sync, sync: *mut Sync,
+        mutable: *mut Mutable,
+    );
+    clCommandCopyBufferToImageKHR => copy_buffer_to_image(
+        b: cl_command_buffer_khr, q: cl_command_queue, src: cl_mem, dst: cl_mem,
+        src_offset: usize, dst_origin: *const usize, region: *const usize, n: cl_uint,
+        wait: *const Sync, sync: *mut Sync, mutable: *mut Mutable,
+    );
+    clCommandCopyImageKHR => copy_image(
+        b: cl_command_buffer_khr, q: cl_command_queue, src: cl_mem, dst: cl_mem,
+        src_origin: *const usize, dst_origin: *const usize, region: *const usize, n: cl_uint,
+        wait: *const Sync, sync: *mut Sync, mutable: *mut Mutable,
+    );
+    clCommandCopyImageToBufferKHR => copy_image_to_buffer(
+        b: cl_command_buffer_khr, q: cl_command_queue, src: cl_mem, dst: cl_mem,
+        src_origin: *const usize, region: *const usize, dst_offset: usize, n: cl_uint,
+        wait: *const Sync, sync: *mut Sync, mutable: *mut Mutable,
+    );
+    clCommandFillBufferKHR => fill_buffer(
+        b: cl_command_buffer_khr, q: cl_command_queue, buffer: cl_mem,
+        pattern: *const c_void, pattern_size: usize, offset: usize, size: usize, n: cl_uint,
+        wait: *const Sync, sync: *mut Sync, mutable: *mut Mutable,
+    );
+    clCommandFillImageKHR => fill_image(
+        b: cl_command_buffer_khr, q: cl_command_queue, image: cl_mem,
+        fill_color: *const c_void, origin: *const usize, region: *const usize, n: cl_uint,
+        wait: *const Sync, sync: *mut Sync, mutable: *mut Mutable,
+    );
 }
 
 /// Records a kernel launch with the kernel's arguments as they are now; a later
