@@ -11,8 +11,12 @@ fn main() {
     let mut code = api.guest_code().unwrap_or_else(|e| panic!("{spec}: {e}"));
     let names = std::fs::read_to_string(list).unwrap_or_else(|e| panic!("{list}: {e}"));
     code.push_str(
-        &hira_apigen::cuda::unsupported_stubs(&api.funcs, &names, &["cuGetProcAddress"])
-            .unwrap_or_else(|e| panic!("{spec}: {e}")),
+        &hira_apigen::cuda::unsupported_stubs(
+            &api.funcs,
+            &names,
+            &["cuGetProcAddress", "cuGetExportTable"],
+        )
+        .unwrap_or_else(|e| panic!("{spec}: {e}")),
     );
     let out = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("cuda_guest.rs");
     std::fs::write(out, code).unwrap();

@@ -78,3 +78,21 @@ ensure_cuda_sdk() {
     python3 -m pip install -q --no-deps --target "$dir" \
         "nvidia-cuda-runtime-cu12==$CUDA_SDK_VERSION.*" "nvidia-cuda-nvrtc-cu12==$CUDA_SDK_VERSION.*"
 }
+
+# Installs nvcc 13.0 from PyPI under target/nvcc13 (nvcc, its NVVM and crt headers,
+# the CUDA 13.0 runtime, static and shared): the runtime-API test programs
+# (tests/cudart) are built with it as users build theirs. It needs no GPU. The
+# wheels lay the toolkit out as nvcc.profile does not expect: libraries in lib, not
+# lib64, and the shared runtime without its development link.
+NVCC_VERSION=13.0
+ensure_nvcc() {
+    local dir=target/nvcc13/root
+    local top=$dir/nvidia/cu13
+    [ -x "$top/bin/nvcc" ] && [ -e "$top/lib64" ] && [ -e "$top/lib/libcudart.so" ] && return 0
+    echo "installing: nvcc $NVCC_VERSION (PyPI) under $dir"
+    python3 -m pip install -q --no-deps --target "$dir" \
+        "nvidia-cuda-nvcc==$NVCC_VERSION.*" "nvidia-nvvm==$NVCC_VERSION.*" \
+        "nvidia-cuda-runtime==$NVCC_VERSION.*" "nvidia-cuda-crt==$NVCC_VERSION.*"
+    ln -sfn lib "$top/lib64"
+    ln -sfn libcudart.so.13 "$top/lib/libcudart.so"
+}

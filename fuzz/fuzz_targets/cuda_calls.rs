@@ -23,6 +23,7 @@ const SKIPPED: &[u16] = &[
     op::cuCtxDestroy_v2,
     op::cuModuleUnload,
     op::cuDevicePrimaryCtxReset_v2,
+    op::cuLibraryUnload,
 ];
 
 const PTX: &str = "
@@ -75,6 +76,13 @@ fn fixture() -> &'static CudaBackend {
         let mut w = Writer::new();
         w.u64(1).u8(1).u64(3).u64(2).u8(1).bytes(b"k");
         assert_eq!(call(&b, op::cuModuleGetFunction, w.as_slice()), 0);
+        // A library of the same code, and its kernel.
+        let mut w = Writer::new();
+        w.u8(1).u64(5).u8(1).bytes(PTX.as_bytes());
+        assert_eq!(call(&b, op::hiraLibraryLoad, w.as_slice()), 0);
+        let mut w = Writer::new();
+        w.u64(1).u8(1).u64(6).u64(5).u8(1).bytes(b"k");
+        assert_eq!(call(&b, op::cuLibraryGetKernel, w.as_slice()), 0);
         let mut w = Writer::new();
         w.u64(1).u8(1).u64(4096);
         assert_eq!(call(&b, op::cuMemAlloc_v2, w.as_slice()), 0);

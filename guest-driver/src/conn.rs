@@ -1041,7 +1041,10 @@ impl Connection {
                 Ok(f) if f.header.kind == FrameKind::Notify && f.header.opcode == HOST_OUTPUT => {
                     match HostOutput::decode(&f.payload) {
                         Ok(o) => {
-                            write_to_fd(o.stream.fd(), &o.data);
+                            match OUTPUT_SINK.get() {
+                                Some(sink) => sink(o.stream.fd(), &o.data),
+                                None => write_to_fd(o.stream.fd(), &o.data),
+                            }
                             d = self.demux.lock().unwrap_or_else(|e| e.into_inner());
                             d.reading = false;
                             self.cv.notify_all();
@@ -1207,6 +1210,17 @@ impl Connection {
     pub fn is_dead(&self) -> bool {
         self.dead().is_some()
     }
+}
+
+/// Where the host's output goes instead of [`write_to_fd`], if a library says.
+static OUTPUT_SINK: std::sync::OnceLock<fn(i32, &[u8])> = std::sync::OnceLock::new();
+
+/// Has what the host's library printed for this process's sessions written by
+/// `sink(fd, bytes)`: for a library whose native counterpart prints through the C
+/// library's buffered streams (NVIDIA's driver does), so that its output keeps its
+/// place among the program's own. The first setting holds.
+pub fn set_output_sink(sink: fn(i32, &[u8])) {
+    let _ = OUTPUT_SINK.set(sink);
 }
 
 /// Writes `data` to descriptor `fd` of this process, as the host's library would

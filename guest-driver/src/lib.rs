@@ -14,5 +14,5 @@ pub mod conn;
 pub mod endpoint;
 pub mod window;
 
-pub use conn::{Connection, Delivery, Frame, TransportError};
+pub use conn::{Connection, Delivery, Frame, TransportError, set_output_sink};
 pub use window::{Window, WindowRegion};

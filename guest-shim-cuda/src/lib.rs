@@ -8,6 +8,8 @@
 //!   layouts.
 //! - [`local`]: what the guest answers itself: the context stack, host memory the
 //!   driver would pin (ordinary memory here), error names, `cuGetProcAddress`.
+//! - [`private`]: what NVIDIA's runtime asks of a driver beyond `cuda.h`: the
+//!   private tables of `cuGetExportTable`, libraries from its fatbin wrappers.
 //!
 //! Installed as `libcuda.so.1` on the library path (`scripts/guest-install`), it
 //! takes the place of NVIDIA's driver library for unmodified programs.
@@ -15,6 +17,7 @@
 mod checks;
 pub mod local;
 mod notes;
+pub mod private;
 pub mod rt;
 mod stream;
 
@@ -30,7 +33,9 @@ pub mod generated {
 
     use hira_api_cuda::{Kind, op};
 
-    use crate::rt::{CUcontext, CUevent, CUfunction, CUmodule, CUresult, CUstream, Call};
+    use crate::rt::{
+        CUcontext, CUevent, CUfunction, CUlibrary, CUmodule, CUresult, CUstream, Call,
+    };
 
     include!(concat!(env!("OUT_DIR"), "/cuda_guest.rs"));
 }

@@ -14,6 +14,8 @@ use hira_api_cuda::status;
 
 use crate::rt::{self, CUcontext, CUmodule, CUresult, CUstream};
 
+pub use crate::private::{cuKernelGetFunction, cuLibraryLoadData};
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
     if !rt::initialized() {
@@ -201,48 +203,92 @@ const PROC_NOT_FOUND: c_int = 1;
 /// The entry point `symbol` names (without a version suffix): this library's own
 /// function, whatever version the caller asks for; what Hira does not remote is not
 /// found, as a driver too old for it would answer.
+/// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
+const PROC_VERSION_NOT_SUFFICIENT: c_int = 2;
+
+/// Resolves `symbol` at `cuda_version` to the variant a program built for that
+/// version expects (`hira_cuda_private::procs`, checked against NVIDIA's driver),
+/// as NVIDIA's driver does: an entry point Hira does not remote is found too, and
+/// says `CUDA_ERROR_NOT_SUPPORTED` when called. Hira has no per-thread default
+/// stream: a per-thread variant is its legacy one, whose default stream orders
+/// work at least as strictly.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
-    _cuda_version: c_int,
-    _flags: u64,
+    cuda_version: c_int,
+    flags: u64,
     symbol_status: *mut c_int,
 ) -> CUresult {
+    use hira_cuda_private::procs::{Lookup, lookup};
     if symbol.is_null() || pfn.is_null() {
         return status::INVALID_VALUE;
     }
     // SAFETY: a C string, as the API requires.
-    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    let found = crate::generated::entry_points()
-        .into_iter()
-        .find(|(n, _)| n.as_bytes() == name);
-    rt::init_logger();
-    log::debug!(
-        "cuGetProcAddress({}, version {_cuda_version}): {}",
-        String::from_utf8_lossy(name),
-        if found.is_some() {
-            "found"
-        } else {
-            "not found"
+    let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
+    let (st, found) = match lookup(&name, cuda_version, flags) {
+        Lookup::Found(sym) => {
+            let base = sym.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+            match entry_point(base) {
+                Some(f) => (PROC_FOUND, f),
+                None => (PROC_NOT_FOUND, 0),
+            }
         }
-    );
+        Lookup::VersionNotSufficient => (PROC_VERSION_NOT_SUFFICIENT, 0),
+        Lookup::NotFound => (PROC_NOT_FOUND, 0),
+    };
+    rt::init_logger();
+    log::debug!("cuGetProcAddress({name}, version {cuda_version}, flags {flags}): {st}");
     // SAFETY: checked not null; `symbol_status` may be null.
     unsafe {
-        pfn.write(found.map_or(std::ptr::null_mut(), |(_, f)| f as *mut c_void));
+        pfn.write(found as *mut c_void);
         if !symbol_status.is_null() {
-            symbol_status.write(if found.is_some() {
-                PROC_FOUND
-            } else {
-                PROC_NOT_FOUND
-            });
+            symbol_status.write(st);
         }
     }
-    if found.is_some() {
+    // NVIDIA's driver 580 answers the runtime's probe with an empty name so.
+    if st == PROC_FOUND || name.is_empty() {
         status::SUCCESS
     } else {
         status::NOT_FOUND
     }
+}
+
+/// This library's function exported as `symbol`.
+fn entry_point(symbol: &str) -> Option<usize> {
+    static TABLE: std::sync::OnceLock<HashMap<&'static str, usize>> = std::sync::OnceLock::new();
+    TABLE
+        .get_or_init(|| {
+            let mut t: HashMap<&'static str, usize> = HashMap::new();
+            t.extend(crate::generated::unsupported_entry_points());
+            t.extend(crate::generated::entry_points());
+            t.insert("cuGetProcAddress", cuGetProcAddress as *const () as usize);
+            t.insert(
+                "cuGetExportTable",
+                crate::private::cuGetExportTable as *const () as usize,
+            );
+            // Older names of the same function (the same arguments; `_v2` changed
+            // what the driver does, not what it takes).
+            for (old, new) in [
+                ("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"),
+                ("cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2"),
+                (
+                    "cuDevicePrimaryCtxSetFlags",
+                    "cuDevicePrimaryCtxSetFlags_v2",
+                ),
+            ] {
+                if let Some(&f) = t.get(new) {
+                    t.insert(old, f);
+                }
+            }
+            t.insert(
+                "cuGetProcAddress_v2",
+                cuGetProcAddress_v2 as *const () as usize,
+            );
+            t
+        })
+        .get(symbol)
+        .copied()
 }
 
 /// The first `cuGetProcAddress`, without the status out-parameter.
@@ -328,7 +374,11 @@ mod coverage {
         let api = hira_apigen::Api::load(&format!("{root}/protocol/api/cuda.api")).unwrap();
         let list =
             std::fs::read_to_string(format!("{root}/guest-shim-cuda/driver-api.txt")).unwrap();
-        let table = hira_apigen::cuda::coverage(&api.funcs, &list, &["cuGetProcAddress"]);
+        let table = hira_apigen::cuda::coverage(
+            &api.funcs,
+            &list,
+            &["cuGetProcAddress", "cuGetExportTable"],
+        );
         let path = format!("{root}/docs/cuda-coverage.md");
         if std::env::var_os("HIRA_WRITE_COVERAGE").is_some() {
             std::fs::write(&path, &table).unwrap();

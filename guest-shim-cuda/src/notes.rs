@@ -47,3 +47,17 @@ pub(crate) fn cuFuncSetAttribute(
         rt::set_max_dynamic_shared(hfunc as usize as u64, u32::try_from(value).unwrap_or(0));
     }
 }
+
+pub(crate) fn cuLibraryGetGlobal(
+    dptr: *mut u64,
+    bytes: *mut usize,
+    library: crate::rt::CUlibrary,
+    name: *const c_char,
+) {
+    cuModuleGetGlobal_v2(dptr, bytes, library, name);
+}
+
+/// The primary context's state ended, and with it what the runtime kept in it.
+pub(crate) fn cuDevicePrimaryCtxReset_v2(dev: std::ffi::c_int) {
+    crate::private::primary_reset(dev);
+}

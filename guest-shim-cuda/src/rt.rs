@@ -21,6 +21,7 @@ use log::warn;
 pub type CUresult = c_int;
 pub type CUcontext = *mut c_void;
 pub type CUmodule = *mut c_void;
+pub type CUlibrary = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
@@ -52,6 +53,9 @@ thread_local! {
 fn runtime() -> &'static Runtime {
     RUNTIME.get_or_init(|| {
         init_logger();
+        // Device printf and the host driver's messages land among the program's own
+        // buffered output, as NVIDIA's driver prints them.
+        hira_guest_driver::set_output_sink(hira_cuda_private::print_to_stdio);
         let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
             Err(TransportError::Refused("HIRA_DISABLE is set".into()))
         } else {
@@ -334,12 +338,15 @@ pub fn released(kind: Kind, id: u64) {
         let mut allocations = rt.allocations.lock().unwrap_or_else(|e| e.into_inner());
         match kind {
             Kind::Context => allocations.retain(|_, a| a.ctx != id),
-            Kind::Module => allocations.retain(|_, a| a.module != Some(id)),
+            Kind::Module | Kind::Library => allocations.retain(|_, a| a.module != Some(id)),
             _ => {}
         }
     }
+    if kind == Kind::Context {
+        hira_cuda_private::export::context_ended(id as usize as *mut c_void);
+    }
     // A module's functions end with it.
-    if kind == Kind::Module {
+    if kind == Kind::Module || kind == Kind::Library {
         let mut layouts = rt.layouts.lock().unwrap_or_else(|e| e.into_inner());
         let gone: Vec<u64> = layouts
             .iter()
@@ -365,6 +372,15 @@ pub fn released(kind: Kind, id: u64) {
         }
         _ => {}
     }
+}
+
+/// Whether `id` is a function (or kernel) the guest knows.
+pub fn has_layout(id: u64) -> bool {
+    runtime()
+        .layouts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains_key(&id)
 }
 
 /// Reads what the reply of `cuModuleGetFunction` tells of a function (its parameter
@@ -555,6 +571,22 @@ impl Call {
             self.w.u8(0);
             return Ok(());
         }
+        // The runtime's wrapper of a fatbin: the fatbin it points at goes.
+        // SAFETY: every image has at least 4 bytes; a wrapper has 24.
+        let p = unsafe {
+            let head = p.cast::<[u8; 4]>().read_unaligned();
+            if hira_cuda_private::fatbin::classify(head)
+                == hira_cuda_private::fatbin::Image::Wrapper
+            {
+                let w = p.cast::<[u8; 24]>().read_unaligned();
+                match hira_cuda_private::fatbin::wrapped(&w) {
+                    Some(f) if f != 0 => f as *const u8,
+                    _ => return Err(status::INVALID_VALUE),
+                }
+            } else {
+                p
+            }
+        };
         // SAFETY: an image starts with at least 16 bytes (a header or text).
         let len = unsafe { image_len(p) }.ok_or(status::INVALID_VALUE)?;
         // Inline: the host reads an image, so it copies it out of the guest's reach

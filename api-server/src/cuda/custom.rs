@@ -500,3 +500,110 @@ pub(crate) fn cuMemFree_v2<'a>(
     }
     Ok(())
 }
+
+/// `cuLibraryLoadData` of the code the guest sent (PTX, a cubin or a fatbin; the
+/// guest sends the fatbin a runtime's wrapper points at), without options: the host's
+/// driver copies the code and picks the image its device runs.
+pub(crate) fn hiraLibraryLoad<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
+    let id = new_id(r)?;
+    let code = Session::c_bytes(Session::bytes_arg(r, frame)?)?;
+    r.finish()?;
+    let f = s.extra.cuLibraryLoadData.ok_or_else(unsupported)?;
+    if let Some(id) = id {
+        s.check_new(Kind::Library, id)?;
+    }
+    let mut h: *mut c_void = std::ptr::null_mut();
+    let out = out_ptr(id.is_some(), &mut h);
+    let code = code.as_ref().map_or(std::ptr::null(), |b| b.as_ptr());
+    let (no, none) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: an out-pointer and a copy of the code, NUL-terminated, that outlives
+    // the call (the driver copies it: no option says it is preserved).
+    let st = unsafe { f(out.cast(), code.cast(), no, none, 0, no, none, 0) };
+    w.i32(st);
+    if st == 0
+        && let Some(id) = id
+    {
+        s.bind(Kind::Library, id, h);
+    }
+    Ok(())
+}
+
+/// Looks a library's kernel up and answers as `cuModuleGetFunction` does: its
+/// parameter layout (`cuKernelGetParamInfo`, CUDA 12.4 and later) and launch limits
+/// (of its function in the current context).
+pub(crate) fn cuLibraryGetKernel<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
+    let ctx = r.u64()?;
+    let id = new_id(r)?;
+    let lib_id = r.u64()?;
+    let name = Session::c_bytes(Session::bytes_arg(r, frame)?)?;
+    r.finish()?;
+    let f = s.driver.cuLibraryGetKernel.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx, true)?;
+    let lib = s.lookup(Kind::Library, lib_id, false)?;
+    if let Some(id) = id {
+        s.check_new(Kind::Function, id)?;
+    }
+    s.make_current(ctx)?;
+    let mut k: *mut c_void = std::ptr::null_mut();
+    let out = out_ptr(id.is_some(), &mut k);
+    let name_ptr = name.as_ref().map_or(std::ptr::null(), |b| b.as_ptr());
+    // SAFETY: an out-pointer, a library of this session, a NUL-terminated name.
+    let st = unsafe { f(out.cast(), lib, name_ptr.cast()) };
+    w.i32(st);
+    if st == 0
+        && let Some(id) = id
+    {
+        s.bind(Kind::Function, id, k);
+        let layout = kernel_layout(s, k);
+        match &layout {
+            Some(l) => {
+                w.u32(l.len() as u32);
+                for &(o, sz) in l {
+                    w.u32(o).u32(sz);
+                }
+            }
+            None => {
+                w.u32(u32::MAX);
+            }
+        }
+        // The limits are the kernel's function's in the current context.
+        let mut func: *mut c_void = std::ptr::null_mut();
+        let limits = match s.extra.cuKernelGetFunction {
+            // SAFETY: an out-pointer and a kernel of this session.
+            Some(get) if !ctx.is_null() && unsafe { get(&mut func, k) } == 0 => {
+                launch_limits(s, func)
+            }
+            _ => [0; 8],
+        };
+        for v in limits {
+            w.u32(v);
+        }
+        s.set_layout(id, layout);
+    }
+    Ok(())
+}
+
+fn kernel_layout(s: &Session, k: *mut c_void) -> Option<Vec<(u32, u32)>> {
+    let info = s.extra.cuKernelGetParamInfo?;
+    let mut v = Vec::new();
+    for i in 0..MAX_PARAMS {
+        let (mut off, mut size) = (0usize, 0usize);
+        // SAFETY: a kernel of this session and two out-pointers.
+        match unsafe { info(k, i, &mut off, &mut size) } {
+            0 => v.push((u32::try_from(off).ok()?, u32::try_from(size).ok()?)),
+            status::INVALID_VALUE => return Some(v),
+            _ => return None,
+        }
+    }
+    None
+}

@@ -17,7 +17,7 @@ pub mod device_time;
 pub mod params;
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex};
 
 use hira_api_cuda::{HOST_ID_BIT, Kind, op_info, status};
@@ -42,6 +42,7 @@ mod generated {
 
     type CUcontext = *mut c_void;
     type CUmodule = *mut c_void;
+    type CUlibrary = *mut c_void;
     type CUfunction = *mut c_void;
     type CUstream = *mut c_void;
     type CUevent = *mut c_void;
@@ -50,6 +51,29 @@ mod generated {
 }
 
 pub(crate) use generated::Driver;
+
+/// `cuLibraryLoadData`.
+type LibraryLoadData = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *const c_void,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+) -> c_int;
+
+/// Host functions reached through Hira's own calls (`hiraLibraryLoad`) or used by
+/// the API server itself; `None` where the host's driver lacks them.
+#[allow(non_snake_case)]
+pub(crate) struct Extra {
+    pub(crate) cuLibraryLoadData: Option<LibraryLoadData>,
+    pub(crate) cuKernelGetParamInfo:
+        Option<unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> c_int>,
+    pub(crate) cuKernelGetFunction:
+        Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void) -> c_int>,
+}
 
 /// The loaded driver library.
 pub(crate) struct Lib(&'static libloading::Library);
@@ -103,6 +127,8 @@ const MAX_OUT: usize = hira_protocol::frame::MAX_FRAME_BODY - 64 * 1024;
 /// What generated and custom calls work with.
 pub struct Session {
     pub(crate) driver: Driver,
+    /// Host functions the guest's calls reach only through Hira's own calls.
+    pub(crate) extra: Extra,
     handles: Mutex<Handles>,
     /// Device memory charged to the VM's quota.
     pub(crate) quota: Arc<Account>,
@@ -432,6 +458,14 @@ impl CudaBackend {
                 .to_string()
         })?;
         let driver = Driver::load(&lib);
+        // SAFETY: the signatures of cuda.h.
+        let extra = unsafe {
+            Extra {
+                cuLibraryLoadData: lib.get(c"cuLibraryLoadData"),
+                cuKernelGetParamInfo: lib.get(c"cuKernelGetParamInfo"),
+                cuKernelGetFunction: lib.get(c"cuKernelGetFunction"),
+            }
+        };
         let missing = [
             ("cuInit", driver.cuInit.is_none()),
             ("cuCtxSetCurrent", driver.cuCtxSetCurrent.is_none()),
@@ -443,6 +477,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             session: Session {
                 driver,
+                extra,
                 handles: Mutex::new(Handles::default()),
                 device_time: device_time::DeviceTime::new(quota.clone()),
                 quota,
@@ -542,6 +577,22 @@ impl Backend for CudaBackend {
             )
         };
         let mut report = TeardownReport::default();
+        // Libraries belong to no context: each is unloaded.
+        let libraries: Vec<usize> = s
+            .handles()
+            .by_id
+            .iter()
+            .filter(|((k, _), _)| *k == Kind::Library)
+            .map(|(_, &h)| h)
+            .collect();
+        for h in libraries {
+            let unload = s.driver.cuLibraryUnload;
+            // SAFETY: a library this session loaded and the guest did not unload.
+            match unload.map(|f| unsafe { f(h as *mut c_void) }) {
+                Some(0) => report.released += 1,
+                _ => report.failed += 1,
+            }
+        }
         // Destroying a context frees everything made in it.
         for h in contexts {
             let destroy = s.driver.cuCtxDestroy_v2;

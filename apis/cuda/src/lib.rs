@@ -1,7 +1,7 @@
 //! The CUDA driver API on Hira's wire: object kinds and opcodes (generated from
 //! `protocol/api/cuda.api`).
 //!
-//! Objects (contexts, modules, functions, streams, events) are named by 64-bit
+//! Objects (contexts, modules, functions, streams, events, libraries) are named by 64-bit
 //! session ids (`hira_protocol::api::HOST_ID_BIT`); a guest application sees the id
 //! as the handle's value. Device pointers are not objects: they are the host's
 //! device addresses, which only the session's own contexts can reach.
@@ -20,6 +20,8 @@ pub enum Kind {
     Function = 3,
     Stream = 4,
     Event = 5,
+    /// A library (`cuLibraryLoadData`): code loaded for every context.
+    Library = 6,
 }
 
 impl Kind {

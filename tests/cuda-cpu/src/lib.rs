@@ -15,7 +15,7 @@
 //! process; a device address is never a host pointer.
 //!
 //! A kernel's `printf` output waits in its context's FIFO (`CU_LIMIT_PRINTF_FIFO_SIZE`
-//! bytes, the excess dropped) and is written to descriptor 1 with `write(2)`, as the
+//! bytes, the excess dropped) and is written to the C library's `stdout`, as the
 //! driver writes it, at the calls where the CUDA Programming Guide says the driver
 //! flushes it: a launch (before it runs; after it too with `CUDA_LAUNCH_BLOCKING=1`),
 //! context, stream and event synchronisation, blocking copies (`cuMemcpy`,
@@ -24,6 +24,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+mod library;
 pub mod nvrtc;
 pub mod ptx;
 
@@ -45,6 +46,7 @@ pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
 pub const CUDA_ERROR_INVALID_PTX: CUresult = 218;
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
@@ -124,8 +126,11 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
 const DEVICE_NAME: &str = "Hira CPU test executor (not a GPU)";
 /// Device memory it offers.
 const TOTAL_MEMORY: u64 = 4 << 30;
-/// The driver version it reports (12.9: `cuFuncGetParamInfo` exists from 12.4).
-const DRIVER_VERSION: c_int = 12090;
+/// The driver version it reports: 13.0, as NVIDIA's driver 580 (the CUDA 13.0
+/// runtime requires at least its own version).
+const DRIVER_VERSION: c_int = 13000;
+/// The compute capability it reports, 7.5: the oldest nvcc 13 compiles for.
+const COMPUTE_CAPABILITY: u32 = 75;
 /// Where device addresses start; far from any host pointer of this process.
 const DEVICE_BASE: u64 = 0x7_0000_0000;
 const MAX_THREADS: u32 = 1024;
@@ -265,6 +270,11 @@ struct State {
     /// Functions' `cuFuncSetAttribute` values, by function and attribute.
     func_attrs: HashMap<(usize, c_int), c_int>,
     events: HashMap<usize, Event>,
+    /// Libraries: the module of no context each stands for.
+    libraries: HashMap<usize, usize>,
+    /// Contexts ended by the current call, whose context-local storage ends once
+    /// the state is unlocked.
+    ended: Vec<usize>,
 }
 
 impl State {
@@ -287,11 +297,21 @@ fn state() -> MutexGuard<'static, Option<State>> {
 
 /// Runs `f` on the initialised state.
 fn with<F: FnOnce(&mut State) -> CUresult>(f: F) -> CUresult {
-    let mut g = state();
-    match g.as_mut() {
-        Some(s) if s.initialized => f(s),
-        _ => CUDA_ERROR_NOT_INITIALIZED,
+    let (r, ended) = {
+        let mut g = state();
+        match g.as_mut() {
+            Some(s) if s.initialized => {
+                let r = f(s);
+                (r, std::mem::take(&mut s.ended))
+            }
+            _ => return CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+    // Once the state is unlocked: the destructors are the program's code.
+    for c in ended {
+        hira_cuda_private::export::context_ended(c as Handle);
     }
+    r
 }
 
 fn current() -> Option<usize> {
@@ -350,22 +370,11 @@ fn with_ctx_flushing<F: FnOnce(&mut State, usize) -> CUresult>(f: F) -> CUresult
     with_flushing(|s| in_ctx(s, f))
 }
 
-/// Writes `data` to descriptor 1 unbuffered, with `write(2)`, as the driver writes a
-/// kernel's `printf` output: it lands wherever descriptor 1 points now, and ahead of
-/// what the program's own `stdio` buffers still hold. Bytes a descriptor refuses are
-/// lost, as they would be natively.
-fn write_stdout(mut data: &[u8]) {
-    while !data.is_empty() {
-        // SAFETY: `data` is valid for `data.len()` bytes; a bad descriptor is an error.
-        let n = unsafe { libc::write(1, data.as_ptr().cast(), data.len()) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        match usize::try_from(n) {
-            Ok(n) if n > 0 => data = &data[n..],
-            _ => return,
-        }
-    }
+/// Writes a kernel's `printf` output as NVIDIA's driver does: into the C library's
+/// `stdout`, among the program's own buffered output (seen on driver 580: with
+/// output to a file, kernel lines keep their place between the program's lines).
+fn write_stdout(data: &[u8]) {
+    hira_cuda_private::print_to_stdio(1, data);
 }
 
 /// Writes `v` through `p` if it is not null.
@@ -488,8 +497,8 @@ fn attribute(a: c_int) -> Option<c_int> {
         31 => 1,
         39 => 2048,
         41 => 1,
-        75 => 5,
-        76 => 2,
+        75 => (COMPUTE_CAPABILITY / 10) as c_int,
+        76 => (COMPUTE_CAPABILITY % 10) as c_int,
         81 => 64 * 1024,
         82 => 65536,
         97 => 1,
@@ -545,6 +554,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 
 fn drop_context(s: &mut State, h: usize) {
     s.contexts.remove(&h);
+    s.ended.push(h);
     let mods: Vec<usize> = s
         .modules
         .iter()
@@ -671,6 +681,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
                 s.primary = None;
                 CUDA_SUCCESS
             }
+            Some((_, 0)) => CUDA_ERROR_INVALID_CONTEXT,
             Some((h, n)) => {
                 s.primary = Some((h, n - 1));
                 CUDA_SUCCESS
@@ -696,7 +707,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
             if r != CUDA_SUCCESS {
                 return r;
             }
-            put(active, c_int::from(s.primary.is_some()))
+            put(active, c_int::from(s.primary.is_some_and(|(_, n)| n > 0)))
         }
     })
 }
@@ -1066,49 +1077,109 @@ fn unload(s: &mut State, m: usize) {
     }
 }
 
-/// Loads PTX text; a cubin or fatbin is refused (this executor runs only PTX).
+/// The PTX text of a module image: PTX itself, or the PTX a fatbin (or the
+/// runtime's wrapper of one) holds for this device; a cubin cannot run here.
+///
+/// # Safety
+/// `image` points to a module image as the API defines one.
+unsafe fn image_ptx(image: *const c_void) -> Result<String, CUresult> {
+    use hira_cuda_private::fatbin::{self, Image};
+    // SAFETY: every image has at least 4 bytes.
+    let head: [u8; 4] = unsafe { image.cast::<[u8; 4]>().read_unaligned() };
+    let fatbin_at = match fatbin::classify(head) {
+        Image::Wrapper => {
+            // SAFETY: a wrapper is 24 bytes.
+            let wrapper = unsafe { image.cast::<[u8; 24]>().read_unaligned() };
+            match fatbin::wrapped(&wrapper) {
+                Some(p) if p != 0 => p as *const u8,
+                _ => return Err(CUDA_ERROR_INVALID_IMAGE),
+            }
+        }
+        Image::Fatbin => image.cast::<u8>(),
+        Image::Elf => {
+            eprintln!("hira CPU test executor: only PTX images can run here");
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
+        Image::Ptx => {
+            // SAFETY: PTX is a NUL-terminated string, as the API requires.
+            let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) };
+            return text
+                .to_str()
+                .map(str::to_owned)
+                .map_err(|_| CUDA_ERROR_INVALID_IMAGE);
+        }
+    };
+    // SAFETY: a fatbin starts with its 16-byte header, which gives its length.
+    let head: [u8; 16] = unsafe { fatbin_at.cast::<[u8; 16]>().read_unaligned() };
+    let len = fatbin::len(&head).map_err(|_| CUDA_ERROR_INVALID_IMAGE)?;
+    // SAFETY: as its header says.
+    let data = unsafe { std::slice::from_raw_parts(fatbin_at, len) };
+    let entries = fatbin::entries(data).map_err(|e| {
+        eprintln!("hira CPU test executor: {e}");
+        CUDA_ERROR_INVALID_IMAGE
+    })?;
+    let Some(best) = fatbin::best_ptx(&entries, COMPUTE_CAPABILITY) else {
+        eprintln!(
+            "hira CPU test executor: the fatbin has no PTX for compute_{COMPUTE_CAPABILITY} or older"
+        );
+        return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
+    };
+    let text = best.contents().map_err(|e| {
+        eprintln!("hira CPU test executor: {e}");
+        CUDA_ERROR_INVALID_IMAGE
+    })?;
+    String::from_utf8(text).map_err(|_| CUDA_ERROR_INVALID_PTX)
+}
+
+/// Parses PTX into a module of context `ctx` (0: a library's, of no context) and
+/// allocates its variables.
+fn load_ptx(s: &mut State, text: &str, ctx: usize) -> Result<usize, CUresult> {
+    let module = match ptx::Module::parse(text) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("hira CPU test executor: {e}");
+            return Err(CUDA_ERROR_INVALID_PTX);
+        }
+    };
+    let mut globals = Vec::new();
+    for g in &module.globals {
+        let Some(a) = s.mem.alloc(g.size.max(1)) else {
+            for a in globals {
+                s.mem.free(a);
+            }
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        ptx::DeviceMemory::write(&mut s.mem, a, &g.init);
+        globals.push(a);
+    }
+    let h = s.handle();
+    s.modules.insert(
+        h,
+        LoadedModule {
+            ptx: Arc::new(module),
+            globals,
+            ctx,
+        },
+    );
+    Ok(h)
+}
+
+/// Loads a module image into the current context.
 unsafe fn load_image(pmod: *mut Handle, image: *const c_void) -> CUresult {
     with_ctx_flushing(|s, ctx| {
         if pmod.is_null() || image.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: a PTX image is a NUL-terminated string, as the API requires.
-        let head = unsafe { std::slice::from_raw_parts(image.cast::<u8>(), 4) };
-        if head == b"\x7fELF" || head == [0x50, 0xED, 0x55, 0xBA] {
-            eprintln!("hira CPU test executor: only PTX images can run here");
-            return CUDA_ERROR_INVALID_IMAGE;
-        }
-        // SAFETY: as above.
-        let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) };
-        let Ok(text) = text.to_str() else {
-            return CUDA_ERROR_INVALID_IMAGE;
+        // SAFETY: the caller's promise.
+        let text = match unsafe { image_ptx(image) } {
+            Ok(t) => t,
+            Err(e) => return e,
         };
-        let module = match ptx::Module::parse(text) {
-            Ok(m) => m,
-            Err(e) => {
-                eprintln!("hira CPU test executor: {e}");
-                return CUDA_ERROR_INVALID_PTX;
-            }
-        };
-        let mut globals = Vec::new();
-        for g in &module.globals {
-            let Some(a) = s.mem.alloc(g.size.max(1)) else {
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            };
-            ptx::DeviceMemory::write(&mut s.mem, a, &g.init);
-            globals.push(a);
+        match load_ptx(s, &text, ctx) {
+            // SAFETY: checked not null.
+            Ok(h) => unsafe { put(pmod, h as Handle) },
+            Err(e) => e,
         }
-        let h = s.handle();
-        s.modules.insert(
-            h,
-            LoadedModule {
-                ptx: Arc::new(module),
-                globals,
-                ctx,
-            },
-        );
-        // SAFETY: checked not null.
-        unsafe { put(pmod, h as Handle) }
     })
 }
 
@@ -1791,8 +1862,8 @@ fn error_text(
     }
 }
 
-/// The functions this library exports, by the names `cuGetProcAddress` is asked for
-/// (the name without a version suffix; the newest variant here answers).
+/// The functions this library exports, by their exported names (`cuMemAlloc_v2`),
+/// which `cuGetProcAddress` resolves a name and version to.
 fn entry_points() -> &'static [(&'static str, usize)] {
     static TABLE: std::sync::OnceLock<Vec<(&'static str, usize)>> = std::sync::OnceLock::new();
     macro_rules! table {
@@ -1801,82 +1872,111 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         };
     }
     table! {
-        "cuInit" => cuInit,
-        "cuDriverGetVersion" => cuDriverGetVersion,
-        "cuDeviceGetCount" => cuDeviceGetCount,
-        "cuDeviceGet" => cuDeviceGet,
-        "cuDeviceGetName" => cuDeviceGetName,
-        "cuDeviceTotalMem" => cuDeviceTotalMem_v2,
-        "cuDeviceGetUuid" => cuDeviceGetUuid_v2,
-        "cuDeviceGetAttribute" => cuDeviceGetAttribute,
-        "cuCtxCreate" => cuCtxCreate_v2,
-        "cuCtxDestroy" => cuCtxDestroy_v2,
-        "cuCtxPushCurrent" => cuCtxPushCurrent_v2,
-        "cuCtxPopCurrent" => cuCtxPopCurrent_v2,
-        "cuCtxSetCurrent" => cuCtxSetCurrent,
+        "cuCtxCreate_v2" => cuCtxCreate_v2,
+        "cuCtxDestroy_v2" => cuCtxDestroy_v2,
+        "cuCtxGetApiVersion" => library::cuCtxGetApiVersion,
+        "cuCtxGetCacheConfig" => cuCtxGetCacheConfig,
         "cuCtxGetCurrent" => cuCtxGetCurrent,
         "cuCtxGetDevice" => cuCtxGetDevice,
+        "cuCtxGetDevice_v2" => library::cuCtxGetDevice_v2,
+        "cuCtxGetFlags" => cuCtxGetFlags,
+        "cuCtxGetId" => library::cuCtxGetId,
+        "cuCtxGetLimit" => cuCtxGetLimit,
+        "cuCtxGetStreamPriorityRange" => cuCtxGetStreamPriorityRange,
+        "cuCtxPopCurrent_v2" => cuCtxPopCurrent_v2,
+        "cuCtxPushCurrent_v2" => cuCtxPushCurrent_v2,
+        "cuCtxSetCacheConfig" => cuCtxSetCacheConfig,
+        "cuCtxSetCurrent" => cuCtxSetCurrent,
+        "cuCtxSetLimit" => cuCtxSetLimit,
         "cuCtxSynchronize" => cuCtxSynchronize,
-        "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain,
-        "cuDevicePrimaryCtxRelease" => cuDevicePrimaryCtxRelease_v2,
+        "cuCtxSynchronize_v2" => library::cuCtxSynchronize_v2,
+        "cuDeviceCanAccessPeer" => cuDeviceCanAccessPeer,
+        "cuDeviceGet" => cuDeviceGet,
+        "cuDeviceGetAttribute" => cuDeviceGetAttribute,
+        "cuDeviceGetCount" => cuDeviceGetCount,
+        "cuDeviceGetName" => cuDeviceGetName,
+        "cuDeviceGetUuid" => cuDeviceGetUuid,
+        "cuDeviceGetUuid_v2" => cuDeviceGetUuid_v2,
         "cuDevicePrimaryCtxGetState" => cuDevicePrimaryCtxGetState,
-        "cuMemAlloc" => cuMemAlloc_v2,
+        "cuDevicePrimaryCtxRelease_v2" => cuDevicePrimaryCtxRelease_v2,
+        "cuDevicePrimaryCtxReset_v2" => library::cuDevicePrimaryCtxReset_v2,
+        "cuDevicePrimaryCtxReset" => library::cuDevicePrimaryCtxReset_v2,
+        "cuDevicePrimaryCtxRelease" => cuDevicePrimaryCtxRelease_v2,
+        "cuDevicePrimaryCtxSetFlags" => library::cuDevicePrimaryCtxSetFlags_v2,
+        "cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain,
+        "cuDevicePrimaryCtxSetFlags_v2" => library::cuDevicePrimaryCtxSetFlags_v2,
+        "cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2,
+        "cuDriverGetVersion" => cuDriverGetVersion,
+        "cuEventCreate" => cuEventCreate,
+        "cuEventDestroy_v2" => cuEventDestroy_v2,
+        "cuEventElapsedTime" => cuEventElapsedTime,
+        "cuEventElapsedTime_v2" => cuEventElapsedTime_v2,
+        "cuEventQuery" => cuEventQuery,
+        "cuEventRecord" => cuEventRecord,
+        "cuEventSynchronize" => cuEventSynchronize,
+        "cuFuncGetAttribute" => cuFuncGetAttribute,
+        "cuFuncGetParamInfo" => cuFuncGetParamInfo,
+        "cuFuncSetAttribute" => cuFuncSetAttribute,
+        "cuFuncSetCacheConfig" => cuFuncSetCacheConfig,
+        "cuGetErrorName" => cuGetErrorName,
+        "cuGetExportTable" => library::cuGetExportTable,
+        "cuKernelGetParamInfo" => library::cuKernelGetParamInfo,
+        "cuGetErrorString" => cuGetErrorString,
+        "cuGetProcAddress" => cuGetProcAddress,
+        "cuGetProcAddress_v2" => cuGetProcAddress_v2,
+        "cuInit" => cuInit,
+        "cuKernelGetAttribute" => library::cuKernelGetAttribute,
+        "cuKernelGetFunction" => library::cuKernelGetFunction,
+        "cuKernelSetAttribute" => library::cuKernelSetAttribute,
+        "cuKernelSetCacheConfig" => library::cuKernelSetCacheConfig,
+        "cuLaunchKernel" => cuLaunchKernel,
+        "cuLibraryEnumerateKernels" => library::cuLibraryEnumerateKernels,
+        "cuLibraryGetGlobal" => library::cuLibraryGetGlobal,
+        "cuLibraryGetKernel" => library::cuLibraryGetKernel,
+        "cuLibraryGetKernelCount" => library::cuLibraryGetKernelCount,
+        "cuLibraryGetManaged" => library::cuLibraryGetManaged,
+        "cuLibraryGetModule" => library::cuLibraryGetModule,
+        "cuLibraryLoadData" => library::cuLibraryLoadData,
+        "cuLibraryUnload" => library::cuLibraryUnload,
         "cuMemAllocAsync" => cuMemAllocAsync,
+        "cuMemAllocHost_v2" => cuMemAllocHost_v2,
+        "cuMemAlloc_v2" => cuMemAlloc_v2,
         "cuMemFreeAsync" => cuMemFreeAsync,
-        "cuMemFree" => cuMemFree_v2,
-        "cuMemGetInfo" => cuMemGetInfo_v2,
-        "cuMemGetAddressRange" => cuMemGetAddressRange_v2,
-        "cuMemcpyHtoD" => cuMemcpyHtoD_v2,
-        "cuMemcpyDtoH" => cuMemcpyDtoH_v2,
-        "cuMemcpyDtoD" => cuMemcpyDtoD_v2,
-        "cuMemcpyHtoDAsync" => cuMemcpyHtoDAsync_v2,
-        "cuMemcpyDtoHAsync" => cuMemcpyDtoHAsync_v2,
-        "cuMemcpyDtoDAsync" => cuMemcpyDtoDAsync_v2,
-        "cuMemsetD8" => cuMemsetD8_v2,
-        "cuMemsetD16" => cuMemsetD16_v2,
-        "cuMemsetD32" => cuMemsetD32_v2,
-        "cuMemsetD8Async" => cuMemsetD8Async,
-        "cuMemsetD32Async" => cuMemsetD32Async,
-        "cuMemAllocHost" => cuMemAllocHost_v2,
         "cuMemFreeHost" => cuMemFreeHost,
+        "cuMemFree_v2" => cuMemFree_v2,
+        "cuMemGetAddressRange_v2" => cuMemGetAddressRange_v2,
+        "cuMemGetInfo_v2" => cuMemGetInfo_v2,
+        "cuMemHostAlloc" => library::cuMemHostAlloc,
+        "cuMemcpy" => cuMemcpy,
+        "cuMemcpyAsync" => cuMemcpyAsync,
+        "cuMemcpyDtoDAsync_v2" => cuMemcpyDtoDAsync_v2,
+        "cuMemcpyDtoD_v2" => cuMemcpyDtoD_v2,
+        "cuMemcpyDtoHAsync_v2" => cuMemcpyDtoHAsync_v2,
+        "cuMemcpyDtoH_v2" => cuMemcpyDtoH_v2,
+        "cuMemcpyHtoDAsync_v2" => cuMemcpyHtoDAsync_v2,
+        "cuMemcpyHtoD_v2" => cuMemcpyHtoD_v2,
+        "cuMemsetD16_v2" => cuMemsetD16_v2,
+        "cuMemsetD32Async" => cuMemsetD32Async,
+        "cuMemsetD32_v2" => cuMemsetD32_v2,
+        "cuMemsetD8Async" => cuMemsetD8Async,
+        "cuMemsetD8_v2" => cuMemsetD8_v2,
+        "cuModuleGetFunction" => cuModuleGetFunction,
+        "cuModuleGetGlobal_v2" => cuModuleGetGlobal_v2,
+        "cuModuleGetLoadingMode" => library::cuModuleGetLoadingMode,
         "cuModuleLoad" => cuModuleLoad,
         "cuModuleLoadData" => cuModuleLoadData,
         "cuModuleLoadDataEx" => cuModuleLoadDataEx,
         "cuModuleUnload" => cuModuleUnload,
-        "cuModuleGetFunction" => cuModuleGetFunction,
-        "cuModuleGetGlobal" => cuModuleGetGlobal_v2,
-        "cuFuncGetParamInfo" => cuFuncGetParamInfo,
-        "cuFuncGetAttribute" => cuFuncGetAttribute,
-        "cuLaunchKernel" => cuLaunchKernel,
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor" => cuOccupancyMaxActiveBlocksPerMultiprocessor,
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" => library::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
         "cuStreamCreate" => cuStreamCreate,
         "cuStreamCreateWithPriority" => cuStreamCreateWithPriority,
-        "cuStreamDestroy" => cuStreamDestroy_v2,
-        "cuStreamSynchronize" => cuStreamSynchronize,
-        "cuStreamQuery" => cuStreamQuery,
-        "cuStreamWaitEvent" => cuStreamWaitEvent,
-        "cuEventCreate" => cuEventCreate,
-        "cuEventRecord" => cuEventRecord,
-        "cuEventQuery" => cuEventQuery,
-        "cuEventSynchronize" => cuEventSynchronize,
-        "cuEventElapsedTime" => cuEventElapsedTime,
-        "cuEventDestroy" => cuEventDestroy_v2,
-        "cuGetErrorName" => cuGetErrorName,
-        "cuGetErrorString" => cuGetErrorString,
-        "cuGetProcAddress" => cuGetProcAddress_v2,
-        "cuMemcpy" => cuMemcpy,
-        "cuMemcpyAsync" => cuMemcpyAsync,
-        "cuCtxGetFlags" => cuCtxGetFlags,
-        "cuCtxSetLimit" => cuCtxSetLimit,
-        "cuCtxGetLimit" => cuCtxGetLimit,
-        "cuCtxGetStreamPriorityRange" => cuCtxGetStreamPriorityRange,
-        "cuCtxSetCacheConfig" => cuCtxSetCacheConfig,
-        "cuCtxGetCacheConfig" => cuCtxGetCacheConfig,
-        "cuDeviceCanAccessPeer" => cuDeviceCanAccessPeer,
-        "cuFuncSetAttribute" => cuFuncSetAttribute,
-        "cuFuncSetCacheConfig" => cuFuncSetCacheConfig,
-        "cuOccupancyMaxActiveBlocksPerMultiprocessor" => cuOccupancyMaxActiveBlocksPerMultiprocessor,
-        "cuStreamGetPriority" => cuStreamGetPriority,
+        "cuStreamDestroy_v2" => cuStreamDestroy_v2,
         "cuStreamGetFlags" => cuStreamGetFlags,
+        "cuStreamGetPriority" => cuStreamGetPriority,
+        "cuStreamQuery" => cuStreamQuery,
+        "cuStreamSynchronize" => cuStreamSynchronize,
+        "cuStreamWaitEvent" => cuStreamWaitEvent,
     }
 }
 
@@ -1884,34 +1984,60 @@ fn entry_points() -> &'static [(&'static str, usize)] {
 const PROC_FOUND: c_int = 0;
 const PROC_NOT_FOUND: c_int = 1;
 
+/// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
+const PROC_VERSION_NOT_SUFFICIENT: c_int = 2;
+
+/// Resolves `symbol` at `version` to the variant a program built for that version
+/// expects (`hira_cuda_private::procs`), if this library has it. Every stream is
+/// always idle here, so a per-thread default-stream variant is its legacy one.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
-    _version: c_int,
-    _flags: u64,
+    version: c_int,
+    flags: u64,
     status: *mut c_int,
 ) -> CUresult {
+    use hira_cuda_private::procs::{Lookup, lookup};
     if symbol.is_null() || pfn.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
     // SAFETY: a C string, as the API requires.
     let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
-    let found = entry_points().iter().find(|(n, _)| *n == name);
+    let (st, found) = match lookup(&name, version, flags) {
+        Lookup::Found(sym) => {
+            let base = sym.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+            match entry_points().iter().find(|(n, _)| *n == base) {
+                Some(&(_, f)) => (PROC_FOUND, f),
+                None => (PROC_NOT_FOUND, 0),
+            }
+        }
+        Lookup::VersionNotSufficient => (PROC_VERSION_NOT_SUFFICIENT, 0),
+        Lookup::NotFound => (PROC_NOT_FOUND, 0),
+    };
     // SAFETY: checked not null; `status` may be null.
     unsafe {
-        pfn.write(found.map_or(std::ptr::null_mut(), |(_, f)| *f as *mut c_void));
+        pfn.write(found as *mut c_void);
         if !status.is_null() {
-            status.write(if found.is_some() {
-                PROC_FOUND
-            } else {
-                PROC_NOT_FOUND
-            });
+            status.write(st);
         }
     }
-    if found.is_some() {
+    // As NVIDIA's driver 580 answers the runtime's probe with an empty name.
+    if st == PROC_FOUND || name.is_empty() {
         CUDA_SUCCESS
     } else {
         CUDA_ERROR_NOT_FOUND
     }
+}
+
+/// The first `cuGetProcAddress`, without the status out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, version, flags, std::ptr::null_mut()) }
 }

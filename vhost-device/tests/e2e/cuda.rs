@@ -49,7 +49,7 @@ impl Kit {
         (!real_gpu()).then(|| self.dir.join("driver"))
     }
 
-    fn shim_dir(&self) -> PathBuf {
+    pub(crate) fn shim_dir(&self) -> PathBuf {
         self.dir.join("shim")
     }
 
@@ -115,6 +115,11 @@ pub(crate) fn kit() -> &'static Kit {
         }
         kit
     })
+}
+
+/// A daemon whose API servers find the driver, for other modules' tests.
+pub(crate) fn daemon_for_tests(env: &[(&str, &str)]) -> Daemon {
+    daemon(env)
 }
 
 /// A daemon whose API servers find the driver.

@@ -3,6 +3,7 @@
 //! driver (the CPU test executor where there is no GPU, see `cuda.rs`).
 
 mod cuda;
+mod cudart;
 mod dataplane;
 mod hardening;
 mod host_memory;

@@ -1,0 +1,30 @@
+//! The CUDA driver's private interfaces that NVIDIA's runtime (`libcudart`, which
+//! nvcc links statically into every program by default) relies on, shared by Hira's
+//! guest `libcuda.so.1` and the CPU test executor:
+//!
+//! - [`fatbin`]: the containers of device code the runtime registers;
+//! - [`procs`]: the entry point `cuGetProcAddress` gives for a name and version;
+//! - [`export`]: the private tables of `cuGetExportTable`, integrity check included.
+
+pub mod export;
+pub mod fatbin;
+pub mod procs;
+
+unsafe extern "C" {
+    static stdout: *mut libc::FILE;
+    static stderr: *mut libc::FILE;
+}
+
+/// Writes what the device printed (`printf` in a kernel) or what the driver reports
+/// as NVIDIA's driver does: through the C library's `stdout` (descriptor 1) or
+/// `stderr`, so that it lands among the program's own buffered output in the order
+/// it was printed, as on a GPU when output goes to a file or a pipe.
+pub fn print_to_stdio(fd: i32, data: &[u8]) {
+    // SAFETY: the C library's streams, valid for the life of the process.
+    let stream = unsafe { if fd == 2 { stderr } else { stdout } };
+    if data.is_empty() || stream.is_null() {
+        return;
+    }
+    // SAFETY: `data` is valid for its length; the stream is the C library's.
+    unsafe { libc::fwrite(data.as_ptr().cast(), 1, data.len(), stream) };
+}

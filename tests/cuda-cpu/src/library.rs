@@ -1,0 +1,446 @@
+//! What NVIDIA's runtime asks of the driver beyond the calls of `cuda.h` programs:
+//! context-independent libraries (`cuLibrary*`, `cuKernel*`), the module loading
+//! mode, and the entry points CUDA 13.0 changed (`cuCtxGetDevice_v2`,
+//! `cuCtxSynchronize_v2`).
+//!
+//! A library here is a module of no context (its variables live in the one device
+//! memory every context shares); a kernel handle is the handle of the function it
+//! gives, as `cuKernelGetFunction` returns it, so `cuLaunchKernel` takes either.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+use super::{
+    CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult,
+    Context, Handle, State, current, image_ptx, in_ctx, load_ptx, put, take_printf, unload, with,
+    with_flushing, with_output,
+};
+
+/// The module a library handle stands for.
+fn module_of(s: &State, lib: Handle) -> Option<usize> {
+    s.libraries.get(&(lib as usize)).copied()
+}
+
+/// The handle of kernel `i` of module `m`, made once.
+fn kernel_handle(s: &mut State, m: usize, i: usize) -> usize {
+    if let Some(h) = s
+        .functions
+        .iter()
+        .find(|(_, f)| **f == (m, i))
+        .map(|(h, _)| *h)
+    {
+        return h;
+    }
+    let h = s.handle();
+    s.functions.insert(h, (m, i));
+    h
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    library: *mut Handle,
+    code: *const c_void,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _num_jit: c_uint,
+    _lib_options: *mut c_int,
+    _lib_values: *mut *mut c_void,
+    _num_lib: c_uint,
+) -> CUresult {
+    with_flushing(|s| {
+        if library.is_null() || code.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: a module image, a fatbin or the runtime's wrapper of one, as the API
+        // requires. Options tune loading and JIT, which an interpreter has none of.
+        let text = match unsafe { image_ptx(code) } {
+            Ok(t) => t,
+            Err(e) => return e,
+        };
+        match load_ptx(s, &text, 0) {
+            Ok(m) => {
+                let h = s.handle();
+                s.libraries.insert(h, m);
+                // SAFETY: checked not null.
+                unsafe { put(library, h as Handle) }
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLibraryUnload(library: Handle) -> CUresult {
+    with(|s| match s.libraries.remove(&(library as usize)) {
+        Some(m) => {
+            unload(s, m);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_HANDLE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    kernel: *mut Handle,
+    library: Handle,
+    name: *const c_char,
+) -> CUresult {
+    with(|s| {
+        if kernel.is_null() || name.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Some(m) = module_of(s, library) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        // SAFETY: a C string, as the API requires.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let Some(i) = s.modules[&m]
+            .ptx
+            .kernels
+            .iter()
+            .position(|k| k.name == name)
+        else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        let h = kernel_handle(s, m, i);
+        // SAFETY: checked not null.
+        unsafe { put(kernel, h as Handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, library: Handle) -> CUresult {
+    with(|s| match module_of(s, library) {
+        // SAFETY: as the API requires.
+        Some(m) => unsafe { put(count, s.modules[&m].ptx.kernels.len() as c_uint) },
+        None => CUDA_ERROR_INVALID_HANDLE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryEnumerateKernels(
+    kernels: *mut Handle,
+    n: c_uint,
+    library: Handle,
+) -> CUresult {
+    with(|s| {
+        let Some(m) = module_of(s, library) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        let count = s.modules[&m].ptx.kernels.len();
+        if kernels.is_null() || (n as usize) < count {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        for i in 0..count {
+            let h = kernel_handle(s, m, i);
+            // SAFETY: the caller's array holds `n` >= `count` handles.
+            unsafe { kernels.add(i).write(h as Handle) };
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CUresult {
+    with(|s| match module_of(s, library) {
+        // SAFETY: as the API requires.
+        Some(m) => unsafe { put(module, m as Handle) },
+        None => CUDA_ERROR_INVALID_HANDLE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    library: Handle,
+    name: *const c_char,
+) -> CUresult {
+    with(|s| {
+        if name.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Some(m) = module_of(s, library) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        let lm = &s.modules[&m];
+        // SAFETY: a C string, as the API requires.
+        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let Some(i) = lm.ptx.globals.iter().position(|g| g.name == name) else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        // SAFETY: either may be null, as the API allows.
+        unsafe {
+            if !dptr.is_null() {
+                dptr.write(lm.globals[i]);
+            }
+            if !bytes.is_null() {
+                bytes.write(lm.ptx.globals[i].size);
+            }
+        }
+        CUDA_SUCCESS
+    })
+}
+
+/// Managed variables need unified memory, which this executor does not have: the
+/// runtime asks only for those a program declares `__managed__`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLibraryGetManaged(
+    _dptr: *mut CUdeviceptr,
+    _bytes: *mut usize,
+    library: Handle,
+    _name: *const c_char,
+) -> CUresult {
+    with(|s| match module_of(s, library) {
+        Some(_) => CUDA_ERROR_NOT_FOUND,
+        None => CUDA_ERROR_INVALID_HANDLE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetFunction(func: *mut Handle, kernel: Handle) -> CUresult {
+    with(|s| {
+        in_ctx(s, |s, _| {
+            if !s.functions.contains_key(&(kernel as usize)) {
+                return CUDA_ERROR_INVALID_HANDLE;
+            }
+            // SAFETY: as the API requires.
+            unsafe { put(func, kernel) }
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    kernel: Handle,
+    dev: CUdevice,
+) -> CUresult {
+    if dev != 0 {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    // SAFETY: same contract.
+    unsafe { super::cuFuncGetAttribute(pi, attrib, kernel) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuKernelSetAttribute(
+    attrib: c_int,
+    value: c_int,
+    kernel: Handle,
+    dev: CUdevice,
+) -> CUresult {
+    if dev != 0 {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    super::cuFuncSetAttribute(kernel, attrib, value)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuKernelSetCacheConfig(kernel: Handle, config: c_int, dev: CUdevice) -> CUresult {
+    if dev != 0 {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    super::cuFuncSetCacheConfig(kernel, config)
+}
+
+/// `CU_MODULE_LAZY_LOADING`, NVIDIA's default since CUDA 12.2.
+const LAZY_LOADING: c_int = 2;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
+    // SAFETY: as the API requires.
+    with(|_| unsafe { put(mode, LAZY_LOADING) })
+}
+
+/// The API version of contexts made by `cuCtxCreate_v2` and primary contexts.
+const CONTEXT_API_VERSION: c_uint = 3020;
+
+/// The context `ctx` names, or the current one for null.
+fn context_or_current(s: &State, ctx: Handle) -> Result<usize, CUresult> {
+    let c = if ctx.is_null() {
+        current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?
+    } else {
+        ctx as usize
+    };
+    if s.contexts.contains_key(&c) {
+        Ok(c)
+    } else {
+        Err(CUDA_ERROR_INVALID_CONTEXT)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -> CUresult {
+    with(|s| match context_or_current(s, ctx) {
+        // SAFETY: as the API requires.
+        Ok(_) => unsafe { put(version, CONTEXT_API_VERSION) },
+        Err(e) => e,
+    })
+}
+
+/// CUDA 13.0's `cuCtxGetDevice`: of `ctx`, or of the current context for null.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: Handle) -> CUresult {
+    with(|s| match context_or_current(s, ctx) {
+        // SAFETY: as the API requires.
+        Ok(_) => unsafe { put(dev, 0) },
+        Err(e) => e,
+    })
+}
+
+/// CUDA 13.0's `cuCtxSynchronize`: of `ctx`, or of the current context for null.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize_v2(ctx: Handle) -> CUresult {
+    with_output(|s, out| match context_or_current(s, ctx) {
+        Ok(c) => {
+            let sticky = s.contexts[&c].sticky;
+            take_printf(s, c, out);
+            sticky
+        }
+        Err(e) => e,
+    })
+}
+
+/// Ends what the primary context holds; its handle stays valid and retained.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    with_output(|s, out| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        if let Some((h, _)) = s.primary {
+            take_printf(s, h, out);
+            super::drop_context(s, h);
+            s.contexts.insert(h, Context::new(true, 0));
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, _flags: c_uint) -> CUresult {
+    with(|_| {
+        if dev != 0 {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    size: usize,
+    _flags: c_uint,
+) -> CUresult {
+    // SAFETY: same contract; the flags (portable, mapped, write-combined) change
+    // nothing for memory this process reads and writes itself.
+    unsafe { super::cuMemAllocHost_v2(pp, size) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    blocks: *mut c_int,
+    f: Handle,
+    block_size: c_int,
+    dynamic: usize,
+    _flags: c_uint,
+) -> CUresult {
+    // SAFETY: same contract; the flag (disable caching override) changes nothing here.
+    unsafe { super::cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, f, block_size, dynamic) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxGetId(ctx: Handle, id: *mut u64) -> CUresult {
+    with(|s| match context_or_current(s, ctx) {
+        // SAFETY: as the API requires.
+        Ok(c) => unsafe { put(id, c as u64) },
+        Err(e) => e,
+    })
+}
+
+/// What the private tables ask of this driver (`hira_cuda_private::export`).
+struct Private;
+
+impl hira_cuda_private::export::Driver for Private {
+    fn driver_version(&self) -> c_int {
+        super::DRIVER_VERSION
+    }
+
+    /// The primary context, made (inactive: not retained) if it does not exist.
+    fn primary_context(&self, dev: c_int) -> Result<Handle, CUresult> {
+        if dev != 0 {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        let mut h = 0;
+        let st = with(|s| {
+            h = match s.primary {
+                Some((h, _)) => h,
+                None => {
+                    let n = s.handle();
+                    s.contexts.insert(n, Context::new(true, 0));
+                    s.primary = Some((n, 0));
+                    n
+                }
+            };
+            CUDA_SUCCESS
+        });
+        if st == CUDA_SUCCESS {
+            Ok(h as Handle)
+        } else {
+            Err(st)
+        }
+    }
+
+    fn current_context(&self) -> Handle {
+        current().unwrap_or(0) as Handle
+    }
+
+    fn devices(&self) -> Result<Vec<hira_cuda_private::export::Device>, CUresult> {
+        let mut uuid = [0u8; 16];
+        // SAFETY: an out-pointer of 16 bytes.
+        match unsafe { super::cuDeviceGetUuid(&mut uuid, 0) } {
+            CUDA_SUCCESS => {}
+            e => return Err(e),
+        }
+        let attr = |a| super::attribute(a).unwrap_or(0);
+        Ok(vec![hira_cuda_private::export::Device {
+            uuid,
+            pci_domain: attr(50),
+            pci_bus: attr(33),
+            pci_device: attr(34),
+        }])
+    }
+
+    fn load_module(&self, module: *mut Handle, image: *const c_void) -> CUresult {
+        // SAFETY: the runtime's module out-pointer and image.
+        unsafe { super::load_image(module, image) }
+    }
+}
+
+static PRIVATE: Private = Private;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetExportTable(
+    table: *mut *const c_void,
+    id: *const [u8; 16],
+) -> CUresult {
+    hira_cuda_private::export::install(&PRIVATE);
+    // SAFETY: the caller's out-pointer and 16-byte id.
+    unsafe { hira_cuda_private::export::get_export_table(table, id) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    kernel: Handle,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    // SAFETY: same contract; a kernel handle is its function's here.
+    unsafe { super::cuFuncGetParamInfo(kernel, index, offset, size) }
+}

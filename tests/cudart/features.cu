@@ -1,0 +1,103 @@
+// What runtime programs commonly use beyond a launch: __constant__ and __device__
+// globals (cudaMemcpyToSymbol/FromSymbol), device printf, streams and events,
+// pinned host memory, cudaMemset, device queries, occupancy, and an error.
+#include <cstdio>
+
+__constant__ float scale[4];
+__device__ int counter;
+
+__global__ void scaled(const float *in, float *out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = in[i] * scale[i % 4];
+        atomicAdd(&counter, 1);
+    }
+}
+
+__global__ void hello(int tag) {
+    if (threadIdx.x < 2) printf("block %d thread %d says %d\n", blockIdx.x, threadIdx.x, tag);
+}
+
+#define CHECK(x)                                                                     \
+    do {                                                                             \
+        cudaError_t e = (x);                                                         \
+        if (e != cudaSuccess) {                                                      \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,               \
+                    cudaGetErrorString(e));                                          \
+            return 1;                                                                \
+        }                                                                            \
+    } while (0)
+
+int main() {
+    int count = 0;
+    CHECK(cudaGetDeviceCount(&count));
+    int rt = 0, drv = 0;
+    CHECK(cudaRuntimeGetVersion(&rt));
+    CHECK(cudaDriverGetVersion(&drv));
+    printf("devices %d, runtime new enough: %s\n", count, drv >= rt ? "yes" : "no");
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("warp %d, max threads per block %d\n", prop.warpSize, prop.maxThreadsPerBlock);
+
+    const int n = 4096;
+    float h_scale[4] = {1.0f, 2.0f, 0.5f, -1.0f};
+    CHECK(cudaMemcpyToSymbol(scale, h_scale, sizeof h_scale));
+    int zero = 0;
+    CHECK(cudaMemcpyToSymbol(counter, &zero, sizeof zero));
+
+    float *h_in, *h_out;
+    CHECK(cudaMallocHost(&h_in, n * sizeof(float)));
+    CHECK(cudaMallocHost(&h_out, n * sizeof(float)));
+    for (int i = 0; i < n; i++) h_in[i] = (float)i;
+    float *d_in, *d_out;
+    CHECK(cudaMalloc(&d_in, n * sizeof(float)));
+    CHECK(cudaMalloc(&d_out, n * sizeof(float)));
+    CHECK(cudaMemset(d_out, 0, n * sizeof(float)));
+
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    CHECK(cudaEventRecord(start, s));
+    CHECK(cudaMemcpyAsync(d_in, h_in, n * sizeof(float), cudaMemcpyHostToDevice, s));
+    scaled<<<n / 128, 128, 0, s>>>(d_in, d_out, n);
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpyAsync(h_out, d_out, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaEventRecord(stop, s));
+    CHECK(cudaStreamSynchronize(s));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (h_out[i] != h_in[i] * h_scale[i % 4]) bad++;
+    int seen = 0;
+    CHECK(cudaMemcpyFromSymbol(&seen, counter, sizeof seen));
+    printf("scaled %d elements: %d mismatches, counter %d, elapsed %s\n", n, bad, seen,
+           ms >= 0 ? "measured" : "negative");
+
+    int blocks = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, scaled, 128, 0));
+    printf("occupancy positive: %s\n", blocks > 0 ? "yes" : "no");
+
+    hello<<<2, 4>>>(7);
+    CHECK(cudaDeviceSynchronize());
+
+    void *p = nullptr;
+    cudaError_t e = cudaMalloc(&p, (size_t)1 << 62);
+    printf("huge cudaMalloc: %s\n", cudaGetErrorName(e));
+    cudaGetLastError();
+
+    hello<<<1, 1>>>(8);
+    CHECK(cudaStreamSynchronize(0));
+    CHECK(cudaEventDestroy(start));
+    CHECK(cudaEventDestroy(stop));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFreeHost(h_in));
+    CHECK(cudaFreeHost(h_out));
+    CHECK(cudaFree(d_in));
+    CHECK(cudaFree(d_out));
+    CHECK(cudaDeviceReset());
+    printf("done\n");
+    return bad != 0;
+}

@@ -1,0 +1,131 @@
+//! Programs written against NVIDIA's CUDA runtime (`tests/cudart/*.cu`), built by
+//! nvcc 13 the default way (the runtime linked statically, PTX for `compute_75` beside
+//! the cubin) and with the shared runtime, run natively and through Hira's
+//! `libcuda.so.1` on the same driver, and must print the same.
+//!
+//! Without a GPU the driver is the CPU test executor, which serves what NVIDIA's
+//! runtime asks of a driver (its private tables, libraries from fatbins) and runs the
+//! fatbins' PTX. nvcc comes from PyPI (`scripts/test` installs it under
+//! `target/nvcc13`; `HIRA_NVCC` names another).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::cuda::kit;
+use crate::support::*;
+
+/// The programs, each built twice: `NAME` (static runtime) and `NAME-shared`.
+const PROGRAMS: &[&str] = &["vector_add", "features"];
+
+fn nvcc() -> PathBuf {
+    std::env::var_os("HIRA_NVCC").map_or_else(
+        || workspace().join("target/nvcc13/root/nvidia/cu13/bin/nvcc"),
+        PathBuf::from,
+    )
+}
+
+/// Where the shared runtime (`libcudart.so.13`) is: beside nvcc's `bin`, in `lib`
+/// (PyPI's layout) or `lib64` (a CUDA toolkit's).
+fn runtime_dir() -> PathBuf {
+    let top = nvcc().parent().unwrap().parent().unwrap().to_path_buf();
+    ["lib", "lib64"]
+        .iter()
+        .map(|d| top.join(d))
+        .find(|d| d.join("libcudart.so.13").exists())
+        .unwrap_or_else(|| top.join("lib"))
+}
+
+fn built() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let nvcc = nvcc();
+        assert!(
+            nvcc.is_file(),
+            "{} is missing (scripts/test installs nvcc 13 from PyPI)",
+            nvcc.display()
+        );
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cudart-e2e");
+        std::fs::create_dir_all(&dir).unwrap();
+        for p in PROGRAMS {
+            let src = workspace().join(format!("tests/cudart/{p}.cu"));
+            for (suffix, extra) in [("", &[][..]), ("-shared", &["-cudart", "shared"][..])] {
+                let o = Command::new(&nvcc)
+                    .args(extra)
+                    .arg("-o")
+                    .arg(dir.join(format!("{p}{suffix}")))
+                    .arg(&src)
+                    .output()
+                    .expect("nvcc runs");
+                assert!(
+                    o.status.success(),
+                    "nvcc {p}.cu {extra:?}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
+        dir
+    })
+}
+
+fn lib_path(first: Option<PathBuf>) -> String {
+    let mut dirs: Vec<PathBuf> = first.into_iter().collect();
+    dirs.push(runtime_dir());
+    std::env::join_paths(dirs)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn run(program: &str, lib_path: &str, env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(built().join(program));
+    c.env("LD_LIBRARY_PATH", lib_path);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run_with_timeout(&mut c, Duration::from_secs(120))
+}
+
+fn native(program: &str) -> Output {
+    run(program, &lib_path(kit().driver_dir()), &[])
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
+    let k = kit();
+    let d = crate::cuda::daemon_for_tests(&[]);
+    let shim = lib_path(Some(k.shim_dir()));
+    let socket = d.socket("vm1");
+    let socket = socket.to_string_lossy();
+    for p in PROGRAMS {
+        for program in [p.to_string(), format!("{p}-shared")] {
+            let n = native(&program);
+            assert!(n.status.success(), "{program} natively: {}", text(&n));
+            let h = run(&program, &shim, &[("HIRA_SOCKET", &socket)]);
+            assert_eq!(text(&h), text(&n), "{program}: through Hira as natively");
+        }
+    }
+    // The kernels' printf lines keep their place among the program's own, as
+    // NVIDIA's driver prints them into the C library's stdout.
+    let o = String::from_utf8_lossy(&native("features").stdout).into_owned();
+    assert!(
+        o.contains("occupancy positive: yes\nblock 0 thread 0 says 7\n")
+            && o.contains("cudaErrorMemoryAllocation\nblock 0 thread 0 says 8\ndone\n"),
+        "{o}"
+    );
+    let ended = d.wait_idle(Duration::from_secs(30));
+    assert!(
+        ended.len() >= 2 * PROGRAMS.len() && ended.iter().all(|e| e["api"] == "CUDA"),
+        "{ended:?}"
+    );
+}
