@@ -1,5 +1,7 @@
-//! `hira-bench cuda`: the CUDA test programs (`tests/cuda/*.c`) natively and through
-//! Hira on one driver, alternating, with their outputs compared.
+//! `hira-bench cuda`: the CUDA test programs (`tests/cuda/*.c`, driver API) and the
+//! runtime-API programs (`tests/cudart/*.cu`, built by nvcc with NVIDIA's runtime
+//! linked statically) natively and through Hira on one driver, alternating, with
+//! their outputs compared.
 //!
 //! Without a GPU the driver is the CPU test executor (`tests/cuda-cpu`): its kernels
 //! are interpreted, so a ratio there says what remoting costs next to a very slow
@@ -22,6 +24,18 @@ pub const PROGRAMS: &[&str] = &[
     "transfer",
     "launches",
 ];
+
+/// The runtime-API programs measured, with their arguments: `launches` is the
+/// runtime's launch overhead (40,000 `<<<>>>` launches of a tiny kernel).
+pub const RUNTIME_PROGRAMS: &[(&str, &[&str])] = &[("vector_add", &[]), ("launches", &["40000"])];
+
+/// nvcc: `HIRA_NVCC`, else the one `scripts/test` installs from PyPI.
+fn nvcc() -> std::path::PathBuf {
+    std::env::var_os("HIRA_NVCC").map_or_else(
+        || env::workspace().join("target/nvcc13/root/nvidia/cu13/bin/nvcc"),
+        std::path::PathBuf::from,
+    )
+}
 
 /// Builds the programs and the kernels' PTX in `dir`, and measures each.
 pub fn run(
@@ -80,6 +94,34 @@ pub fn run(
         out.push(measure::measure(
             &bench,
             p,
+            &exe,
+            &args,
+            warmup,
+            repeats,
+            &mut progress,
+        )?);
+        eprint!("\r\x1b[2K");
+    }
+    let nvcc = nvcc();
+    ensure!(
+        nvcc.is_file(),
+        "{} is missing (scripts/test installs nvcc 13 from PyPI; HIRA_NVCC names another)",
+        nvcc.display()
+    );
+    for (p, args) in RUNTIME_PROGRAMS {
+        let exe = dir.join(format!("cudart-{p}"));
+        let st = Command::new(&nvcc)
+            .arg("-o")
+            .arg(&exe)
+            .arg(env::workspace().join(format!("tests/cudart/{p}.cu")))
+            .status()
+            .context("nvcc runs")?;
+        ensure!(st.success(), "nvcc {p}.cu failed");
+        let mut progress = |s: &str| eprint!("\r\x1b[2K{s}");
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        out.push(measure::measure(
+            &bench,
+            &format!("cudart/{p}"),
             &exe,
             &args,
             warmup,

@@ -16,8 +16,13 @@ use std::time::Duration;
 use crate::cuda::kit;
 use crate::support::*;
 
-/// The programs, each built twice: `NAME` (static runtime) and `NAME-shared`.
-const PROGRAMS: &[&str] = &["vector_add", "features"];
+/// The programs, each built twice: `NAME` (static runtime) and `NAME-shared`, and
+/// their arguments.
+const PROGRAMS: &[(&str, &[&str])] = &[
+    ("vector_add", &[]),
+    ("features", &[]),
+    ("launches", &["2000"]),
+];
 
 fn nvcc() -> PathBuf {
     std::env::var_os("HIRA_NVCC").map_or_else(
@@ -48,7 +53,7 @@ fn built() -> &'static Path {
         );
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cudart-e2e");
         std::fs::create_dir_all(&dir).unwrap();
-        for p in PROGRAMS {
+        for (p, _) in PROGRAMS {
             let src = workspace().join(format!("tests/cudart/{p}.cu"));
             for (suffix, extra) in [("", &[][..]), ("-shared", &["-cudart", "shared"][..])] {
                 let o = Command::new(&nvcc)
@@ -78,17 +83,17 @@ fn lib_path(first: Option<PathBuf>) -> String {
         .into_owned()
 }
 
-fn run(program: &str, lib_path: &str, env: &[(&str, &str)]) -> Output {
+fn run(program: &str, args: &[&str], lib_path: &str, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(built().join(program));
-    c.env("LD_LIBRARY_PATH", lib_path);
+    c.args(args).env("LD_LIBRARY_PATH", lib_path);
     for (k, v) in env {
         c.env(k, v);
     }
     run_with_timeout(&mut c, Duration::from_secs(120))
 }
 
-fn native(program: &str) -> Output {
-    run(program, &lib_path(kit().driver_dir()), &[])
+fn native(program: &str, args: &[&str]) -> Output {
+    run(program, args, &lib_path(kit().driver_dir()), &[])
 }
 
 fn text(o: &Output) -> String {
@@ -107,17 +112,17 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
     let shim = lib_path(Some(k.shim_dir()));
     let socket = d.socket("vm1");
     let socket = socket.to_string_lossy();
-    for p in PROGRAMS {
+    for (p, args) in PROGRAMS {
         for program in [p.to_string(), format!("{p}-shared")] {
-            let n = native(&program);
+            let n = native(&program, args);
             assert!(n.status.success(), "{program} natively: {}", text(&n));
-            let h = run(&program, &shim, &[("HIRA_SOCKET", &socket)]);
+            let h = run(&program, args, &shim, &[("HIRA_SOCKET", &socket)]);
             assert_eq!(text(&h), text(&n), "{program}: through Hira as natively");
         }
     }
     // The kernels' printf lines keep their place among the program's own, as
     // NVIDIA's driver prints them into the C library's stdout.
-    let o = String::from_utf8_lossy(&native("features").stdout).into_owned();
+    let o = String::from_utf8_lossy(&native("features", &[]).stdout).into_owned();
     assert!(
         o.contains("occupancy positive: yes\nblock 0 thread 0 says 7\n")
             && o.contains("cudaErrorMemoryAllocation\nblock 0 thread 0 says 8\ndone\n"),
