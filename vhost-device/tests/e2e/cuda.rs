@@ -317,6 +317,33 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     let mut w = Writer::new();
     w.u64(7).u64(0x1000).u8(1).bytes(&[1, 2, 3]).u64(3);
     assert_eq!(call(&mut g, op::cuMemcpyHtoD_v2, w), 1, "INVALID_VALUE");
+    // A library id that names nothing.
+    let mut w = Writer::new();
+    w.u64(7).u8(1).u64(9).u64(0xdead).u8(1).bytes(b"k");
+    assert_eq!(
+        call(&mut g, op::cuLibraryGetKernel, w),
+        400,
+        "INVALID_HANDLE"
+    );
+    // A fatbin whose entry claims more bytes than the fatbin holds.
+    let mut fatbin = Vec::new();
+    fatbin.extend_from_slice(&0xBA55_ED50u32.to_le_bytes());
+    fatbin.extend_from_slice(&1u16.to_le_bytes());
+    fatbin.extend_from_slice(&16u16.to_le_bytes());
+    fatbin.extend_from_slice(&64u64.to_le_bytes());
+    let mut entry = [0u8; 64];
+    entry[0] = 1;
+    entry[4] = 64;
+    entry[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    fatbin.extend_from_slice(&entry);
+    let mut w = Writer::new();
+    w.u8(1).u64(10).u8(1).bytes(&fatbin);
+    let st = call(&mut g, op::hiraLibraryLoad, w);
+    if real_gpu() {
+        assert_ne!(st, 0, "a malformed fatbin is refused");
+    } else {
+        assert_eq!(st, 200, "INVALID_IMAGE");
+    }
     // An opcode CUDA's description does not have.
     let (h, _) = g.call(999, &[]);
     assert_eq!(h.kind, FrameKind::Error);
