@@ -491,11 +491,15 @@ fn attribute(a: c_int) -> Option<c_int> {
         12 => 65536,
         13 => 1_000_000,
         14 => 512,
+        // GPU_OVERLAP: copies overlap kernels (programs check it before using streams).
+        15 => 1,
         16 => 1,
         19 => 0,
         20 => 0,
         31 => 1,
         39 => 2048,
+        // ASYNC_ENGINE_COUNT, as a Turing GPU's.
+        40 => 2,
         41 => 1,
         75 => (COMPUTE_CAPABILITY / 10) as c_int,
         76 => (COMPUTE_CAPABILITY % 10) as c_int,

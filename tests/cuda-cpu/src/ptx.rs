@@ -134,6 +134,8 @@ enum Operand {
     Sym(usize, i64),
     /// `[reg + offset]`.
     RegAddr(usize, i64),
+    /// `[%r+off]` with a register of 32 bits: the sum wraps at 2^32.
+    RegAddr32(usize, i64),
     /// `[constant address]`.
     AbsAddr(u64),
     Vec(Vec<Operand>),
@@ -164,8 +166,14 @@ enum Op {
     Mov,
     Ld(Space),
     St(Space),
-    Cvta { to: bool, space: Space },
-    Cvt { dst: Ty, round_int: Option<Round> },
+    Cvta {
+        to: bool,
+        space: Space,
+    },
+    Cvt {
+        dst: Ty,
+        round_int: Option<Round>,
+    },
     Add,
     Sub,
     MulLo,
@@ -204,6 +212,8 @@ enum Op {
     AtomMin(Space),
     AtomMax(Space),
     AtomCas(Space),
+    /// `atom`/`red` `.and`, `.or`, `.xor` (a `BoolOp`), fetching or not.
+    AtomBits(Space, BoolOp, bool),
     Popc,
     Clz,
     // `call vprintf`: operands are the format's and the arguments' call parameters,
@@ -445,6 +455,8 @@ struct SharedDecl {
 struct FuncBuilder<'m> {
     regs: HashMap<String, usize>,
     nregs: usize,
+    /// Registers of 32 bits or fewer: an address in one wraps at 2^32, as on a GPU.
+    narrow: HashSet<usize>,
     syms: HashMap<String, usize>,
     symbols: Vec<Symbol>,
     labels: HashMap<String, usize>,
@@ -468,7 +480,8 @@ impl FuncBuilder<'_> {
             .ok_or_else(|| PtxError(format!("undeclared register {name}")))
     }
 
-    fn declare_regs(&mut self, spec: &str) -> Result<(), PtxError> {
+    fn declare_regs(&mut self, ty: &str, spec: &str) -> Result<(), PtxError> {
+        let first = self.nregs;
         // `%r<6>` declares %r0..%r5; `%f1, %f2` declares each.
         for name in spec.split(',').map(str::trim) {
             if let Some((base, n)) = name.split_once('<') {
@@ -484,6 +497,9 @@ impl FuncBuilder<'_> {
                 self.regs.insert(name.to_string(), self.nregs);
                 self.nregs += 1;
             }
+        }
+        if !ty.ends_with("64") {
+            self.narrow.extend(first..self.nregs);
         }
         Ok(())
     }
@@ -694,6 +710,8 @@ impl Module {
                     // they are made, and an unused one (NVRTC leaves none at -O3
                     // unless asked) is harmless.
                     funcs.extend(func_name(&head));
+                } else if head.trim_start().starts_with(".section") {
+                    // Debug information (`nvcc -G`): nothing to run.
                 } else {
                     return err(format!("unexpected block after {head:?}"));
                 }
@@ -790,6 +808,7 @@ fn parse_kernel(
     let mut f = FuncBuilder {
         regs: HashMap::new(),
         nregs: 0,
+        narrow: HashSet::new(),
         syms: HashMap::new(),
         symbols: Vec::new(),
         labels: HashMap::new(),
@@ -853,8 +872,9 @@ fn parse_kernel(
         let first = s.split_whitespace().next().unwrap_or("");
         match first {
             ".reg" => {
+                let ty = s.split_whitespace().nth(1).unwrap_or("");
                 let spec = s.split_whitespace().skip(2).collect::<Vec<_>>().join(" ");
-                f.declare_regs(&spec)?;
+                f.declare_regs(ty, &spec)?;
             }
             ".shared" => {
                 let (align, size, name, init) = parse_var(&s.replacen(".shared", "", 1))?;
@@ -930,7 +950,11 @@ fn parse_operand(f: &FuncBuilder<'_>, s: &str, ty: Ty) -> Result<Operand, PtxErr
             None => (inner.as_str(), 0),
         };
         if base.starts_with('%') {
-            return Ok(Operand::RegAddr(f.reg(base)?, off));
+            let r = f.reg(base)?;
+            if f.narrow.contains(&r) {
+                return Ok(Operand::RegAddr32(r, off));
+            }
+            return Ok(Operand::RegAddr(r, off));
         }
         if let Some(&i) = f.syms.get(base) {
             return Ok(Operand::Sym(i, off));
@@ -1133,6 +1157,12 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
                 Op::AtomMax(sp)
             } else if has("cas") && base == "atom" {
                 Op::AtomCas(sp)
+            } else if has("and") {
+                Op::AtomBits(sp, BoolOp::And, base == "atom")
+            } else if has("or") {
+                Op::AtomBits(sp, BoolOp::Or, base == "atom")
+            } else if has("xor") {
+                Op::AtomBits(sp, BoolOp::Xor, base == "atom")
             } else {
                 return Err(unsupported());
             }
@@ -1448,6 +1478,7 @@ impl Ctx<'_> {
     fn address(&self, t: &Thread, o: &Operand) -> Result<u64, PtxError> {
         Ok(match o {
             Operand::RegAddr(r, off) => t.regs[*r].wrapping_add(*off as u64),
+            Operand::RegAddr32(r, off) => u64::from((t.regs[*r] as u32).wrapping_add(*off as u32)),
             Operand::Sym(i, off) => self.sym_addr(*i).wrapping_add(*off as u64),
             Operand::AbsAddr(a) => *a,
             Operand::Reg(r) => t.regs[*r],
@@ -1689,7 +1720,7 @@ fn atomic(
     let ty = inst.ty;
     let n = ty.size();
     let (dst, addr_op, rest) = match inst.op {
-        Op::AtomAdd(_, false) => (None, &inst.ops[0], &inst.ops[1..]),
+        Op::AtomAdd(_, false) | Op::AtomBits(_, _, false) => (None, &inst.ops[0], &inst.ops[1..]),
         _ => (Some(&inst.ops[0]), &inst.ops[1], &inst.ops[2..]),
     };
     let addr = ctx.address(t, addr_op)?;
@@ -1972,6 +2003,11 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
             })?;
         }
         Op::AtomExch(space) => atomic(ctx, t, inst, space, |_, b, _| b)?,
+        Op::AtomBits(space, how, _) => atomic(ctx, t, inst, space, move |old, b, _| match how {
+            BoolOp::And => old & b,
+            BoolOp::Or => old | b,
+            BoolOp::Xor => old ^ b,
+        })?,
         Op::AtomMin(space) | Op::AtomMax(space) => {
             let is_min = matches!(inst.op, Op::AtomMin(_));
             atomic(ctx, t, inst, space, move |old, b, _| {
@@ -2600,6 +2636,59 @@ $L__BB0_2:
             };
             assert_eq!(got, want, "element {i}");
         }
+    }
+
+    /// nw's pattern: a 32-bit register holding a "negative" offset plus a positive
+    /// displacement addresses shared memory modulo 2^32, as on a GPU; and atomic
+    /// bit operations (huffman's).
+    const WRAP_AND_OR: &str = r#"
+.version 9.0
+.target sm_75
+.address_size 64
+.visible .entry k(.param .u64 k_param_0)
+{
+	.reg .b32 	%r<6>;
+	.reg .b64 	%rd<3>;
+	.shared .align 4 .b8 buf[64];
+	ld.param.u64 	%rd1, [k_param_0];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u32 	%r1, buf;
+	mov.u32 	%r2, 77;
+	st.shared.u32 	[%r1+8], %r2;
+	add.s32 	%r3, %r1, -60;
+	ld.shared.u32 	%r4, [%r3+68];
+	st.global.u32 	[%rd2], %r4;
+	mov.u32 	%r5, 6;
+	red.global.or.b32 	[%rd2+4], %r5;
+	atom.global.xor.b32 	%r5, [%rd2+4], 3;
+	st.global.u32 	[%rd2+8], %r5;
+	ret;
+}
+"#;
+
+    #[test]
+    fn a_32_bit_address_wraps_and_atomic_bit_operations_apply() {
+        let m = Module::parse(WRAP_AND_OR).unwrap();
+        let mut mem = Flat(vec![0; 64]);
+        mem.0[4..8].copy_from_slice(&9u32.to_le_bytes());
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+        };
+        launch(
+            &m.kernels[0],
+            dims,
+            0,
+            &0u64.to_le_bytes(),
+            &[],
+            &mut mem,
+            &mut PrintfFifo::new(0),
+        )
+        .unwrap();
+        let word = |i: usize| u32::from_le_bytes(mem.0[4 * i..][..4].try_into().unwrap());
+        assert_eq!(word(0), 77, "buf - 60 + 68 is buf + 8");
+        assert_eq!(word(1), (9 | 6) ^ 3);
+        assert_eq!(word(2), 9 | 6, "atom returns the old value");
     }
 
     #[test]
