@@ -30,22 +30,21 @@ pub const PROGRAMS: &[&str] = &[
 pub const RUNTIME_PROGRAMS: &[(&str, &[&str])] = &[("vector_add", &[]), ("launches", &["40000"])];
 
 /// nvcc: `HIRA_NVCC`, else the one `scripts/test` installs from PyPI.
-fn nvcc() -> std::path::PathBuf {
+pub fn nvcc() -> std::path::PathBuf {
     std::env::var_os("HIRA_NVCC").map_or_else(
         || env::workspace().join("target/nvcc13/root/nvidia/cu13/bin/nvcc"),
         std::path::PathBuf::from,
     )
 }
 
-/// Builds the programs and the kernels' PTX in `dir`, and measures each.
-pub fn run(
+/// Hira's `libcuda.so.1` in `dir/shim`, and the directory of the driver programs
+/// load natively (and API servers load): `driver` (`system`: the library path's, an
+/// empty path), else the CPU test executor of this build, copied to `dir/executor`.
+pub fn libraries(
     bin: &Path,
     dir: &Path,
     driver: Option<&str>,
-    warmup: usize,
-    repeats: usize,
-) -> Result<Vec<Measurement>> {
-    let sdk = cuda::nvrtc::sdk().map_err(anyhow::Error::msg)?;
+) -> Result<(String, std::path::PathBuf)> {
     let copy = |lib: &Path, to: &Path| -> Result<()> {
         std::fs::create_dir_all(to)?;
         for name in ["libcuda.so.1", "libcuda.so"] {
@@ -67,6 +66,19 @@ pub fn run(
             d.display().to_string()
         }
     };
+    Ok((driver_dir, shim))
+}
+
+/// Builds the programs and the kernels' PTX in `dir`, and measures each.
+pub fn run(
+    bin: &Path,
+    dir: &Path,
+    driver: Option<&str>,
+    warmup: usize,
+    repeats: usize,
+) -> Result<Vec<Measurement>> {
+    let sdk = cuda::nvrtc::sdk().map_err(anyhow::Error::msg)?;
+    let (driver_dir, shim) = libraries(bin, dir, driver)?;
     let src = std::fs::read_to_string(env::workspace().join("tests/cuda/kernels.cu"))?;
     let ptx = dir.join("kernels.ptx");
     std::fs::write(

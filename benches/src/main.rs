@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use clap::{Parser, Subcommand};
 use hira_benches::{cuda, env, fairness, measure, overhead, report, rodinia, suite};
 
@@ -92,15 +92,29 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/soak.md")]
         out: PathBuf,
     },
-    /// Rodinia's OpenCL programs from your checkout: each is built with its own
-    /// Makefile, run natively and through Hira on the same inputs, and compared
-    /// (exit status, output with timings masked, every file it writes).
+    /// Rodinia's OpenCL or CUDA programs from your checkout: each is built with its
+    /// own Makefile (CUDA: by nvcc 13 with its static runtime), run natively and
+    /// through Hira on the same inputs, and compared (exit status, output with
+    /// timings masked, every file it writes).
     Rodinia {
-        /// Root of a Rodinia 3.1 checkout (opencl/, common/, data/); default
+        /// Root of a Rodinia 3.1 checkout (opencl/ or cuda/, common/, data/); default
         /// $HIRA_RODINIA.
         #[arg(long, env = "HIRA_RODINIA")]
         src: PathBuf,
-        /// Only these programs (directory names under opencl/, comma-separated).
+        /// Which half of the suite.
+        #[arg(long, value_enum, default_value = "opencl")]
+        api: rodinia::Api,
+        /// CUDA: the driver, `system` or a directory holding a libcuda.so.1
+        /// (default: the CPU test executor of this build).
+        #[arg(long)]
+        driver: Option<String>,
+        /// CUDA: the toolkit nvcc is in (default: $HIRA_NVCC's, else target/nvcc13's).
+        #[arg(long)]
+        cuda_toolkit: Option<PathBuf>,
+        /// CUDA: NVIDIA's cuda-samples checkout, whose Common/ cfd includes.
+        #[arg(long, env = "HIRA_CUDA_SAMPLES")]
+        cuda_samples: Option<PathBuf>,
+        /// Only these programs (directory names under opencl/ or cuda/, comma-separated).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// Seconds one run may take before it is killed and reported as a timeout.
@@ -273,18 +287,47 @@ fn main() -> Result<()> {
         }
         Cmd::Rodinia {
             src,
+            api,
+            driver,
+            cuda_toolkit,
+            cuda_samples,
             only,
             timeout,
             out,
         } => {
             let bin = env::build_components()?;
-            let bench = env::BenchEnv::start(&bin)?;
             std::fs::create_dir_all(&out)?;
             let out = out.canonicalize()?;
+            let (bench, cuda) = match api {
+                rodinia::Api::Opencl => (env::BenchEnv::start(&bin)?, None),
+                rodinia::Api::Cuda => {
+                    let (driver_dir, shim) = cuda::libraries(&bin, &out, driver.as_deref())?;
+                    let top = match cuda_toolkit {
+                        Some(t) => t,
+                        None => cuda::nvcc()
+                            .parent()
+                            .and_then(|b| b.parent())
+                            .context("nvcc has no toolkit directory")?
+                            .to_path_buf(),
+                    };
+                    let tools = rodinia::CudaTools {
+                        top: top
+                            .canonicalize()
+                            .with_context(|| format!("{}", top.display()))?,
+                        samples_inc: cuda_samples.map(|s| s.join("Common")),
+                    };
+                    (
+                        env::BenchEnv::start_cuda(&bin, &driver_dir, &shim)?,
+                        Some(tools),
+                    )
+                }
+            };
             let rows = rodinia::run(
                 &src.canonicalize()?,
                 &out.join("work"),
                 &bench,
+                api,
+                cuda,
                 &only,
                 std::time::Duration::from_secs(timeout),
             )?;

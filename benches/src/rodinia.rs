@@ -1,11 +1,13 @@
-//! `hira-bench rodinia`: the OpenCL programs of the Rodinia suite, built from a
-//! checkout the operator provides, run natively and through Hira on the same inputs,
-//! and compared: exit status, standard output and error with timings masked, and every
-//! file a program writes, byte for byte.
+//! `hira-bench rodinia`: the OpenCL or the CUDA programs of the Rodinia suite, built
+//! from a checkout the operator provides, run natively and through Hira on the same
+//! inputs, and compared: exit status, standard output and error with timings masked,
+//! and every file a program writes, byte for byte.
 //!
 //! Rodinia is not vendored (its licence and size), and its 3.1 layout is assumed:
-//! `opencl/<program>/` built by the program's own Makefile, `opencl/util/`,
-//! `common/make.config`, and `data/`. Inputs that the checkout lacks (large inputs are
+//! `opencl/<program>/` or `cuda/<program>/` built by the program's own Makefile (or,
+//! where a Makefile names a long-gone architecture, the one nvcc line it would run),
+//! `opencl/util/`, `common/make.config`, and `data/`. CUDA programs are built by nvcc
+//! 13 with its default static runtime, as users build theirs. Inputs that the checkout lacks (large inputs are
 //! kept out of most public copies) are generated here, deterministically and small
 //! enough for a CPU device.
 
@@ -59,6 +61,34 @@ pub struct Program {
     /// to let a program run at all here (a GPU-only device query, a bug that today's
     /// compilers turn into a crash); both sides run the same edited binary.
     pub edits: &'static [(&'static str, &'static str, &'static str)],
+    /// How it is built, as a shell command in its directory (`None`: `make`, with
+    /// the OpenCL SDK's paths). CUDA builds see `$MAKE` (make with the CUDA paths
+    /// of `common/make.config` pointed at nvcc 13), `$NVCC` and `$SAMPLES_INC`.
+    pub build: Option<&'static str>,
+}
+
+/// Which of Rodinia's halves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    Opencl,
+    Cuda,
+}
+
+impl Api {
+    /// The checkout's directory of the programs.
+    pub fn tree(self) -> &'static str {
+        match self {
+            Api::Opencl => "opencl",
+            Api::Cuda => "cuda",
+        }
+    }
+
+    pub fn programs(self) -> &'static [Program] {
+        match self {
+            Api::Opencl => PROGRAMS,
+            Api::Cuda => CUDA_PROGRAMS,
+        }
+    }
 }
 
 impl Program {
@@ -74,6 +104,20 @@ impl Program {
             timing_lines: &[],
             undetermined: None,
             edits: &[],
+            build: None,
+        }
+    }
+
+    /// A CUDA program built by `build`.
+    const fn cuda(
+        dir: &'static str,
+        exe: &'static str,
+        args: &'static str,
+        build: &'static str,
+    ) -> Program {
+        Program {
+            build: Some(build),
+            ..Program::new(dir, exe, args)
         }
     }
 }
@@ -202,6 +246,142 @@ pub const PROGRAMS: &[Program] = &[
         "streamcluster",
         "streamcluster.out",
         "10 20 16 1024 1024 100 none output.txt 1 -p 0 -d 0",
+    ),
+];
+
+/// Rodinia 3.1's CUDA programs that nvcc 13 builds, in the suite's order, with the
+/// fewest edits (docs/rodinia.md lists each and why). Not here: hybridsort, kmeans,
+/// leukocyte and mummergpu, which use texture references, gone since CUDA 12.
+/// Removed runtime calls are mapped by the build's `NVCC_APPEND_FLAGS`
+/// (`cudaThreadSynchronize`, `cudaThreadExit`).
+pub const CUDA_PROGRAMS: &[Program] = &[
+    Program {
+        generated: &[("btree.txt", Generated::BTreeKeys)],
+        timing_lines: &[r"(?i)took"],
+        // `CUDA_FLAG=`: the Makefile asks for sm_20, which nvcc 13 no longer has.
+        ..Program::cuda(
+            "b+tree",
+            "b+tree.out",
+            "file {gen}/btree.txt command {data}/b+tree/command.txt",
+            "$MAKE CUDA_FLAG=",
+        )
+    },
+    Program::cuda("backprop", "backprop", "65536", "$MAKE"),
+    Program::cuda("bfs", "bfs.out", "{data}/bfs/graph4096.txt", "$MAKE"),
+    Program {
+        generated: &[("cfd.domn", Generated::CfdMesh)],
+        // 10 iterations rather than 2000 (minutes on the CPU test executor): the
+        // count becomes a build option.
+        edits: &[(
+            "euler3d.cu",
+            "#define iterations 2000",
+            "#ifndef iterations\n#define iterations 2000\n#endif",
+        )],
+        // The Makefile asks for compute_20; this is its nvcc line otherwise.
+        ..Program::cuda(
+            "cfd",
+            "euler3d",
+            "{gen}/cfd.domn",
+            "$NVCC -O3 -Diterations=10 -I$SAMPLES_INC euler3d.cu -o euler3d",
+        )
+    },
+    Program::cuda(
+        "dwt2d",
+        "dwt2d",
+        "192.bmp -d 192x192 -f -5 -l 3",
+        "$MAKE NVCCFLAGS='-I. -O2' LDFLAGS=-lcudart",
+    ),
+    Program {
+        // CUDA 13's cudaDeviceProp has neither field.
+        edits: &[
+            (
+                "gaussian.cu",
+                "deviceProp.clockRate",
+                "0 /* clockRate: gone in CUDA 13 */",
+            ),
+            (
+                "gaussian.cu",
+                "deviceProp. deviceOverlap",
+                "deviceProp.asyncEngineCount",
+            ),
+        ],
+        timing_lines: &[r"^\d+x\d+\s"],
+        ..Program::cuda(
+            "gaussian",
+            "gaussian",
+            "-f {data}/gaussian/matrix208.txt -q",
+            "$MAKE",
+        )
+    },
+    Program {
+        generated: &[(
+            "heart.avi",
+            Generated::Video {
+                width: 609,
+                height: 590,
+                frames: 4,
+            },
+        )],
+        ..Program::cuda("heartwall", "heartwall", "{gen}/heart.avi 1", "$MAKE")
+    },
+    Program::cuda(
+        "hotspot",
+        "hotspot",
+        "64 2 20 {data}/hotspot/temp_64 {data}/hotspot/power_64 output.out",
+        "$MAKE",
+    ),
+    // Its Makefile includes a make.config of Rodinia 3.0's home directory.
+    Program::cuda(
+        "hotspot3D",
+        "3D",
+        "64 8 20 {data}/hotspot3D/power_64x8 {data}/hotspot3D/temp_64x8 output.out",
+        "$NVCC -O3 3D.cu -o 3D",
+    ),
+    Program {
+        edits: &[("hist.cu", "prop.deviceOverlap", "prop.asyncEngineCount")],
+        // `NVCC_OPTS`: the Makefile's sm_35 and device debugging (-G).
+        ..Program::cuda(
+            "huffman",
+            "pavle",
+            "{data}/huffman/test1024_H2.206587175259.in",
+            "$MAKE NVCC_OPTS=-O3",
+        )
+    },
+    Program {
+        clock_seeded: true,
+        ..Program::cuda("lavaMD", "lavaMD", "-boxes1d 4", "$MAKE CUDA_FLAG=")
+    },
+    Program::cuda(
+        "lud",
+        "cuda/lud_cuda",
+        "-i {data}/lud/256.dat",
+        "cd cuda && $MAKE NVCCFLAGS='-I../common -O3 -use_fast_math'",
+    ),
+    Program::cuda("myocyte", "myocyte.out", "10 1 0", "$MAKE"),
+    Program::cuda("nn", "nn", "filelist_4 -r 5 -lat 30 -lng 90", "$MAKE nn"),
+    Program::cuda("nw", "needle", "256 10", "$MAKE"),
+    Program {
+        clock_seeded: true,
+        ..Program::cuda(
+            "particlefilter",
+            "particlefilter_naive",
+            "-x 128 -y 128 -z 10 -np 1000",
+            "$NVCC -O3 -use_fast_math ex_particle_CUDA_naive_seq.cu -o particlefilter_naive",
+        )
+    },
+    Program::cuda("pathfinder", "pathfinder", "1000 100 20", "$MAKE"),
+    Program::cuda(
+        "srad/srad_v1",
+        "srad",
+        "2 0.5 502 458",
+        "$NVCC -O3 main.cu -o srad",
+    ),
+    Program::cuda("srad/srad_v2", "srad", "256 256 0 127 0 127 0.5 2", "$MAKE"),
+    Program::cuda(
+        "streamcluster",
+        "sc_gpu",
+        "10 20 16 1024 1024 100 none output.txt 1",
+        "$MAKE",
     ),
 ];
 
@@ -354,6 +534,28 @@ pub struct Workspace {
     /// The compiler wrappers (flags that let 2009-era code build with today's gcc).
     pub tools: PathBuf,
     pub fixed_time: PathBuf,
+    pub api: Api,
+    /// For CUDA: the toolkit nvcc is in (its `bin/`, `lib/`, `include/`).
+    pub cuda: Option<CudaTools>,
+}
+
+/// What CUDA programs are built with.
+#[derive(Debug, Clone)]
+pub struct CudaTools {
+    /// The toolkit's top directory: `bin/nvcc`, `lib/libcudart_static.a` (or `lib64`).
+    pub top: PathBuf,
+    /// NVIDIA's cuda-samples `Common/` (`helper_cuda.h`), which cfd includes.
+    pub samples_inc: Option<PathBuf>,
+}
+
+impl CudaTools {
+    fn lib(&self) -> PathBuf {
+        ["lib64", "lib"]
+            .iter()
+            .map(|d| self.top.join(d))
+            .find(|d| d.join("libcudart_static.a").exists())
+            .unwrap_or_else(|| self.top.join("lib"))
+    }
 }
 
 fn write_exec(path: &Path, body: &str) -> Result<()> {
@@ -376,8 +578,13 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
 
 impl Workspace {
     /// Copies the checkout's sources into `work` and writes the compiler wrappers.
-    pub fn prepare(src: &Path, work: &Path) -> Result<Workspace> {
-        for need in ["opencl", "common", "data"] {
+    pub fn prepare(
+        src: &Path,
+        work: &Path,
+        api: Api,
+        cuda: Option<CudaTools>,
+    ) -> Result<Workspace> {
+        for need in [api.tree(), "common", "data"] {
             ensure!(
                 src.join(need).is_dir(),
                 "{} has no {need}/: give the root of a Rodinia 3.1 checkout",
@@ -393,7 +600,7 @@ impl Workspace {
         for d in [&build, &inputs, &tools] {
             std::fs::create_dir_all(d)?;
         }
-        copy_tree(&src.join("opencl"), &build)?;
+        copy_tree(&src.join(api.tree()), &build)?;
         copy_tree(&src.join("common"), &build)?;
         std::os::unix::fs::symlink(src.join("data").canonicalize()?, build.join("data"))?;
         // Rodinia's code predates C++11 and GCC 10: dynamic exception
@@ -418,17 +625,47 @@ impl Workspace {
             .arg(&c)
             .status()?;
         ensure!(st.success(), "building the fixed clock failed");
+        if let Some(c) = &cuda {
+            ensure!(
+                c.top.join("bin/nvcc").is_file(),
+                "no nvcc in {}/bin (scripts/test installs nvcc 13 from PyPI under target/nvcc13)",
+                c.top.display()
+            );
+            // Makefiles that link with gcc say `-lcudart`: the static runtime, as nvcc
+            // links it (with the C++ library it needs), not the shared one beside it.
+            let lib = tools.join("lib");
+            std::fs::create_dir_all(&lib)?;
+            std::fs::write(
+                lib.join("libcudart.so"),
+                format!(
+                    "INPUT({} -lstdc++ -ldl -lpthread -lrt)\n",
+                    c.lib().join("libcudart_static.a").display()
+                ),
+            )?;
+            // `-lcuda` at link time: the runtime finds the driver when it runs, as
+            // with the toolkit's stub library, which PyPI's toolkit lacks.
+            let stub = tools.join("cuda_stub.c");
+            std::fs::write(&stub, "/* libcuda.so for linking only */\n")?;
+            let st = Command::new("gcc")
+                .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+                .arg(lib.join("libcuda.so"))
+                .arg(&stub)
+                .status()?;
+            ensure!(st.success(), "building the link-time libcuda.so failed");
+        }
         Ok(Workspace {
             src: src.to_path_buf(),
             build,
             inputs,
             tools,
             fixed_time,
+            api,
+            cuda,
         })
     }
 
     fn program_dir(&self, p: &Program) -> PathBuf {
-        self.build.join("opencl").join(p.dir)
+        self.build.join(self.api.tree()).join(p.dir)
     }
 
     /// Builds one program with its own Makefile, serially (several Makefiles have
@@ -450,6 +687,9 @@ impl Workspace {
             }
             std::fs::write(&path, text.replace(from, to)).map_err(|e| e.to_string())?;
         }
+        if let Some(script) = p.build {
+            return self.build_cuda(p, script);
+        }
         let mut cmd = Command::new("make");
         cmd.current_dir(self.program_dir(p))
             .env("PATH", path)
@@ -468,6 +708,61 @@ impl Workspace {
         } else {
             let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
             log.push_str(&String::from_utf8_lossy(&out.stderr));
+            Err(log)
+        }
+    }
+
+    /// Builds a CUDA program with its command: nvcc 13 first on the path (Makefiles
+    /// call it by name), `$MAKE` pointing `common/make.config`'s CUDA paths at it, and
+    /// the runtime calls CUDA 13 removed mapped to their replacements.
+    fn build_cuda(&self, p: &Program, script: &str) -> Result<(), String> {
+        let c = self
+            .cuda
+            .as_ref()
+            .ok_or("no CUDA toolkit given for a CUDA program")?;
+        let lib = self.tools.join("lib");
+        let samples = c
+            .samples_inc
+            .as_ref()
+            .map_or_else(|| self.tools.join("no-cuda-samples"), |p| p.to_path_buf());
+        let path = format!(
+            "{}:{}",
+            c.top.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let make = format!(
+            "make CUDA_DIR={} CUDA_LIB_DIR={} SDK_DIR={}",
+            c.top.display(),
+            lib.display(),
+            samples.parent().unwrap_or(&samples).display()
+        );
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(self.program_dir(p))
+            .env("PATH", path)
+            .env("MAKE", make)
+            .env("NVCC", c.top.join("bin/nvcc"))
+            .env("SAMPLES_INC", &samples)
+            .env("LIBRARY_PATH", &lib)
+            .env("NVCC_PREPEND_FLAGS", format!("-L{}", lib.display()))
+            .env(
+                "NVCC_APPEND_FLAGS",
+                "-DcudaThreadSynchronize=cudaDeviceSynchronize -DcudaThreadExit=cudaDeviceReset",
+            )
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("sh: {e}"))?;
+        let exe = self.program_dir(p).join(p.exe);
+        if out.status.success() && exe.is_file() {
+            Ok(())
+        } else {
+            let mut log = format!("{script}\n");
+            log.push_str(&String::from_utf8_lossy(&out.stdout));
+            log.push_str(&String::from_utf8_lossy(&out.stderr));
+            if c.samples_inc.is_none() && log.contains("helper_cuda.h") {
+                log.push_str("\n(needs NVIDIA cuda-samples' Common/: --cuda-samples)");
+            }
             Err(log)
         }
     }
@@ -494,7 +789,7 @@ impl Workspace {
 
     fn video(&self, p: &Program, path: &Path, w: u32, h: u32, n: u32) -> Result<()> {
         let dir = self.program_dir(p);
-        let avilib = ["util/avi/avilib.c", "OpenCL/avilib.c"]
+        let avilib = ["util/avi/avilib.c", "OpenCL/avilib.c", "AVI/avilib.c"]
             .iter()
             .map(|f| dir.join(f))
             .find(|f| f.is_file())
@@ -591,9 +886,10 @@ pub fn run_once(
     if root.exists() {
         std::fs::remove_dir_all(&root)?;
     }
-    std::fs::create_dir_all(root.join("opencl"))?;
+    std::fs::create_dir_all(root.join(ws.api.tree()))?;
     std::os::unix::fs::symlink(ws.build.join("data"), root.join("data"))?;
-    let dir = root.join("opencl").join(p.dir);
+    let dir = root.join(ws.api.tree()).join(p.dir);
+    std::fs::create_dir_all(dir.parent().expect("a program's directory has a parent"))?;
     copy_tree(&ws.program_dir(p), &dir)?;
     let before = snapshot(&dir)?;
 
@@ -800,16 +1096,19 @@ pub fn run(
     src: &Path,
     work: &Path,
     env: &BenchEnv,
+    api: Api,
+    cuda: Option<CudaTools>,
     only: &[String],
     timeout: Duration,
 ) -> Result<Vec<Row>> {
+    let programs = api.programs();
     for name in only {
-        if !PROGRAMS.iter().any(|p| p.dir == name) {
-            bail!("no Rodinia program {name}");
+        if !programs.iter().any(|p| p.dir == name) {
+            bail!("no Rodinia {} program {name}", api.tree());
         }
     }
-    let ws = Workspace::prepare(src, work)?;
-    let selected: Vec<&Program> = PROGRAMS
+    let ws = Workspace::prepare(src, work, api, cuda)?;
+    let selected: Vec<&Program> = programs
         .iter()
         .filter(|p| only.is_empty() || only.iter().any(|o| o == p.dir))
         .collect();
@@ -831,7 +1130,7 @@ pub fn run(
             continue;
         }
         ws.generate(p)?;
-        let scratch = work.join("runs").join(p.dir);
+        let scratch = work.join("runs").join(p.dir.replace('/', "-"));
         eprint!("\r\x1b[2K[{}/{total}] {}: native", i + 1, p.dir);
         let native = run_once(&ws, env, p, Side::Native, &scratch, timeout)?;
         eprint!("\r\x1b[2K[{}/{total}] {}: native, perturbed", i + 1, p.dir);
@@ -1044,12 +1343,16 @@ mod tests {
 
     #[test]
     fn every_program_is_named_once() {
-        let mut dirs: Vec<&str> = PROGRAMS.iter().map(|p| p.dir).collect();
-        dirs.sort_unstable();
-        dirs.dedup();
-        assert_eq!(dirs.len(), PROGRAMS.len());
-        for p in PROGRAMS {
-            Normalizer::new(p.timing_lines).unwrap();
+        for api in [Api::Opencl, Api::Cuda] {
+            let programs = api.programs();
+            let mut dirs: Vec<&str> = programs.iter().map(|p| p.dir).collect();
+            dirs.sort_unstable();
+            dirs.dedup();
+            assert_eq!(dirs.len(), programs.len());
+            for p in programs {
+                Normalizer::new(p.timing_lines).unwrap();
+                assert_eq!(p.build.is_some(), api == Api::Cuda, "{}", p.dir);
+            }
         }
     }
 }

@@ -61,3 +61,13 @@ pub(crate) fn cuLibraryGetGlobal(
 pub(crate) fn cuDevicePrimaryCtxReset_v2(dev: std::ffi::c_int) {
     crate::private::primary_reset(dev);
 }
+
+/// As `cuFuncSetAttribute`, for a library's kernel.
+pub(crate) fn cuKernelSetAttribute(
+    attrib: std::ffi::c_int,
+    value: std::ffi::c_int,
+    kernel: crate::rt::CUfunction,
+    _dev: std::ffi::c_int,
+) {
+    cuFuncSetAttribute(kernel, attrib, value);
+}
