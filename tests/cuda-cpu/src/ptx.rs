@@ -2,20 +2,28 @@
 //! runs a grid on the CPU, block by block, each thread until a barrier.
 //!
 //! It implements the instructions those kernels use (integer and floating-point
-//! arithmetic, comparisons, conversions, loads and stores in every state space,
-//! atomic adds, barriers, branches); anything else is refused when the module loads,
-//! with the instruction named, so a test fails with a reason instead of computing
-//! something else. Written for this repository because the one PTX interpreter crate
-//! (`ptoxide` 0.1) does not parse what NVRTC 12 emits (`shr`, `selp`, `atom`,
-//! module-scope variables with initialisers) and has not been maintained since.
+//! arithmetic, with the carry chains and directed roundings of libdevice, comparisons,
+//! conversions, loads and stores in every state space, atomics, barriers, branches);
+//! anything else is refused when the module loads, with the instruction named, so a
+//! test fails with a reason instead of computing something else. Written for this
+//! repository because the one PTX interpreter crate (`ptoxide` 0.1) does not parse
+//! what NVRTC 12 emits (`shr`, `selp`, `atom`, module-scope variables with
+//! initialisers) and has not been maintained since.
 //! Warp-level instructions (`shfl`, `vote`) are not supported.
 //!
-//! The one function a kernel may call is `vprintf`, the system call NVRTC makes of
-//! device-side `printf` (declared `.extern .func`, called in a `{ ... }` block whose
-//! `.param` variables carry the format's and the arguments' generic addresses): it
-//! formats with the C library's own `snprintf`, one conversion at a time, into the
-//! context's [`PrintfFifo`], which the driver API flushes ([`format_vprintf`]). A call
-//! of any other function is refused when the module loads, with the callee named.
+//! A kernel may call the device functions its module defines (`.func` with a body,
+//! before or after the kernel): libdevice's slow paths that nvcc does not inline
+//! (`__internal_accurate_pow` of double `pow`, `__internal_trig_reduction_slowpathd`
+//! of `sin` and `cos`) and `__noinline__` functions. Each call is replaced by the
+//! function's body when the module loads ([`Inliner`]), so no call stack is needed;
+//! recursion is refused. Otherwise the one function a kernel may call is `vprintf`,
+//! the system call NVRTC makes of device-side `printf` (declared `.extern .func`,
+//! called in a `{ ... }` block whose `.param` variables carry the format's and the
+//! arguments' generic addresses): it formats with the C library's own `snprintf`, one
+//! conversion at a time, into the context's [`PrintfFifo`], which the driver API
+//! flushes ([`format_vprintf`]). A call of a function the module only declares, or
+//! through a function pointer, is refused when the module loads, with the callee
+//! named.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, c_char, c_int, c_long, c_void};
@@ -216,6 +224,25 @@ enum Op {
     AtomBits(Space, BoolOp, bool),
     Popc,
     Clz,
+    /// `add.cc`, `addc` (`cin`: adds the carry flag; `cout`: sets it).
+    AddC {
+        cin: bool,
+        cout: bool,
+    },
+    /// `sub.cc`, `subc`: the carry flag is the borrow.
+    SubC {
+        cin: bool,
+        cout: bool,
+    },
+    /// `mad.lo.cc`, `madc.hi`, ...: the low or high half of the product, plus the
+    /// addend and the carry flag.
+    MadC {
+        hi: bool,
+        cin: bool,
+        cout: bool,
+    },
+    /// `copysign d, a, b`: `b` with the sign of `a`.
+    CopySign,
     // `call vprintf`: operands are the format's and the arguments' call parameters,
     // then the return value's if the call has one (`true`).
     Call(bool),
@@ -244,6 +271,10 @@ struct Inst {
     /// Second type (`cvt` source, `cvta` pointer size ignored).
     ty2: Ty,
     vec: usize,
+    /// `.sat`: the result clamped (floats to [0, 1], integers to their range).
+    sat: bool,
+    /// The rounding of a floating-point result (`.rn`, `.rz`, `.rm`, `.rp`).
+    round: Round,
     ops: Vec<Operand>,
     text: String,
 }
@@ -337,7 +368,7 @@ const WINDOW: u64 = 1 << 40;
 /// Where a thread's call parameters start in the parameter space, above any kernel's
 /// parameters (at most 32 KiB).
 const CALL_PARAM_BASE: u64 = 1 << 32;
-/// The one function kernels may call.
+/// The one function kernels may call that their module does not define.
 const VPRINTF: &str = "vprintf";
 
 // ---------------------------------------------------------------------------------
@@ -467,6 +498,8 @@ struct FuncBuilder<'m> {
     /// Call parameters by name: offset and size. The call sequences of a function
     /// declare the same names (`param0`, `retval0`) in scopes of their own; each
     /// sequence stores, calls and loads in turn, so they share one area per name.
+    /// Those of an inlined function have names of their own ([`Inliner`]): its body
+    /// may load its parameters, which are its caller's, after calls of its own.
     call_params: HashMap<String, (usize, usize)>,
     /// The functions the module declares or defines before this one.
     funcs: &'m HashSet<String>,
@@ -633,109 +666,145 @@ fn init_bytes(init: &str, size: usize) -> Result<Vec<u8>, PtxError> {
     Ok(out)
 }
 
+/// A top-level item of a module.
+enum Item<'t> {
+    /// A function (`.entry`, `.func`) or a `.section`, with its body.
+    Block { head: String, body: &'t str },
+    /// A statement without its ';': a variable (with its initialiser) or a directive.
+    Stmt(String),
+}
+
+/// Splits a module's text, comments removed, into its top-level items.
+fn top_level(text: &str) -> Result<Vec<Item<'_>>, PtxError> {
+    let mut items = Vec::new();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            return Ok(items);
+        }
+        // These directives end with their line, not with a ';'.
+        if [".version", ".target", ".address_size", ".file"]
+            .iter()
+            .any(|d| rest.starts_with(d))
+        {
+            rest = rest.split_once('\n').map_or("", |(_, r)| r);
+            continue;
+        }
+        // Top-level statements end with ';' or are function definitions with a body.
+        let semi = rest.find(';');
+        let brace = rest.find('{');
+        let is_func = match (semi, brace) {
+            (Some(s), Some(b)) => {
+                b < s
+                    || rest[..s].contains(".entry")
+                    || rest[..s].contains(".func") && rest[s..].trim_start().starts_with('{')
+            }
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        let head_end = if is_func {
+            brace.unwrap()
+        } else {
+            semi.ok_or_else(|| PtxError("statement without ';'".into()))?
+        };
+        let head = rest[..head_end].trim().to_string();
+        if !is_func {
+            items.push(Item::Stmt(head));
+            rest = &rest[head_end + 1..];
+            continue;
+        }
+        // Find the matching closing brace.
+        let bytes = rest.as_bytes();
+        let mut depth = 0;
+        let mut end = None;
+        for (i, &c) in bytes.iter().enumerate().skip(head_end) {
+            if c == b'{' {
+                depth += 1;
+            } else if c == b'}' {
+                depth -= 1;
+                if depth == 0 {
+                    end = Some(i);
+                    break;
+                }
+            }
+        }
+        let end = end.ok_or_else(|| PtxError("unbalanced braces".into()))?;
+        // A `= { ... }` initialiser of a variable is not a function.
+        if head.ends_with('=') {
+            let stmt_end = rest[end..].find(';').map_or(end + 1, |i| end + i + 1);
+            items.push(Item::Stmt(rest[..stmt_end - 1].to_string()));
+            rest = &rest[stmt_end..];
+            continue;
+        }
+        items.push(Item::Block {
+            head,
+            body: &rest[head_end + 1..end],
+        });
+        rest = &rest[end + 1..];
+    }
+}
+
 impl Module {
     /// Parses PTX text.
     pub fn parse(src: &str) -> Result<Module, PtxError> {
         let text = strip_comments(src);
+        let items = top_level(&text)?;
         let mut module = Module {
             kernels: Vec::new(),
             globals: Vec::new(),
         };
+        // The device functions the module defines, by name, for the kernels that call
+        // them: a definition may come after its callers.
+        let mut defs: HashMap<String, FuncDef<'_>> = HashMap::new();
+        for item in &items {
+            if let Item::Block { head, body } = item
+                && head.contains(".func")
+                && !head.contains(".entry")
+                && let Some(name) = func_name(head)
+            {
+                defs.insert(name, FuncDef { head, body });
+            }
+        }
         let mut global_syms: HashMap<String, usize> = HashMap::new();
         let mut shared: Vec<SharedDecl> = Vec::new();
         let mut funcs: HashSet<String> = HashSet::new();
-        let mut rest = text.as_str();
-        loop {
-            rest = rest.trim_start();
-            if rest.is_empty() {
-                break;
-            }
-            // These directives end with their line, not with a ';'.
-            if [".version", ".target", ".address_size", ".file"]
-                .iter()
-                .any(|d| rest.starts_with(d))
-            {
-                rest = rest.split_once('\n').map_or("", |(_, r)| r);
-                continue;
-            }
-            // Top-level statements end with ';' or are function definitions with a body.
-            let semi = rest.find(';');
-            let brace = rest.find('{');
-            let is_func = match (semi, brace) {
-                (Some(s), Some(b)) => {
-                    b < s
-                        || rest[..s].contains(".entry")
-                        || rest[..s].contains(".func") && rest[s..].trim_start().starts_with('{')
+        for item in &items {
+            match item {
+                Item::Block { head, body } => {
+                    if head.contains(".entry") {
+                        let k = parse_kernel(head, body, &global_syms, &shared, &funcs, &defs)?;
+                        module.kernels.push(k);
+                    } else if head.contains(".func") {
+                        // Device functions run where they are called: each call is
+                        // replaced by the function's body when the kernel is parsed.
+                        funcs.extend(func_name(head));
+                    } else if head.trim_start().starts_with(".section") {
+                        // Debug information (`nvcc -G`): nothing to run.
+                    } else {
+                        return err(format!("unexpected block after {head:?}"));
+                    }
                 }
-                (None, Some(_)) => true,
-                _ => false,
-            };
-            let head_end = if is_func {
-                brace.unwrap()
-            } else {
-                semi.ok_or_else(|| PtxError("statement without ';'".into()))?
-            };
-            let head = rest[..head_end].trim().to_string();
-            if is_func {
-                // Find the matching closing brace.
-                let bytes = rest.as_bytes();
-                let mut depth = 0;
-                let mut end = None;
-                for (i, &c) in bytes.iter().enumerate().skip(head_end) {
-                    if c == b'{' {
-                        depth += 1;
-                    } else if c == b'}' {
-                        depth -= 1;
-                        if depth == 0 {
-                            end = Some(i);
-                            break;
+                Item::Stmt(head) => {
+                    let words: Vec<&str> = head.split_whitespace().collect();
+                    match words.first().copied() {
+                        Some(".version" | ".target" | ".address_size" | ".file" | ".pragma") => {}
+                        // Before variables: a prototype's parameters may say `.global`.
+                        Some(_) if head.contains(".func") || head.contains(".entry") => {
+                            // A declaration (prototype) only: `.extern .func vprintf`, or
+                            // a function defined further on.
+                            funcs.extend(func_name(head));
                         }
+                        Some(_)
+                            if head.contains(".global")
+                                || head.contains(".const")
+                                || head.contains(".shared") =>
+                        {
+                            module.global_var(head, &mut global_syms, &mut shared)?;
+                        }
+                        _ => return err(format!("unsupported PTX directive: {head}")),
                     }
                 }
-                let end = end.ok_or_else(|| PtxError("unbalanced braces".into()))?;
-                let body = &rest[head_end + 1..end];
-                // A `= { ... }` initialiser of a variable is not a function.
-                if head.ends_with('=') {
-                    let stmt_end = rest[end..].find(';').map_or(end + 1, |i| end + i + 1);
-                    let stmt = rest[..stmt_end - 1].to_string();
-                    module.global_var(&stmt, &mut global_syms, &mut shared)?;
-                    rest = &rest[stmt_end..];
-                    continue;
-                }
-                if head.contains(".entry") {
-                    let k = parse_kernel(&head, body, &global_syms, &shared, &funcs)?;
-                    module.kernels.push(k);
-                } else if head.contains(".func") {
-                    // Device functions are kept out: calls of them are refused where
-                    // they are made, and an unused one (NVRTC leaves none at -O3
-                    // unless asked) is harmless.
-                    funcs.extend(func_name(&head));
-                } else if head.trim_start().starts_with(".section") {
-                    // Debug information (`nvcc -G`): nothing to run.
-                } else {
-                    return err(format!("unexpected block after {head:?}"));
-                }
-                rest = &rest[end + 1..];
-            } else {
-                let words: Vec<&str> = head.split_whitespace().collect();
-                match words.first().copied() {
-                    Some(".version" | ".target" | ".address_size" | ".file" | ".pragma") => {}
-                    // Before variables: a prototype's parameters may say `.global`.
-                    Some(_) if head.contains(".func") || head.contains(".entry") => {
-                        // A declaration (prototype) only: `.extern .func vprintf`, or
-                        // a function defined further on.
-                        funcs.extend(func_name(&head));
-                    }
-                    Some(_)
-                        if head.contains(".global")
-                            || head.contains(".const")
-                            || head.contains(".shared") =>
-                    {
-                        module.global_var(&head, &mut global_syms, &mut shared)?;
-                    }
-                    _ => return err(format!("unsupported PTX directive: {head}")),
-                }
-                rest = &rest[head_end + 1..];
             }
         }
         Ok(module)
@@ -783,12 +852,420 @@ impl Module {
     }
 }
 
+/// A function body's statements without their ';', in order: labels (`name:`),
+/// scope braces (`{` and `}`, which stand on lines of their own; braces inside a line
+/// are vector operands) and the rest.
+fn statements(body: &str) -> Vec<String> {
+    let mut marked = String::with_capacity(body.len() + 64);
+    for line in body.lines() {
+        match line.trim() {
+            b @ ("{" | "}") => {
+                marked.push(';');
+                marked.push_str(b);
+                marked.push(';');
+            }
+            _ => marked.push_str(line),
+        }
+        marked.push('\n');
+    }
+    let mut stmts = Vec::new();
+    for piece in marked.split(';') {
+        let mut s = piece.trim().to_string();
+        // Labels `name:` may precede a statement.
+        while let Some(colon) = s.find(':') {
+            let label = s[..colon].trim();
+            if label.is_empty()
+                || label.contains(char::is_whitespace)
+                || label.starts_with('@')
+                || label.contains('[')
+            {
+                break;
+            }
+            stmts.push(format!("{label}:"));
+            s = s[colon + 1..].trim().to_string();
+        }
+        if !s.is_empty() {
+            stmts.push(s);
+        }
+    }
+    stmts
+}
+
+/// Whether statement `s` is a declaration `directive` (`.reg`, `.local`, ...).
+fn is_decl(s: &str, directive: &str) -> bool {
+    s.split_whitespace().next() == Some(directive)
+}
+
+/// The registers a `.reg` statement declares: each name, with the count of a range
+/// (`%r<6>` declares `%r0` to `%r5`).
+fn reg_names(s: &str) -> Vec<(String, Option<usize>)> {
+    let words: Vec<&str> = s.split_whitespace().collect();
+    let first = words
+        .iter()
+        .rposition(|w| w.starts_with('.'))
+        .map_or(words.len(), |i| i + 1);
+    let spec = words[first..].join(" ");
+    spec.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| match n.split_once('<') {
+            Some((base, count)) => (base.to_string(), count.trim_end_matches('>').parse().ok()),
+            None => (n.to_string(), None),
+        })
+        .collect()
+}
+
+/// `name` with `tag` in front: `%r5` becomes `%TAG~r5`, `param0` `TAG~param0`. The
+/// names PTX writes have no `~`, so tagged names differ from all of them, and from
+/// each other where the tags differ (a register range's names keep their numbers at
+/// the end).
+fn tagged(name: &str, tag: &str) -> String {
+    match name.strip_prefix('%') {
+        Some(r) => format!("%{tag}~{r}"),
+        None => format!("{tag}~{name}"),
+    }
+}
+
+/// New names for names a function or scope declares.
+#[derive(Default)]
+struct Names {
+    exact: HashMap<String, String>,
+    /// Register ranges: base, count, new base.
+    ranges: HashMap<String, (usize, String)>,
+}
+
+impl Names {
+    fn add(&mut self, name: &str, count: Option<usize>, new: String) {
+        if let Some(n) = count {
+            self.ranges.insert(name.to_string(), (n, new.clone()));
+        }
+        self.exact.insert(name.to_string(), new);
+    }
+
+    fn get(&self, tok: &str) -> Option<String> {
+        if let Some(n) = self.exact.get(tok) {
+            return Some(n.clone());
+        }
+        let base = tok.trim_end_matches(|c: char| c.is_ascii_digit());
+        let digits = &tok[base.len()..];
+        let (count, new) = self.ranges.get(base)?;
+        let i: usize = digits.parse().ok()?;
+        (i < *count).then(|| format!("{new}{digits}"))
+    }
+}
+
+/// Rewrites the names in statement `s` that `f` maps (registers, labels, variables);
+/// modifiers (`.f32`, the `x` of `%tid.x`), numbers and quoted text stay as they are.
+fn map_tokens(s: &str, mut f: impl FnMut(&str) -> Option<String>) -> String {
+    let ident = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'$' | b'%' | b'~');
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(s.len() + 32);
+    let mut quoted = false;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'"' {
+            quoted = !quoted;
+        }
+        if quoted || !ident(c) {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && ident(b[i]) {
+            i += 1;
+        }
+        let tok = &s[start..i];
+        let modifier = start > 0 && b[start - 1] == b'.';
+        match (!modifier && !c.is_ascii_digit()).then(|| f(tok)).flatten() {
+            Some(n) => out.extend_from_slice(n.as_bytes()),
+            None => out.extend_from_slice(tok.as_bytes()),
+        }
+    }
+    String::from_utf8(out).expect("whole names replaced")
+}
+
+/// Gives each register a scope declares (`{ .reg .b32 %temp; ... }`) a name of its
+/// own, so that it does not stand for the register of the same name outside: the
+/// inline assembly of libdevice declares `%r0` to `%r3` in scopes of a function that
+/// has `%r<38>` and uses them across those scopes. Scope braces are dropped. The
+/// call parameters a scope declares keep their names (see [`FuncBuilder`]).
+fn resolve_scopes(stmts: Vec<String>) -> Vec<String> {
+    let mut scopes: Vec<Names> = Vec::new();
+    let mut n = 0;
+    let mut out = Vec::with_capacity(stmts.len());
+    for s in stmts {
+        match s.as_str() {
+            "{" => {
+                scopes.push(Names::default());
+                continue;
+            }
+            "}" => {
+                scopes.pop();
+                continue;
+            }
+            _ => {}
+        }
+        if let Some(top) = scopes.last_mut()
+            && is_decl(&s, ".reg")
+        {
+            n += 1;
+            for (name, count) in reg_names(&s) {
+                let new = tagged(&name, &format!("~{n}"));
+                top.add(&name, count, new);
+            }
+        }
+        if scopes.is_empty() {
+            out.push(s);
+        } else {
+            out.push(map_tokens(&s, |t| {
+                scopes.iter().rev().find_map(|scope| scope.get(t))
+            }));
+        }
+    }
+    out
+}
+
+/// The parts of a call's operands: return parameters (if any), callee, arguments (if
+/// any), and what follows (an indirect call's prototype).
+fn call_parts(operands: &str) -> (Vec<String>, String, Option<Vec<String>>, usize) {
+    let list = |p: &str| -> Vec<String> {
+        split_top(p.trim().trim_start_matches('(').trim_end_matches(')'), ',')
+    };
+    let parts = split_top(operands, ',');
+    let (rets, rest) = match parts.split_first() {
+        Some((r, rest)) if r.starts_with('(') => (list(r), rest),
+        _ => (Vec::new(), &parts[..]),
+    };
+    let callee = rest.first().cloned().unwrap_or_default();
+    let (args, more) = match rest.get(1) {
+        Some(a) if a.starts_with('(') => (Some(list(a)), rest.len() - 2),
+        _ => (None, rest.len().saturating_sub(1)),
+    };
+    (rets, callee, args, more)
+}
+
+/// A `.func` the module defines: its header and body.
+struct FuncDef<'t> {
+    head: &'t str,
+    body: &'t str,
+}
+
+/// A formal parameter of a function: name, alignment, size.
+struct Formal {
+    name: String,
+    align: usize,
+    size: usize,
+}
+
+impl FuncDef<'_> {
+    /// Return and other parameters: `.func (.param .b64 func_retval0) f(.param .b64
+    /// f_param_0, ...)`.
+    fn formals(&self, name: &str) -> Result<(Vec<Formal>, Vec<Formal>), PtxError> {
+        let mut rest = self.head.split(".func").nth(1).unwrap_or("").trim_start();
+        let mut lists = Vec::new();
+        for part in 0..2 {
+            if part == 1 {
+                // The name, between the two lists.
+                rest = rest.trim_start();
+                rest = &rest[rest.find(name).map_or(0, |i| i + name.len())..];
+                rest = rest.trim_start();
+            }
+            if !rest.starts_with('(') {
+                lists.push(Vec::new());
+                continue;
+            }
+            let close = rest
+                .find(')')
+                .ok_or_else(|| PtxError(format!("unbalanced parameter list of `{name}`")))?;
+            let mut formals = Vec::new();
+            for p in split_top(&rest[1..close], ',') {
+                if !p.starts_with(".param") {
+                    return err(format!(
+                        "`{name}` takes parameters other than `.param` ({p}), which the \
+                         CPU test executor does not support"
+                    ));
+                }
+                let (align, size, name, _) = parse_var(&p.replacen(".param", "", 1))?;
+                formals.push(Formal { name, align, size });
+            }
+            lists.push(formals);
+            rest = &rest[close + 1..];
+        }
+        let params = lists.pop().unwrap_or_default();
+        let rets = lists.pop().unwrap_or_default();
+        Ok((rets, params))
+    }
+}
+
+/// How deep calls may nest.
+const CALL_DEPTH: usize = 32;
+
+/// Replaces each call of a function the module defines by the function's body, so a
+/// kernel runs without a call stack. In each copy, the body's formal parameters
+/// become the call's parameters (which the caller's call sequence declares, stores
+/// and loads), `ret` a branch to the copy's end, and its labels names of the copy's
+/// own. Its registers, local memory and call parameters get names of the function's
+/// own (`%F~r1`), shared by all its copies: without recursion, which is refused, no
+/// two copies of a function run at once.
+struct Inliner<'d, 't> {
+    defs: &'d HashMap<String, FuncDef<'t>>,
+    /// Copies so far.
+    copies: usize,
+    /// The functions whose declarations the kernel has already.
+    declared: HashSet<String>,
+}
+
+impl Inliner<'_, '_> {
+    /// `stmts` into `out`, each call of a module function replaced by its body;
+    /// `stack` holds the functions being inlined, callers first.
+    fn expand(
+        &mut self,
+        stmts: Vec<String>,
+        stack: &mut Vec<String>,
+        out: &mut Vec<String>,
+    ) -> Result<(), PtxError> {
+        for s in stmts {
+            let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+            let (guard, inst) = match one_line.strip_prefix('@') {
+                Some(r) => match r.split_once(' ') {
+                    Some((g, i)) => (Some(g.to_string()), i),
+                    None => (None, one_line.as_str()),
+                },
+                None => (None, one_line.as_str()),
+            };
+            let (opcode, operands) = inst.split_once(' ').unwrap_or((inst, ""));
+            if opcode == "call" || opcode.starts_with("call.") {
+                let (rets, callee, args, more) = call_parts(operands);
+                if more == 0 && self.defs.contains_key(&callee) {
+                    let args = args.unwrap_or_default();
+                    self.inline(&callee, guard.as_deref(), &rets, &args, stack, out)
+                        .map_err(|e| PtxError(format!("{one_line}: {}", e.0)))?;
+                    continue;
+                }
+            }
+            out.push(s);
+        }
+        Ok(())
+    }
+
+    fn inline(
+        &mut self,
+        name: &str,
+        guard: Option<&str>,
+        rets: &[String],
+        args: &[String],
+        stack: &mut Vec<String>,
+        out: &mut Vec<String>,
+    ) -> Result<(), PtxError> {
+        if stack.iter().any(|f| f == name) {
+            return err(format!(
+                "recursion is not supported: `{name}` calls itself ({} -> {name})",
+                stack.join(" -> ")
+            ));
+        }
+        if stack.len() >= CALL_DEPTH {
+            return err(format!(
+                "calls nest deeper than {CALL_DEPTH} functions (`{}`)",
+                stack.join(" -> ")
+            ));
+        }
+        let def = &self.defs[name];
+        let (ret_formals, formals) = def.formals(name)?;
+        if formals.len() != args.len() || rets.len() > ret_formals.len() {
+            return err(format!(
+                "`{name}` takes {} parameters and returns {} values; the call passes {} \
+                 and takes {}",
+                formals.len(),
+                ret_formals.len(),
+                args.len(),
+                rets.len()
+            ));
+        }
+        let body = resolve_scopes(statements(def.body));
+        let copy = format!("{name}~{}", self.copies);
+        self.copies += 1;
+        let end = format!("{copy}~~end");
+        let mut names = Names::default();
+        for s in &body {
+            if is_decl(s, ".reg") {
+                for (reg, count) in reg_names(s) {
+                    names.add(&reg, count, tagged(&reg, name));
+                }
+            } else if [".local", ".shared", ".param"]
+                .iter()
+                .any(|d| is_decl(s, d))
+            {
+                let decl = s.split_once(char::is_whitespace).map_or("", |(_, r)| r);
+                let (_, _, var, _) = parse_var(decl)?;
+                names.add(&var, None, tagged(&var, name));
+            } else if let Some(label) = s.strip_suffix(':') {
+                names.add(label, None, tagged(label, &copy));
+            }
+        }
+        let mut copied = Vec::with_capacity(body.len() + 4);
+        if let Some(g) = guard {
+            let skip = match g.strip_prefix('!') {
+                Some(p) => format!("@{p}"),
+                None => format!("@!{g}"),
+            };
+            copied.push(format!("{skip} bra.uni {end}"));
+        }
+        for (formal, arg) in formals.iter().zip(args) {
+            names.add(&formal.name, None, arg.clone());
+        }
+        // A return value the call does not take goes to a parameter of its own.
+        for (i, formal) in ret_formals.iter().enumerate() {
+            let to = match rets.get(i) {
+                Some(r) => r.clone(),
+                None => {
+                    let t = tagged(&formal.name, name);
+                    copied.push(format!(
+                        ".param .align {} .b8 {t}[{}]",
+                        formal.align, formal.size
+                    ));
+                    t
+                }
+            };
+            names.add(&formal.name, None, to);
+        }
+        let first = self.declared.insert(name.to_string());
+        for s in &body {
+            if !first && [".reg", ".local", ".shared"].iter().any(|d| is_decl(s, d)) {
+                continue;
+            }
+            let s = map_tokens(s, |t| names.get(t));
+            copied.push(ret_to_branch(&s, &end).unwrap_or(s));
+        }
+        copied.push(format!("{end}:"));
+        stack.push(name.to_string());
+        let done = self.expand(copied, stack, out);
+        stack.pop();
+        done
+    }
+}
+
+/// `ret` (`ret.uni`, guarded or not) as a branch to `end`.
+fn ret_to_branch(s: &str, end: &str) -> Option<String> {
+    let (guard, inst) = match s.strip_prefix('@') {
+        Some(r) => {
+            let (g, i) = r.split_once(char::is_whitespace)?;
+            (format!("@{g} "), i.trim())
+        }
+        None => (String::new(), s),
+    };
+    let opcode = inst.split_whitespace().next()?;
+    (opcode == "ret" || opcode.starts_with("ret.")).then(|| format!("{guard}bra.uni {end}"))
+}
+
 fn parse_kernel(
     head: &str,
     body: &str,
     globals: &HashMap<String, usize>,
     module_shared: &[SharedDecl],
     funcs: &HashSet<String>,
+    defs: &HashMap<String, FuncDef<'_>>,
 ) -> Result<Kernel, PtxError> {
     let after = head
         .split(".entry")
@@ -834,34 +1311,18 @@ fn parse_kernel(
         params.push(Param { offset, size });
         offset += size;
     }
-    // Statements: split at ';' and labels.
-    let mut stmts: Vec<String> = Vec::new();
-    // Scope braces stand on lines of their own; braces inside a line are vector
-    // operands. Declarations in a scope are kept for the whole function.
-    let body: String = body
-        .lines()
-        .filter(|l| !matches!(l.trim(), "{" | "}"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    for piece in body.split(';') {
-        let mut s = piece.trim().to_string();
-        // Labels `name:` may precede a statement.
-        while let Some(colon) = s.find(':') {
-            let label = s[..colon].trim();
-            if label.is_empty()
-                || label.contains(char::is_whitespace)
-                || label.starts_with('@')
-                || label.contains('[')
-            {
-                break;
-            }
-            stmts.push(format!("{label}:"));
-            s = s[colon + 1..].trim().to_string();
-        }
-        if !s.is_empty() {
-            stmts.push(s);
-        }
-    }
+    // Statements, each call of one of the module's functions replaced by its body.
+    let mut stmts = Vec::new();
+    let mut inliner = Inliner {
+        defs,
+        copies: 0,
+        declared: HashSet::new(),
+    };
+    inliner.expand(
+        resolve_scopes(statements(body)),
+        &mut Vec::new(),
+        &mut stmts,
+    )?;
     // Declarations first, then labels, then instructions.
     let mut insts_text = Vec::new();
     for s in stmts {
@@ -1096,6 +1557,33 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
             ty2 = types.get(1).copied().ok_or_else(unsupported)?;
             Op::Cvt { dst, round_int }
         }
+        "add" if has("cc") => Op::AddC {
+            cin: false,
+            cout: true,
+        },
+        "addc" => Op::AddC {
+            cin: true,
+            cout: has("cc"),
+        },
+        "sub" if has("cc") => Op::SubC {
+            cin: false,
+            cout: true,
+        },
+        "subc" => Op::SubC {
+            cin: true,
+            cout: has("cc"),
+        },
+        "mad" if has("cc") => Op::MadC {
+            hi: has("hi"),
+            cin: false,
+            cout: true,
+        },
+        "madc" => Op::MadC {
+            hi: has("hi"),
+            cin: true,
+            cout: has("cc"),
+        },
+        "copysign" => Op::CopySign,
         "add" => Op::Add,
         "sub" => Op::Sub,
         "mul" if has("hi") => Op::MulHi,
@@ -1176,6 +1664,26 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         Op::Setp(..) | Op::Selp => *types.last().unwrap_or(&ty),
         _ => ty,
     };
+    let sat = has("sat");
+    let sat_ok = match op {
+        Op::Cvt { .. } => true,
+        Op::Add | Op::Sub | Op::MulLo | Op::MadLo | Op::Fma => {
+            ty.float() || (ty == Ty::S(32) && matches!(op, Op::Add | Op::Sub))
+        }
+        _ => false,
+    };
+    if sat && !sat_ok {
+        return Err(unsupported());
+    }
+    let round = if has("rz") {
+        Round::Zero
+    } else if has("rm") {
+        Round::Down
+    } else if has("rp") {
+        Round::Up
+    } else {
+        Round::Nearest
+    };
     let mut ops = Vec::new();
     for o in split_top(operands, ',') {
         // `setp` writes `p|q`: only `p` is kept (q is the complement, rarely used).
@@ -1197,6 +1705,8 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         ty,
         ty2,
         vec,
+        sat,
+        round,
         ops,
         text: s.to_string(),
     })
@@ -1204,24 +1714,27 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
 
 /// `call.uni (retval0), vprintf, (param0, param1)`, the call NVRTC makes of
 /// `printf`: the callee must be `vprintf`, declared by the module, with two 64-bit
-/// call parameters and at most one 32-bit return value. Any other call (a device
-/// function, an indirect call through a register) is refused, the callee named.
+/// call parameters and at most one 32-bit return value. The module's own functions
+/// are inlined before ([`Inliner`]); any other call (a function the module only
+/// declares, an indirect call through a register) is refused, the callee named.
 fn parse_call(
     f: &FuncBuilder<'_>,
     guard: Option<(usize, bool)>,
     operands: &str,
     text: &str,
 ) -> Result<Inst, PtxError> {
-    let parts = split_top(operands, ',');
-    let (rets, rest) = match parts.split_first() {
-        Some((r, rest)) if r.starts_with('(') => (Some(r.as_str()), rest),
-        _ => (None, &parts[..]),
-    };
-    let callee = rest.first().map_or("", |c| c.as_str());
+    let (rets, callee, args, more) = call_parts(operands);
+    if callee.starts_with('%') || more > 0 {
+        return err(format!(
+            "calls are not supported through a function pointer: this calls `{callee}` \
+             (the CPU test executor runs `{VPRINTF}` and the module's own functions)"
+        ));
+    }
     if callee != VPRINTF {
         return err(format!(
-            "calls are not supported: the CPU test executor provides `{VPRINTF}` only, \
-             and this calls `{callee}`"
+            "calls are not supported of functions the module does not define: this calls \
+             `{callee}` (the CPU test executor runs `{VPRINTF}` and the module's own \
+             functions)"
         ));
     }
     if !f.funcs.contains(VPRINTF) {
@@ -1229,14 +1742,9 @@ fn parse_call(
             "`{VPRINTF}` is called but the module does not declare it"
         ));
     }
-    let list = |p: &str| -> Vec<String> {
-        split_top(p.trim().trim_start_matches('(').trim_end_matches(')'), ',')
+    let Some(args) = args else {
+        return err(format!("`{VPRINTF}` takes a list of two parameters"));
     };
-    let args = match rest {
-        [_, args] if args.starts_with('(') => list(args),
-        _ => return err(format!("`{VPRINTF}` takes a list of two parameters")),
-    };
-    let rets = rets.map(list).unwrap_or_default();
     if args.len() != 2 || rets.len() > 1 {
         return err(format!(
             "`{VPRINTF}` takes two parameters and returns one value"
@@ -1261,6 +1769,8 @@ fn parse_call(
         ty: Ty::B(64),
         ty2: Ty::B(64),
         vec: 1,
+        sat: false,
+        round: Round::Nearest,
         ops,
         text: text.to_string(),
     })
@@ -1282,6 +1792,8 @@ struct Thread {
     local: Vec<u8>,
     /// The `.param` variables of call sequences.
     call: Vec<u8>,
+    /// The carry flag of `add.cc` and the like.
+    carry: bool,
     tid: [u32; 3],
     state: ThreadState,
 }
@@ -1381,6 +1893,7 @@ fn run_block(ctx: &mut Ctx<'_>) -> Result<(), PtxError> {
                     regs: vec![0; ctx.kernel.regs],
                     local: vec![0; ctx.kernel.local_size],
                     call: vec![0; ctx.kernel.call_size],
+                    carry: false,
                     tid: [x, y, z],
                     state: ThreadState::Running,
                 });
@@ -1710,6 +2223,100 @@ fn convert(v: u64, from: Ty, to: Ty, round_int: Option<Round>) -> u64 {
     }
 }
 
+/// A float result clamped to [0, 1], NaN to 0 (`.sat`).
+fn saturate_f(r: u64, ty: Ty) -> u64 {
+    let f = fget(r, ty);
+    fput(
+        if f > 1.0 {
+            1.0
+        } else if f > 0.0 {
+            f
+        } else {
+            0.0
+        },
+        ty,
+    )
+}
+
+/// `cvt.sat` of an integer to a narrower one: clamped to its range. (From a float,
+/// `convert` saturates always.)
+fn saturate_int(v: u64, from: Ty, to: Ty) -> u64 {
+    if from.float() {
+        return convert(v, from, to, None);
+    }
+    let x = if from.signed() {
+        i128::from(sext(v, from.bits()))
+    } else {
+        i128::from(mask(v, from.bits()))
+    };
+    let tb = to.bits();
+    let (lo, hi) = if to.signed() {
+        (-(1i128 << (tb - 1)), (1i128 << (tb - 1)) - 1)
+    } else {
+        (0, (1i128 << tb) - 1)
+    };
+    mask(x.clamp(lo, hi) as u64, tb)
+}
+
+/// `a + b` exactly, as the rounded sum and its error.
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let s = a + b;
+    let bb = s - a;
+    (s, (a - (s - bb)) + (b - bb))
+}
+
+/// The exact value `hi + lo` (`hi` rounded to the nearest f64, `lo` the error)
+/// rounded to `ty` in direction `r`.
+fn round_to(hi: f64, lo: f64, ty: Ty, r: Round) -> u64 {
+    // The nearest value, then one step if it lies on the wrong side.
+    macro_rules! step {
+        ($c:expr, $wide:expr) => {{
+            let c = $c;
+            // The sign of c - (hi + lo).
+            let d = ($wide(c) - hi) - lo;
+            match r {
+                Round::Down if d > 0.0 => c.next_down(),
+                Round::Up if d < 0.0 => c.next_up(),
+                Round::Zero if hi > 0.0 && d > 0.0 => c.next_down(),
+                Round::Zero if hi < 0.0 && d < 0.0 => c.next_up(),
+                _ => c,
+            }
+        }};
+    }
+    match ty {
+        Ty::F32 => f32b(step!(hi as f32, f64::from)),
+        _ => step!(hi, |x: f64| x).to_bits(),
+    }
+}
+
+/// `a + b`, `a - b`, `a * b` or `a * b + c` of floats of type `ty`, rounded in
+/// direction `r` (`.rz`, `.rm`, `.rp`). Exact for f32, whose products and sums f64
+/// holds with their errors; for an f64 `fma` the error is estimated, which can
+/// miss where the sum cancels.
+fn directed(op: Op, a: u64, b: u64, c: u64, ty: Ty, r: Round) -> u64 {
+    let (a, b, c) = (fget(a, ty), fget(b, ty), fget(c, ty));
+    let (hi, lo) = match op {
+        Op::Add => two_sum(a, b),
+        Op::Sub => two_sum(a, -b),
+        Op::MulLo => {
+            let p = a * b;
+            (p, a.mul_add(b, -p))
+        }
+        _ => {
+            let p = a * b;
+            let (s, es) = two_sum(p, c);
+            if ty == Ty::F32 {
+                // The product of two f32 is exact in f64.
+                (s, es)
+            } else {
+                let hi = a.mul_add(b, c);
+                (hi, ((s - hi) + es) + a.mul_add(b, -p))
+            }
+        }
+    };
+    round_to(hi, lo, ty, r)
+}
+
 fn atomic(
     ctx: &mut Ctx<'_>,
     t: &mut Thread,
@@ -1829,11 +2436,26 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
         }
         Op::Cvt { dst, round_int } => {
             let x = v(ctx, t, 1)?;
-            set(t, &o[0], convert(x, inst.ty2, dst, round_int))?;
+            let from = inst.ty2;
+            let mut r = convert(x, from, dst, round_int);
+            if from == Ty::F64 && dst == Ty::F32 && inst.round != Round::Nearest {
+                r = round_to(f64::from_bits(x), 0.0, Ty::F32, inst.round);
+            }
+            if inst.sat {
+                r = if dst.float() {
+                    saturate_f(r, dst)
+                } else {
+                    saturate_int(x, from, dst)
+                };
+            }
+            set(t, &o[0], r)?;
         }
         Op::Add | Op::Sub | Op::MulLo | Op::Div | Op::Rem | Op::Min | Op::Max if ty.float() => {
             let (a, b) = (v(ctx, t, 1)?, v(ctx, t, 2)?);
             let r = match inst.op {
+                Op::Add | Op::Sub | Op::MulLo if inst.round != Round::Nearest => {
+                    directed(inst.op, a, b, 0, ty, inst.round)
+                }
                 Op::Add => fbin(a, b, ty, |x, y| x + y, |x, y| x + y),
                 Op::Sub => fbin(a, b, ty, |x, y| x - y, |x, y| x - y),
                 Op::MulLo => fbin(a, b, ty, |x, y| x * y, |x, y| x * y),
@@ -1842,7 +2464,7 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
                 Op::Max => fbin(a, b, ty, f32::max, f64::max),
                 _ => return err("remainder of floats"),
             };
-            set(t, &o[0], r)?;
+            set(t, &o[0], if inst.sat { saturate_f(r, ty) } else { r })?;
         }
         Op::Add | Op::Sub | Op::MulLo | Op::MulHi | Op::Div | Op::Rem | Op::Min | Op::Max => {
             let (a, b) = (v(ctx, t, 1)?, v(ctx, t, 2)?);
@@ -1850,6 +2472,11 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
             let (sa, sb) = (sext(a, bits), sext(b, bits));
             let (ua, ub) = (mask(a, bits), mask(b, bits));
             let r = match inst.op {
+                // `.sat` (s32 only): clamped to the range.
+                Op::Add | Op::Sub if inst.sat => {
+                    let r = if inst.op == Op::Add { sa + sb } else { sa - sb };
+                    r.clamp(i32::MIN.into(), i32::MAX.into()) as u64
+                }
                 Op::Add => a.wrapping_add(b),
                 Op::Sub => a.wrapping_sub(b),
                 Op::MulLo => a.wrapping_mul(b),
@@ -1886,12 +2513,14 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
         Op::MadLo | Op::MadHi | Op::Fma => {
             let (a, b, c) = (v(ctx, t, 1)?, v(ctx, t, 2)?, v(ctx, t, 3)?);
             let r = if ty.float() {
-                match ty {
+                let r = match ty {
+                    _ if inst.round != Round::Nearest => directed(Op::Fma, a, b, c, ty, inst.round),
                     Ty::F32 => f32b(f32v(a).mul_add(f32v(b), f32v(c))),
                     _ => f64::from_bits(a)
                         .mul_add(f64::from_bits(b), f64::from_bits(c))
                         .to_bits(),
-                }
+                };
+                if inst.sat { saturate_f(r, ty) } else { r }
             } else if inst.op == Op::MadHi {
                 let hi = if ty.signed() {
                     ((i128::from(sext(a, bits)) * i128::from(sext(b, bits))) >> bits) as u64
@@ -2027,6 +2656,47 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
                     old
                 }
             })?;
+        }
+        Op::AddC { cin, cout } | Op::SubC { cin, cout } => {
+            let (a, b) = (
+                u128::from(mask(v(ctx, t, 1)?, bits)),
+                u128::from(mask(v(ctx, t, 2)?, bits)),
+            );
+            let c = u128::from(cin && t.carry);
+            let (r, carry) = if matches!(inst.op, Op::AddC { .. }) {
+                let sum = a + b + c;
+                (sum, sum >> bits != 0)
+            } else {
+                (a.wrapping_sub(b + c), a < b + c)
+            };
+            if cout {
+                t.carry = carry;
+            }
+            set(t, &o[0], mask(r as u64, bits))?;
+        }
+        Op::MadC { hi, cin, cout } => {
+            let (a, b, c) = (v(ctx, t, 1)?, v(ctx, t, 2)?, v(ctx, t, 3)?);
+            let part = match (hi, ty.signed()) {
+                (true, true) => {
+                    ((i128::from(sext(a, bits)) * i128::from(sext(b, bits))) >> bits) as u64
+                }
+                (true, false) => {
+                    ((u128::from(mask(a, bits)) * u128::from(mask(b, bits))) >> bits) as u64
+                }
+                (false, _) => a.wrapping_mul(b),
+            };
+            let sum = u128::from(mask(part, bits))
+                + u128::from(mask(c, bits))
+                + u128::from(cin && t.carry);
+            if cout {
+                t.carry = sum >> bits != 0;
+            }
+            set(t, &o[0], mask(sum as u64, bits))?;
+        }
+        Op::CopySign => {
+            let (a, b) = (v(ctx, t, 1)?, v(ctx, t, 2)?);
+            let sign = 1u64 << (bits - 1);
+            set(t, &o[0], mask((b & !sign) | (a & sign), bits))?;
         }
         Op::Popc => {
             let a = mask(v(ctx, t, 1)?, bits);
@@ -2723,6 +3393,461 @@ $L__BB0_2:
         );
         let e = Module::parse(&src).unwrap_err();
         assert!(e.0.contains("shfl.sync.bfly.b32"), "{e}");
+    }
+
+    /// Runs the first kernel of `m` in one block of `threads` threads, with
+    /// parameters `out` (the address 256 of 4 KiB of memory) and `extra`; returns the
+    /// memory.
+    fn run_at_256(m: &Module, threads: u32, extra: &[u8], init: &[u8]) -> Vec<u8> {
+        let mut mem = Flat(vec![0; 4096]);
+        mem.0[256..256 + init.len()].copy_from_slice(init);
+        let mut params = 256u64.to_le_bytes().to_vec();
+        params.extend_from_slice(extra);
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [threads, 1, 1],
+        };
+        launch(
+            &m.kernels[0],
+            dims,
+            0,
+            &params,
+            &[],
+            &mut mem,
+            &mut PrintfFifo::new(0),
+        )
+        .unwrap();
+        mem.0
+    }
+
+    fn words(mem: &[u8], n: usize) -> Vec<i32> {
+        (0..n)
+            .map(|i| i32::from_le_bytes(mem[256 + 4 * i..][..4].try_into().unwrap()))
+            .collect()
+    }
+
+    /// A kernel calls a function defined after it (declared before, as nvcc does),
+    /// which returns early under a guard; a scope in the function declares a
+    /// register of the name of one outside it, as libdevice's inline assembly does.
+    const CALLS_LATER: &str = r#"
+.version 9.0
+.target sm_75
+.address_size 64
+
+.func  (.param .b32 func_retval0) addmul
+(
+	.param .b32 addmul_param_0,
+	.param .b32 addmul_param_1
+)
+;
+
+.visible .entry k(.param .u64 k_param_0)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<5>;
+
+	ld.param.u64 	%rd1, [k_param_0];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u32 	%r1, %tid.x;
+	add.s32 	%r2, %r1, -2;
+	{ // callseq 0, 0
+	.reg .b32 temp_param_reg;
+	.param .b32 param0;
+	st.param.b32 	[param0+0], %r2;
+	.param .b32 param1;
+	st.param.b32 	[param1+0], 3;
+	.param .b32 retval0;
+	call.uni (retval0), 
+	addmul, 
+	(
+	param0, 
+	param1
+	);
+	ld.param.b32 	%r3, [retval0+0];
+	} // callseq 0
+	mul.wide.u32 	%rd3, %r1, 4;
+	add.s64 	%rd4, %rd2, %rd3;
+	st.global.u32 	[%rd4], %r3;
+	ret;
+
+}
+.func  (.param .b32 func_retval0) addmul(
+	.param .b32 addmul_param_0,
+	.param .b32 addmul_param_1
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<5>;
+
+	ld.param.u32 	%r1, [addmul_param_0];
+	ld.param.u32 	%r2, [addmul_param_1];
+	setp.lt.s32 	%p1, %r1, 0;
+	mov.u32 	%r4, -1;
+	st.param.b32 	[func_retval0+0], %r4;
+	@%p1 ret;
+
+	{
+	.reg .b32 %r1;
+	mul.lo.s32 	%r1, %r2, 100;
+	mov.u32 	%r3, %r1;
+	}
+	mad.lo.s32 	%r4, %r1, %r2, %r3;
+	st.param.b32 	[func_retval0+0], %r4;
+	ret;
+
+}
+"#;
+
+    #[test]
+    fn a_call_of_a_function_defined_later_runs_its_body_and_returns_early_under_a_guard() {
+        let m = Module::parse(CALLS_LATER).unwrap();
+        let mem = run_at_256(&m, 8, &[], &[]);
+        // a = tid - 2: -1 if a < 0, else a * 3 + 300 (the scope's %r1 is 300, the
+        // function's %r1 still a, the kernel's %r1 still tid).
+        let want: Vec<i32> = (0..8)
+            .map(|t| if t < 2 { -1 } else { (t - 2) * 3 + 300 })
+            .collect();
+        assert_eq!(words(&mem, 8), want);
+    }
+
+    /// `outer` calls `inner` twice, through call parameters of the same names as the
+    /// kernel's, and reads its own parameter again after; the kernel calls `inner`
+    /// too, under a guard.
+    const NESTED: &str = r#"
+.version 9.0
+.target sm_75
+.address_size 64
+
+.func  (.param .b32 func_retval0) inner(
+	.param .b32 inner_param_0
+)
+{
+	.reg .b32 	%r<3>;
+
+	ld.param.u32 	%r1, [inner_param_0];
+	mul.lo.s32 	%r2, %r1, %r1;
+	st.param.b32 	[func_retval0+0], %r2;
+	ret;
+
+}
+.func  (.param .b32 func_retval0) outer(
+	.param .b32 outer_param_0
+)
+{
+	.reg .b32 	%r<5>;
+
+	ld.param.u32 	%r1, [outer_param_0];
+	add.s32 	%r2, %r1, 1;
+	{
+	.param .b32 param0;
+	st.param.b32 	[param0+0], %r2;
+	.param .b32 retval0;
+	call.uni (retval0), inner, (param0);
+	ld.param.b32 	%r3, [retval0+0];
+	}
+	{
+	.param .b32 param0;
+	st.param.b32 	[param0+0], %r3;
+	.param .b32 retval0;
+	call.uni (retval0), inner, (param0);
+	ld.param.b32 	%r4, [retval0+0];
+	}
+	ld.param.u32 	%r1, [outer_param_0];
+	add.s32 	%r4, %r4, %r1;
+	st.param.b32 	[func_retval0+0], %r4;
+	ret.uni;
+
+}
+.visible .entry k(.param .u64 k_param_0)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<6>;
+	.reg .b64 	%rd<5>;
+
+	ld.param.u64 	%rd1, [k_param_0];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u32 	%r1, %tid.x;
+	{
+	.param .b32 param0;
+	st.param.b32 	[param0+0], %r1;
+	.param .b32 retval0;
+	call.uni (retval0), outer, (param0);
+	ld.param.b32 	%r2, [retval0+0];
+	}
+	setp.lt.u32 	%p1, %r1, 2;
+	{
+	.param .b32 param0;
+	st.param.b32 	[param0+0], %r1;
+	.param .b32 retval0;
+	st.param.b32 	[retval0+0], 5;
+	@%p1 call.uni (retval0), inner, (param0);
+	ld.param.b32 	%r3, [retval0+0];
+	}
+	mad.lo.s32 	%r4, %r3, 1000, %r2;
+	mul.wide.u32 	%rd3, %r1, 4;
+	add.s64 	%rd4, %rd2, %rd3;
+	st.global.u32 	[%rd4], %r4;
+	ret;
+
+}
+"#;
+
+    #[test]
+    fn functions_that_call_functions_are_inlined_each_with_its_own_call_parameters() {
+        let m = Module::parse(NESTED).unwrap();
+        let mem = run_at_256(&m, 5, &[], &[]);
+        let want: Vec<i32> = (0..5)
+            .map(|t: i32| {
+                let outer = (t + 1).pow(4) + t;
+                let inner = if t < 2 { t * t } else { 5 };
+                inner * 1000 + outer
+            })
+            .collect();
+        assert_eq!(words(&mem, 5), want);
+    }
+
+    #[test]
+    fn recursion_and_calls_through_pointers_are_refused_at_load_with_the_function_named() {
+        // `inner` calls itself.
+        let call_self = "mul.lo.s32 \t%r2, %r1, %r1;\n\t{\n\t.param .b32 param0;\n\t\
+            st.param.b32 \t[param0+0], %r1;\n\t.param .b32 retval0;\n\t\
+            call.uni (retval0), inner, (param0);\n\tld.param.b32 \t%r2, [retval0+0];\n\t}";
+        let src = NESTED.replace("mul.lo.s32 \t%r2, %r1, %r1;", call_self);
+        assert_ne!(src, NESTED);
+        let e = Module::parse(&src).unwrap_err();
+        assert!(e.0.contains("recursion is not supported"), "{e}");
+        assert!(e.0.contains("`inner` calls itself"), "{e}");
+        // `inner` calls `outer`, which calls `inner`.
+        let src = NESTED.replace(
+            "mul.lo.s32 \t%r2, %r1, %r1;",
+            &call_self.replace("inner, (param0)", "outer, (param0)"),
+        );
+        let e = Module::parse(&src).unwrap_err();
+        assert!(e.0.contains("`outer` calls itself"), "{e}");
+        assert!(e.0.contains("(outer -> inner -> outer)"), "{e}");
+        // A call through a register and a prototype.
+        let src = NESTED.replace(
+            "call.uni (retval0), outer, (param0);",
+            "call.uni (retval0), %rd2, (param0), prototype_0;",
+        );
+        let e = Module::parse(&src).unwrap_err();
+        assert!(e.0.contains("function pointer"), "{e}");
+        assert!(e.0.contains("`%rd2`"), "{e}");
+        // A function the module only declares.
+        let src = format!(
+            ".func (.param .b32 func_retval0) elsewhere(.param .b32 p);\n{}",
+            NESTED.replace(
+                "call.uni (retval0), outer,",
+                "call.uni (retval0), elsewhere,"
+            )
+        );
+        let e = Module::parse(&src).unwrap_err();
+        assert!(e.0.contains("does not define"), "{e}");
+        assert!(e.0.contains("`elsewhere`"), "{e}");
+    }
+
+    /// libdevice's multi-word arithmetic (carry chains, in scopes that declare
+    /// registers of the kernel's names), `copysign`, `.sat` and directed rounding.
+    const CARRY: &str = r#"
+.version 9.0
+.target sm_75
+.address_size 64
+.visible .entry k(.param .u64 k_param_0, .param .u64 k_param_1, .param .u64 k_param_2)
+{
+	.reg .b32 	%r<4>;
+	.reg .f32 	%f<12>;
+	.reg .b64 	%rd<12>;
+	ld.param.u64 	%rd1, [k_param_0];
+	ld.param.u64 	%rd2, [k_param_1];
+	ld.param.u64 	%rd3, [k_param_2];
+	mov.u32 	%r1, 7;
+	{
+	.reg .u32 %r0, %r1, %r2, %r3, %alo, %ahi, %blo, %bhi;
+	mov.b64 	{%alo,%ahi}, %rd2;
+	mov.b64 	{%blo,%bhi}, %rd3;
+	mul.lo.u32 	%r0, %alo, %blo;
+	mul.hi.u32 	%r1, %alo, %blo;
+	mad.lo.cc.u32 	%r1, %alo, %bhi, %r1;
+	madc.hi.u32 	%r2, %alo, %bhi, 0;
+	mad.lo.cc.u32 	%r1, %ahi, %blo, %r1;
+	madc.hi.cc.u32 	%r2, %ahi, %blo, %r2;
+	madc.hi.u32 	%r3, %ahi, %bhi, 0;
+	mad.lo.cc.u32 	%r2, %ahi, %bhi, %r2;
+	addc.u32 	%r3, %r3, 0;
+	mov.b64 	%rd4, {%r0,%r1};
+	mov.b64 	%rd5, {%r2,%r3};
+	}
+	{
+	.reg .u32 %r0, %r1, %r2, %r3, %a0, %a1, %a2, %a3, %b0, %b1, %b2, %b3;
+	mov.b64 	{%a0,%a1}, %rd4;
+	mov.b64 	{%a2,%a3}, %rd5;
+	mov.b64 	{%b0,%b1}, %rd2;
+	mov.b64 	{%b2,%b3}, %rd3;
+	add.cc.u32 	%r0, %a0, %b0;
+	addc.cc.u32 	%r1, %a1, %b1;
+	addc.cc.u32 	%r2, %a2, %b2;
+	addc.u32 	%r3, %a3, %b3;
+	mov.b64 	%rd6, {%r0,%r1};
+	mov.b64 	%rd7, {%r2,%r3};
+	sub.cc.u32 	%r0, %a0, %b0;
+	subc.cc.u32 	%r1, %a1, %b1;
+	subc.cc.u32 	%r2, %a2, %b2;
+	subc.u32 	%r3, %a3, %b3;
+	mov.b64 	%rd8, {%r0,%r1};
+	mov.b64 	%rd9, {%r2,%r3};
+	}
+	st.global.u64 	[%rd1], %rd4;
+	st.global.u64 	[%rd1+8], %rd5;
+	st.global.u64 	[%rd1+16], %rd6;
+	st.global.u64 	[%rd1+24], %rd7;
+	st.global.u64 	[%rd1+32], %rd8;
+	st.global.u64 	[%rd1+40], %rd9;
+	st.global.u32 	[%rd1+48], %r1;
+	mov.f32 	%f1, 0fC0400000;
+	mov.f32 	%f2, 0f3F800000;
+	copysign.f32 	%f3, %f1, %f2;
+	cvt.sat.f32.f32 	%f4, %f1;
+	mov.f32 	%f5, 0f3FC00000;
+	cvt.sat.f32.f32 	%f6, %f5;
+	mov.f32 	%f7, 0f3EAAAAAB;
+	fma.rz.f32 	%f8, %f7, 0f40400000, 0fC0000000;
+	fma.rn.f32 	%f9, %f7, 0f40400000, 0fC0000000;
+	add.rm.f32 	%f10, %f2, 0f33800000;
+	add.rp.f32 	%f11, %f2, 0f33800000;
+	st.global.v4.f32 	[%rd1+52], {%f3, %f4, %f6, %f8};
+	st.global.v2.f32 	[%rd1+68], {%f9, %f10};
+	st.global.f32 	[%rd1+76], %f11;
+	add.sat.s32 	%r2, %r1, 2147483647;
+	st.global.u32 	[%rd1+80], %r2;
+	ret;
+}
+"#;
+
+    #[test]
+    fn carry_chains_copysign_saturation_and_directed_rounding_compute_as_ptx_says() {
+        let m = Module::parse(CARRY).unwrap();
+        let (a, b) = (0xFEDC_BA98_7654_3210u64, 0x8000_0001_FFFF_FFFFu64);
+        let mut extra = a.to_le_bytes().to_vec();
+        extra.extend_from_slice(&b.to_le_bytes());
+        let mem = run_at_256(&m, 1, &extra, &[]);
+        let u64_at = |o: usize| u64::from_le_bytes(mem[256 + o..][..8].try_into().unwrap());
+        let f32_at = |o: usize| f32::from_le_bytes(mem[256 + o..][..4].try_into().unwrap());
+        let p = u128::from(a) * u128::from(b);
+        assert_eq!((u64_at(0), u64_at(8)), (p as u64, (p >> 64) as u64));
+        let ab = (u128::from(b) << 64) | u128::from(a);
+        let sum = p.wrapping_add(ab);
+        assert_eq!((u64_at(16), u64_at(24)), (sum as u64, (sum >> 64) as u64));
+        let diff = p.wrapping_sub(ab);
+        assert_eq!((u64_at(32), u64_at(40)), (diff as u64, (diff >> 64) as u64));
+        assert_eq!(u64_at(48) as u32, 7, "the scopes' %r1 is not the kernel's");
+        assert_eq!(f32_at(52), -1.0, "copysign d, a, b: b with a's sign");
+        assert_eq!(
+            (f32_at(56), f32_at(60)),
+            (0.0, 1.0),
+            "cvt.sat clamps to [0, 1]"
+        );
+        // 3 * 0x3EAAAAAB - 2 is -1 + 2^-25, halfway between two floats: -1 to nearest
+        // (even), -1 + 2^-24 toward zero.
+        assert_eq!((f32_at(64), f32_at(68)), (-1.0f32.next_down(), -1.0));
+        // 1 + 2^-24 is halfway: down to 1, up to 1 + 2^-23.
+        assert_eq!((f32_at(72), f32_at(76)), (1.0, 1.0f32.next_up()));
+        assert_eq!(u64_at(80) as u32 as i32, i32::MAX, "add.sat.s32 saturates");
+    }
+
+    /// Ulps between two doubles of the same sign.
+    fn ulps(a: f64, b: f64) -> u64 {
+        if a == b || (a.is_nan() && b.is_nan()) {
+            return 0;
+        }
+        (a.to_bits() as i64).abs_diff(b.to_bits() as i64)
+    }
+
+    #[test]
+    fn nvcc_double_pow_and_sin_run_through_libdevice_and_agree_with_the_c_library() {
+        let m = Module::parse(include_str!("testdata/pow_sin.ptx")).unwrap();
+        let k = &m.kernels[0];
+        let mut xy: Vec<(f64, f64)> = vec![
+            (2.0, 0.5),
+            (0.0, 3.0),
+            (-2.0, 3.0),
+            (-8.0, 1.0 / 3.0),
+            (1e-300, -2.0),
+            (10.0, 308.0),
+            (4.0, -1074.0 / 2.0),
+            (1.0000001, 1e9),
+            (1e10, 0.25),
+            (1e22, 1.5),
+            (-3e9, 2.0),
+            (1e300, -1.0),
+            (f64::INFINITY, 0.5),
+            (f64::NAN, 0.0),
+            (0.7, f64::NEG_INFINITY),
+        ];
+        // And values from a little generator: exponents of all sizes, arguments of
+        // sin beyond 2^31, where libdevice takes its slow path.
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..100 {
+            let x = next() * 10f64.powf(next() * 40.0 - 10.0);
+            let y = next() * 60.0 - 30.0;
+            xy.push((x, y));
+        }
+        let n = xy.len();
+        let (x0, y0, p0, s0) = (256, 256 + 8 * n, 256 + 16 * n, 256 + 24 * n);
+        let mut mem = Flat(vec![0; s0 + 8 * n + 1024]);
+        // The module's tables (of sin's coefficients, of 2/pi's bits) after the rest.
+        let mut globals = Vec::new();
+        let mut at = (s0 + 8 * n) as u64;
+        for g in &m.globals {
+            mem.write(at, &g.init);
+            globals.push(at);
+            at += g.size.next_multiple_of(16) as u64;
+        }
+        for (i, &(x, y)) in xy.iter().enumerate() {
+            mem.0[x0 + 8 * i..][..8].copy_from_slice(&x.to_le_bytes());
+            mem.0[y0 + 8 * i..][..8].copy_from_slice(&y.to_le_bytes());
+        }
+        let mut params = Vec::new();
+        for a in [x0, y0, p0, s0] {
+            params.extend_from_slice(&(a as u64).to_le_bytes());
+        }
+        params.extend_from_slice(&(n as u32).to_le_bytes());
+        let dims = Dims {
+            grid: [n.div_ceil(32) as u32, 1, 1],
+            block: [32, 1, 1],
+        };
+        launch(
+            k,
+            dims,
+            0,
+            &params,
+            &globals,
+            &mut mem,
+            &mut PrintfFifo::new(0),
+        )
+        .unwrap();
+        let at = |o: usize| f64::from_le_bytes(mem.0[o..][..8].try_into().unwrap());
+        for (i, &(x, y)) in xy.iter().enumerate() {
+            let (p, s) = (at(p0 + 8 * i), at(s0 + 8 * i));
+            // CUDA's pow and sin are within 2 ulps (Programming Guide, "Mathematical
+            // Functions"); the C library's within 1.
+            assert!(
+                ulps(p, x.powf(y)) <= 2,
+                "pow({x:e}, {y}) = {p:e}, not {:e}",
+                x.powf(y)
+            );
+            assert!(
+                ulps(s, x.sin()) <= 2,
+                "sin({x:e}) = {s:e}, not {:e}",
+                x.sin()
+            );
+        }
     }
 
     /// What NVRTC 12.9 emits for `tests/cuda/kernels.cu`'s `say` (`printf` with one
