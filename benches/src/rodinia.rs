@@ -349,7 +349,14 @@ pub const CUDA_PROGRAMS: &[Program] = &[
     },
     Program {
         clock_seeded: true,
-        ..Program::cuda("lavaMD", "lavaMD", "-boxes1d 4", "$MAKE CUDA_FLAG=")
+        // Its link line names /usr/local/cuda/lib64 first, whose shared runtime
+        // would then be linked without the C++ library: the workspace's first.
+        ..Program::cuda(
+            "lavaMD",
+            "lavaMD",
+            "-boxes1d 4",
+            "$MAKE CUDA_FLAG= C_C=\"gcc -L$LIBRARY_PATH\"",
+        )
     },
     Program::cuda(
         "lud",
