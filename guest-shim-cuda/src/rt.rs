@@ -17,6 +17,7 @@ use hira_protocol::Writer;
 use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
 use hira_protocol::handshake::{ErrorPayload, error_code};
 use log::warn;
+use rustc_hash::FxHashMap;
 
 pub type CUresult = c_int;
 pub type CUcontext = *mut c_void;
@@ -34,10 +35,10 @@ struct Runtime {
     conn: Option<Connection>,
     next_id: AtomicU64,
     /// Each looked-up function's parameters and launch limits.
-    layouts: Mutex<HashMap<u64, FunctionInfo>>,
+    layouts: Mutex<FxHashMap<u64, FunctionInfo>>,
     /// Every object the application holds, by kind and id: the context it was made
     /// in (a context: itself).
-    live: Mutex<HashMap<(Kind, u64), u64>>,
+    live: Mutex<FxHashMap<(Kind, u64), u64>>,
     /// Device memory the application holds, by address: its size, its context and
     /// the module of a module global.
     allocations: Mutex<std::collections::BTreeMap<u64, Allocation>>,
@@ -71,8 +72,8 @@ fn runtime() -> &'static Runtime {
         Runtime {
             conn,
             next_id: AtomicU64::new(1),
-            layouts: Mutex::new(HashMap::new()),
-            live: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(FxHashMap::default()),
+            live: Mutex::new(FxHashMap::default()),
             allocations: Mutex::new(std::collections::BTreeMap::new()),
         }
     })
@@ -455,7 +456,8 @@ impl Call {
     pub fn new(op: u16) -> Self {
         Call {
             op,
-            w: Writer::new(),
+            // Most calls' arguments fit: no growing on the way.
+            w: Writer::with_capacity(256),
             spans: Vec::new(),
             regions: Vec::new(),
             outs: Vec::new(),

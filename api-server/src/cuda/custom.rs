@@ -352,7 +352,7 @@ pub(crate) fn cuLaunchKernel<'a>(
     // The VM's scheduling decision, then the launch between two timing events.
     s.device_time.admit();
     s.make_current(ctx)?;
-    let bracket = s.device_time.before(&s.driver, stream);
+    let bracket = s.device_time.before(&s.driver, ctx, stream);
     let pp = if params.is_some() {
         pointers.as_mut_ptr()
     } else {

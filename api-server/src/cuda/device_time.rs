@@ -17,6 +17,7 @@
 //! CUDA launch waits before the host call: the driver API has no user events.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,8 +36,15 @@ thread_local! {
 /// How often a held launch looks at the decision again.
 pub const GATE_POLL: Duration = Duration::from_millis(1);
 
+/// Timing events kept for reuse per context (a launch takes two and its sweep gives
+/// them back), so that a launch costs two event records rather than two creations,
+/// two records and two destructions.
+const SPARE_PER_CONTEXT: usize = 64;
+
 /// A launch whose device time is not yet known.
 struct Launch {
+    /// The context its events belong to.
+    ctx: usize,
     start: *mut c_void,
     end: *mut c_void,
     /// When it was launched (monotonic ns): running from then.
@@ -50,6 +58,8 @@ unsafe impl Send for Launch {}
 pub struct DeviceTime {
     account: Arc<Account>,
     pending: Mutex<Vec<Launch>>,
+    /// Timing events to reuse, by context.
+    spare: Mutex<HashMap<usize, Vec<usize>>>,
     /// The guest is gone: a held launch waits no more.
     closing: AtomicBool,
 }
@@ -57,6 +67,7 @@ pub struct DeviceTime {
 /// Events bracketing one launch, made before it, and when it was handed to the
 /// driver.
 pub struct Bracket {
+    ctx: usize,
     start: *mut c_void,
     end: *mut c_void,
     launched: u64,
@@ -67,6 +78,7 @@ impl DeviceTime {
         DeviceTime {
             account,
             pending: Mutex::new(Vec::new()),
+            spare: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
         }
     }
@@ -115,17 +127,63 @@ impl DeviceTime {
             .held_for(u64::try_from(held_since.elapsed().as_nanos()).unwrap_or(u64::MAX));
     }
 
-    /// Records the start event of a launch on `stream`, in the current context.
-    pub(crate) fn before(&self, d: &Driver, stream: *mut c_void) -> Option<Bracket> {
-        let (create, record) = (d.cuEventCreate?, d.cuEventRecord?);
-        let mut start: *mut c_void = std::ptr::null_mut();
-        let mut end: *mut c_void = std::ptr::null_mut();
-        // SAFETY: out-pointers to event handles; flags 0 (timing on).
-        let made = unsafe { create((&mut start as *mut *mut c_void).cast(), 0) == 0 }
-            // SAFETY: as above.
-            && unsafe { create((&mut end as *mut *mut c_void).cast(), 0) == 0 }
-            // SAFETY: an event just made and the launch's stream.
-            && unsafe { record(start, stream) == 0 };
+    /// A timing event of context `ctx` (current): a spare one, else a new one.
+    fn take(&self, d: &Driver, ctx: usize) -> Option<*mut c_void> {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&ctx)
+            .and_then(Vec::pop);
+        if let Some(e) = spare {
+            return Some(e as *mut c_void);
+        }
+        let create = d.cuEventCreate?;
+        let mut e: *mut c_void = std::ptr::null_mut();
+        // SAFETY: an out-pointer to an event handle; flags 0 (timing on).
+        (unsafe { create((&mut e as *mut *mut c_void).cast(), 0) } == 0).then_some(e)
+    }
+
+    /// Gives events of context `ctx` back for reuse (destroyed beyond the spares
+    /// kept).
+    fn give(&self, d: &Driver, ctx: usize, events: &[*mut c_void]) {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = spare.entry(ctx).or_default();
+        for &e in events.iter().filter(|e| !e.is_null()) {
+            if kept.len() < SPARE_PER_CONTEXT {
+                kept.push(e as usize);
+            } else {
+                destroy(d, &[e]);
+            }
+        }
+    }
+
+    /// A context ended (destroyed, or the primary one released or reset): its
+    /// events went with it, so none is reused.
+    pub(crate) fn contexts_changed(&self) {
+        self.spare.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Records the start event of a launch on `stream`, in context `ctx`, current.
+    pub(crate) fn before(
+        &self,
+        d: &Driver,
+        ctx: *mut c_void,
+        stream: *mut c_void,
+    ) -> Option<Bracket> {
+        let record = d.cuEventRecord?;
+        let ctx = ctx as usize;
+        let start = self.take(d, ctx);
+        let end = self.take(d, ctx);
+        let made = match (start, end) {
+            // SAFETY: an event of the current context and the launch's stream.
+            (Some(s), Some(_)) => unsafe { record(s, stream) == 0 },
+            _ => false,
+        };
+        let (start, end) = (
+            start.unwrap_or(std::ptr::null_mut()),
+            end.unwrap_or(std::ptr::null_mut()),
+        );
         if made {
             // From now the launch counts as in flight and running (a driver may run
             // it before the launch call returns) until its end event completes.
@@ -133,12 +191,13 @@ impl DeviceTime {
             self.account.in_flight(1);
             self.account.running(launched, 1);
             Some(Bracket {
+                ctx,
                 start,
                 end,
                 launched,
             })
         } else {
-            destroy(d, &[start, end]);
+            self.give(d, ctx, &[start, end]);
             None
         }
     }
@@ -161,13 +220,14 @@ impl DeviceTime {
             // A launch that failed, or whose end cannot be timed, is taken back.
             self.account.running(b.launched, -1);
             self.account.in_flight(-1);
-            destroy(d, &[b.start, b.end]);
+            self.give(d, b.ctx, &[b.start, b.end]);
             return;
         }
         self.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Launch {
+                ctx: b.ctx,
                 start: b.start,
                 end: b.end,
                 launched: b.launched,
@@ -185,6 +245,7 @@ impl DeviceTime {
         else {
             return;
         };
+        let mut ended = Vec::new();
         pending.retain(|l| {
             let done = if wait {
                 // SAFETY: an event of ours, not yet destroyed.
@@ -206,9 +267,13 @@ impl DeviceTime {
             self.account.device_time(ns);
             self.account.running(l.launched, -1);
             self.account.in_flight(-1);
-            destroy(d, &[l.start, l.end]);
+            ended.push((l.ctx, l.start, l.end));
             false
         });
+        drop(pending);
+        for (ctx, start, end) in ended {
+            self.give(d, ctx, &[start, end]);
+        }
     }
 }
 

@@ -52,6 +52,9 @@ mod generated {
 
 pub(crate) use generated::Driver;
 
+/// A kernel's parameters: (offset, size) each, shared by every launch of it.
+pub(crate) type Layout = Arc<[(u32, u32)]>;
+
 /// `cuLibraryLoadData`.
 type LibraryLoadData = unsafe extern "C" fn(
     *mut *mut c_void,
@@ -111,7 +114,7 @@ struct Handles {
     found: HashMap<(Kind, usize), u64>,
     next_host_id: u64,
     /// Parameter layouts of the functions looked up: (offset, size).
-    layouts: HashMap<u64, Option<Vec<(u32, u32)>>>,
+    layouts: HashMap<u64, Option<Layout>>,
     /// Primary-context retains per device, released at teardown.
     primary: HashMap<c_int, u32>,
     /// Device memory charged to the VM: address -> (context id, bytes).
@@ -310,10 +313,10 @@ impl Session {
     }
 
     pub(crate) fn set_layout(&self, f: u64, layout: Option<Vec<(u32, u32)>>) {
-        self.handles().layouts.insert(f, layout);
+        self.handles().layouts.insert(f, layout.map(Arc::from));
     }
 
-    pub(crate) fn layout(&self, f: u64) -> Option<Option<Vec<(u32, u32)>>> {
+    pub(crate) fn layout(&self, f: u64) -> Option<Option<Layout>> {
         self.handles().layouts.get(&f).cloned()
     }
 
@@ -500,6 +503,16 @@ impl Backend for CudaBackend {
         // waited for) are accounted before the guest sees the reply.
         self.session.device_time.sweep(&self.session.driver, false);
         let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
+        if succeeded
+            && [
+                hira_api_cuda::op::cuCtxDestroy_v2,
+                hira_api_cuda::op::cuDevicePrimaryCtxRelease_v2,
+                hira_api_cuda::op::cuDevicePrimaryCtxReset_v2,
+            ]
+            .contains(&opcode)
+        {
+            self.session.device_time.contexts_changed();
+        }
         if succeeded && opcode == hira_api_cuda::op::cuCtxDestroy_v2 {
             let mut r = Reader::new(payload);
             if let Ok(id) = r.u64() {

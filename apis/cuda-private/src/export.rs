@@ -18,7 +18,7 @@
 //! The library serving the tables (Hira's guest `libcuda.so.1`, the CPU test
 //! executor) installs a [`Driver`] for what only it can answer.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
 
@@ -263,8 +263,8 @@ struct Stored {
     dtor: Destructor,
 }
 
-fn storage() -> &'static Mutex<HashMap<(usize, usize), Stored>> {
-    static S: OnceLock<Mutex<HashMap<(usize, usize), Stored>>> = OnceLock::new();
+fn storage() -> &'static Mutex<FxHashMap<(usize, usize), Stored>> {
+    static S: OnceLock<Mutex<FxHashMap<(usize, usize), Stored>>> = OnceLock::new();
     S.get_or_init(Default::default)
 }
 
