@@ -339,9 +339,9 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     let mut w = Writer::new();
     w.u8(1).u64(10).u8(1).bytes(&fatbin);
     let st = call(&mut g, op::hiraLibraryLoad, w);
-    if real_gpu() {
-        assert_ne!(st, 0, "a malformed fatbin is refused");
-    } else {
+    // NVIDIA's driver 580 loads libraries lazily and answers this one with success
+    // (seen on an H200); the executor checks the fatbin at once.
+    if !real_gpu() {
         assert_eq!(st, 200, "INVALID_IMAGE");
     }
     // An opcode CUDA's description does not have.
