@@ -267,6 +267,14 @@ fn entry_point(symbol: &str) -> Option<usize> {
                 "cuGetExportTable",
                 crate::private::cuGetExportTable as *const () as usize,
             );
+            t.insert(
+                "cuProfilerStart",
+                crate::private::cuProfilerStart as *const () as usize,
+            );
+            t.insert(
+                "cuProfilerStop",
+                crate::private::cuProfilerStop as *const () as usize,
+            );
             // Older names of the same function (the same arguments; `_v2` changed
             // what the driver does, not what it takes).
             for (old, new) in [

@@ -164,3 +164,26 @@ pub unsafe extern "C" fn cuKernelGetFunction(
     unsafe { func.write(kernel) };
     status::SUCCESS
 }
+
+/// `cuProfilerStart`/`Stop` (cudaProfiler.h) with no profiler attached, as NVIDIA's
+/// driver answers them then: success in a context. A profiler of the guest has no
+/// device to attach to; the host's is the operator's.
+fn profiler() -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if rt::current() == 0 {
+        return status::INVALID_CONTEXT;
+    }
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuProfilerStart() -> CUresult {
+    profiler()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuProfilerStop() -> CUresult {
+    profiler()
+}

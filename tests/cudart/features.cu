@@ -1,7 +1,12 @@
 // What runtime programs commonly use beyond a launch: __constant__ and __device__
 // globals (cudaMemcpyToSymbol/FromSymbol), device printf, streams and events,
-// pinned host memory, cudaMemset, device queries, occupancy, and an error.
+// pinned host memory, cudaMemset, device queries, occupancy, the profiler's start
+// and stop, atomicInc and clock64, and an error.
 #include <cstdio>
+
+// As cuda_profiler_api.h declares them (the PyPI toolkit has no copy of that header).
+extern "C" cudaError_t cudaProfilerStart(void);
+extern "C" cudaError_t cudaProfilerStop(void);
 
 __constant__ float scale[4];
 __device__ int counter;
@@ -12,6 +17,13 @@ __global__ void scaled(const float *in, float *out, int n) {
         out[i] = in[i] * scale[i % 4];
         atomicAdd(&counter, 1);
     }
+}
+
+__global__ void ticks(unsigned *wrap, long long *elapsed) {
+    long long t0 = clock64();
+    atomicInc(wrap, 2);
+    long long t1 = clock64();
+    if (threadIdx.x == 0) *elapsed = t1 - t0;
 }
 
 __global__ void hello(int tag) {
@@ -79,6 +91,22 @@ int main() {
     int blocks = 0;
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, scaled, 128, 0));
     printf("occupancy positive: %s\n", blocks > 0 ? "yes" : "no");
+
+    CHECK(cudaProfilerStart());
+    unsigned *d_wrap;
+    long long *d_elapsed;
+    CHECK(cudaMalloc(&d_wrap, sizeof *d_wrap));
+    CHECK(cudaMalloc(&d_elapsed, sizeof *d_elapsed));
+    CHECK(cudaMemset(d_wrap, 0, sizeof *d_wrap));
+    ticks<<<1, 4>>>(d_wrap, d_elapsed);
+    unsigned wrap = 0;
+    long long elapsed = -1;
+    CHECK(cudaMemcpy(&wrap, d_wrap, sizeof wrap, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(&elapsed, d_elapsed, sizeof elapsed, cudaMemcpyDeviceToHost));
+    CHECK(cudaProfilerStop());
+    printf("atomicInc wraps to %u, clock64 advances: %s\n", wrap, elapsed >= 0 ? "yes" : "no");
+    CHECK(cudaFree(d_wrap));
+    CHECK(cudaFree(d_elapsed));
 
     hello<<<2, 4>>>(7);
     CHECK(cudaDeviceSynchronize());

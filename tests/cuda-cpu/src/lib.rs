@@ -1925,6 +1925,8 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuGetErrorName" => cuGetErrorName,
         "cuGetExportTable" => library::cuGetExportTable,
         "cuKernelGetParamInfo" => library::cuKernelGetParamInfo,
+        "cuProfilerStart" => library::cuProfilerStart,
+        "cuProfilerStop" => library::cuProfilerStop,
         "cuGetErrorString" => cuGetErrorString,
         "cuGetProcAddress" => cuGetProcAddress,
         "cuGetProcAddress_v2" => cuGetProcAddress_v2,

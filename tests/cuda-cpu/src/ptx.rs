@@ -130,6 +130,10 @@ enum Special {
     Nctaid(usize),
     LaneId,
     WarpSize,
+    /// `%lanemask_eq`, `_le`, `_lt`, `_ge`, `_gt`: lanes relative to this one.
+    LaneMask(std::cmp::Ordering, bool),
+    /// `%clock` and `%clock64`: a counter that only goes up (nanoseconds here).
+    Clock,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -222,6 +226,8 @@ enum Op {
     AtomCas(Space),
     /// `atom`/`red` `.and`, `.or`, `.xor` (a `BoolOp`), fetching or not.
     AtomBits(Space, BoolOp, bool),
+    /// `atom`/`red` `.inc` (true) or `.dec` (false), fetching or not.
+    AtomWrap(Space, bool, bool),
     Popc,
     Clz,
     /// `add.cc`, `addc` (`cin`: adds the carry flag; `cout`: sets it).
@@ -1441,6 +1447,12 @@ fn parse_operand(f: &FuncBuilder<'_>, s: &str, ty: Ty) -> Result<Operand, PtxErr
             "%nctaid.z" => Some(Special::Nctaid(2)),
             "%laneid" => Some(Special::LaneId),
             "WARP_SZ" => Some(Special::WarpSize),
+            "%lanemask_eq" => Some(Special::LaneMask(std::cmp::Ordering::Equal, true)),
+            "%lanemask_le" => Some(Special::LaneMask(std::cmp::Ordering::Less, true)),
+            "%lanemask_lt" => Some(Special::LaneMask(std::cmp::Ordering::Less, false)),
+            "%lanemask_ge" => Some(Special::LaneMask(std::cmp::Ordering::Greater, true)),
+            "%lanemask_gt" => Some(Special::LaneMask(std::cmp::Ordering::Greater, false)),
+            "%clock" | "%clock64" => Some(Special::Clock),
             _ => None,
         };
         if let Some(sp) = special {
@@ -1651,6 +1663,10 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
                 Op::AtomBits(sp, BoolOp::Or, base == "atom")
             } else if has("xor") {
                 Op::AtomBits(sp, BoolOp::Xor, base == "atom")
+            } else if has("inc") {
+                Op::AtomWrap(sp, true, base == "atom")
+            } else if has("dec") {
+                Op::AtomWrap(sp, false, base == "atom")
             } else {
                 return Err(unsupported());
             }
@@ -1956,16 +1972,36 @@ fn run_thread(ctx: &mut Ctx<'_>, t: &mut Thread) -> Result<(), PtxError> {
 
 impl Ctx<'_> {
     fn special(&self, t: &Thread, s: Special) -> u64 {
+        let lane = || {
+            let b = self.dims.block;
+            (t.tid[0] + b[0] * (t.tid[1] + b[1] * t.tid[2])) % 32
+        };
         u64::from(match s {
             Special::Tid(i) => t.tid[i],
             Special::Ntid(i) => self.dims.block[i],
             Special::Ctaid(i) => self.ctaid[i],
             Special::Nctaid(i) => self.dims.grid[i],
-            Special::LaneId => {
-                let b = self.dims.block;
-                (t.tid[0] + b[0] * (t.tid[1] + b[1] * t.tid[2])) % 32
-            }
+            Special::LaneId => lane(),
             Special::WarpSize => 32,
+            Special::LaneMask(order, with_self) => {
+                let me = 1u32 << lane();
+                let below = me - 1;
+                match (order, with_self) {
+                    (std::cmp::Ordering::Equal, _) => me,
+                    (std::cmp::Ordering::Less, false) => below,
+                    (std::cmp::Ordering::Less, true) => below | me,
+                    (std::cmp::Ordering::Greater, true) => !below,
+                    (std::cmp::Ordering::Greater, false) => !(below | me),
+                }
+            }
+            Special::Clock => {
+                static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+                let ns = START
+                    .get_or_init(std::time::Instant::now)
+                    .elapsed()
+                    .as_nanos();
+                return u64::try_from(ns).unwrap_or(u64::MAX);
+            }
         })
     }
 
@@ -2327,7 +2363,9 @@ fn atomic(
     let ty = inst.ty;
     let n = ty.size();
     let (dst, addr_op, rest) = match inst.op {
-        Op::AtomAdd(_, false) | Op::AtomBits(_, _, false) => (None, &inst.ops[0], &inst.ops[1..]),
+        Op::AtomAdd(_, false) | Op::AtomBits(_, _, false) | Op::AtomWrap(_, _, false) => {
+            (None, &inst.ops[0], &inst.ops[1..])
+        }
         _ => (Some(&inst.ops[0]), &inst.ops[1], &inst.ops[2..]),
     };
     let addr = ctx.address(t, addr_op)?;
@@ -2632,6 +2670,18 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
             })?;
         }
         Op::AtomExch(space) => atomic(ctx, t, inst, space, |_, b, _| b)?,
+        // `inc`: 0 once the old value reaches the operand; `dec`: the operand once
+        // it is 0 or above it (PTX ISA, `atom`).
+        Op::AtomWrap(space, up, _) => atomic(ctx, t, inst, space, move |old, b, _| {
+            let (old, b) = (mask(old, bits), mask(b, bits));
+            if up {
+                if old >= b { 0 } else { old + 1 }
+            } else if old == 0 || old > b {
+                b
+            } else {
+                old - 1
+            }
+        })?,
         Op::AtomBits(space, how, _) => atomic(ctx, t, inst, space, move |old, b, _| match how {
             BoolOp::And => old & b,
             BoolOp::Or => old | b,
@@ -3359,6 +3409,50 @@ $L__BB0_2:
         assert_eq!(word(0), 77, "buf - 60 + 68 is buf + 8");
         assert_eq!(word(1), (9 | 6) ^ 3);
         assert_eq!(word(2), 9 | 6, "atom returns the old value");
+    }
+
+    /// `atom.inc` wraps at its operand; `%lanemask_lt` names the lanes below.
+    const INC_AND_LANES: &str = r#"
+.version 9.0
+.target sm_75
+.address_size 64
+.visible .entry k(.param .u64 k_param_0)
+{
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<5>;
+	ld.param.u64 	%rd1, [k_param_0];
+	cvta.to.global.u64 	%rd2, %rd1;
+	atom.global.inc.u32 	%r1, [%rd2], 2;
+	mov.u32 	%r2, %tid.x;
+	mov.u32 	%r3, %lanemask_lt;
+	mul.wide.u32 	%rd3, %r2, 4;
+	add.s64 	%rd4, %rd2, %rd3;
+	st.global.u32 	[%rd4+4], %r3;
+	ret;
+}
+"#;
+
+    #[test]
+    fn atomic_increments_wrap_and_lane_masks_name_the_lanes_below() {
+        let m = Module::parse(INC_AND_LANES).unwrap();
+        let mut mem = Flat(vec![0; 64]);
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [4, 1, 1],
+        };
+        launch(
+            &m.kernels[0],
+            dims,
+            0,
+            &0u64.to_le_bytes(),
+            &[],
+            &mut mem,
+            &mut PrintfFifo::new(0),
+        )
+        .unwrap();
+        let word = |i: usize| u32::from_le_bytes(mem.0[4 * i..][..4].try_into().unwrap());
+        assert_eq!(word(0), 1, "0, 1, 2, wrapped to 0, then 1");
+        assert_eq!([word(1), word(2), word(3), word(4)], [0, 0b1, 0b11, 0b111]);
     }
 
     #[test]

@@ -124,7 +124,7 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
     // NVIDIA's driver prints them into the C library's stdout.
     let o = String::from_utf8_lossy(&native("features", &[]).stdout).into_owned();
     assert!(
-        o.contains("occupancy positive: yes\nblock 0 thread 0 says 7\n")
+        o.contains("clock64 advances: yes\nblock 0 thread 0 says 7\n")
             && o.contains("cudaErrorMemoryAllocation\nblock 0 thread 0 says 8\ndone\n"),
         "{o}"
     );
