@@ -91,6 +91,12 @@ int main() {
     int blocks = 0;
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, scaled, 128, 0));
     printf("occupancy positive: %s\n", blocks > 0 ? "yes" : "no");
+    cudaFuncAttributes attrs;
+    CHECK(cudaFuncGetAttributes(&attrs, scaled));
+    int min_grid = 0, block = 0;
+    CHECK(cudaOccupancyMaxPotentialBlockSize(&min_grid, &block, scaled));
+    printf("attributes: max threads positive: %s, suggested block positive: %s\n",
+           attrs.maxThreadsPerBlock > 0 ? "yes" : "no", block > 0 ? "yes" : "no");
 
     CHECK(cudaProfilerStart());
     unsigned *d_wrap;

@@ -1345,7 +1345,12 @@ pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut c_int, attrib: c_int, f: Ha
             1 => k.shared_size() as c_int,
             2 | 3 => 0,
             4 => k.registers().min(255) as c_int,
-            5 | 6 => 52,
+            // PTX and binary version, as the compute capability it reports.
+            5 | 6 => COMPUTE_CAPABILITY as c_int,
+            // CACHE_MODE_CA (not built with -dlcm=ca), and the cluster attributes
+            // (10 to 17) of a kernel that asks for no cluster: what
+            // cudaFuncGetAttributes and the occupancy calculator read.
+            7 | 10..=17 => 0,
             8 => s
                 .func_attrs
                 .get(&(f as usize, 8))
