@@ -200,23 +200,37 @@ pub(crate) fn cuModuleGetFunction<'a>(
             let name = name.as_deref()?.strip_suffix(&[0])?;
             s.ptx_layout(hmod_id, std::str::from_utf8(name).ok()?)
         });
-        match &layout {
-            Some(l) => {
-                w.u32(l.len() as u32);
-                for &(o, sz) in l {
-                    w.u32(o).u32(sz);
-                }
-            }
-            None => {
-                w.u32(u32::MAX);
-            }
-        }
-        for v in launch_limits(s, h) {
-            w.u32(v);
-        }
-        s.set_layout(id, layout);
+        let limits = launch_limits(s, h);
+        answer_function(s, w, id, layout, limits);
     }
     Ok(())
+}
+
+/// The reply of a function's lookup after its status: its parameter layout
+/// (`u32::MAX` parameters if unknown) and launch limits, which the API server keeps
+/// too.
+fn answer_function(
+    s: &Session,
+    w: &mut Writer,
+    id: u64,
+    layout: Option<Vec<(u32, u32)>>,
+    limits: [u32; 8],
+) {
+    match &layout {
+        Some(l) => {
+            w.u32(l.len() as u32);
+            for &(o, sz) in l {
+                w.u32(o).u32(sz);
+            }
+        }
+        None => {
+            w.u32(u32::MAX);
+        }
+    }
+    for v in limits {
+        w.u32(v);
+    }
+    s.set_layout(id, layout);
 }
 
 /// What a launch of `f` in the current context may ask for, so that the guest can
@@ -261,11 +275,19 @@ fn launch_limits(s: &Session, f: *mut c_void) -> [u32; 8] {
 const MAX_PARAMS: usize = 4096;
 
 fn param_layout(s: &Session, f: *mut c_void) -> Option<Vec<(u32, u32)>> {
-    let info = s.driver.cuFuncGetParamInfo?;
+    layout_of(s.driver.cuFuncGetParamInfo?, f)
+}
+
+/// A function's or kernel's parameters, (offset, size) each, from the driver's
+/// `cuFuncGetParamInfo` or `cuKernelGetParamInfo` (`info`).
+fn layout_of(
+    info: unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> c_int,
+    f: *mut c_void,
+) -> Option<Vec<(u32, u32)>> {
     let mut v = Vec::new();
     for i in 0..MAX_PARAMS {
         let (mut off, mut size) = (0usize, 0usize);
-        // SAFETY: a function of this session and two out-pointers.
+        // SAFETY: a function or kernel of this session and two out-pointers.
         match unsafe { info(f, i, &mut off, &mut size) } {
             0 => v.push((u32::try_from(off).ok()?, u32::try_from(size).ok()?)),
             status::INVALID_VALUE => return Some(v),
@@ -564,18 +586,10 @@ pub(crate) fn cuLibraryGetKernel<'a>(
         && let Some(id) = id
     {
         s.bind(Kind::Function, id, k);
-        let layout = kernel_layout(s, k);
-        match &layout {
-            Some(l) => {
-                w.u32(l.len() as u32);
-                for &(o, sz) in l {
-                    w.u32(o).u32(sz);
-                }
-            }
-            None => {
-                w.u32(u32::MAX);
-            }
-        }
+        let layout = s
+            .extra
+            .cuKernelGetParamInfo
+            .and_then(|info| layout_of(info, k));
         // The limits are the kernel's function's in the current context.
         let mut func: *mut c_void = std::ptr::null_mut();
         let limits = match s.extra.cuKernelGetFunction {
@@ -585,25 +599,7 @@ pub(crate) fn cuLibraryGetKernel<'a>(
             }
             _ => [0; 8],
         };
-        for v in limits {
-            w.u32(v);
-        }
-        s.set_layout(id, layout);
+        answer_function(s, w, id, layout, limits);
     }
     Ok(())
-}
-
-fn kernel_layout(s: &Session, k: *mut c_void) -> Option<Vec<(u32, u32)>> {
-    let info = s.extra.cuKernelGetParamInfo?;
-    let mut v = Vec::new();
-    for i in 0..MAX_PARAMS {
-        let (mut off, mut size) = (0usize, 0usize);
-        // SAFETY: a kernel of this session and two out-pointers.
-        match unsafe { info(k, i, &mut off, &mut size) } {
-            0 => v.push((u32::try_from(off).ok()?, u32::try_from(size).ok()?)),
-            status::INVALID_VALUE => return Some(v),
-            _ => return None,
-        }
-    }
-    None
 }

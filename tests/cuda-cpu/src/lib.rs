@@ -1271,29 +1271,43 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     m: Handle,
     name: *const c_char,
 ) -> CUresult {
-    with_ctx(|s, _| {
-        if name.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
+    // SAFETY: the caller's out-pointers and name.
+    with_ctx(|s, _| unsafe { global(s, m as usize, name, dptr, bytes) })
+}
+
+/// Writes the address and size of variable `name` of module `m` (either out-pointer
+/// may be null, as the API allows).
+///
+/// # Safety
+/// `name` is null or a C string; `dptr` and `bytes` are null or valid for a write.
+unsafe fn global(
+    s: &State,
+    m: usize,
+    name: *const c_char,
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+) -> CUresult {
+    if name.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(lm) = s.modules.get(&m) else {
+        return CUDA_ERROR_INVALID_HANDLE;
+    };
+    // SAFETY: a C string, as the API requires.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    let Some(i) = lm.ptx.globals.iter().position(|g| g.name == name) else {
+        return CUDA_ERROR_NOT_FOUND;
+    };
+    // SAFETY: either may be null, as the API allows.
+    unsafe {
+        if !dptr.is_null() {
+            dptr.write(lm.globals[i]);
         }
-        let Some(lm) = s.modules.get(&(m as usize)) else {
-            return CUDA_ERROR_INVALID_HANDLE;
-        };
-        // SAFETY: a C string, as the API requires.
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        let Some(i) = lm.ptx.globals.iter().position(|g| g.name == name) else {
-            return CUDA_ERROR_NOT_FOUND;
-        };
-        // SAFETY: either may be null, as the API allows.
-        unsafe {
-            if !dptr.is_null() {
-                dptr.write(lm.globals[i]);
-            }
-            if !bytes.is_null() {
-                bytes.write(lm.ptx.globals[i].size);
-            }
+        if !bytes.is_null() {
+            bytes.write(lm.ptx.globals[i].size);
         }
-        CUDA_SUCCESS
-    })
+    }
+    CUDA_SUCCESS
 }
 
 fn kernel_of(s: &State, f: Handle) -> Option<(Arc<ptx::Module>, usize, Vec<u64>)> {

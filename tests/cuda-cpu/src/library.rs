@@ -158,29 +158,11 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     library: Handle,
     name: *const c_char,
 ) -> CUresult {
-    with(|s| {
-        if name.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        let Some(m) = module_of(s, library) else {
-            return CUDA_ERROR_INVALID_HANDLE;
-        };
-        let lm = &s.modules[&m];
-        // SAFETY: a C string, as the API requires.
-        let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        let Some(i) = lm.ptx.globals.iter().position(|g| g.name == name) else {
-            return CUDA_ERROR_NOT_FOUND;
-        };
-        // SAFETY: either may be null, as the API allows.
-        unsafe {
-            if !dptr.is_null() {
-                dptr.write(lm.globals[i]);
-            }
-            if !bytes.is_null() {
-                bytes.write(lm.ptx.globals[i].size);
-            }
-        }
-        CUDA_SUCCESS
+    with(|s| match module_of(s, library) {
+        // SAFETY: the caller's out-pointers and name.
+        Some(m) => unsafe { super::global(s, m, name, dptr, bytes) },
+        None if name.is_null() => CUDA_ERROR_INVALID_VALUE,
+        None => CUDA_ERROR_INVALID_HANDLE,
     })
 }
 
