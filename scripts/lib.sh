@@ -88,11 +88,15 @@ NVCC_VERSION=13.0
 ensure_nvcc() {
     local dir=target/nvcc13/root
     local top=$dir/nvidia/cu13
-    [ -x "$top/bin/nvcc" ] && [ -e "$top/lib64" ] && [ -e "$top/lib/libcudart.so" ] && return 0
+    [ -x "$top/bin/nvcc" ] && [ -e "$top/lib64" ] && [ -e "$top/lib/libcudart.so" ] &&
+        [ -d "$top/include/cccl/cub" ] && [ -e "$top/include/cuda_profiler_api.h" ] && return 0
     echo "installing: nvcc $NVCC_VERSION (PyPI) under $dir"
-    python3 -m pip install -q --no-deps --target "$dir" \
+    # CCCL (thrust, CUB, libcu++; cooperative_groups needs its nv/target) and the
+    # profiler API header come with a toolkit and are separate wheels on PyPI.
+    python3 -m pip install -q --no-deps --upgrade --target "$dir" \
         "nvidia-cuda-nvcc==$NVCC_VERSION.*" "nvidia-nvvm==$NVCC_VERSION.*" \
-        "nvidia-cuda-runtime==$NVCC_VERSION.*" "nvidia-cuda-crt==$NVCC_VERSION.*"
+        "nvidia-cuda-runtime==$NVCC_VERSION.*" "nvidia-cuda-crt==$NVCC_VERSION.*" \
+        "nvidia-cuda-cccl==$NVCC_VERSION.*" "nvidia-cuda-profiler-api==$NVCC_VERSION.*"
     ln -sfn lib "$top/lib64"
     ln -sfn libcudart.so.13 "$top/lib/libcudart.so"
 }

@@ -134,6 +134,8 @@ enum Special {
     LaneMask(std::cmp::Ordering, bool),
     /// `%clock` and `%clock64`: a counter that only goes up (nanoseconds here).
     Clock,
+    /// `%globaltimer`: nanoseconds since the Unix epoch (`_lo`, `_hi`: its halves).
+    GlobalTimer(Option<bool>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -249,9 +251,63 @@ enum Op {
     },
     /// `copysign d, a, b`: `b` with the sign of `a`.
     CopySign,
+    /// `brev`: the bits in reverse order.
+    Brev,
+    /// `bfind`: the position of the most significant non-sign bit (`true`: as a
+    /// left shift amount, `.shiftamt`), or all ones.
+    Bfind(bool),
+    /// `bfe d, a, pos, len`: a bit field extracted (sign-extended for `.s`).
+    Bfe,
+    /// `bfi d, a, b, pos, len`: `a`'s low bits inserted into `b`.
+    Bfi,
+    /// `bmsk d, a, b`: `b` ones from bit `a` (`true`: `.clamp`, else `.wrap`).
+    Bmsk(bool),
+    /// What orders memory or waits (`membar`, `fence`, `nanosleep`): one thread runs
+    /// at a time here, so every access is already ordered and seen.
+    Nop,
+    /// `trap`: the launch fails.
+    Trap,
+    /// An instruction of the warp's lanes together; see [`Collective`].
+    Warp(Collective),
     // `call vprintf`: operands are the format's and the arguments' call parameters,
     // then the return value's if the call has one (`true`).
     Call(bool),
+}
+
+/// The warp-wide instructions. A lane that reaches one waits until every lane it
+/// names (its member mask, less the lanes that exited) has reached one too; then
+/// each gets its result (see `resolve_warps`). The operands are laid out as
+/// `[d, a, ..., membermask]` (see `parse_inst`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Collective {
+    /// `shfl.sync.MODE.b32 d|p, a, b, c, membermask`.
+    Shfl(ShflMode),
+    /// `vote.sync.MODE d, {!}a, membermask` (`true`: the predicate is negated).
+    Vote(VoteMode, bool),
+    /// `match.any.sync.bN d, a, membermask`.
+    MatchAny,
+    /// `match.all.sync.bN d|p, a, membermask`.
+    MatchAll,
+    /// `activemask.b32 d`: the lanes that reached this instruction together.
+    ActiveMask,
+    /// `bar.warp.sync membermask` (`__syncwarp`).
+    Sync,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -859,18 +915,30 @@ impl Module {
 }
 
 /// A function body's statements without their ';', in order: labels (`name:`),
-/// scope braces (`{` and `}`, which stand on lines of their own; braces inside a line
-/// are vector operands) and the rest.
+/// scope braces and the rest. A scope's `{` stands first on its line (no
+/// instruction starts with one) and its `}` last, after a `;` or alone; other braces
+/// are vector operands. Inline assembly opens and closes scopes within a line
+/// (`{ .reg .b64 %tmp; cvt.u64.u32 %tmp, %r1; ... }`).
 fn statements(body: &str) -> Vec<String> {
     let mut marked = String::with_capacity(body.len() + 64);
     for line in body.lines() {
-        match line.trim() {
-            b @ ("{" | "}") => {
-                marked.push(';');
-                marked.push_str(b);
-                marked.push(';');
+        let mut rest = line.trim();
+        while let Some(r) = rest.strip_prefix('{') {
+            marked.push_str(";{;");
+            rest = r.trim_start();
+        }
+        let mut closes = 0;
+        while let Some(r) = rest.strip_suffix('}') {
+            let r = r.trim_end();
+            if !(r.is_empty() || r.ends_with(';') || r.ends_with('}')) {
+                break;
             }
-            _ => marked.push_str(line),
+            closes += 1;
+            rest = r;
+        }
+        marked.push_str(rest);
+        for _ in 0..closes {
+            marked.push_str(";};");
         }
         marked.push('\n');
     }
@@ -1018,7 +1086,12 @@ fn resolve_scopes(stmts: Vec<String>) -> Vec<String> {
         {
             n += 1;
             for (name, count) in reg_names(&s) {
-                let new = tagged(&name, &format!("~{n}"));
+                // Always a `%` name, which operands take for a register: inline
+                // assembly names its scope's registers as it likes (`t`, `low`).
+                let new = tagged(
+                    &format!("%{}", name.trim_start_matches('%')),
+                    &format!("~{n}"),
+                );
                 top.add(&name, count, new);
             }
         }
@@ -1453,6 +1526,9 @@ fn parse_operand(f: &FuncBuilder<'_>, s: &str, ty: Ty) -> Result<Operand, PtxErr
             "%lanemask_ge" => Some(Special::LaneMask(std::cmp::Ordering::Greater, true)),
             "%lanemask_gt" => Some(Special::LaneMask(std::cmp::Ordering::Greater, false)),
             "%clock" | "%clock64" => Some(Special::Clock),
+            "%globaltimer" => Some(Special::GlobalTimer(None)),
+            "%globaltimer_lo" => Some(Special::GlobalTimer(Some(false))),
+            "%globaltimer_hi" => Some(Special::GlobalTimer(Some(true))),
             _ => None,
         };
         if let Some(sp) = special {
@@ -1637,7 +1713,46 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         "selp" => Op::Selp,
         "bra" => Op::Bra,
         "ret" | "exit" => Op::Ret,
+        "bar" if has("warp") && has("sync") => Op::Warp(Collective::Sync),
         "bar" | "barrier" if has("sync") || mods.is_empty() => Op::Bar,
+        "shfl" if has("sync") => Op::Warp(Collective::Shfl(if has("up") {
+            ShflMode::Up
+        } else if has("down") {
+            ShflMode::Down
+        } else if has("bfly") {
+            ShflMode::Bfly
+        } else if has("idx") {
+            ShflMode::Idx
+        } else {
+            return Err(unsupported());
+        })),
+        "vote" if has("sync") => {
+            let mode = if has("all") {
+                VoteMode::All
+            } else if has("any") {
+                VoteMode::Any
+            } else if has("uni") {
+                VoteMode::Uni
+            } else if has("ballot") {
+                VoteMode::Ballot
+            } else {
+                return Err(unsupported());
+            };
+            let negated = split_top(operands, ',')
+                .get(1)
+                .is_some_and(|a| a.trim().starts_with('!'));
+            Op::Warp(Collective::Vote(mode, negated))
+        }
+        "match" if has("sync") && has("any") => Op::Warp(Collective::MatchAny),
+        "match" if has("sync") && has("all") => Op::Warp(Collective::MatchAll),
+        "activemask" => Op::Warp(Collective::ActiveMask),
+        "membar" | "fence" | "nanosleep" => Op::Nop,
+        "trap" => Op::Trap,
+        "brev" => Op::Brev,
+        "bfind" => Op::Bfind(has("shiftamt")),
+        "bfe" => Op::Bfe,
+        "bfi" => Op::Bfi,
+        "bmsk" => Op::Bmsk(has("clamp")),
         "sqrt" => Op::Sqrt,
         "rsqrt" => Op::Rsqrt,
         "rcp" => Op::Rcp,
@@ -1701,15 +1816,57 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         Round::Nearest
     };
     let mut ops = Vec::new();
+    // The predicate a `shfl` or `match.all` also writes (`d|p`).
+    let mut second = None;
+    if matches!(op, Op::Nop) {
+        // `nanosleep`'s duration and `fence`'s proxy operands have no effect here.
+        return Ok(Inst {
+            guard,
+            op,
+            ty,
+            ty2,
+            vec,
+            sat: false,
+            round: Round::Nearest,
+            ops,
+            text: s.to_string(),
+        });
+    }
     for o in split_top(operands, ',') {
         // `setp` writes `p|q`: only `p` is kept (q is the complement, rarely used).
-        let o = o.split('|').next().unwrap_or("").to_string();
+        let mut parts = o.split('|');
+        let o = parts.next().unwrap_or("").trim().to_string();
+        if ops.is_empty()
+            && let Some(p) = parts.next()
+            && matches!(op, Op::Warp(Collective::Shfl(_) | Collective::MatchAll))
+        {
+            second = Some(parse_operand(f, p, Ty::Pred)?);
+        }
+        let o = match op {
+            Op::Warp(Collective::Vote(..)) => o.trim_start_matches('!').to_string(),
+            _ => o,
+        };
         let oty = match op {
             Op::Cvt { .. } if !ops.is_empty() => ty2,
             _ => ty,
         };
         ops.push(parse_operand(f, &o, oty)?);
     }
+    let arity = match op {
+        Op::Warp(Collective::Shfl(_)) => Some(5),
+        Op::Warp(Collective::Vote(..) | Collective::MatchAny | Collective::MatchAll) => Some(3),
+        Op::Warp(Collective::ActiveMask) => Some(1),
+        Op::Warp(Collective::Sync) => Some(1),
+        Op::Bfi => Some(5),
+        Op::Bfe => Some(4),
+        Op::Bmsk(_) => Some(3),
+        Op::Brev | Op::Bfind(_) => Some(2),
+        _ => None,
+    };
+    if arity.is_some_and(|n| n != ops.len()) {
+        return err(format!("`{opcode}` takes {} operands", arity.unwrap_or(0)));
+    }
+    ops.extend(second);
     if let Op::Setp(_, Some(_)) = op
         && ops.len() != 4
     {
@@ -1818,6 +1975,9 @@ struct Thread {
 enum ThreadState {
     Running,
     Barrier,
+    /// At a warp-wide instruction (the one before `pc`), waiting for the lanes it
+    /// names.
+    Warp,
     Done,
 }
 
@@ -1924,6 +2084,15 @@ fn run_block(ctx: &mut Ctx<'_>) -> Result<(), PtxError> {
                 run_thread(ctx, t)?;
             }
         }
+        if resolve_warps(ctx, &mut threads)? {
+            continue;
+        }
+        if threads.iter().any(|t| t.state == ThreadState::Warp) {
+            return err(
+                "a warp-wide instruction (shfl, vote, match, bar.warp.sync) never completed: \
+                 lanes of its member mask exited or wait at a barrier",
+            );
+        }
         let waiting = threads
             .iter()
             .filter(|t| t.state == ThreadState::Barrier)
@@ -1941,6 +2110,168 @@ fn run_block(ctx: &mut Ctx<'_>) -> Result<(), PtxError> {
             }
         }
     }
+}
+
+/// Completes the warp-wide instructions whose lanes have all arrived: for each lane
+/// waiting at one, the lanes its member mask names (less those that exited or do
+/// not exist) must all be waiting at one too; `activemask` takes the lanes waiting
+/// at the same instruction. Each lane's result comes from its own instruction, with
+/// the other participants' operands. Returns whether any lane goes on.
+fn resolve_warps(ctx: &Ctx<'_>, threads: &mut [Thread]) -> Result<bool, PtxError> {
+    let code = &ctx.kernel.code;
+    let mut progressed = false;
+    let n = threads.len();
+    for base in (0..n).step_by(32) {
+        let warp = &mut threads[base..(base + 32).min(n)];
+        let state = |w: &[Thread], l: usize| w.get(l).map(|t| t.state);
+        let waiting: u32 = (0..warp.len())
+            .filter(|&l| state(warp, l) == Some(ThreadState::Warp))
+            .fold(0, |m, l| m | 1 << l);
+        if waiting == 0 {
+            continue;
+        }
+        let live: u32 = (0..warp.len())
+            .filter(|&l| state(warp, l) != Some(ThreadState::Done))
+            .fold(0, |m, l| m | 1 << l);
+        let inst = |w: &[Thread], l: usize| &code[w[l].pc - 1];
+        let mut results: Vec<(usize, Vec<(usize, u64)>)> = Vec::new();
+        // `activemask` first: the lanes at one are not waiting for the others, which
+        // go on only once those have (the lanes a member mask names must all wait at
+        // a collective that takes one).
+        let masked: u32 = (0..warp.len())
+            .filter(|&l| {
+                waiting & (1 << l) != 0
+                    && !matches!(inst(warp, l).op, Op::Warp(Collective::ActiveMask))
+            })
+            .fold(0, |m, l| m | 1 << l);
+        let mut done = 0u32;
+        let order = (0..warp.len())
+            .filter(|&l| masked & (1 << l) == 0)
+            .chain((0..warp.len()).filter(|&l| masked & (1 << l) != 0));
+        for l in order {
+            if waiting & (1 << l) == 0 || done & (1 << l) != 0 {
+                continue;
+            }
+            let i = inst(warp, l);
+            let Op::Warp(kind) = i.op else {
+                return err("a lane waits at an instruction that is not warp-wide");
+            };
+            if kind != Collective::ActiveMask && done != 0 {
+                // Lanes left `activemask`: let them run first.
+                break;
+            }
+            let group = if kind == Collective::ActiveMask {
+                (0..warp.len())
+                    .filter(|&m| waiting & (1 << m) != 0 && warp[m].pc == warp[l].pc)
+                    .fold(0, |g, m| g | 1 << m)
+            } else {
+                let at = match kind {
+                    Collective::Shfl(_) => 4,
+                    Collective::Sync => 0,
+                    _ => 2,
+                };
+                let member = ctx.value(&warp[l], &i.ops[at])? as u32;
+                let need = (member & live) | (1 << l);
+                if need & !masked != 0 {
+                    continue;
+                }
+                need
+            };
+            done |= group;
+            let lanes: Vec<usize> = (0..warp.len()).filter(|&m| group & (1 << m) != 0).collect();
+            // Each lane's `a` operand (its value or predicate).
+            let mut a = [0u64; 32];
+            for &m in &lanes {
+                let im = inst(warp, m);
+                if let Some(op) = im.ops.get(1).filter(|_| im.ops.len() > 1) {
+                    let x = ctx.value(&warp[m], op)?;
+                    a[m] = match im.op {
+                        Op::Warp(Collective::Vote(_, neg)) => u64::from((x != 0) != neg),
+                        _ => mask(x, im.ty.bits()),
+                    };
+                }
+            }
+            for &m in &lanes {
+                let im = inst(warp, m);
+                let Op::Warp(kind) = im.op else {
+                    return err("a lane waits at an instruction that is not warp-wide");
+                };
+                let mut out = Vec::new();
+                let dst = |k: usize| match im.ops.get(k) {
+                    Some(Operand::Reg(r)) => Ok(*r),
+                    _ => err("the destination is not a register"),
+                };
+                match kind {
+                    Collective::Shfl(mode) => {
+                        let (b, c) = (
+                            ctx.value(&warp[m], &im.ops[2])?,
+                            ctx.value(&warp[m], &im.ops[3])?,
+                        );
+                        let lane = m as i64;
+                        let bval = (b & 0x1f) as i64;
+                        let seg = ((c >> 8) & 0x1f) as i64;
+                        let max = (lane & seg) | ((c & 0x1f) as i64 & !seg);
+                        let min = lane & seg;
+                        let (j, ok) = match mode {
+                            ShflMode::Up => (lane - bval, lane - bval >= max),
+                            ShflMode::Down => (lane + bval, lane + bval <= max),
+                            ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max),
+                            ShflMode::Idx => (min | (bval & !seg), (min | (bval & !seg)) <= max),
+                        };
+                        // A source lane outside the group gives the lane's own value
+                        // (undefined in PTX).
+                        let src = if ok && (0..32).contains(&j) && group & (1 << j) != 0 {
+                            j as usize
+                        } else {
+                            m
+                        };
+                        out.push((dst(0)?, a[src]));
+                        if im.ops.len() > 5 {
+                            out.push((dst(5)?, u64::from(ok)));
+                        }
+                    }
+                    Collective::Vote(mode, _) => {
+                        let ballot = lanes
+                            .iter()
+                            .filter(|&&x| a[x] != 0)
+                            .fold(0u64, |g, &x| g | 1 << x);
+                        let r = match mode {
+                            VoteMode::All => u64::from(ballot == u64::from(group)),
+                            VoteMode::Any => u64::from(ballot != 0),
+                            VoteMode::Uni => u64::from(ballot == 0 || ballot == u64::from(group)),
+                            VoteMode::Ballot => ballot,
+                        };
+                        out.push((dst(0)?, r));
+                    }
+                    Collective::MatchAny => {
+                        let same = lanes
+                            .iter()
+                            .filter(|&&x| a[x] == a[m])
+                            .fold(0u64, |g, &x| g | 1 << x);
+                        out.push((dst(0)?, same));
+                    }
+                    Collective::MatchAll => {
+                        let all = lanes.iter().all(|&x| a[x] == a[m]);
+                        out.push((dst(0)?, if all { u64::from(group) } else { 0 }));
+                        if im.ops.len() > 3 {
+                            out.push((dst(3)?, u64::from(all)));
+                        }
+                    }
+                    Collective::ActiveMask => out.push((dst(0)?, u64::from(group))),
+                    Collective::Sync => {}
+                }
+                results.push((m, out));
+            }
+        }
+        for (m, out) in results {
+            for (r, x) in out {
+                warp[m].regs[r] = x;
+            }
+            warp[m].state = ThreadState::Running;
+            progressed = true;
+        }
+    }
+    Ok(progressed)
 }
 
 /// Instructions one thread may run between two barriers before the launch is taken
@@ -2001,6 +2332,16 @@ impl Ctx<'_> {
                     .elapsed()
                     .as_nanos();
                 return u64::try_from(ns).unwrap_or(u64::MAX);
+            }
+            Special::GlobalTimer(half) => {
+                let ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                return match half {
+                    None => ns,
+                    Some(false) => ns & 0xffff_ffff,
+                    Some(true) => ns >> 32,
+                };
             }
         })
     }
@@ -2748,6 +3089,77 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
             let sign = 1u64 << (bits - 1);
             set(t, &o[0], mask((b & !sign) | (a & sign), bits))?;
         }
+        Op::Brev => {
+            let a = mask(v(ctx, t, 1)?, bits);
+            set(t, &o[0], a.reverse_bits() >> (64 - bits))?;
+        }
+        Op::Bfind(shiftamt) => {
+            let a = mask(v(ctx, t, 1)?, bits);
+            // For a negative signed value the most significant 0 is sought.
+            let a = if ty.signed() && a >> (bits - 1) != 0 {
+                mask(!a, bits)
+            } else {
+                a
+            };
+            let r = if a == 0 {
+                0xffff_ffff
+            } else {
+                let msb = u64::from(63 - a.leading_zeros());
+                if shiftamt {
+                    u64::from(bits - 1) - msb
+                } else {
+                    msb
+                }
+            };
+            set(t, &o[0], r)?;
+        }
+        Op::Bfe => {
+            let a = mask(v(ctx, t, 1)?, bits);
+            let pos = v(ctx, t, 2)? & 0xff;
+            let len = v(ctx, t, 3)? & 0xff;
+            let msb = u64::from(bits - 1);
+            let sign = ty.signed() && len != 0 && (a >> (pos + len - 1).min(msb)) & 1 != 0;
+            let mut r = 0u64;
+            for i in 0..=msb {
+                let bit = if i < len && pos + i <= msb {
+                    (a >> (pos + i)) & 1 != 0
+                } else {
+                    sign
+                };
+                r |= u64::from(bit) << i;
+            }
+            set(t, &o[0], r)?;
+        }
+        Op::Bfi => {
+            let (a, b) = (v(ctx, t, 1)?, mask(v(ctx, t, 2)?, bits));
+            let pos = v(ctx, t, 3)? & 0xff;
+            let len = v(ctx, t, 4)? & 0xff;
+            let mut r = b;
+            for i in 0..len {
+                if pos + i >= u64::from(bits) {
+                    break;
+                }
+                let bit = (a >> i) & 1;
+                r = (r & !(1 << (pos + i))) | (bit << (pos + i));
+            }
+            set(t, &o[0], r)?;
+        }
+        Op::Bmsk(clamp) => {
+            let (a, b) = (v(ctx, t, 1)? as u32, v(ctx, t, 2)? as u32);
+            let (a, b) = if clamp {
+                (a.min(32), b.min(32))
+            } else {
+                (a & 31, b & 31)
+            };
+            let ones = if b >= 32 { u32::MAX } else { (1u32 << b) - 1 };
+            let r = if a >= 32 { 0 } else { ones << a };
+            set(t, &o[0], u64::from(r))?;
+        }
+        Op::Nop => {}
+        Op::Trap => return err("the kernel executed `trap`"),
+        // Resolved with the warp's other lanes (`resolve_warps`); the thread goes on
+        // from the next instruction.
+        Op::Warp(_) => t.state = ThreadState::Warp,
         Op::Popc => {
             let a = mask(v(ctx, t, 1)?, bits);
             set(t, &o[0], u64::from(a.count_ones()))?;
@@ -3483,10 +3895,10 @@ $L__BB0_2:
     fn an_instruction_it_lacks_is_named_at_load() {
         let src = SAXPY.replace(
             "fma.rn.f32 \t%f3, %f2, %f1, 0f3F800000;",
-            "shfl.sync.bfly.b32 %f3, %f2, 1, 31, -1;",
+            "vabsdiff4.u32.u32.u32.add %f3, %f2, %f1, %f1;",
         );
         let e = Module::parse(&src).unwrap_err();
-        assert!(e.0.contains("shfl.sync.bfly.b32"), "{e}");
+        assert!(e.0.contains("vabsdiff4.u32.u32.u32.add"), "{e}");
     }
 
     /// Runs the first kernel of `m` in one block of `threads` threads, with
@@ -4326,5 +4738,78 @@ thread 2: d=-14 u=3999999998 x=bef1 f=1.000000 s=lit c=C ld=-30000000000 w=[ 9.4
             0xFFFF_FFFF
         );
         assert_eq!(f32v(convert(5, Ty::S(64), Ty::F32, None)), 5.0);
+    }
+    /// Lanes 0-3 of an 8-thread block: lane 0 exits early; the others shuffle with a
+    /// full member mask (exited lanes do not count), and a ballot sees the lanes that
+    /// took part. Then lanes below 2 wait at `bar.warp.sync` for lane 3, which waits
+    /// at `bar.sync`: that never completes, and the launch says so.
+    const WARP: &str = r#"
+.version 9.0
+.target sm_75
+.address_size 64
+.visible .entry k(.param .u64 k_param_0, .param .u32 k_param_1)
+{
+	.reg .pred 	%p<4>;
+	.reg .b32 	%r<8>;
+	.reg .b64 	%rd<4>;
+	ld.param.u64 	%rd1, [k_param_0];
+	ld.param.u32 	%r6, [k_param_1];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u32 	%r1, %tid.x;
+	setp.eq.s32 	%p1, %r1, 0;
+	@%p1 bra 	$L__END;
+	mul.lo.s32 	%r2, %r1, 10;
+	shfl.sync.down.b32 	%r3|%p2, %r2, 1, 31, -1;
+	setp.lt.u32 	%p3, %r1, 5;
+	vote.sync.ballot.b32 	%r4, !%p3, -1;
+	mul.wide.u32 	%rd3, %r1, 8;
+	add.s64 	%rd3, %rd2, %rd3;
+	st.global.u32 	[%rd3], %r3;
+	st.global.u32 	[%rd3+4], %r4;
+	setp.eq.s32 	%p1, %r6, 0;
+	@%p1 bra 	$L__END;
+	setp.eq.s32 	%p1, %r1, 3;
+	@%p1 bra 	$L__BAR;
+	bar.warp.sync 	-1;
+	bra.uni 	$L__END;
+$L__BAR:
+	bar.sync 	0;
+$L__END:
+	ret;
+}
+"#;
+
+    #[test]
+    fn warp_collectives_wait_for_the_lanes_they_name_and_a_wait_that_cannot_end_fails() {
+        let m = Module::parse(WARP).unwrap();
+        let k = &m.kernels[0];
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [8, 1, 1],
+        };
+        let run = |hang: u32| {
+            let mut mem = Flat(vec![0; 64]);
+            let mut params = 0u64.to_le_bytes().to_vec();
+            params.extend_from_slice(&hang.to_le_bytes());
+            let r = launch(k, dims, 0, &params, &[], &mut mem, &mut PrintfFifo::new(0));
+            (r, mem)
+        };
+        let (r, mem) = run(0);
+        r.unwrap();
+        let word = |i: usize| u32::from_le_bytes(mem.0[4 * i..][..4].try_into().unwrap());
+        for lane in 1..8 {
+            // Down by one: the next lane's value; the last lane keeps its own.
+            let want = if lane < 7 { (lane + 1) * 10 } else { 70 };
+            assert_eq!(word(2 * lane as usize), want, "shfl of lane {lane}");
+            // Lanes 5, 6, 7 are not below 5; lane 0 exited.
+            assert_eq!(
+                word(2 * lane as usize + 1),
+                0b1110_0000,
+                "ballot of lane {lane}"
+            );
+        }
+        let (r, _) = run(1);
+        let e = r.unwrap_err();
+        assert!(e.0.contains("never completed"), "{e:?}");
     }
 }

@@ -22,6 +22,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("vector_add", &[]),
     ("features", &[]),
     ("launches", &["2000"]),
+    ("warps", &[]),
 ];
 
 fn nvcc() -> PathBuf {
@@ -128,6 +129,9 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
             && o.contains("cudaErrorMemoryAllocation\nblock 0 thread 0 says 8\ndone\n"),
         "{o}"
     );
+    // The warp program checks every result against the CUDA definitions itself.
+    let o = String::from_utf8_lossy(&native("warps", &[]).stdout).into_owned();
+    assert!(o.ends_with("all warp checks passed\n"), "{o}");
     let ended = d.wait_idle(Duration::from_secs(30));
     assert!(
         ended.len() >= 2 * PROGRAMS.len() && ended.iter().all(|e| e["api"] == "CUDA"),
