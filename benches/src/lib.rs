@@ -24,6 +24,7 @@ pub mod migrate;
 pub mod overhead;
 pub mod report;
 pub mod rodinia;
+pub mod samples;
 pub mod soak;
 pub mod suite;
 

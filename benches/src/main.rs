@@ -124,6 +124,32 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/rodinia")]
         out: PathBuf,
     },
+    /// NVIDIA's cuda-samples from your checkout (a selection of 42 that need no
+    /// graphics, CUDA library or second GPU): each built by nvcc 13 with its static
+    /// runtime, run natively and through Hira on the same driver, and compared as
+    /// Rodinia's programs are; a sample counts only where it passed its own check.
+    CudaSamples {
+        /// Root of a cuda-samples checkout (Samples/, Common/); default
+        /// $HIRA_CUDA_SAMPLES.
+        #[arg(long, env = "HIRA_CUDA_SAMPLES")]
+        src: PathBuf,
+        /// The driver, `system` or a directory holding a libcuda.so.1 (default: the
+        /// CPU test executor of this build).
+        #[arg(long)]
+        driver: Option<String>,
+        /// The toolkit nvcc is in (default: $HIRA_NVCC's, else target/nvcc13's).
+        #[arg(long)]
+        cuda_toolkit: Option<PathBuf>,
+        /// Only these samples (directory names, with or without their category).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Seconds one run may take before it is killed and reported as a timeout.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// Directory for the private build, the runs and results.{json,md}.
+        #[arg(long, default_value = "target/hira-bench/cuda-samples")]
+        out: PathBuf,
+    },
     /// The CUDA test programs (tests/cuda) natively and through Hira on the same
     /// driver: the machine's (`--driver system`), else the CPU test executor, whose
     /// ratios measure remoting against PTX interpretation, not a GPU.
@@ -294,63 +320,33 @@ fn main() -> Result<()> {
             only,
             timeout,
             out,
-        } => {
-            let bin = env::build_components()?;
-            std::fs::create_dir_all(&out)?;
-            let out = out.canonicalize()?;
-            let (bench, cuda) = match api {
-                rodinia::Api::Opencl => (env::BenchEnv::start(&bin)?, None),
-                rodinia::Api::Cuda => {
-                    let (driver_dir, shim) = cuda::libraries(&bin, &out, driver.as_deref())?;
-                    let top = match cuda_toolkit {
-                        Some(t) => t,
-                        None => cuda::nvcc()
-                            .parent()
-                            .and_then(|b| b.parent())
-                            .context("nvcc has no toolkit directory")?
-                            .to_path_buf(),
-                    };
-                    let tools = rodinia::CudaTools {
-                        top: top
-                            .canonicalize()
-                            .with_context(|| format!("{}", top.display()))?,
-                        samples_inc: cuda_samples.map(|s| s.join("Common")),
-                    };
-                    (
-                        env::BenchEnv::start_cuda(&bin, &driver_dir, &shim)?,
-                        Some(tools),
-                    )
-                }
-            };
-            let rows = rodinia::run(
-                &src.canonicalize()?,
-                &out.join("work"),
-                &bench,
-                api,
-                cuda,
-                &only,
-                std::time::Duration::from_secs(timeout),
-            )?;
-            let md = rodinia::markdown(&rows);
-            std::fs::write(out.join("results.md"), &md)?;
-            std::fs::write(
-                out.join("results.json"),
-                serde_json::to_string_pretty(&rodinia::json(&rows))?,
-            )?;
-            print!("{md}");
-            eprintln!("wrote {}/results.{{json,md}}", out.display());
-            let bad: Vec<&str> = rows
-                .iter()
-                .filter(|r| !r.identical())
-                .map(|r| r.name)
-                .collect();
-            ensure!(
-                bad.is_empty(),
-                "not built or not identical: {}",
-                bad.join(", ")
-            );
-            Ok(())
-        }
+        } => programs(
+            &src,
+            api,
+            driver,
+            cuda_toolkit,
+            cuda_samples.map(|s| s.join("Common")),
+            &only,
+            timeout,
+            &out,
+        ),
+        Cmd::CudaSamples {
+            src,
+            driver,
+            cuda_toolkit,
+            only,
+            timeout,
+            out,
+        } => programs(
+            &src,
+            rodinia::Api::Samples,
+            driver,
+            cuda_toolkit,
+            Some(src.join("Common")),
+            &only,
+            timeout,
+            &out,
+        ),
         Cmd::Migrate {
             short,
             rounds,
@@ -396,4 +392,74 @@ fn main() -> Result<()> {
             out,
         } => hira_benches::soak::soak(seconds, guests, &out),
     }
+}
+
+/// Builds, runs and compares Rodinia's programs or the cuda-samples selection, and
+/// writes results.{json,md} into `out`; fails unless every one built and matched.
+#[allow(clippy::too_many_arguments)]
+fn programs(
+    src: &std::path::Path,
+    api: rodinia::Api,
+    driver: Option<String>,
+    cuda_toolkit: Option<PathBuf>,
+    samples_inc: Option<PathBuf>,
+    only: &[String],
+    timeout: u64,
+    out: &std::path::Path,
+) -> Result<()> {
+    let bin = env::build_components()?;
+    std::fs::create_dir_all(out)?;
+    let out = out.canonicalize()?;
+    let (bench, cuda) = match api {
+        rodinia::Api::Opencl => (env::BenchEnv::start(&bin)?, None),
+        rodinia::Api::Cuda | rodinia::Api::Samples => {
+            let (driver_dir, shim) = cuda::libraries(&bin, &out, driver.as_deref())?;
+            let top = match cuda_toolkit {
+                Some(t) => t,
+                None => cuda::nvcc()
+                    .parent()
+                    .and_then(|b| b.parent())
+                    .context("nvcc has no toolkit directory")?
+                    .to_path_buf(),
+            };
+            let tools = rodinia::CudaTools {
+                top: top
+                    .canonicalize()
+                    .with_context(|| format!("{}", top.display()))?,
+                samples_inc,
+            };
+            (
+                env::BenchEnv::start_cuda(&bin, &driver_dir, &shim)?,
+                Some(tools),
+            )
+        }
+    };
+    let rows = rodinia::run(
+        &src.canonicalize()?,
+        &out.join("work"),
+        &bench,
+        api,
+        cuda,
+        only,
+        std::time::Duration::from_secs(timeout),
+    )?;
+    let md = rodinia::markdown(&rows);
+    std::fs::write(out.join("results.md"), &md)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&rodinia::json(&rows))?,
+    )?;
+    print!("{md}");
+    eprintln!("wrote {}/results.{{json,md}}", out.display());
+    let bad: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r.identical())
+        .map(|r| r.name)
+        .collect();
+    ensure!(
+        bad.is_empty(),
+        "not built or not identical: {}",
+        bad.join(", ")
+    );
+    Ok(())
 }

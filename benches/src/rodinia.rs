@@ -65,13 +65,19 @@ pub struct Program {
     /// the OpenCL SDK's paths). CUDA builds see `$MAKE` (make with the CUDA paths
     /// of `common/make.config` pointed at nvcc 13), `$NVCC` and `$SAMPLES_INC`.
     pub build: Option<&'static str>,
+    /// What the native run must print on stdout (a regular expression), beside
+    /// exiting with 0, for the row to count: a sample's own verdict, so that a
+    /// driver that runs nothing (two runs that agree on a failure) is not a pass.
+    pub expect: Option<&'static str>,
 }
 
-/// Which of Rodinia's halves.
+/// Which of Rodinia's halves, or NVIDIA's cuda-samples (`hira-bench cuda-samples`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Api {
     Opencl,
     Cuda,
+    #[value(skip)]
+    Samples,
 }
 
 impl Api {
@@ -80,6 +86,15 @@ impl Api {
         match self {
             Api::Opencl => "opencl",
             Api::Cuda => "cuda",
+            Api::Samples => "Samples",
+        }
+    }
+
+    /// The checkout's directory of shared code (headers, utilities).
+    fn common(self) -> &'static str {
+        match self {
+            Api::Samples => "Common",
+            _ => "common",
         }
     }
 
@@ -87,6 +102,7 @@ impl Api {
         match self {
             Api::Opencl => PROGRAMS,
             Api::Cuda => CUDA_PROGRAMS,
+            Api::Samples => crate::samples::SAMPLES,
         }
     }
 }
@@ -94,7 +110,7 @@ impl Api {
 impl Program {
     /// `exe ARGS` in `opencl/DIR` (arguments separated by white space; none has a space
     /// in it), with nothing generated, masked, edited or undetermined.
-    const fn new(dir: &'static str, exe: &'static str, args: &'static str) -> Program {
+    pub(crate) const fn new(dir: &'static str, exe: &'static str, args: &'static str) -> Program {
         Program {
             dir,
             exe,
@@ -105,11 +121,12 @@ impl Program {
             undetermined: None,
             edits: &[],
             build: None,
+            expect: None,
         }
     }
 
     /// A CUDA program built by `build`.
-    const fn cuda(
+    pub(crate) const fn cuda(
         dir: &'static str,
         exe: &'static str,
         args: &'static str,
@@ -529,6 +546,9 @@ const FIXED_TIME: &str = r#"
 time_t time(time_t *t) { if (t) *t = 1577836800; return 1577836800; }
 "#;
 
+/// The driver API's entry points (cuda.h of CUDA 12.9 and 13.0).
+const DRIVER_API: &str = include_str!("../../guest-shim-cuda/driver-api.txt");
+
 /// Where the suite is prepared and run.
 #[derive(Debug)]
 pub struct Workspace {
@@ -591,10 +611,14 @@ impl Workspace {
         api: Api,
         cuda: Option<CudaTools>,
     ) -> Result<Workspace> {
-        for need in [api.tree(), "common", "data"] {
+        let (needs, what): (&[&str], _) = match api {
+            Api::Samples => (&["Samples", "Common"], "NVIDIA cuda-samples"),
+            _ => (&[api.tree(), "common", "data"], "Rodinia 3.1"),
+        };
+        for need in needs {
             ensure!(
                 src.join(need).is_dir(),
-                "{} has no {need}/: give the root of a Rodinia 3.1 checkout",
+                "{} has no {need}/: give the root of a {what} checkout",
                 src.display()
             );
         }
@@ -608,8 +632,10 @@ impl Workspace {
             std::fs::create_dir_all(d)?;
         }
         copy_tree(&src.join(api.tree()), &build)?;
-        copy_tree(&src.join("common"), &build)?;
-        std::os::unix::fs::symlink(src.join("data").canonicalize()?, build.join("data"))?;
+        copy_tree(&src.join(api.common()), &build)?;
+        if src.join("data").is_dir() {
+            std::os::unix::fs::symlink(src.join("data").canonicalize()?, build.join("data"))?;
+        }
         // Rodinia's code predates C++11 and GCC 10: dynamic exception
         // specifications, `ifstream == NULL`, tentative definitions in headers, and a
         // prebuilt non-PIC meschach archive. These flags restore the compilers it
@@ -650,9 +676,18 @@ impl Workspace {
                 ),
             )?;
             // `-lcuda` at link time: the runtime finds the driver when it runs, as
-            // with the toolkit's stub library, which PyPI's toolkit lacks.
+            // with the toolkit's stub library, which PyPI's toolkit lacks. Like
+            // NVIDIA's stub it defines every entry point of cuda.h, for programs that
+            // call the driver API themselves (deviceQueryDrv).
             let stub = tools.join("cuda_stub.c");
-            std::fs::write(&stub, "/* libcuda.so for linking only */\n")?;
+            let mut text = String::from("/* libcuda.so for linking only */\n");
+            for name in DRIVER_API
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+            {
+                let _ = writeln!(text, "void {name}(void) {{}}");
+            }
+            std::fs::write(&stub, text)?;
             let st = Command::new("gcc")
                 .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
                 .arg(lib.join("libcuda.so"))
@@ -945,11 +980,18 @@ pub fn run_once(
     };
     let mut files = snapshot(&dir)?;
     files.retain(|name, data| before.get(name) != Some(data));
+    // Programs that print their own path (cuda-samples print argv[0]) print the
+    // side's private directory: the same placeholder stands for it on every side.
+    let root_text = root.to_string_lossy().into_owned();
+    let text = |p: &Path| -> Result<String> {
+        let t = String::from_utf8_lossy(&std::fs::read(p)?).into_owned();
+        Ok(t.replace(&root_text, "{run}"))
+    };
     Ok(Outcome {
         status,
         seconds,
-        stdout: String::from_utf8_lossy(&std::fs::read(&out_path)?).into_owned(),
-        stderr: String::from_utf8_lossy(&std::fs::read(&err_path)?).into_owned(),
+        stdout: text(&out_path)?,
+        stderr: text(&err_path)?,
         files,
     })
 }
@@ -1052,6 +1094,15 @@ fn compare_text(what: &str, a: &[u8], b: &[u8], hira: &[u8], c: &mut Comparison)
 pub fn compare(p: &Program, a: &Outcome, b: &Outcome, hira: &Outcome) -> Result<Comparison> {
     let norm = Normalizer::new(p.timing_lines)?;
     let mut c = Comparison::default();
+    if let Some(want) = p.expect {
+        let re = Regex::new(want).with_context(|| format!("expected output {want}"))?;
+        if a.status != "exit 0" || !re.is_match(&a.stdout) {
+            c.differences.push(format!(
+                "the native run did not pass ({}; `{want}` expected on stdout)",
+                a.status
+            ));
+        }
+    }
     if let Some(why) = p.undetermined {
         c.undetermined.push(format!("all output: {why}"));
         if a.status != hira.status {
@@ -1109,15 +1160,17 @@ pub fn run(
     timeout: Duration,
 ) -> Result<Vec<Row>> {
     let programs = api.programs();
+    // A sample may be named by its directory alone.
+    let named = |p: &Program, name: &str| p.dir == name || p.dir.rsplit('/').next() == Some(name);
     for name in only {
-        if !programs.iter().any(|p| p.dir == name) {
-            bail!("no Rodinia {} program {name}", api.tree());
+        if !programs.iter().any(|p| named(p, name)) {
+            bail!("no {} program {name}", api.tree());
         }
     }
     let ws = Workspace::prepare(src, work, api, cuda)?;
     let selected: Vec<&Program> = programs
         .iter()
-        .filter(|p| only.is_empty() || only.iter().any(|o| o == p.dir))
+        .filter(|p| only.is_empty() || only.iter().any(|o| named(p, o)))
         .collect();
     let total = selected.len();
     let mut rows = vec![];

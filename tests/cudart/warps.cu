@@ -96,6 +96,21 @@ __global__ void bits(const unsigned *in, unsigned *out, unsigned long long *time
     }
 }
 
+// Block-wide votes: a barrier that also reduces a predicate (bar.red).
+__global__ void block_votes(const unsigned *in, int *out) {
+    unsigned x = in[threadIdx.x];
+    int c = __syncthreads_count(x & 1);
+    int o = __syncthreads_or(x == 0xdeadbeefu);
+    int a = __syncthreads_and(x != 12345u);
+    int n = __syncthreads_and(x & 1);
+    if (threadIdx.x == 5) {
+        out[0] = c;
+        out[1] = o;
+        out[2] = a;
+        out[3] = n;
+    }
+}
+
 #define CHECK(x)                                                                     \
     do {                                                                             \
         cudaError_t e = (x);                                                         \
@@ -227,6 +242,18 @@ int main() {
         expect("one-line scope", o[7], x + 5, t);
     }
     printf("bit instructions: %s\n", failures > before ? "FAILED" : "ok");
+    int *d_votes, votes[4];
+    CHECK(cudaMalloc(&d_votes, sizeof votes));
+    block_votes<<<1, 32>>>(d_vals, d_votes);
+    CHECK(cudaMemcpy(votes, d_votes, sizeof votes, cudaMemcpyDeviceToHost));
+    int odd = 0;
+    for (int t = 0; t < 32; t++) odd += values[t] & 1;
+    before = failures;
+    expect("__syncthreads_count", votes[0], odd, 0);
+    expect("__syncthreads_or", votes[1], 1, 0);
+    expect("__syncthreads_and", votes[2], 1, 0);
+    expect("__syncthreads_and (false)", votes[3], 0, 0);
+    printf("block votes: %s\n", failures > before ? "FAILED" : "ok");
     printf("globaltimer advances: %s\n", timer[0] > 0 && timer[1] >= timer[0] ? "yes" : "no");
     printf("%s\n", failures ? "WARP CHECKS FAILED" : "all warp checks passed");
     return failures ? 1 : 0;

@@ -269,6 +269,9 @@ enum Op {
     Trap,
     /// An instruction of the warp's lanes together; see [`Collective`].
     Warp(Collective),
+    /// `bar.red.OP d, barrier, {!}c`: a barrier that also reduces each thread's
+    /// predicate over the block (`__syncthreads_and`, `_or`, `_count`).
+    BarRed(BarRed),
     // `call vprintf`: operands are the format's and the arguments' call parameters,
     // then the return value's if the call has one (`true`).
     Call(bool),
@@ -292,6 +295,15 @@ enum Collective {
     ActiveMask,
     /// `bar.warp.sync membermask` (`__syncwarp`).
     Sync,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BarRed {
+    /// `.and.pred`; `true`: the predicate is negated.
+    And(bool),
+    Or(bool),
+    /// `.popc.u32`.
+    Popc(bool),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1714,6 +1726,20 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         "bra" => Op::Bra,
         "ret" | "exit" => Op::Ret,
         "bar" if has("warp") && has("sync") => Op::Warp(Collective::Sync),
+        "bar" | "barrier" if has("red") => {
+            let negated = split_top(operands, ',')
+                .last()
+                .is_some_and(|c| c.trim().starts_with('!'));
+            Op::BarRed(if has("and") {
+                BarRed::And(negated)
+            } else if has("or") {
+                BarRed::Or(negated)
+            } else if has("popc") {
+                BarRed::Popc(negated)
+            } else {
+                return Err(unsupported());
+            })
+        }
         "bar" | "barrier" if has("sync") || mods.is_empty() => Op::Bar,
         "shfl" if has("sync") => Op::Warp(Collective::Shfl(if has("up") {
             ShflMode::Up
@@ -1843,7 +1869,7 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
             second = Some(parse_operand(f, p, Ty::Pred)?);
         }
         let o = match op {
-            Op::Warp(Collective::Vote(..)) => o.trim_start_matches('!').to_string(),
+            Op::Warp(Collective::Vote(..)) | Op::BarRed(_) => o.trim_start_matches('!').to_string(),
             _ => o,
         };
         let oty = match op {
@@ -1858,6 +1884,8 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         Op::Warp(Collective::ActiveMask) => Some(1),
         Op::Warp(Collective::Sync) => Some(1),
         Op::Bfi => Some(5),
+        // A thread count between the barrier and the predicate is not supported.
+        Op::BarRed(_) => Some(3),
         Op::Bfe => Some(4),
         Op::Bmsk(_) => Some(3),
         Op::Brev | Op::Bfind(_) => Some(2),
@@ -2103,7 +2131,32 @@ fn run_block(ctx: &mut Ctx<'_>) -> Result<(), PtxError> {
             }
             continue;
         }
-        // Every thread still running has reached the barrier: release them.
+        // Every thread still running has reached the barrier: release them, with
+        // what a `bar.red` reduces over them.
+        let code = &ctx.kernel.code;
+        let (mut all, mut any, mut count) = (true, false, 0u64);
+        for t in threads.iter().filter(|t| t.state == ThreadState::Barrier) {
+            let i = &code[t.pc - 1];
+            if let Op::BarRed(BarRed::And(neg) | BarRed::Or(neg) | BarRed::Popc(neg)) = i.op {
+                let p = (ctx.value(t, &i.ops[2])? != 0) != neg;
+                all &= p;
+                any |= p;
+                count += u64::from(p);
+            }
+        }
+        for t in threads.iter_mut() {
+            if t.state != ThreadState::Barrier {
+                continue;
+            }
+            let i = &code[t.pc - 1];
+            let r = match i.op {
+                Op::BarRed(BarRed::And(_)) => u64::from(all),
+                Op::BarRed(BarRed::Or(_)) => u64::from(any),
+                Op::BarRed(BarRed::Popc(_)) => count,
+                _ => continue,
+            };
+            set(t, &i.ops[0], r)?;
+        }
         for t in threads.iter_mut() {
             if t.state == ThreadState::Barrier {
                 t.state = ThreadState::Running;
@@ -2218,14 +2271,17 @@ fn resolve_warps(ctx: &Ctx<'_>, threads: &mut [Thread]) -> Result<bool, PtxError
                             ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max),
                             ShflMode::Idx => (min | (bval & !seg), (min | (bval & !seg)) <= max),
                         };
-                        // A source lane outside the group gives the lane's own value
-                        // (undefined in PTX).
-                        let src = if ok && (0..32).contains(&j) && group & (1 << j) != 0 {
-                            j as usize
+                        // Out of range: the lane's own value. A source lane that
+                        // takes no part gives 0: PTX leaves it undefined, and NVIDIA's
+                        // reduction sample (reduce7, a final warp of fewer lanes than
+                        // its shuffle offsets) is right on GPUs only with 0.
+                        let j = if ok { j } else { lane };
+                        let x = if (0..32).contains(&j) && group & (1 << j) != 0 {
+                            a[j as usize]
                         } else {
-                            m
+                            0
                         };
-                        out.push((dst(0)?, a[src]));
+                        out.push((dst(0)?, x));
                         if im.ops.len() > 5 {
                             out.push((dst(5)?, u64::from(ok)));
                         }
@@ -2982,7 +3038,7 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
             _ => return err("branch without a label"),
         },
         Op::Ret => t.state = ThreadState::Done,
-        Op::Bar => t.state = ThreadState::Barrier,
+        Op::Bar | Op::BarRed(_) => t.state = ThreadState::Barrier,
         Op::Sqrt | Op::Rsqrt | Op::Rcp | Op::Ex2 | Op::Lg2 | Op::Sin | Op::Cos => {
             let a = fget(v(ctx, t, 1)?, ty);
             let r = match inst.op {
@@ -4798,8 +4854,8 @@ $L__END:
         r.unwrap();
         let word = |i: usize| u32::from_le_bytes(mem.0[4 * i..][..4].try_into().unwrap());
         for lane in 1..8 {
-            // Down by one: the next lane's value; the last lane keeps its own.
-            let want = if lane < 7 { (lane + 1) * 10 } else { 70 };
+            // Down by one: the next lane's value; lane 8 does not exist (0).
+            let want = if lane < 7 { (lane + 1) * 10 } else { 0 };
             assert_eq!(word(2 * lane as usize), want, "shfl of lane {lane}");
             // Lanes 5, 6, 7 are not below 5; lane 0 exited.
             assert_eq!(
