@@ -531,8 +531,10 @@ pub fn coverage(funcs: &[Func], list: &str, also: &[&str]) -> String {
          Hira's `libcuda.so.1` exports every one of them. *Remoted*: the call reaches the\n\
          host's driver as the application made it; *in the guest*: the guest answers it\n\
          (the context stack, pinned host memory, error names once fetched from the host,\n\
-         `cuGetProcAddress`); the others return `CUDA_ERROR_NOT_SUPPORTED` and are not\n\
-         handed out by `cuGetProcAddress`.\n\n\
+         `cuGetProcAddress`), or reads what only it can read and sends the call on as one\n\
+         of Hira's own (`cuLibraryLoadData`, `cuModuleLoadDataEx`, `cuLaunchKernelEx`);\n\
+         the others return `CUDA_ERROR_NOT_SUPPORTED` and are not handed out by\n\
+         `cuGetProcAddress`.\n\n\
          {remoted} remoted, {local} in the guest, {none} not supported, of {}.\n\n\
          | Entry point | How |\n|---|---|\n{rows}",
         names.len()

@@ -72,6 +72,29 @@ pub(crate) fn cuLaunchKernel(
     Ok(true)
 }
 
+/// A launch with attributes waits for the host, which checks them; one without
+/// is checked as `cuLaunchKernel`.
+pub(crate) fn hiraLaunchKernelEx(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    _attrs: *const c_void,
+    attrs_len: usize,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<bool, CUresult> {
+    if attrs_len > 0 {
+        return Ok(false);
+    }
+    cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+}
+
 pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> Result<bool, CUresult> {
     let ctx = rt::current();
     Ok(ctx != 0

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use hira_api_cuda::status;
 
-use crate::rt::{self, CUcontext, CUmodule, CUresult, CUstream};
+use crate::rt::{self, CUcontext, CUfunction, CUmodule, CUresult, CUstream};
 
 pub use crate::private::{cuKernelGetFunction, cuLibraryLoadData};
 
@@ -111,6 +111,51 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     }
     // SAFETY: the same contract as cuModuleLoadData.
     unsafe { crate::generated::cuModuleLoadData(module, image) }
+}
+
+/// `cuLaunchKernelEx`: the configuration is read here (the host cannot read the
+/// application's memory) and the launch goes with its attributes as bytes, events as
+/// the guest's ids, which the API server looks up as it does every handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const c_void,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    use hira_cuda_private::launch;
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    // SAFETY: the application's configuration, as the API requires.
+    let Some((c, attrs)) = (unsafe { launch::read(config.cast()) }) else {
+        return status::INVALID_VALUE;
+    };
+    let bytes: Vec<u8> = attrs.iter().flat_map(|a| a.to_bytes()).collect();
+    let at = if bytes.is_empty() {
+        std::ptr::null()
+    } else {
+        bytes.as_ptr().cast()
+    };
+    // SAFETY: the application's parameters, as the API requires; `at` holds
+    // `bytes.len()` bytes.
+    unsafe {
+        crate::generated::hiraLaunchKernelEx(
+            f,
+            c.grid[0],
+            c.grid[1],
+            c.grid[2],
+            c.block[0],
+            c.block[1],
+            c.block[2],
+            c.shared_mem_bytes,
+            c.stream,
+            at,
+            bytes.len(),
+            kernel_params,
+            extra,
+        )
+    }
 }
 
 #[unsafe(no_mangle)]

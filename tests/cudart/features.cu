@@ -88,6 +88,48 @@ int main() {
     printf("scaled %d elements: %d mismatches, counter %d, elapsed %s\n", n, bad, seen,
            ms >= 0 ? "measured" : "negative");
 
+    // cudaLaunchKernelEx (cuLaunchKernelEx): hints, a completion event, and a
+    // cluster, which a device without clusters refuses.
+    {
+        cudaEvent_t done;
+        CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        cudaLaunchAttribute at[3];
+        at[0].id = cudaLaunchAttributePriority;
+        at[0].val.priority = 0;
+        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[1].val.programmaticStreamSerializationAllowed = 1;
+        at[2].id = cudaLaunchAttributeLaunchCompletionEvent;
+        at[2].val.launchCompletionEvent.event = done;
+        at[2].val.launchCompletionEvent.flags = 0;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(n / 128);
+        cfg.blockDim = dim3(128);
+        cfg.stream = s;
+        cfg.attrs = at;
+        cfg.numAttrs = 3;
+        CHECK(cudaMemset(d_out, 0, n * sizeof(float)));
+        CHECK(cudaLaunchKernelEx(&cfg, scaled, (const float *)d_in, d_out, n));
+        CHECK(cudaEventSynchronize(done));
+        CHECK(cudaMemcpy(h_out, d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
+        int wrong = 0;
+        for (int i = 0; i < n; i++)
+            if (h_out[i] != h_in[i] * h_scale[i % 4]) wrong++;
+        printf("cudaLaunchKernelEx with attributes: %d mismatches\n", wrong);
+        bad += wrong;
+        cudaLaunchAttribute cluster;
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = 2;
+        cluster.val.clusterDim.y = 1;
+        cluster.val.clusterDim.z = 1;
+        cfg.attrs = &cluster;
+        cfg.numAttrs = 1;
+        cudaError_t ce = cudaLaunchKernelEx(&cfg, scaled, (const float *)d_in, d_out, n);
+        printf("cluster of 2: %s\n", cudaGetErrorName(ce));
+        cudaGetLastError();
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaEventDestroy(done));
+    }
+
     int blocks = 0;
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, scaled, 128, 0));
     printf("occupancy positive: %s\n", blocks > 0 ? "yes" : "no");

@@ -6,6 +6,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 
 use hira_api_cuda::{Kind, status};
+use hira_cuda_private::launch;
 use hira_protocol::{Reader, Writer};
 
 use super::{Bytes, Session};
@@ -309,6 +310,70 @@ pub(crate) fn cuLaunchKernel<'a>(
     frame: &FrameData<'a>,
     w: &mut Writer,
 ) -> Result<(), Fail> {
+    launch(s, r, frame, w, false)
+}
+
+/// `cuLaunchKernelEx` (the guest read the configuration): a launch with attributes,
+/// each checked. Numbers are forwarded as they are; an event is the guest's id,
+/// looked up; what cuda.h 13.0 does not define, or defines for graph nodes only, is
+/// refused as the driver refuses it.
+pub(crate) fn hiraLaunchKernelEx<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
+    launch(s, r, frame, w, true)
+}
+
+/// The attributes of a `cuLaunchKernelEx` as the host's driver takes them, or the
+/// status that refuses them.
+fn launch_attributes(
+    s: &Session,
+    bytes: Option<Bytes<'_>>,
+    len: u64,
+) -> Result<Result<Vec<launch::Attribute>, c_int>, Fail> {
+    // A private copy: the guest may change window memory while it is read.
+    let raw: Vec<u8> = match &bytes {
+        None => Vec::new(),
+        Some(b) => {
+            let mut v = vec![0u8; b.len()];
+            // SAFETY: `b` has `b.len()` readable bytes; `v` as many.
+            unsafe { std::ptr::copy_nonoverlapping(b.ptr(), v.as_mut_ptr(), b.len()) };
+            v
+        }
+    };
+    if raw.len() as u64 != len {
+        return Err(Fail::Protocol(format!(
+            "{} attribute bytes, {len} announced",
+            raw.len()
+        )));
+    }
+    let Some(mut attrs) = launch::Attribute::parse_all(&raw) else {
+        return Ok(Err(status::INVALID_VALUE));
+    };
+    for a in &mut attrs {
+        match launch::value_of(a.id) {
+            launch::Value::Data => {}
+            launch::Value::Event => {
+                let ev = s.lookup(Kind::Event, a.event(), false)?;
+                a.set_event(ev as usize as u64);
+            }
+            launch::Value::GraphNode => return Ok(Err(status::NOT_SUPPORTED)),
+            launch::Value::Unknown => return Ok(Err(status::INVALID_VALUE)),
+        }
+    }
+    Ok(Ok(attrs))
+}
+
+/// A launch, plain or with attributes (`ex`).
+fn launch<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
+    w: &mut Writer,
+    ex: bool,
+) -> Result<(), Fail> {
     let ctx = r.u64()?;
     let fid = r.u64()?;
     let mut dims = [0 as c_uint; 7];
@@ -316,13 +381,33 @@ pub(crate) fn cuLaunchKernel<'a>(
         *d = r.u32()?;
     }
     let stream = r.u64()?;
+    let attr_bytes = if ex {
+        let b = Session::bytes_arg(r, frame)?;
+        Some((b, r.u64()?))
+    } else {
+        None
+    };
     let params = Session::bytes_arg(r, frame)?;
     let extra = Session::bytes_arg(r, frame)?;
     r.finish()?;
-    let launch = s.driver.cuLaunchKernel.ok_or_else(unsupported)?;
+    if ex {
+        s.extra.cuLaunchKernelEx.ok_or_else(unsupported)?;
+    } else {
+        s.driver.cuLaunchKernel.ok_or_else(unsupported)?;
+    }
     let ctx = s.lookup(Kind::Context, ctx, true)?;
     let f = s.lookup(Kind::Function, fid, false)?;
     let stream = s.stream(stream)?;
+    let attrs = match attr_bytes {
+        Some((b, len)) => match launch_attributes(s, b, len)? {
+            Ok(a) => Some(a),
+            Err(st) => {
+                w.i32(st);
+                return Ok(());
+            }
+        },
+        None => None,
+    };
     // Values copied into 8-byte-aligned storage, as the driver may read them so.
     let aligned = |b: &Bytes<'_>| -> Vec<u64> {
         let mut v = vec![0u64; b.len().div_ceil(8).max(1)];
@@ -385,13 +470,37 @@ pub(crate) fn cuLaunchKernel<'a>(
     } else {
         std::ptr::null_mut()
     };
-    // SAFETY: the parameter pointers point into `param_store`, the extra list into
-    // `extra_store` and `extra_len`, all alive until the call returns (the driver
-    // copies parameters at launch).
-    let st = unsafe {
-        launch(
-            f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream, pp, ep,
-        )
+    let st = match &attrs {
+        None => {
+            let launch = s.driver.cuLaunchKernel.ok_or_else(unsupported)?;
+            // SAFETY: the parameter pointers point into `param_store`, the extra list
+            // into `extra_store` and `extra_len`, alive until the call returns (the
+            // driver copies parameters at launch).
+            unsafe {
+                launch(
+                    f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream, pp,
+                    ep,
+                )
+            }
+        }
+        Some(a) => {
+            let launch = s.extra.cuLaunchKernelEx.ok_or_else(unsupported)?;
+            let config = launch::Config {
+                grid: [dims[0], dims[1], dims[2]],
+                block: [dims[3], dims[4], dims[5]],
+                shared_mem_bytes: dims[6],
+                stream,
+                attrs: if a.is_empty() {
+                    std::ptr::null()
+                } else {
+                    a.as_ptr()
+                },
+                num_attrs: a.len() as c_uint,
+            };
+            // SAFETY: as above; the configuration's attributes are `a`, alive until
+            // the call returns.
+            unsafe { launch(&config, f, pp, ep) }
+        }
     };
     drop((param_store, extra_store));
     s.device_time.after(&s.driver, bracket, stream, st == 0);

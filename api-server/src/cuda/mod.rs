@@ -76,6 +76,14 @@ pub(crate) struct Extra {
         Option<unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> c_int>,
     pub(crate) cuKernelGetFunction:
         Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void) -> c_int>,
+    pub(crate) cuLaunchKernelEx: Option<
+        unsafe extern "C" fn(
+            *const hira_cuda_private::launch::Config,
+            *mut c_void,
+            *mut *mut c_void,
+            *mut *mut c_void,
+        ) -> c_int,
+    >,
 }
 
 /// The loaded driver library.
@@ -467,6 +475,7 @@ impl CudaBackend {
                 cuLibraryLoadData: lib.get(c"cuLibraryLoadData"),
                 cuKernelGetParamInfo: lib.get(c"cuKernelGetParamInfo"),
                 cuKernelGetFunction: lib.get(c"cuKernelGetFunction"),
+                cuLaunchKernelEx: lib.get(c"cuLaunchKernelEx"),
             }
         };
         let missing = [
@@ -555,7 +564,8 @@ impl Backend for CudaBackend {
         // A launch the VM's decision holds runs off the reading thread, which stays
         // free to see the guest go (and the launch is then let through).
         self.may_block(opcode)
-            || (opcode == hira_api_cuda::op::cuLaunchKernel
+            || ((opcode == hira_api_cuda::op::cuLaunchKernel
+                || opcode == hira_api_cuda::op::hiraLaunchKernelEx)
                 && self.session.device_time.would_hold())
     }
 

@@ -4,10 +4,12 @@
 //!
 //! - [`fatbin`]: the containers of device code the runtime registers;
 //! - [`procs`]: the entry point `cuGetProcAddress` gives for a name and version;
-//! - [`export`]: the private tables of `cuGetExportTable`, integrity check included.
+//! - [`export`]: the private tables of `cuGetExportTable`, integrity check included;
+//! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes.
 
 pub mod export;
 pub mod fatbin;
+pub mod launch;
 pub mod procs;
 
 unsafe extern "C" {

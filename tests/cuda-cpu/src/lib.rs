@@ -1914,6 +1914,7 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuCtxSynchronize" => cuCtxSynchronize,
         "cuCtxSynchronize_v2" => library::cuCtxSynchronize_v2,
         "cuDeviceCanAccessPeer" => cuDeviceCanAccessPeer,
+        "cuLaunchKernelEx" => library::cuLaunchKernelEx,
         "cuDeviceGet" => cuDeviceGet,
         "cuDeviceGetAttribute" => cuDeviceGetAttribute,
         "cuDeviceGetCount" => cuDeviceGetCount,

@@ -9,11 +9,13 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
+use hira_cuda_private::launch;
+
 use super::{
     CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CUdevice, CUdeviceptr, CUresult,
-    Context, Handle, State, current, image_ptx, in_ctx, load_ptx, put, take_printf, unload, with,
-    with_flushing, with_output,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS,
+    CUdevice, CUdeviceptr, CUresult, Context, Handle, State, current, image_ptx, in_ctx, load_ptx,
+    put, take_printf, unload, with, with_flushing, with_output,
 };
 
 /// The module a library handle stands for.
@@ -436,4 +438,73 @@ pub extern "C" fn cuProfilerStart() -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuProfilerStop() -> CUresult {
     with(|s| in_ctx(s, |_, _| CUDA_SUCCESS))
+}
+
+/// `cuLaunchKernelEx`: the launch its configuration describes. Of the attributes,
+/// the hints (priority, synchronisation and scheduling preferences, programmatic
+/// stream serialisation, which a device that runs each launch to its end before the
+/// next satisfies) are taken and have no effect; a cooperative launch and clusters
+/// are refused as on a device without them (compute capability 7.5, cooperative
+/// launch not announced); the events of `PROGRAMMATIC_EVENT` and
+/// `LAUNCH_COMPLETION_EVENT` are recorded when the kernel has run.
+///
+/// # Safety
+///
+/// `config` and the parameters are as `cuLaunchKernelEx` requires of its caller.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const launch::Config,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's configuration, as the API requires.
+    let Some((c, attrs)) = (unsafe { launch::read(config) }) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let mut events = Vec::new();
+    for a in &attrs {
+        match launch::value_of(a.id) {
+            launch::Value::Data => {}
+            launch::Value::Event => events.push(a.event() as usize as Handle),
+            launch::Value::GraphNode => return CUDA_ERROR_NOT_SUPPORTED,
+            launch::Value::Unknown => return CUDA_ERROR_INVALID_VALUE,
+        }
+        let unsupported = match a.id {
+            launch::COOPERATIVE => a.int() != 0,
+            launch::CLUSTER_DIMENSION | launch::PREFERRED_CLUSTER_DIMENSION => {
+                a.dims().iter().any(|&d| d > 1)
+            }
+            _ => false,
+        };
+        if unsupported {
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    // SAFETY: the caller's parameters, as the API requires.
+    let st = unsafe {
+        super::cuLaunchKernel(
+            f,
+            c.grid[0],
+            c.grid[1],
+            c.grid[2],
+            c.block[0],
+            c.block[1],
+            c.block[2],
+            c.shared_mem_bytes,
+            c.stream,
+            params,
+            extra,
+        )
+    };
+    if st != CUDA_SUCCESS {
+        return st;
+    }
+    for ev in events {
+        let r = super::cuEventRecord(ev, c.stream);
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+    }
+    CUDA_SUCCESS
 }

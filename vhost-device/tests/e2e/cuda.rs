@@ -12,8 +12,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use hira_protocol::FrameKind;
 use hira_protocol::handshake::{ErrorPayload, Hello};
+use hira_protocol::{FrameHeader, FrameKind};
 
 use crate::scheduling::wait_for;
 use crate::support::*;
@@ -344,6 +344,60 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     if !real_gpu() {
         assert_eq!(st, 200, "INVALID_IMAGE");
     }
+    // cuLaunchKernelEx's attributes, forged: a kernel of this session to launch.
+    let ptx = ".version 7.0\n.target sm_52\n.address_size 64\n.visible .entry k()\n{\n  ret;\n}\n";
+    let mut w = Writer::new();
+    w.u64(7).u8(1).u64(11).u8(1).bytes(ptx.as_bytes());
+    assert_eq!(call(&mut g, op::cuModuleLoadData, w), 0);
+    let mut w = Writer::new();
+    w.u64(7).u8(1).u64(12).u64(11).u8(1).bytes(b"k");
+    assert_eq!(call(&mut g, op::cuModuleGetFunction, w), 0);
+    let attr = |id: u32, value: u64| {
+        let mut a = [0u8; 72];
+        a[..4].copy_from_slice(&id.to_le_bytes());
+        a[8..16].copy_from_slice(&value.to_le_bytes());
+        a.to_vec()
+    };
+    let launch_ex = |g: &mut RawGuest, attrs: &[u8], announced: u64| {
+        let mut w = Writer::new();
+        w.u64(7).u64(12);
+        for d in [1u32, 1, 1, 1, 1, 1, 0] {
+            w.u32(d);
+        }
+        w.u64(0).u8(1).bytes(attrs).u64(announced).u8(0).u8(0);
+        g.call(op::hiraLaunchKernelEx, w.as_slice())
+    };
+    let status_of = |(h, p): (FrameHeader, Vec<u8>)| {
+        assert_eq!(h.kind, FrameKind::Reply);
+        status(&p)
+    };
+    // A priority (numbers only) is forwarded and the kernel runs.
+    let a = attr(8, 0);
+    assert_eq!(status_of(launch_ex(&mut g, &a, 72)), 0);
+    // An id cuda.h does not define, one for graph nodes only, an event the session
+    // never made, and more attributes than a launch takes.
+    let a = attr(99, 0);
+    assert_eq!(status_of(launch_ex(&mut g, &a, 72)), 1, "INVALID_VALUE");
+    let a = attr(13, 0);
+    assert_eq!(status_of(launch_ex(&mut g, &a, 72)), 801, "NOT_SUPPORTED");
+    let a = attr(12, 0xbad);
+    assert_eq!(status_of(launch_ex(&mut g, &a, 72)), 400, "INVALID_HANDLE");
+    let many: Vec<u8> = (0..33).flat_map(|_| attr(8, 0)).collect();
+    assert_eq!(
+        status_of(launch_ex(&mut g, &many, 33 * 72)),
+        1,
+        "INVALID_VALUE"
+    );
+    // A length that is not what the call carries breaks the protocol.
+    let a = attr(8, 0);
+    let (h, _) = launch_ex(&mut g, &a, 144);
+    assert_eq!(h.kind, FrameKind::Error);
+    // Part of an attribute: refused as the driver refuses a malformed list.
+    assert_eq!(
+        status_of(launch_ex(&mut g, &a[..70], 70)),
+        1,
+        "INVALID_VALUE"
+    );
     // An opcode CUDA's description does not have.
     let (h, _) = g.call(999, &[]);
     assert_eq!(h.kind, FrameKind::Error);

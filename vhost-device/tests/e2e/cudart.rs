@@ -23,6 +23,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("features", &[]),
     ("launches", &["2000"]),
     ("warps", &[]),
+    ("thrust", &[]),
 ];
 
 fn nvcc() -> PathBuf {
@@ -132,6 +133,13 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
     // The warp program checks every result against the CUDA definitions itself.
     let o = String::from_utf8_lossy(&native("warps", &[]).stdout).into_owned();
     assert!(o.ends_with("all warp checks passed\n"), "{o}");
+    let o = String::from_utf8_lossy(&native("thrust", &[]).stdout).into_owned();
+    assert_eq!(o.matches(": ok\n").count(), 4, "{o}");
+    let o = String::from_utf8_lossy(&native("features", &[]).stdout).into_owned();
+    assert!(
+        o.contains("cudaLaunchKernelEx with attributes: 0 mismatches\n"),
+        "{o}"
+    );
     let ended = d.wait_idle(Duration::from_secs(30));
     assert!(
         ended.len() >= 2 * PROGRAMS.len() && ended.iter().all(|e| e["api"] == "CUDA"),
