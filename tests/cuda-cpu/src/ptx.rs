@@ -50,6 +50,11 @@ pub enum Ty {
     B(u8),
     F32,
     F64,
+    /// `.f16`: IEEE half precision, in the low 16 bits.
+    F16,
+    /// `.f16x2`: two halves in 32 bits (the low one first); only the arithmetic
+    /// that `cuda_fp16.h` emits takes it.
+    F16x2,
     Pred,
 }
 
@@ -70,6 +75,8 @@ impl Ty {
             "b64" => Ty::B(64),
             "f32" => Ty::F32,
             "f64" => Ty::F64,
+            "f16" => Ty::F16,
+            "f16x2" => Ty::F16x2,
             "pred" => Ty::Pred,
             _ => return None,
         })
@@ -79,8 +86,9 @@ impl Ty {
     pub fn size(self) -> usize {
         match self {
             Ty::U(b) | Ty::S(b) | Ty::B(b) => usize::from(b / 8),
-            Ty::F32 => 4,
+            Ty::F32 | Ty::F16x2 => 4,
             Ty::F64 => 8,
+            Ty::F16 => 2,
             Ty::Pred => 1,
         }
     }
@@ -94,7 +102,7 @@ impl Ty {
     }
 
     fn float(self) -> bool {
-        matches!(self, Ty::F32 | Ty::F64)
+        matches!(self, Ty::F32 | Ty::F64 | Ty::F16)
     }
 }
 
@@ -535,6 +543,7 @@ fn parse_imm(s: &str, ty: Ty) -> Option<u64> {
         return Some(match ty {
             Ty::F32 => u64::from((v as f32).to_bits()),
             Ty::F64 => (v as f64).to_bits(),
+            Ty::F16 => fput(v as f64, ty),
             _ => v as u64,
         });
     }
@@ -542,6 +551,7 @@ fn parse_imm(s: &str, ty: Ty) -> Option<u64> {
         let f: f64 = t.parse().ok()?;
         return Some(match ty {
             Ty::F32 => u64::from((f as f32).to_bits()),
+            Ty::F16 => fput(f, ty),
             _ => f.to_bits(),
         });
     }
@@ -719,6 +729,8 @@ fn ty_name(t: Ty) -> String {
         Ty::B(b) => format!("b{b}"),
         Ty::F32 => "f32".into(),
         Ty::F64 => "f64".into(),
+        Ty::F16 => "f16".into(),
+        Ty::F16x2 => "f16x2".into(),
         Ty::Pred => "pred".into(),
     }
 }
@@ -1825,10 +1837,13 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
     let sat_ok = match op {
         Op::Cvt { .. } => true,
         Op::Add | Op::Sub | Op::MulLo | Op::MadLo | Op::Fma => {
-            ty.float() || (ty == Ty::S(32) && matches!(op, Op::Add | Op::Sub))
+            ty.float() || ty == Ty::F16x2 || (ty == Ty::S(32) && matches!(op, Op::Add | Op::Sub))
         }
         _ => false,
     };
+    if types.contains(&Ty::F16x2) && !HALF2_OPS.contains(&op) {
+        return Err(unsupported());
+    }
     if sat && !sat_ok {
         return Err(unsupported());
     }
@@ -2565,13 +2580,17 @@ fn float_cmp(c: Cmp, a: f64, b: f64) -> bool {
 fn fget(v: u64, ty: Ty) -> f64 {
     match ty {
         Ty::F32 => f64::from(f32v(v)),
+        Ty::F16 => half::f16::from_bits(v as u16).to_f64(),
         _ => f64::from_bits(v),
     }
 }
 
+/// `f` in type `ty`, rounded to nearest (for a half, from the double: one rounding,
+/// as the double holds every sum and product of two halves exactly).
 fn fput(f: f64, ty: Ty) -> u64 {
     match ty {
         Ty::F32 => f32b(f as f32),
+        Ty::F16 => u64::from(half::f16::from_f64(f).to_bits()),
         _ => f.to_bits(),
     }
 }
@@ -2580,6 +2599,7 @@ fn fput(f: f64, ty: Ty) -> u64 {
 fn fbin(a: u64, b: u64, ty: Ty, f32op: fn(f32, f32) -> f32, f64op: fn(f64, f64) -> f64) -> u64 {
     match ty {
         Ty::F32 => f32b(f32op(f32v(a), f32v(b))),
+        Ty::F16 => fput(f64op(fget(a, ty), fget(b, ty)), ty),
         _ => f64op(f64::from_bits(a), f64::from_bits(b)).to_bits(),
     }
 }
@@ -2782,6 +2802,18 @@ fn atomic(
     Ok(())
 }
 
+/// What takes `.f16x2` operands: each half computed as `.f16`.
+const HALF2_OPS: &[Op] = &[
+    Op::Add,
+    Op::Sub,
+    Op::MulLo,
+    Op::Fma,
+    Op::Neg,
+    Op::Abs,
+    Op::Min,
+    Op::Max,
+];
+
 fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> {
     let ty = inst.ty;
     let bits = ty.bits();
@@ -2792,6 +2824,39 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
             o.get(i).ok_or_else(|| PtxError("missing operand".into()))?,
         )
     };
+    if ty == Ty::F16x2 && HALF2_OPS.contains(&inst.op) {
+        let n = match inst.op {
+            Op::Fma => 3,
+            Op::Neg | Op::Abs => 1,
+            _ => 2,
+        };
+        let srcs = (1..=n)
+            .map(|i| v(ctx, t, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut r = 0u64;
+        for lane in 0..2 {
+            let x: Vec<f64> = srcs
+                .iter()
+                .map(|s| fget((s >> (16 * lane)) & 0xffff, Ty::F16))
+                .collect();
+            let y = match inst.op {
+                Op::Add => x[0] + x[1],
+                Op::Sub => x[0] - x[1],
+                Op::MulLo => x[0] * x[1],
+                Op::Fma => x[0].mul_add(x[1], x[2]),
+                Op::Neg => -x[0],
+                Op::Abs => x[0].abs(),
+                Op::Min => x[0].min(x[1]),
+                _ => x[0].max(x[1]),
+            };
+            let mut h = fput(y, Ty::F16);
+            if inst.sat {
+                h = saturate_f(h, Ty::F16);
+            }
+            r |= h << (16 * lane);
+        }
+        return set(t, &o[0], r);
+    }
     match inst.op {
         Op::Mov => match (&o[0], &o[1]) {
             // Packs parts into a wider register, low part first.
@@ -2951,6 +3016,7 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
                 let r = match ty {
                     _ if inst.round != Round::Nearest => directed(Op::Fma, a, b, c, ty, inst.round),
                     Ty::F32 => f32b(f32v(a).mul_add(f32v(b), f32v(c))),
+                    Ty::F16 => fput(fget(a, ty).mul_add(fget(b, ty), fget(c, ty)), ty),
                     _ => f64::from_bits(a)
                         .mul_add(f64::from_bits(b), f64::from_bits(c))
                         .to_bits(),

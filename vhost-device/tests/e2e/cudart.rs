@@ -24,6 +24,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("launches", &["2000"]),
     ("warps", &[]),
     ("thrust", &[]),
+    ("half", &[]),
 ];
 
 fn nvcc() -> PathBuf {
@@ -133,6 +134,8 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
     // The warp program checks every result against the CUDA definitions itself.
     let o = String::from_utf8_lossy(&native("warps", &[]).stdout).into_owned();
     assert!(o.ends_with("all warp checks passed\n"), "{o}");
+    let o = String::from_utf8_lossy(&native("half", &[]).stdout).into_owned();
+    assert_eq!(o, "half results: ok\nhalf2 dot product: ok\n");
     let o = String::from_utf8_lossy(&native("thrust", &[]).stdout).into_owned();
     assert_eq!(o.matches(": ok\n").count(), 4, "{o}");
     let o = String::from_utf8_lossy(&native("features", &[]).stdout).into_owned();
