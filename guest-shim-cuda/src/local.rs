@@ -11,6 +11,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Mutex;
 
 use hira_api_cuda::status;
+use hira_cuda_private::capture;
 
 use crate::rt::{self, CUcontext, CUfunction, CUmodule, CUresult, CUstream};
 
@@ -111,6 +112,175 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     }
     // SAFETY: the same contract as cuModuleLoadData.
     unsafe { crate::generated::cuModuleLoadData(module, image) }
+}
+
+/// `CUDA_SUCCESS` if `stream` is one the application may name: a special handle or
+/// one of its streams.
+fn stream_known(stream: CUstream) -> CUresult {
+    let id = stream as usize as u64;
+    if !rt::initialized() {
+        status::NOT_INITIALIZED
+    } else if hira_api_cuda::SPECIAL_STREAMS.contains(&id)
+        || rt::context_of(hira_api_cuda::Kind::Stream, id).is_some()
+    {
+        status::SUCCESS
+    } else {
+        status::INVALID_HANDLE
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, st: *mut c_int) -> CUresult {
+    match stream_known(stream) {
+        // SAFETY: the application's out-pointer, as the API requires.
+        status::SUCCESS => unsafe {
+            capture::not_capturing(
+                st,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        },
+        e => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    stream: CUstream,
+    st: *mut c_int,
+    id: *mut u64,
+) -> CUresult {
+    // SAFETY: the application's out-pointers, as the API requires.
+    unsafe { cuStreamGetCaptureInfo_v3(stream, st, id, null(), null(), null(), null()) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    stream: CUstream,
+    st: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    // SAFETY: the application's out-pointers, as the API requires.
+    unsafe { cuStreamGetCaptureInfo_v3(stream, st, id, graph, deps, null(), num_deps) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: CUstream,
+    st: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    match stream_known(stream) {
+        // SAFETY: the application's out-pointers, as the API requires.
+        status::SUCCESS => unsafe { capture::not_capturing(st, id, graph, deps, edges, num_deps) },
+        e => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    // SAFETY: the application's pointer, as the API requires.
+    unsafe { capture::exchange_mode(mode) }
+}
+
+/// `cuPointerGetAttributes`: the host's driver answers (the guest's own memory is
+/// not the host's to describe: a pinned allocation of the guest is ordinary memory
+/// there, reported as unregistered); each value is written at its size.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    n: c_uint,
+    attributes: *mut c_int,
+    data: *mut *mut c_void,
+    ptr: u64,
+) -> CUresult {
+    // SAFETY: the application's arrays, as the API requires.
+    unsafe { pointer_attributes(n, attributes, data, ptr, false) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: u64,
+) -> CUresult {
+    let mut a = attribute;
+    let mut d = data;
+    // SAFETY: one attribute and its value pointer.
+    unsafe { pointer_attributes(1, &mut a, &mut d, ptr, true) }
+}
+
+/// Both pointer queries: `single` is `cuPointerGetAttribute`, which refuses a
+/// pointer its driver does not know where the plural answers zeros.
+unsafe fn pointer_attributes(
+    n: c_uint,
+    attributes: *mut c_int,
+    data: *mut *mut c_void,
+    ptr: u64,
+    single: bool,
+) -> CUresult {
+    use hira_cuda_private::pointer;
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    let n = n as usize;
+    if n == 0 || n > pointer::MAX_ATTRIBUTES || attributes.is_null() || data.is_null() {
+        return status::INVALID_VALUE;
+    }
+    let mut ids = Vec::with_capacity(n * 4);
+    let mut sizes = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: `n` attributes and value pointers, as the API requires.
+        let (a, d) = unsafe { (*attributes.add(i), *data.add(i)) };
+        match pointer::value_size(a) {
+            Some(size) if !d.is_null() => sizes.push(size),
+            _ => return status::INVALID_VALUE,
+        }
+        ids.extend_from_slice(&a.to_le_bytes());
+    }
+    let mut values = vec![0u8; n * pointer::MAX_VALUE];
+    // SAFETY: `ids` and `values` hold the lengths passed.
+    let st = unsafe {
+        crate::generated::hiraPointerGetAttributes(
+            ids.as_ptr().cast(),
+            ids.len(),
+            values.as_mut_ptr().cast(),
+            values.len(),
+            ptr,
+            c_int::from(single),
+        )
+    };
+    if st != status::SUCCESS {
+        return st;
+    }
+    for (i, size) in sizes.into_iter().enumerate() {
+        // SAFETY: the value pointer holds the attribute's type, as the API requires.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                values[i * pointer::MAX_VALUE..].as_ptr(),
+                (*data.add(i)).cast::<u8>(),
+                size,
+            );
+        }
+    }
+    status::SUCCESS
+}
+
+/// A null out-pointer of any type.
+fn null<T>() -> *mut T {
+    std::ptr::null_mut()
 }
 
 /// `cuLaunchKernelEx`: the configuration is read here (the host cannot read the

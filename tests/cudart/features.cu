@@ -130,6 +130,27 @@ int main() {
         CHECK(cudaEventDestroy(done));
     }
 
+    // What CuPy and CUB ask before they work: pointer attributes, stream capture.
+    {
+        cudaPointerAttributes pa;
+        CHECK(cudaPointerGetAttributes(&pa, d_out + 5));
+        printf("device pointer: type %s, device %d, same address %s\n",
+               pa.type == cudaMemoryTypeDevice ? "device" : "other", pa.device,
+               pa.devicePointer == (void *)(d_out + 5) ? "yes" : "no");
+        int local = 0;
+        CHECK(cudaPointerGetAttributes(&pa, &local));
+        printf("stack pointer: type %s\n",
+               pa.type == cudaMemoryTypeUnregistered ? "unregistered" : "other");
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusActive;
+        CHECK(cudaStreamIsCapturing(s, &cs));
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+        cudaStreamCaptureMode back = cudaStreamCaptureModeGlobal;
+        CHECK(cudaThreadExchangeStreamCaptureMode(&back));
+        printf("capturing: %s, capture mode was %d then %d\n",
+               cs == cudaStreamCaptureStatusNone ? "no" : "yes", (int)mode, (int)back);
+    }
+
     int blocks = 0;
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, scaled, 128, 0));
     printf("occupancy positive: %s\n", blocks > 0 ? "yes" : "no");

@@ -712,3 +712,96 @@ pub(crate) fn cuLibraryGetKernel<'a>(
     }
     Ok(())
 }
+
+/// `cuPointerGetAttribute(s)`: the guest's attribute ids, the host's driver's answer,
+/// each value in 16 bytes; a context comes back as the guest's id, a memory pool as
+/// none (pools are not remoted).
+pub(crate) fn hiraPointerGetAttributes<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
+    use hira_cuda_private::pointer;
+    let ctx = r.u64()?;
+    let ids = Session::bytes_arg(r, frame)?;
+    let ids_len = r.u64()?;
+    let to = Session::out_arg(r)?;
+    let values_len = r.u64()?;
+    let ptr = r.u64()?;
+    let single = r.i32()? != 0;
+    r.finish()?;
+    // A private copy: the guest may change window memory while it is read.
+    let raw: Vec<u8> = match &ids {
+        None => Vec::new(),
+        Some(b) => {
+            let mut v = vec![0u8; b.len()];
+            // SAFETY: `b` has `b.len()` readable bytes; `v` as many.
+            unsafe { std::ptr::copy_nonoverlapping(b.ptr(), v.as_mut_ptr(), b.len()) };
+            v
+        }
+    };
+    let n = raw.len() / 4;
+    if raw.len() as u64 != ids_len
+        || !raw.len().is_multiple_of(4)
+        || values_len != (n * pointer::MAX_VALUE) as u64
+    {
+        return Err(Fail::Protocol(format!(
+            "{} attribute bytes ({ids_len} announced) for {values_len} value bytes",
+            raw.len()
+        )));
+    }
+    if n == 0 || n > pointer::MAX_ATTRIBUTES || (single && n != 1) {
+        return Err(Fail::Status(status::INVALID_VALUE));
+    }
+    let attrs: Vec<c_int> = raw
+        .chunks_exact(4)
+        .map(|c| c_int::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    for &a in &attrs {
+        if pointer::value_size(a).is_none() {
+            return Err(Fail::Status(status::INVALID_VALUE));
+        }
+        if a == pointer::P2P_TOKENS {
+            return Err(Fail::Status(status::NOT_SUPPORTED));
+        }
+    }
+    let ctx = s.lookup(Kind::Context, ctx, true)?;
+    let mut values = vec![[0u8; pointer::MAX_VALUE]; n];
+    let mut out = Session::out_buffer(to, frame, n * pointer::MAX_VALUE)?;
+    s.make_current(ctx)?;
+    let st = if single {
+        let get = s.extra.cuPointerGetAttribute.ok_or_else(unsupported)?;
+        // SAFETY: a 16-byte value, wider than any attribute's.
+        unsafe { get(values[0].as_mut_ptr().cast(), attrs[0], ptr) }
+    } else {
+        let get = s.extra.cuPointerGetAttributes.ok_or_else(unsupported)?;
+        let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
+        // SAFETY: `n` attribute ids and `n` pointers to 16-byte values.
+        unsafe { get(n as c_uint, attrs.as_ptr(), ptrs.as_mut_ptr(), ptr) }
+    };
+    w.i32(st);
+    if st != 0 {
+        return Ok(());
+    }
+    for (a, v) in attrs.iter().zip(values.iter_mut()) {
+        let host = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+        let guest = match *a {
+            pointer::CONTEXT if host != 0 => s.id_of(Kind::Context, host as usize as *mut c_void),
+            pointer::MEMPOOL_HANDLE => 0,
+            _ => continue,
+        };
+        v[..8].copy_from_slice(&guest.to_le_bytes());
+    }
+    let b = out.ptr();
+    if !b.is_null() {
+        for (i, v) in values.iter().enumerate() {
+            // SAFETY: the out buffer holds `n` values of 16 bytes (made above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(v.as_ptr(), b.add(i * pointer::MAX_VALUE), v.len())
+            };
+        }
+    }
+    out.reply(w);
+    Ok(())
+}

@@ -76,6 +76,10 @@ pub(crate) struct Extra {
         Option<unsafe extern "C" fn(*mut c_void, usize, *mut usize, *mut usize) -> c_int>,
     pub(crate) cuKernelGetFunction:
         Option<unsafe extern "C" fn(*mut *mut c_void, *mut c_void) -> c_int>,
+    pub(crate) cuPointerGetAttribute:
+        Option<unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int>,
+    pub(crate) cuPointerGetAttributes:
+        Option<unsafe extern "C" fn(c_uint, *const c_int, *mut *mut c_void, u64) -> c_int>,
     pub(crate) cuLaunchKernelEx: Option<
         unsafe extern "C" fn(
             *const hira_cuda_private::launch::Config,
@@ -197,6 +201,18 @@ impl Session {
         if kind == Kind::Module {
             hs.module_ptx.remove(&id);
         }
+    }
+
+    /// The guest's id of a host object it made (a context the host names in an
+    /// answer), else the id [`Session::found`] gives it.
+    pub(crate) fn id_of(&self, kind: Kind, h: *mut c_void) -> u64 {
+        let bound = self
+            .handles()
+            .by_id
+            .iter()
+            .find(|&(&(k, _), &v)| k == kind && v == h as usize)
+            .map(|(&(_, id), _)| id);
+        bound.unwrap_or_else(|| self.found(kind, h))
     }
 
     /// The id of an object the host returned, the same each time it returns it.
@@ -476,6 +492,8 @@ impl CudaBackend {
                 cuKernelGetParamInfo: lib.get(c"cuKernelGetParamInfo"),
                 cuKernelGetFunction: lib.get(c"cuKernelGetFunction"),
                 cuLaunchKernelEx: lib.get(c"cuLaunchKernelEx"),
+                cuPointerGetAttribute: lib.get(c"cuPointerGetAttribute"),
+                cuPointerGetAttributes: lib.get(c"cuPointerGetAttributes"),
             }
         };
         let missing = [

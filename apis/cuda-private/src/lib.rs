@@ -5,11 +5,15 @@
 //! - [`fatbin`]: the containers of device code the runtime registers;
 //! - [`procs`]: the entry point `cuGetProcAddress` gives for a name and version;
 //! - [`export`]: the private tables of `cuGetExportTable`, integrity check included;
-//! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes.
+//! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes;
+//! - [`capture`]: stream capture as a driver without graphs answers it;
+//! - [`pointer`]: the values of `cuPointerGetAttribute(s)`.
 
+pub mod capture;
 pub mod export;
 pub mod fatbin;
 pub mod launch;
+pub mod pointer;
 pub mod procs;
 
 unsafe extern "C" {

@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use hira_cuda_private::launch;
+use hira_cuda_private::{capture, launch};
 
 use super::{
     CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
@@ -507,4 +507,169 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         }
     }
     CUDA_SUCCESS
+}
+
+/// The stream-capture queries: nothing is captured here (no graphs).
+fn capture_query(stream: Handle, write: impl FnOnce() -> CUresult) -> CUresult {
+    let known = super::with_ctx(|s, _| {
+        if super::stream_ok(s, stream) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_HANDLE
+        }
+    });
+    if known != CUDA_SUCCESS {
+        return known;
+    }
+    write()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, st: *mut c_int) -> CUresult {
+    // SAFETY: the caller's out-pointer, as the API requires.
+    capture_query(stream, || unsafe {
+        cuStreamGetCaptureInfo(stream, st, std::ptr::null_mut())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    stream: Handle,
+    st: *mut c_int,
+    id: *mut u64,
+) -> CUresult {
+    // SAFETY: the caller's out-pointers, as the API requires.
+    capture_query(stream, || unsafe {
+        capture::not_capturing(
+            st,
+            id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    stream: Handle,
+    st: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    num: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's out-pointers, as the API requires.
+    capture_query(stream, || unsafe {
+        capture::not_capturing(st, id, graph, deps, std::ptr::null_mut(), num)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: Handle,
+    st: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    edges: *mut *const c_void,
+    num: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's out-pointers, as the API requires.
+    capture_query(stream, || unsafe {
+        capture::not_capturing(st, id, graph, deps, edges, num)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
+    // SAFETY: the caller's pointer, as the API requires.
+    unsafe { capture::exchange_mode(mode) }
+}
+
+/// The value of pointer attribute `attr` for `ptr` (device memory of an allocation
+/// at `base` of `len` bytes, in context `ctx`), or for a pointer this driver did not
+/// allocate (`None`: every value 0, as `cuPointerGetAttributes` reports one).
+fn pointer_value(attr: c_int, ptr: u64, alloc: Option<(u64, usize)>, ctx: usize) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    let Some((base, len)) = alloc else {
+        return v;
+    };
+    let x: u64 = match attr {
+        1 => ctx as u64,
+        2 => 2, // CU_MEMORYTYPE_DEVICE
+        3 => ptr,
+        7 | 11 | 19 | 20 => base,
+        12 | 18 => len as u64,
+        13 => 1,
+        16 => 3, // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+        _ => 0,
+    };
+    v[..8].copy_from_slice(&x.to_le_bytes());
+    v
+}
+
+/// `cuPointerGetAttributes`: device memory this driver allocated is described; any
+/// other pointer gets 0 for every attribute, with success. Host memory from
+/// `cuMemHostAlloc` is not registered here (it is ordinary memory of the process,
+/// as in Hira's guest), so it is reported as unregistered too.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    n: c_uint,
+    attrs: *const c_int,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    use hira_cuda_private::pointer;
+    if n == 0 || attrs.is_null() || data.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    super::with_ctx(|s, ctx| {
+        let alloc = s
+            .mem
+            .find(ptr, 0)
+            .map(|(base, _)| (base, s.mem.allocs[&base].len()));
+        for i in 0..n as usize {
+            // SAFETY: `n` attributes and as many value pointers, as the API requires.
+            let (attr, out) = unsafe { (*attrs.add(i), *data.add(i)) };
+            let Some(size) = pointer::value_size(attr) else {
+                return CUDA_ERROR_INVALID_VALUE;
+            };
+            if attr == pointer::P2P_TOKENS {
+                return CUDA_ERROR_NOT_SUPPORTED;
+            }
+            if out.is_null() {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            let v = pointer_value(attr, ptr, alloc, ctx);
+            // SAFETY: the value pointer holds the attribute's type, as the API
+            // requires.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out.cast::<u8>(), size) };
+        }
+        CUDA_SUCCESS
+    })
+}
+
+/// `cuPointerGetAttribute`: as the plural for device memory this driver
+/// allocated; any other pointer is refused.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attr: c_int,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    let known = super::with_ctx(|s, _| {
+        if s.mem.find(ptr, 0).is_some() {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_VALUE
+        }
+    });
+    if known != CUDA_SUCCESS {
+        return known;
+    }
+    let mut d = data;
+    // SAFETY: one attribute and its value pointer.
+    unsafe { cuPointerGetAttributes(1, &attr, &mut d, ptr) }
 }

@@ -398,6 +398,32 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
         1,
         "INVALID_VALUE"
     );
+    // Pointer attributes: an id cuda.h lacks, the P2P tokens (for kernel drivers),
+    // and values that do not match the ids.
+    let pointer_query = |g: &mut RawGuest, ids: &[i32], values: u64| {
+        let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let mut w = Writer::new();
+        w.u64(7).u8(1).bytes(&bytes).u64(bytes.len() as u64);
+        w.u8(1).u64(values).u64(0x1000).i32(0);
+        g.call(op::hiraPointerGetAttributes, w.as_slice())
+    };
+    assert_eq!(
+        status_of(pointer_query(&mut g, &[2, 99], 32)),
+        1,
+        "INVALID_VALUE"
+    );
+    assert_eq!(
+        status_of(pointer_query(&mut g, &[5], 16)),
+        801,
+        "NOT_SUPPORTED"
+    );
+    assert_eq!(
+        status_of(pointer_query(&mut g, &[2], 16)),
+        0,
+        "an unknown pointer: zeros"
+    );
+    let (h, _) = pointer_query(&mut g, &[2], 8);
+    assert_eq!(h.kind, FrameKind::Error);
     // An opcode CUDA's description does not have.
     let (h, _) = g.call(999, &[]);
     assert_eq!(h.kind, FrameKind::Error);

@@ -143,6 +143,11 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
         o.contains("cudaLaunchKernelEx with attributes: 0 mismatches\n"),
         "{o}"
     );
+    assert!(
+        o.contains("device pointer: type device, device 0, same address yes\n")
+            && o.contains("capturing: no, capture mode was 0 then 2\n"),
+        "{o}"
+    );
     let ended = d.wait_idle(Duration::from_secs(30));
     assert!(
         ended.len() >= 2 * PROGRAMS.len() && ended.iter().all(|e| e["api"] == "CUDA"),
