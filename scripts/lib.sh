@@ -100,3 +100,43 @@ ensure_nvcc() {
     ln -sfn lib "$top/lib64"
     ln -sfn libcudart.so.13 "$top/lib/libcudart.so"
 }
+
+# Installs CuPy (its CUDA 13 wheel, with the CUDA 13.0 runtime, NVRTC and cuRAND
+# wheels it loads) and pytest into a virtual environment under target/cupy, and
+# CuPy's own test suite from its source distribution (the wheel has none): the
+# end-to-end test runs part of it natively and through Hira (vhost-device/tests/e2e/cupy.rs).
+CUPY_VERSION=14.2.0
+ensure_cupy() {
+    local dir=target/cupy
+    [ -x "$dir/venv/bin/python" ] && [ -e "$dir/cupy-$CUPY_VERSION/pyproject.toml" ] && return 0
+    echo "installing: CuPy $CUPY_VERSION and its tests (PyPI) under $dir"
+    rm -rf "$dir"
+    python3 -m venv "$dir/venv"
+    "$dir/venv/bin/pip" install -q "cupy-cuda13x==$CUPY_VERSION" \
+        "cuda-toolkit[cudart,nvrtc,curand]==13.0.*" "numpy==2.4.*" \
+        "pytest==9.*" "pytest-timeout==2.*" "hypothesis>=6.37.2,<6.55.0" mpmath packaging
+    # The source distribution, found through PyPI's simple index (its JSON form) and
+    # checked against the hash the index gives; tests/ and pyproject.toml (pytest's
+    # settings) are kept.
+    "$dir/venv/bin/python" - "$dir" "$CUPY_VERSION" <<'PY'
+import hashlib, io, json, sys, tarfile, urllib.request
+dest, version = sys.argv[1], sys.argv[2]
+req = urllib.request.Request(
+    "https://pypi.org/simple/cupy/",
+    headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+)
+files = json.load(urllib.request.urlopen(req))["files"]
+f = next(f for f in files if f["filename"] == f"cupy-{version}.tar.gz")
+data = urllib.request.urlopen(f["url"]).read()
+if hashlib.sha256(data).hexdigest() != f["hashes"]["sha256"]:
+    sys.exit(f"cupy-{version}.tar.gz: hash mismatch")
+with tarfile.open(fileobj=io.BytesIO(data)) as t:
+    top = f"cupy-{version}/"
+    keep = [
+        m
+        for m in t.getmembers()
+        if m.name.startswith(top + "tests/") or m.name == top + "pyproject.toml"
+    ]
+    t.extractall(dest, members=keep, filter="data")
+PY
+}

@@ -1122,10 +1122,19 @@ unsafe fn image_ptx(image: *const c_void) -> Result<String, CUresult> {
         eprintln!("hira CPU test executor: {e}");
         CUDA_ERROR_INVALID_IMAGE
     })?;
-    let Some(best) = fatbin::best_ptx(&entries, COMPUTE_CAPABILITY) else {
-        eprintln!(
-            "hira CPU test executor: the fatbin has no PTX for compute_{COMPUTE_CAPABILITY} or older"
-        );
+    // A GPU of this compute capability would run the fatbin's cubin for it; this
+    // executor runs PTX only, so where the only PTX is for newer targets (NVIDIA's
+    // libraries, cuRAND and CUB among them, ship a cubin per architecture and PTX for
+    // the newest) it interprets the oldest of those.
+    let best = fatbin::best_ptx(&entries, COMPUTE_CAPABILITY).or_else(|| {
+        entries
+            .iter()
+            .filter(|e| e.kind == fatbin::Kind::Ptx)
+            .min_by_key(|e| e.sm)
+            .cloned()
+    });
+    let Some(best) = best else {
+        eprintln!("hira CPU test executor: the fatbin has no PTX");
         return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
     };
     let text = best.contents().map_err(|e| {

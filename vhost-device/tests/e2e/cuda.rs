@@ -33,7 +33,7 @@ pub(crate) const PROGRAMS: &[&str] = &[
 const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error"];
 
 /// Whether the tests use the machine's real CUDA driver.
-fn real_gpu() -> bool {
+pub(crate) fn real_gpu() -> bool {
     std::env::var_os("HIRA_CUDA_E2E").is_some_and(|v| v == "1")
 }
 

@@ -4,6 +4,7 @@
 
 mod cuda;
 mod cudart;
+mod cupy;
 mod dataplane;
 mod hardening;
 mod host_memory;
