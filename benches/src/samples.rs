@@ -101,6 +101,13 @@ pub const SAMPLES: &[Program] = &[
         Some("completed, returned OK")
     ),
     sample!(
+        "0_Introduction/simpleCallback",
+        "simpleCallback",
+        "",
+        "multithreading.cpp simpleCallback.cu",
+        Some("workloads finished:\nSuccess")
+    ),
+    sample!(
         "0_Introduction/simpleCooperativeGroups",
         "simpleCooperativeGroups",
         "",

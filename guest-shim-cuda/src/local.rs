@@ -278,6 +278,63 @@ unsafe fn pointer_attributes(
     status::SUCCESS
 }
 
+/// `CUhostFn`.
+type HostFn = unsafe extern "C" fn(*mut c_void);
+/// `CUstreamCallback`.
+type StreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
+
+/// `cuLaunchHostFunc`: once the stream's work is done (its synchronisation, on the
+/// host), the function runs in the calling thread, so that nothing enqueued later on
+/// the stream can start before it returns. The function is not run when the
+/// stream's work failed, as the driver skips it after an error.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    stream: CUstream,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+) -> CUresult {
+    let Some(func) = func else {
+        return status::INVALID_VALUE;
+    };
+    let known = stream_known(stream);
+    if known != status::SUCCESS {
+        return known;
+    }
+    // SAFETY: a stream of the application.
+    let st = unsafe { crate::generated::cuStreamSynchronize(stream) };
+    if st == status::SUCCESS {
+        // SAFETY: the application's function and data, as the API requires.
+        unsafe { func(user_data) };
+    }
+    st
+}
+
+/// `cuStreamAddCallback`: as `cuLaunchHostFunc`, the callback told the status of
+/// the stream's work (and called whatever it is).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    stream: CUstream,
+    callback: Option<StreamCallback>,
+    user_data: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    let Some(callback) = callback else {
+        return status::INVALID_VALUE;
+    };
+    if flags != 0 {
+        return status::INVALID_VALUE;
+    }
+    let known = stream_known(stream);
+    if known != status::SUCCESS {
+        return known;
+    }
+    // SAFETY: a stream of the application.
+    let st = unsafe { crate::generated::cuStreamSynchronize(stream) };
+    // SAFETY: the application's callback and data, as the API requires.
+    unsafe { callback(stream, st, user_data) };
+    status::SUCCESS
+}
+
 /// A null out-pointer of any type.
 fn null<T>() -> *mut T {
     std::ptr::null_mut()

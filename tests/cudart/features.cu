@@ -30,6 +30,12 @@ __global__ void hello(int tag) {
     if (threadIdx.x < 2) printf("block %d thread %d says %d\n", blockIdx.x, threadIdx.x, tag);
 }
 
+// Host work on a stream (cudaLaunchHostFunc, cudaStreamAddCallback).
+static void CUDART_CB host_step(void *p) { *(int *)p += 1; }
+static void CUDART_CB stream_done(cudaStream_t, cudaError_t st, void *p) {
+    *(int *)p += st == cudaSuccess ? 10 : 1000;
+}
+
 #define CHECK(x)                                                                     \
     do {                                                                             \
         cudaError_t e = (x);                                                         \
@@ -149,6 +155,15 @@ int main() {
         CHECK(cudaThreadExchangeStreamCaptureMode(&back));
         printf("capturing: %s, capture mode was %d then %d\n",
                cs == cudaStreamCaptureStatusNone ? "no" : "yes", (int)mode, (int)back);
+    }
+
+    {
+        int steps = 0;
+        scaled<<<n / 128, 128, 0, s>>>(d_in, d_out, n);
+        CHECK(cudaLaunchHostFunc(s, host_step, &steps));
+        CHECK(cudaStreamAddCallback(s, stream_done, &steps, 0));
+        CHECK(cudaStreamSynchronize(s));
+        printf("host work on the stream: %d\n", steps);
     }
 
     int blocks = 0;

@@ -1924,6 +1924,8 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuCtxSynchronize_v2" => library::cuCtxSynchronize_v2,
         "cuDeviceCanAccessPeer" => cuDeviceCanAccessPeer,
         "cuLaunchKernelEx" => library::cuLaunchKernelEx,
+        "cuLaunchHostFunc" => library::cuLaunchHostFunc,
+        "cuStreamAddCallback" => library::cuStreamAddCallback,
         "cuPointerGetAttribute" => library::cuPointerGetAttribute,
         "cuPointerGetAttributes" => library::cuPointerGetAttributes,
         "cuStreamIsCapturing" => library::cuStreamIsCapturing,

@@ -509,7 +509,8 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     CUDA_SUCCESS
 }
 
-/// The stream-capture queries: nothing is captured here (no graphs).
+/// Runs `write` if `stream` is one the current context may use (the stream-capture
+/// queries, host functions).
 fn capture_query(stream: Handle, write: impl FnOnce() -> CUresult) -> CUresult {
     let known = super::with_ctx(|s, _| {
         if super::stream_ok(s, stream) {
@@ -672,4 +673,47 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     let mut d = data;
     // SAFETY: one attribute and its value pointer.
     unsafe { cuPointerGetAttributes(1, &attr, &mut d, ptr) }
+}
+
+/// `cuLaunchHostFunc`: work runs when it is enqueued here, so the stream's work is
+/// done: the function runs now, in the calling thread (outside the driver's lock).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    stream: Handle,
+    func: Option<unsafe extern "C" fn(*mut c_void)>,
+    user_data: *mut c_void,
+) -> CUresult {
+    let Some(func) = func else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let st = capture_query(stream, || CUDA_SUCCESS);
+    if st == CUDA_SUCCESS {
+        // SAFETY: the caller's function and data, as the API requires.
+        unsafe { func(user_data) };
+    }
+    st
+}
+
+/// `cuStreamAddCallback`: as `cuLaunchHostFunc`, the callback told the stream's
+/// status.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    stream: Handle,
+    callback: Option<unsafe extern "C" fn(Handle, CUresult, *mut c_void)>,
+    user_data: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    let Some(callback) = callback else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    if flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let st = capture_query(stream, || CUDA_SUCCESS);
+    if st != CUDA_SUCCESS {
+        return st;
+    }
+    // SAFETY: the caller's callback and data, as the API requires.
+    unsafe { callback(stream, CUDA_SUCCESS, user_data) };
+    CUDA_SUCCESS
 }
