@@ -6,7 +6,7 @@
 //! The samples are not vendored and CI cannot fetch them (no network): the test runs
 //! when `HIRA_CUDA_SAMPLES` names a checkout and says so when it skips.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn cuda_samples_give_identical_output_through_hira() {
@@ -16,26 +16,14 @@ fn cuda_samples_give_identical_output_through_hira() {
         );
         return;
     };
-    let out = tempfile::tempdir().unwrap();
-    let st = Command::new(env!("CARGO_BIN_EXE_hira-bench"))
-        .args([
+    common::assert_all_identical(
+        &[
             "cuda-samples",
             "--only",
             "vectorAdd,simpleVoteIntrinsics,reduction,deviceQueryDrv,mergeSort,SobolQRNG",
-            "--src",
-        ])
-        .arg(&src)
-        .arg("--out")
-        .arg(out.path())
-        .status()
-        .unwrap();
-    let results = std::fs::read_to_string(out.path().join("results.md")).unwrap();
-    assert!(st.success(), "{results}");
-    let rows: Vec<&str> = results.lines().skip(2).collect();
-    assert_eq!(rows.len(), 6, "{results}");
-    assert!(
-        rows.iter()
-            .all(|r| r.contains("| yes | exit 0 | exit 0 |") && r.contains("identical")),
-        "{results}"
+        ],
+        &src,
+        6,
+        "| yes | exit 0 | exit 0 |",
     );
 }

@@ -333,16 +333,7 @@ fn launch_attributes(
     bytes: Option<Bytes<'_>>,
     len: u64,
 ) -> Result<Result<Vec<launch::Attribute>, c_int>, Fail> {
-    // A private copy: the guest may change window memory while it is read.
-    let raw: Vec<u8> = match &bytes {
-        None => Vec::new(),
-        Some(b) => {
-            let mut v = vec![0u8; b.len()];
-            // SAFETY: `b` has `b.len()` readable bytes; `v` as many.
-            unsafe { std::ptr::copy_nonoverlapping(b.ptr(), v.as_mut_ptr(), b.len()) };
-            v
-        }
-    };
+    let raw = bytes.as_ref().map_or_else(Vec::new, Bytes::to_vec);
     if raw.len() as u64 != len {
         return Err(Fail::Protocol(format!(
             "{} attribute bytes, {len} announced",
@@ -364,6 +355,13 @@ fn launch_attributes(
         }
     }
     Ok(Ok(attrs))
+}
+
+/// The host's launch: `cuLaunchKernel`, or `cuLaunchKernelEx` with the checked
+/// attributes.
+enum Host<P> {
+    Plain(P),
+    Ex(super::LaunchKernelEx, Vec<launch::Attribute>),
 }
 
 /// A launch, plain or with attributes (`ex`).
@@ -390,23 +388,22 @@ fn launch<'a>(
     let params = Session::bytes_arg(r, frame)?;
     let extra = Session::bytes_arg(r, frame)?;
     r.finish()?;
-    if ex {
-        s.extra.cuLaunchKernelEx.ok_or_else(unsupported)?;
-    } else {
-        s.driver.cuLaunchKernel.ok_or_else(unsupported)?;
-    }
     let ctx = s.lookup(Kind::Context, ctx, true)?;
     let f = s.lookup(Kind::Function, fid, false)?;
     let stream = s.stream(stream)?;
-    let attrs = match attr_bytes {
-        Some((b, len)) => match launch_attributes(s, b, len)? {
-            Ok(a) => Some(a),
-            Err(st) => {
-                w.i32(st);
-                return Ok(());
+    // The host's function, resolved before the VM's decision is applied.
+    let host = match attr_bytes {
+        None => Host::Plain(s.driver.cuLaunchKernel.ok_or_else(unsupported)?),
+        Some((b, len)) => {
+            let launch = s.extra.cuLaunchKernelEx.ok_or_else(unsupported)?;
+            match launch_attributes(s, b, len)? {
+                Ok(a) => Host::Ex(launch, a),
+                Err(st) => {
+                    w.i32(st);
+                    return Ok(());
+                }
             }
-        },
-        None => None,
+        }
     };
     // Values copied into 8-byte-aligned storage, as the driver may read them so.
     let aligned = |b: &Bytes<'_>| -> Vec<u64> {
@@ -470,9 +467,8 @@ fn launch<'a>(
     } else {
         std::ptr::null_mut()
     };
-    let st = match &attrs {
-        None => {
-            let launch = s.driver.cuLaunchKernel.ok_or_else(unsupported)?;
+    let st = match &host {
+        Host::Plain(launch) => {
             // SAFETY: the parameter pointers point into `param_store`, the extra list
             // into `extra_store` and `extra_len`, alive until the call returns (the
             // driver copies parameters at launch).
@@ -483,8 +479,7 @@ fn launch<'a>(
                 )
             }
         }
-        Some(a) => {
-            let launch = s.extra.cuLaunchKernelEx.ok_or_else(unsupported)?;
+        Host::Ex(launch, a) => {
             let config = launch::Config {
                 grid: [dims[0], dims[1], dims[2]],
                 block: [dims[3], dims[4], dims[5]],
@@ -731,16 +726,7 @@ pub(crate) fn hiraPointerGetAttributes<'a>(
     let ptr = r.u64()?;
     let single = r.i32()? != 0;
     r.finish()?;
-    // A private copy: the guest may change window memory while it is read.
-    let raw: Vec<u8> = match &ids {
-        None => Vec::new(),
-        Some(b) => {
-            let mut v = vec![0u8; b.len()];
-            // SAFETY: `b` has `b.len()` readable bytes; `v` as many.
-            unsafe { std::ptr::copy_nonoverlapping(b.ptr(), v.as_mut_ptr(), b.len()) };
-            v
-        }
-    };
+    let raw = ids.as_ref().map_or_else(Vec::new, Bytes::to_vec);
     let n = raw.len() / 4;
     if raw.len() as u64 != ids_len
         || !raw.len().is_multiple_of(4)

@@ -67,6 +67,14 @@ type LibraryLoadData = unsafe extern "C" fn(
     c_uint,
 ) -> c_int;
 
+/// `cuLaunchKernelEx`.
+pub(crate) type LaunchKernelEx = unsafe extern "C" fn(
+    *const hira_cuda_private::launch::Config,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> c_int;
+
 /// Host functions reached through Hira's own calls (`hiraLibraryLoad`) or used by
 /// the API server itself; `None` where the host's driver lacks them.
 #[allow(non_snake_case)]
@@ -80,14 +88,7 @@ pub(crate) struct Extra {
         Option<unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int>,
     pub(crate) cuPointerGetAttributes:
         Option<unsafe extern "C" fn(c_uint, *const c_int, *mut *mut c_void, u64) -> c_int>,
-    pub(crate) cuLaunchKernelEx: Option<
-        unsafe extern "C" fn(
-            *const hira_cuda_private::launch::Config,
-            *mut c_void,
-            *mut *mut c_void,
-            *mut *mut c_void,
-        ) -> c_int,
-    >,
+    pub(crate) cuLaunchKernelEx: Option<LaunchKernelEx>,
 }
 
 /// The loaded driver library.
@@ -294,9 +295,8 @@ impl Session {
     /// out of the guest's reach.
     pub(crate) fn c_bytes(b: Option<Bytes<'_>>) -> Result<Option<Vec<u8>>, Fail> {
         Ok(b.map(|b| {
-            let mut v = vec![0u8; b.len() + 1];
-            // SAFETY: `b` holds `len` readable bytes (checked when it was made).
-            unsafe { std::ptr::copy_nonoverlapping(b.ptr(), v.as_mut_ptr(), b.len()) };
+            let mut v = b.to_vec();
+            v.push(0);
             v
         }))
     }
@@ -433,6 +433,15 @@ impl Bytes<'_> {
             Bytes::Inline(b) => b.len(),
             Bytes::Window(_, n) => *n,
         }
+    }
+
+    /// A private copy, out of the guest's reach (window memory may change while the
+    /// host reads it).
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        // SAFETY: `ptr` holds `len` readable bytes (checked when it was made).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(), v.as_mut_ptr(), self.len()) };
+        v
     }
 }
 

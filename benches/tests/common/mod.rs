@@ -1,0 +1,28 @@
+//! What the tests of `hira-bench`'s program comparisons share.
+
+use std::ffi::OsStr;
+use std::process::Command;
+
+/// Runs `hira-bench ARGS --src SRC` into a fresh directory and checks its table:
+/// `rows` rows, each containing `built` (the columns of a build and its runs) and
+/// "identical".
+pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str) {
+    let out = tempfile::tempdir().unwrap();
+    let st = Command::new(env!("CARGO_BIN_EXE_hira-bench"))
+        .args(args)
+        .arg("--src")
+        .arg(src)
+        .arg("--out")
+        .arg(out.path())
+        .status()
+        .unwrap();
+    let results = std::fs::read_to_string(out.path().join("results.md")).unwrap();
+    assert!(st.success(), "{results}");
+    let got: Vec<&str> = results.lines().skip(2).collect();
+    assert_eq!(got.len(), rows, "{results}");
+    assert!(
+        got.iter()
+            .all(|r| r.contains(built) && r.contains("identical")),
+        "{results}"
+    );
+}
