@@ -1,6 +1,6 @@
 //! `hira-ctl`: the operator's view of a running `hira-vhost`, through its control
-//! socket (`hira-vhost --control-socket PATH`; one JSON request and answer per line,
-//! see `vhost-device/src/control.rs`).
+//! socket (`hira-vhost --control-socket PATH`; the typed protocol of the
+//! `hira-control` crate, its wire format in docs/control.md).
 //!
 //! - `hira-ctl [--socket PATH] list [--json]`: VMs, their sessions and API servers.
 //! - `hira-ctl set VM share=N mem-quota=SIZE max-sessions=N host-mem=SIZE` (`64M`,
@@ -16,14 +16,18 @@
 //!   it when its guest reconnects; `checkpoint all DIR` / `restore DIR` for every
 //!   session, around a daemon upgrade.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use serde_json::{Value, json};
+use hira_control::session_file;
+use hira_control::settings::{parse_max_sessions, parse_share, parse_size};
+use hira_control::{
+    Client, MovedAnswer, Request, SessionStatus, SetAnswer, SetVm, Status, SuspendedAnswer,
+    VmStatus,
+};
 
 /// The control socket the packaged configuration uses.
 const DEFAULT_SOCKET: &str = "/run/hira/control.sock";
@@ -97,40 +101,6 @@ enum Cmd {
     },
 }
 
-/// One connection to the control socket.
-struct Control {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-}
-
-impl Control {
-    fn connect(path: &PathBuf) -> anyhow::Result<Control> {
-        let s = UnixStream::connect(path).with_context(|| {
-            format!(
-                "cannot reach hira-vhost's control socket {} (is the daemon running with --control-socket?)",
-                path.display()
-            )
-        })?;
-        Ok(Control {
-            reader: BufReader::new(s.try_clone()?),
-            writer: s,
-        })
-    }
-
-    fn ask(&mut self, req: &Value) -> anyhow::Result<Value> {
-        writeln!(self.writer, "{req}")?;
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
-            bail!("the daemon closed the control socket");
-        }
-        let v: Value = serde_json::from_str(&line).context("the daemon's answer is not JSON")?;
-        if let Some(e) = v.get("error").and_then(Value::as_str) {
-            bail!("{e}");
-        }
-        Ok(v)
-    }
-}
-
 /// `1536` → `1.5 KiB`.
 fn size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -147,22 +117,11 @@ fn size(bytes: u64) -> String {
     }
 }
 
-fn quota(v: &Value) -> String {
-    v.as_u64().map_or_else(|| "none".into(), size)
+fn quota(v: Option<u64>) -> String {
+    v.map_or_else(|| "none".into(), size)
 }
 
-fn u(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
-fn s<'a>(v: &'a Value, key: &str) -> &'a str {
-    v.get(key).and_then(Value::as_str).unwrap_or("")
-}
-
-fn print_list(status: &Value) {
-    let empty = Vec::new();
-    let vms = status["vms"].as_array().unwrap_or(&empty);
-    let sessions = status["sessions"].as_array().unwrap_or(&empty);
+fn print_list(status: &Status) {
     println!(
         "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
         "VM",
@@ -178,44 +137,42 @@ fn print_list(status: &Value) {
         "OUTPUT",
         "OUT-DROPPED"
     );
-    for vm in vms {
-        let host = vm["host_mem_used"]
-            .as_u64()
-            .map_or_else(|| "-".to_string(), size);
-        let cap = if vm["host_mem_used"].is_null() {
+    for vm in &status.vms {
+        let host = vm.host_mem_used.map_or_else(|| "-".to_string(), size);
+        let cap = if vm.host_mem_used.is_none() {
             "-".to_string()
         } else {
-            quota(&vm["host_mem"])
+            quota(vm.host_mem)
         };
         println!(
             "{:<16} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
-            s(vm, "name"),
-            u(vm, "sessions"),
-            u(vm, "share"),
-            format!("{:.3} s", u(vm, "device_ns") as f64 / 1e9),
-            u(vm, "commands"),
-            size(u(vm, "bytes")),
-            size(u(vm, "mem_used")),
-            quota(&vm["mem_quota"]),
+            vm.name,
+            vm.sessions,
+            vm.share,
+            format!("{:.3} s", vm.device_ns as f64 / 1e9),
+            vm.commands,
+            size(vm.bytes),
+            size(vm.mem_used),
+            quota(vm.mem_quota),
             host,
             cap,
-            size(u(vm, "output_bytes")),
-            size(u(vm, "output_dropped")),
+            size(vm.output_bytes),
+            size(vm.output_dropped),
         );
     }
-    if let Some(parked) = status["parked"].as_array().filter(|p| !p.is_empty()) {
+    if !status.parked.is_empty() {
         println!("\nsuspended sessions waiting for their guests:");
-        for p in parked {
-            println!("  VM {} ({})", s(p, "vm"), size(u(p, "snapshot_bytes")));
+        for p in &status.parked {
+            println!("  VM {} ({})", p.vm, size(p.snapshot_bytes));
         }
     }
-    let detached = u(status, "detached");
+    let detached = status.detached;
     if detached > 0 {
         println!(
             "\n{detached} session(s) waiting for their guests to connect again after a device reset"
         );
     }
-    if sessions.is_empty() {
+    if status.sessions.is_empty() {
         println!("\nno live sessions");
         return;
     }
@@ -232,62 +189,65 @@ fn print_list(status: &Value) {
         "MOVES",
         "OUT-DROPPED"
     );
-    for se in sessions {
+    for SessionStatus {
+        session: se,
+        commands,
+        memory,
+        output_dropped,
+        ..
+    } in &status.sessions
+    {
         let api = se
-            .get("api_server_pid")
-            .and_then(Value::as_u64)
+            .api_server_pid
             .map_or_else(|| "-".into(), |p| p.to_string());
         println!(
             "{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5} {:>12}",
-            u(se, "id"),
-            s(se, "vm"),
-            s(se, "api"),
-            s(se, "process"),
-            u(se, "guest_pid"),
+            se.id,
+            se.vm,
+            se.api,
+            se.process,
+            se.guest_pid,
             api,
-            u(se, "commands"),
-            size(u(se, "memory")),
-            u(se, "migrations"),
-            size(u(se, "output_dropped")),
+            commands,
+            size(*memory),
+            se.migrations,
+            size(*output_dropped),
         );
     }
 }
 
-/// `mem-quota=2G` → the `set` request's field.
-fn setting(kv: &str) -> anyhow::Result<(&'static str, Value)> {
+/// `mem-quota=2G` into the `set` request.
+fn setting(req: &mut SetVm, kv: &str) -> anyhow::Result<()> {
     let (k, v) = kv
         .split_once('=')
         .with_context(|| format!("`{kv}` is not KEY=VALUE"))?;
+    let size_or_none = |v: &str| match v {
+        "none" => Ok(None),
+        v => parse_size(v).map(Some),
+    };
     match k {
-        "mem-quota" if v == "none" => Ok(("mem_quota", Value::Null)),
-        "mem-quota" => {
-            let bytes = hira_vhost::config::parse_size(v)?;
-            Ok(("mem_quota", json!(bytes)))
-        }
-        "share" => Ok(("share", json!(hira_vhost::config::parse_share(v)?))),
-        "max-sessions" => Ok((
-            "max_sessions",
-            json!(hira_vhost::config::parse_max_sessions(v)?),
-        )),
-        "host-mem" if v == "none" => Ok(("host_mem", Value::Null)),
-        "host-mem" => Ok(("host_mem", json!(hira_vhost::config::parse_size(v)?))),
+        "mem-quota" => req.mem_quota = Some(size_or_none(v)?),
+        "share" => req.share = Some(parse_share(v)?),
+        "max-sessions" => req.max_sessions = Some(parse_max_sessions(v)?),
+        "host-mem" => req.host_mem = Some(size_or_none(v)?),
         other => {
             bail!("unknown setting `{other}` (known: share, mem-quota, max-sessions, host-mem)")
         }
     }
+    Ok(())
 }
 
-fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::Result<()> {
-    let mut last: Option<(Instant, Value)> = None;
+fn top(c: &mut Client, interval: Duration, iterations: Option<u64>) -> anyhow::Result<()> {
+    let mut last: Option<(Instant, Status)> = None;
     let mut n = 0u64;
     loop {
-        let status = c.ask(&json!({"cmd": "status"}))?;
+        let status = c.status()?;
         let now = Instant::now();
         let mut out = String::from("\x1b[H\x1b[2J");
         out += &format!(
             "hira-vhost: {} live sessions, {} API servers crashed   (every {} ms)\n\n",
-            status["sessions"].as_array().map_or(0, Vec::len),
-            u(&status, "api_server_crashes"),
+            status.sessions.len(),
+            status.api_server_crashes,
             interval.as_millis()
         );
         out += &format!(
@@ -302,39 +262,34 @@ fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::
             "MEMORY",
             "MEM-QUOTA"
         );
-        let empty = Vec::new();
-        let vms = status["vms"].as_array().unwrap_or(&empty);
+        let vms = &status.vms;
+        // The same VM in the last refresh.
+        let before = |vm: &VmStatus| -> Option<&VmStatus> {
+            let (_, prev) = last.as_ref()?;
+            prev.vms.iter().find(|v| v.name == vm.name)
+        };
         // Each VM's part of the device time all VMs used since the last refresh.
-        let device_delta = |vm: &Value| -> u64 {
-            let before = last.as_ref().and_then(|(_, prev)| {
-                prev["vms"]
-                    .as_array()
-                    .and_then(|a| a.iter().find(|v| s(v, "name") == s(vm, "name")))
-                    .map(|b| u(b, "device_ns"))
-            });
-            u(vm, "device_ns").saturating_sub(before.unwrap_or(u(vm, "device_ns")))
+        let device_delta = |vm: &VmStatus| -> u64 {
+            vm.device_ns
+                .saturating_sub(before(vm).map_or(vm.device_ns, |b| b.device_ns))
         };
         let device_all: u64 = vms.iter().map(device_delta).sum();
         for vm in vms {
-            let name = s(vm, "name");
+            let name = &vm.name;
             let device = if device_all == 0 {
                 "-".to_string()
             } else {
                 format!("{:.1}", 100.0 * device_delta(vm) as f64 / device_all as f64)
             };
             let (calls, bytes) = match &last {
-                Some((t, prev)) => {
+                Some((t, _)) => {
                     let secs = now.duration_since(*t).as_secs_f64().max(1e-3);
-                    let before = prev["vms"]
-                        .as_array()
-                        .and_then(|a| a.iter().find(|v| s(v, "name") == name));
-                    let d = |key: &str| {
-                        let b = before.map_or(0, |b| u(b, key));
-                        u(vm, key).saturating_sub(b) as f64 / secs
-                    };
+                    let b = before(vm);
+                    let calls = vm.commands.saturating_sub(b.map_or(0, |b| b.commands));
+                    let bytes = vm.bytes.saturating_sub(b.map_or(0, |b| b.bytes));
                     (
-                        format!("{:.0}", d("commands")),
-                        format!("{}/s", size(d("bytes") as u64)),
+                        format!("{:.0}", calls as f64 / secs),
+                        format!("{}/s", size((bytes as f64 / secs) as u64)),
                     )
                 }
                 None => ("-".into(), "-".into()),
@@ -342,14 +297,14 @@ fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::
             out += &format!(
                 "{:<16} {:>8} {:>6} {:>9} {:>8} {:>10} {:>12} {:>12} {:>12}\n",
                 name,
-                u(vm, "sessions"),
-                u(vm, "share"),
+                vm.sessions,
+                vm.share,
                 device,
-                s(vm, "decision"),
+                vm.decision,
                 calls,
                 bytes,
-                size(u(vm, "mem_used")),
-                quota(&vm["mem_quota"]),
+                size(vm.mem_used),
+                quota(vm.mem_quota),
             );
         }
         print!("{out}");
@@ -364,15 +319,15 @@ fn top(c: &mut Control, interval: Duration, iterations: Option<u64>) -> anyhow::
 }
 
 /// The sessions `target` names: one by number, or a VM's by name.
-fn sessions_of(status: &Value, target: &str) -> anyhow::Result<Vec<u64>> {
-    let live = status["sessions"].as_array().cloned().unwrap_or_default();
+fn sessions_of(status: &Status, target: &str) -> anyhow::Result<Vec<u64>> {
     if let Ok(id) = target.parse::<u64>() {
         return Ok(vec![id]);
     }
-    let ids: Vec<u64> = live
+    let ids: Vec<u64> = status
+        .sessions
         .iter()
-        .filter(|s| s["vm"].as_str() == Some(target))
-        .filter_map(|s| s["id"].as_u64())
+        .filter(|s| s.session.vm == target)
+        .map(|s| s.session.id)
         .collect();
     if ids.is_empty() {
         bail!("no live session is {target:?} or belongs to a VM of that name");
@@ -381,45 +336,50 @@ fn sessions_of(status: &Value, target: &str) -> anyhow::Result<Vec<u64>> {
 }
 
 fn migrate(
-    c: &mut Control,
+    c: &mut Client,
     target: &str,
-    to: Option<&std::path::Path>,
+    to: Option<&Path>,
     device: Option<u32>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let status = c.ask(&json!({"cmd": "status"}))?;
+    let status = c.status()?;
     let mut failed = 0;
     for id in sessions_of(&status, target)? {
-        let mut req = json!({"cmd": "migrate", "session": id});
-        if let Some(to) = to {
-            req["to"] = json!(to.display().to_string());
-        }
-        if let Some(d) = device {
-            req["device"] = json!(d);
-        }
-        match c.ask(&req) {
-            Ok(answer) if json => println!("{answer}"),
-            Ok(answer) if to.is_some() => {
-                let s = &answer["suspended"];
-                println!(
+        let req = Request::Migrate {
+            session: id,
+            timeout_ms: None,
+            device,
+            to: to.map(|p| p.display().to_string()),
+        };
+        let answer = if to.is_some() {
+            c.ask::<SuspendedAnswer>(&req).map(|a| {
+                let s = &a.suspended;
+                let line = format!(
                     "session {id}: suspended here ({}, captured in {:.1} ms) and waiting at {} for its guest",
-                    size(u(s, "snapshot_bytes")),
-                    s["capture_ms"].as_f64().unwrap_or(0.0),
-                    answer["to"].as_str().unwrap_or("?"),
+                    size(s.snapshot_bytes),
+                    s.capture_ms,
+                    a.to.as_deref().unwrap_or("?"),
                 );
-            }
-            Ok(answer) => {
-                let m = &answer["moved"];
-                println!(
+                (serde_json::to_string(&a), line)
+            })
+        } else {
+            c.ask::<MovedAnswer>(&req).map(|a| {
+                let m = &a.moved;
+                let line = format!(
                     "session {id}: API server {} -> {}, snapshot {}, paused {:.1} ms (capture {:.1}, restore {:.1})",
-                    u(m, "from_pid"),
-                    u(m, "to_pid"),
-                    size(u(m, "snapshot_bytes")),
-                    m["pause_ms"].as_f64().unwrap_or(0.0),
-                    m["capture_ms"].as_f64().unwrap_or(0.0),
-                    m["restore_ms"].as_f64().unwrap_or(0.0),
+                    m.from_pid,
+                    m.to_pid,
+                    size(m.snapshot_bytes),
+                    m.pause_ms,
+                    m.capture_ms,
+                    m.restore_ms,
                 );
-            }
+                (serde_json::to_string(&a), line)
+            })
+        };
+        match answer {
+            Ok((as_json, _)) if json => println!("{}", as_json?),
+            Ok((_, line)) => println!("{line}"),
             Err(e) => {
                 eprintln!("session {id}: not moved: {e}");
                 failed += 1;
@@ -432,73 +392,39 @@ fn migrate(
     Ok(())
 }
 
-fn checkpoint(socket: &PathBuf, session: u64, file: &PathBuf) -> anyhow::Result<()> {
-    let mut s = UnixStream::connect(socket)
-        .with_context(|| format!("cannot reach the control socket {}", socket.display()))?;
-    writeln!(s, "{}", json!({"cmd": "checkpoint", "session": session}))?;
-    let (_, payload, fds) = hira_protocol::unix::recv_frame_with_fds(&mut s)
-        .map_err(|e| anyhow::anyhow!("the daemon's answer: {e}"))?;
-    let v: Value = serde_json::from_slice(&payload).context("the daemon's answer is not JSON")?;
-    if let Some(e) = v["error"].as_str() {
-        bail!("session {session}: not suspended: {e}");
-    }
-    let susp = &v["suspended"];
-    let stored = (|| -> anyhow::Result<()> {
-        let snapshot = fds.into_iter().next().context("no snapshot came")?;
-        let token: [u8; 16] = hira_vhost::migrate::token_from_hex(s_(susp, "token"))
-            .context("the daemon sent no token")?;
-        let mut out = std::fs::File::create(file)
-            .with_context(|| format!("cannot create {}", file.display()))?;
-        let slot: Option<hira_vhost::migrate::VmSlot> =
-            serde_json::from_value(susp["slot"].clone()).unwrap_or(None);
-        hira_vhost::migrate::file::write_header(&mut out, &token, s_(susp, "vm"), slot)?;
-        std::io::copy(&mut std::fs::File::from(snapshot), &mut out)?;
-        out.sync_all()?;
-        Ok(())
-    })();
-    let ack = match &stored {
-        Ok(()) => json!({"stored": true}),
-        Err(e) => json!({"stored": false, "error": format!("{e:#}")}),
-    };
-    writeln!(s, "{ack}")?;
-    let line = hira_vhost::control::read_line_unbuffered(&mut s)?;
-    let end: Value = serde_json::from_str(&line)?;
-    stored?;
-    if let Some(e) = end["error"].as_str() {
-        bail!("session {session}: {e}");
-    }
+fn checkpoint(c: &Client, session: u64, file: &Path) -> anyhow::Result<()> {
+    let susp = c
+        .checkpoint(session, |susp, snapshot| -> anyhow::Result<()> {
+            let mut out = std::fs::File::create(file)
+                .with_context(|| format!("cannot create {}", file.display()))?;
+            session_file::write_header(&mut out, &susp.token.0, &susp.vm, susp.slot)?;
+            std::io::copy(&mut std::fs::File::from(snapshot), &mut out)?;
+            out.sync_all()?;
+            Ok(())
+        })
+        .with_context(|| format!("session {session}: not suspended"))?;
     println!(
         "session {session}: suspended into {} ({}, VM {}); `hira-ctl restore {}` resumes it",
         file.display(),
-        size(u(susp, "snapshot_bytes")),
-        s_(susp, "vm"),
+        size(susp.snapshot_bytes),
+        susp.vm,
         file.display()
     );
     Ok(())
 }
 
 /// `checkpoint VM|all DIR`: each session into DIR/SESSION.hira.
-fn checkpoint_all(
-    c: &mut Control,
-    socket: &PathBuf,
-    target: &str,
-    dir: &std::path::Path,
-) -> anyhow::Result<()> {
-    let status = c.ask(&json!({"cmd": "status"}))?;
+fn checkpoint_all(c: &mut Client, target: &str, dir: &Path) -> anyhow::Result<()> {
+    let status = c.status()?;
     let ids: Vec<u64> = if target == "all" {
-        status["sessions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s["id"].as_u64())
-            .collect()
+        status.sessions.iter().map(|s| s.session.id).collect()
     } else {
         sessions_of(&status, target)?
     };
     std::fs::create_dir_all(dir)?;
     let mut failed = 0;
     for id in ids {
-        if let Err(e) = checkpoint(socket, id, &dir.join(format!("{id}.hira"))) {
+        if let Err(e) = checkpoint(c, id, &dir.join(format!("{id}.hira"))) {
             eprintln!("{e:#}");
             failed += 1;
         }
@@ -507,22 +433,18 @@ fn checkpoint_all(
     Ok(())
 }
 
-fn s_<'a>(v: &'a Value, k: &str) -> &'a str {
-    v[k].as_str().unwrap_or("")
-}
-
-fn restore(socket: &std::path::Path, file: &std::path::Path) -> anyhow::Result<()> {
+fn restore(socket: &Path, file: &Path) -> anyhow::Result<()> {
     let mut f =
         std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
-    let (token, vm, slot) = hira_vhost::migrate::file::read_header(&mut f)
+    let (token, vm, slot) = session_file::read_header(&mut f)
         .with_context(|| format!("{} is not a session file", file.display()))?;
     let at = std::io::Seek::stream_position(&mut f)?;
     let bytes = f.metadata()?.len().saturating_sub(at);
-    let parked = hira_vhost::control::park_at(socket, &vm, &token, slot, bytes, &mut f)
-        .map_err(anyhow::Error::msg)?;
+    let parked = hira_control::park_at(socket, &vm, &token, slot, bytes, &mut f)
+        .with_context(|| format!("{} refused", socket.display()))?;
     println!(
         "a session of VM {vm} waits for its guest ({})",
-        size(u(&parked, "snapshot_bytes"))
+        size(parked.snapshot_bytes)
     );
     Ok(())
 }
@@ -533,10 +455,10 @@ fn main() -> anyhow::Result<()> {
         .socket
         .or_else(|| std::env::var_os("HIRA_CONTROL_SOCKET").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
-    let mut c = Control::connect(&socket)?;
+    let mut c = Client::connect(&socket)?;
     match args.cmd {
         Cmd::List { json } => {
-            let status = c.ask(&json!({"cmd": "status"}))?;
+            let status = c.status()?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
@@ -544,22 +466,23 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Set { vm, settings } => {
-            let mut req = json!({"cmd": "set", "vm": vm});
+            let mut req = SetVm {
+                vm,
+                ..SetVm::default()
+            };
             for kv in &settings {
-                let (k, v) = setting(kv)?;
-                req[k] = v;
+                setting(&mut req, kv)?;
             }
-            let answer = c.ask(&req)?;
-            let v = &answer["vm"];
+            let SetAnswer { vm: v } = c.ask(&Request::Set(req))?;
             print!(
                 "VM {}: share {}, memory {} of quota {}",
-                s(v, "name"),
-                u(v, "share"),
-                size(u(v, "mem_used")),
-                quota(&v["mem_quota"])
+                v.name,
+                v.share,
+                size(v.mem_used),
+                quota(v.mem_quota)
             );
-            match v["host_mem_used"].as_u64() {
-                Some(b) => println!(", host memory {} of cap {}", size(b), quota(&v["host_mem"])),
+            match v.host_mem_used {
+                Some(b) => println!(", host memory {} of cap {}", size(b), quota(v.host_mem)),
                 None => println!(),
             }
         }
@@ -570,8 +493,8 @@ fn main() -> anyhow::Result<()> {
             json,
         } => migrate(&mut c, &target, to.as_deref(), to_device, json)?,
         Cmd::Checkpoint { target, file } => match target.parse::<u64>() {
-            Ok(session) => checkpoint(&socket, session, &file)?,
-            Err(_) => checkpoint_all(&mut c, &socket, &target, &file)?,
+            Ok(session) => checkpoint(&c, session, &file)?,
+            Err(_) => checkpoint_all(&mut c, &target, &file)?,
         },
         Cmd::Restore { file } if file.is_dir() => {
             let mut files: Vec<PathBuf> = std::fs::read_dir(&file)?
@@ -606,23 +529,19 @@ mod tests {
     fn sizes_read_as_people_write_them() {
         assert_eq!(size(512), "512 B");
         assert_eq!(size(3 << 29), "1.5 GiB");
+        let set = |kv: &str| {
+            let mut req = SetVm::default();
+            setting(&mut req, kv).map(|()| req)
+        };
         assert_eq!(
-            setting("mem-quota=64M").unwrap(),
-            ("mem_quota", json!(64u64 << 20))
+            set("mem-quota=64M").unwrap().mem_quota,
+            Some(Some(64 << 20))
         );
-        assert_eq!(
-            setting("mem-quota=none").unwrap(),
-            ("mem_quota", Value::Null)
-        );
-        assert!(setting("mem-quota=0").is_err());
-        assert_eq!(setting("share=3").unwrap(), ("share", json!(3)));
-        assert!(setting("share=0").is_err());
-        assert!(
-            setting("weight=3")
-                .unwrap_err()
-                .to_string()
-                .contains("known")
-        );
-        assert!(setting("mem-quota").is_err());
+        assert_eq!(set("mem-quota=none").unwrap().mem_quota, Some(None));
+        assert!(set("mem-quota=0").is_err());
+        assert_eq!(set("share=3").unwrap().share, Some(3));
+        assert!(set("share=0").is_err());
+        assert!(set("weight=3").unwrap_err().to_string().contains("known"));
+        assert!(set("mem-quota").is_err());
     }
 }

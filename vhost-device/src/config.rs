@@ -43,16 +43,10 @@ pub enum ConfigError {
     BadWindowSlots(String),
     #[error("a data window (`window=`) needs the vhost-user transport (`socket=`)")]
     WindowNeedsVhostUser,
-    #[error(
-        "size {0:?} must be a positive number of bytes, optionally with K, M, G or T (binary: 64M, 2G)"
-    )]
-    BadSize(String),
+    #[error(transparent)]
+    Setting(#[from] SettingError),
     #[error("unknown listener setting `{0}` (known: mem-quota, share, max-sessions)")]
     UnknownListenerKey(String),
-    #[error("max-sessions {0:?} must be a number from 1 to 4096")]
-    BadMaxSessions(String),
-    #[error("share {0:?} must be a number from 1 to 1000")]
-    BadShare(String),
     #[error("socket mode {0:?} must be octal permission bits such as 0660")]
     BadMode(String),
     #[error("no user named {0:?}")]
@@ -75,9 +69,7 @@ impl ConfigError {
             ConfigError::BadCid(_) => "cid",
             ConfigError::BadWindowSize(_) => "window_mb",
             ConfigError::BadWindowSlots(_) => "window_slots",
-            ConfigError::BadSize(_) => "mem_quota",
-            ConfigError::BadShare(_) => "share",
-            ConfigError::BadMaxSessions(_) => "max_sessions",
+            ConfigError::Setting(e) => e.key(),
             ConfigError::WindowNeedsVhostUser => "window",
             ConfigError::Transport => "socket",
             ConfigError::BadMode(_) => "socket_mode",
@@ -93,44 +85,7 @@ impl ConfigError {
     }
 }
 
-/// Parses a size in bytes: a number, optionally followed by K, M, G or T (powers of
-/// 1024; `KiB`-style and `B` suffixes are accepted too). Zero is refused.
-pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError::BadSize(text.to_string());
-    let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let shift = match unit {
-        "" => 0,
-        "K" | "k" => 10,
-        "M" | "m" => 20,
-        "G" | "g" => 30,
-        "T" | "t" => 40,
-        _ => return Err(bad()),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(bad)
-}
-
-/// Parses a VM's share of the device (its weight against other VMs): 1 to 1000.
-pub fn parse_share(text: &str) -> Result<u32, ConfigError> {
-    text.parse::<u32>()
-        .ok()
-        .filter(|n| (1..=1000).contains(n))
-        .ok_or_else(|| ConfigError::BadShare(text.to_string()))
-}
-
-/// Parses a VM's cap on sessions (API servers): 1 to 4096.
-pub fn parse_max_sessions(text: &str) -> Result<usize, ConfigError> {
-    text.parse::<usize>()
-        .ok()
-        .filter(|n| (1..=4096).contains(n))
-        .ok_or_else(|| ConfigError::BadMaxSessions(text.to_string()))
-}
+pub use hira_control::settings::{SettingError, parse_max_sessions, parse_share, parse_size};
 
 /// A host-local listener: a Unix socket whose connections belong to one VM.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,40 +1,11 @@
-//! The control socket: operators and tests ask the daemon what it is doing.
+//! The control socket: operators and tests ask the daemon what it is doing, change
+//! VMs' settings live, and move sessions.
 //!
-//! One JSON request per line, one JSON answer per line:
-//!
-//! - `{"cmd":"status"}`: the live sessions (VM, process, guest pid, API-server pid),
-//!   the most recently ended ones (how the API server ended, what it released), the
-//!   per-VM counters, the count of API servers that crashed, and how each layer of
-//!   the API servers' sandbox went on this machine.
-//! - `{"cmd":"wait_idle","timeout_ms":N}`: answers once no session is live (or the
-//!   timeout passes) with `{"reached":true|false}` and the status, so a caller waits
-//!   for an event rather than polling. `{"cmd":"wait_live","count":N,...}` waits for
-//!   exactly N live sessions whose API servers have started (`"started":false`: in
-//!   their handshake or later).
-//!
-//! - `{"cmd":"set","vm":NAME,"mem_quota":BYTES|null,"share":N,"max_sessions":N,
-//!   "host_mem":BYTES|null}`: sets a VM's device-memory quota (null: none), share of
-//!   device time, cap on sessions and cap on its API servers' host memory (with
-//!   `--cgroup`) live; answers with the VM's new state. The VM must be one the daemon
-//!   serves.
-//!
-//! - `{"cmd":"migrate","session":ID,"timeout_ms":N,"device":K}`: moves a live session
-//!   to a new API server (see `migrate`), on the host's device of index K if given and answers with what it did (`{"moved":{...}}`: the
-//!   old and new API-server pids, the snapshot's size, the pause), or with why the
-//!   session stays where it was (`{"error":...}`).
-//!
-//!   With `"to":PATH` (another daemon's control socket on this host) the session is
-//!   suspended here and resumed there: its guest reconnects to that daemon.
-//! - `{"cmd":"checkpoint","session":ID}`: suspends a session into a snapshot that the
-//!   client stores. The answer is a frame (the protocol's header, a JSON payload)
-//!   with the snapshot's memfd attached; the client answers `{"stored":true}` (or
-//!   false, and the session goes on here), and the daemon's last line says what
-//!   happened. The guest then waits to reconnect.
-//! - `{"cmd":"restore","vm":NAME,"token":HEX,"bytes":N,"slot":...}`: the daemon
-//!   answers `{"send":"bytes"}`, the client sends the snapshot's N bytes on the same
-//!   connection (so that it may be a socket forwarded from another host, `ssh -L`),
-//!   and the session waits here for its guest, which resumes it on reconnecting
-//!   (`{"parked":{"endpoint":...}}`).
+//! The requests and answers are the typed ones of `hira-control` (their wire format:
+//! docs/control.md). Each client is served on its own thread; a request that does not
+//! parse gets `{"error": ...}` and the connection goes on. `checkpoint` and `restore`
+//! carry a snapshot besides their lines (a descriptor; bytes), and so are served
+//! here rather than by [`answer`].
 //!
 //! The socket gets the same owner and mode as the guest sockets.
 
@@ -46,99 +17,21 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hira_control::{
+    MovedAnswer, Parked, ParkedAnswer, Request, SendBytes, SetAnswer, SetError, SetVm, Stored,
+    Suspended, SuspendedAnswer, TokenHex, VmSlot, Waited,
+};
 use log::{debug, info, warn};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::lifecycle::{EndedSession, Lifecycle, LiveSession};
+use crate::lifecycle::Lifecycle;
+use crate::migrate::{MigrateError, PlaceError};
 use crate::router::{Router, VmQueue};
-
-/// Longest request line accepted.
-const MAX_REQUEST: usize = 4096;
 /// Longest `wait_idle` timeout.
 const MAX_WAIT: Duration = Duration::from_secs(600);
 
-/// One VM's counters.
-#[derive(Debug, Serialize)]
-pub struct VmStatus {
-    pub name: String,
-    pub sessions: usize,
-    pub commands: u64,
-    pub bytes: u64,
-    /// Device memory the VM's sessions hold now, in bytes.
-    pub mem_used: u64,
-    /// The VM's device-memory quota in bytes (null: none).
-    pub mem_quota: Option<u64>,
-    /// The VM's share of device time.
-    pub share: u32,
-    /// Device time its sessions' commands used, in ns (ended and live sessions).
-    pub device_ns: u64,
-    /// Its measured commands in flight now, and of those held back by the scheduler.
-    pub in_flight: u64,
-    pub held: u64,
-    /// Time its commands spent held by the scheduler (queue delay), in ns.
-    pub held_ns: u64,
-    /// The scheduler's last decision: run, hold or delay.
-    pub decision: &'static str,
-    /// The host library's output (a kernel's `printf`) sent to the VM's guests, and
-    /// dropped over their sessions' bound, in bytes (ended and live sessions).
-    pub output_bytes: u64,
-    pub output_dropped: u64,
-    /// The VM's own cap on sessions (null: the daemon-wide one).
-    pub max_sessions: Option<usize>,
-    /// Host memory its API servers use together, their cap, and how many the kernel
-    /// killed for it (null without `--cgroup`; the cap null when there is none).
-    pub host_mem_used: Option<u64>,
-    pub host_mem: Option<u64>,
-    pub host_mem_kills: Option<u64>,
-}
-
-/// A live session with what its API server has counted.
-#[derive(Debug, Serialize)]
-pub struct SessionStatus {
-    #[serde(flatten)]
-    pub session: LiveSession,
-    pub commands: u64,
-    pub bytes: u64,
-    /// Device memory the session holds, in bytes.
-    pub memory: u64,
-    /// Device time its commands used, in ns.
-    pub device_ns: u64,
-    /// The host library's output sent to its guest, and dropped over its bound, in
-    /// bytes.
-    pub output_bytes: u64,
-    pub output_dropped: u64,
-}
-
-/// What `status` answers.
-#[derive(Debug, Serialize)]
-pub struct Status {
-    pub sessions: Vec<SessionStatus>,
-    pub ended: Vec<EndedSession>,
-    pub vms: Vec<VmStatus>,
-    pub api_server_crashes: u64,
-    /// How each layer of the API servers' sandbox went on this machine.
-    pub sandbox: Vec<String>,
-    /// Where the Prometheus endpoint listens, if it does.
-    pub metrics_address: Option<String>,
-    /// Suspended sessions restored here and waiting for their guests.
-    pub parked: Vec<ParkedStatus>,
-    /// Live sessions whose connection a device reset cut, waiting for their guests to
-    /// connect again, and how many guests did so far.
-    pub detached: usize,
-    pub reconnections: u64,
-    /// Sessions moved to a new API server, suspended to leave, and resumed here.
-    pub migrations: u64,
-    pub suspensions: u64,
-    pub resumptions: u64,
-}
-
-/// A suspended session waiting for its guest.
-#[derive(Debug, Serialize)]
-pub struct ParkedStatus {
-    pub vm: String,
-    pub snapshot_bytes: u64,
-}
+pub use hira_control::{ParkedStatus, SessionStatus, Status, VmStatus};
 
 /// The daemon's state as the control socket reports it.
 pub fn status(life: &Lifecycle, router: &Router) -> Status {
@@ -205,7 +98,7 @@ fn vm_status(name: String, q: &VmQueue) -> VmStatus {
         in_flight: u.in_flight,
         held: u.held,
         held_ns: u.held_ns,
-        decision: q.decision(),
+        decision: q.decision().to_string(),
         output_bytes: u.output_bytes,
         output_dropped: u.output_dropped,
         max_sessions: q.max_sessions(),
@@ -215,155 +108,151 @@ fn vm_status(name: String, q: &VmQueue) -> VmStatus {
     }
 }
 
-/// A size setting of `set`: absent (`None`), `null` (`Some(None)`: no limit) or a
-/// positive number of bytes; anything else is the error answer.
-fn bytes_or_null(req: &Value, key: &str) -> Result<Option<Option<u64>>, Value> {
-    match req.get(key) {
-        None => Ok(None),
-        Some(Value::Null) => Ok(Some(None)),
-        Some(v) => v
-            .as_u64()
-            .filter(|&n| n > 0)
-            .map(|n| Some(Some(n)))
-            .ok_or_else(
-                || json!({ "error": format!("{key} must be a positive number of bytes or null") }),
-            ),
+/// Why the daemon refuses a request; sent as `{"error": TEXT}`.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("not a request: {0}")]
+    Malformed(#[from] serde_json::Error),
+    #[error("request longer than {} bytes", hira_control::MAX_LINE)]
+    TooLong,
+    #[error("no VM {vm:?} (known: {known})")]
+    NoVm { vm: String, known: String },
+    #[error(transparent)]
+    Set(#[from] SetError),
+    #[error("host_mem needs the daemon to run with --cgroup DIR")]
+    NoCgroup,
+    #[error("cannot set the host-memory cap: {0}")]
+    HostMem(#[source] std::io::Error),
+    #[error("cannot set the quota: {0}")]
+    Quota(#[source] std::io::Error),
+    #[error(
+        "session {0} is not live or cannot migrate (host-local sessions on shared-memory rings can)"
+    )]
+    NotMovable(u64),
+    #[error("migrating to another daemon needs a connection that can carry descriptors")]
+    NeedsDescriptors,
+    #[error("{0}")]
+    Migration(#[from] MigrateError),
+}
+
+/// An answer on the wire: the command's object, or `{"error": ...}`.
+fn reply<T: Serialize>(answer: Result<T, Refused>) -> Value {
+    match answer.map(serde_json::to_value) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => json!({ "error": format!("cannot write the answer: {e}") }),
+        Err(e) => json!({ "error": e.to_string() }),
     }
 }
 
-/// `set`: changes a VM's settings live.
-fn set(req: &Value, router: &Router) -> Value {
-    let Some(vm) = req.get("vm").and_then(Value::as_str) else {
-        return json!({ "error": "set needs \"vm\"" });
-    };
+/// `set`: changes a VM's settings live, once every one of them is checked.
+fn set(req: &SetVm, router: &Router) -> Result<SetAnswer, Refused> {
+    let vm = &req.vm;
     let Some(q) = router.get(vm) else {
         let known: Vec<String> = router.snapshot().into_iter().map(|(n, _)| n).collect();
-        return json!({ "error": format!("no VM {vm:?} (known: {})", known.join(", ")) });
+        return Err(Refused::NoVm {
+            vm: vm.clone(),
+            known: known.join(", "),
+        });
     };
-    // Everything is checked before anything changes.
-    let quota = match bytes_or_null(req, "mem_quota") {
-        Ok(q) => q,
-        Err(e) => return e,
-    };
-    let share = match req.get("share") {
-        None => None,
-        Some(v) => match v.as_u64().filter(|n| (1..=1000).contains(n)) {
-            Some(n) => Some(n as u32),
-            None => return json!({ "error": "share must be a number from 1 to 1000" }),
-        },
-    };
-    let max_sessions = match req.get("max_sessions") {
-        None => None,
-        Some(v) => match v.as_u64().filter(|n| (1..=4096).contains(n)) {
-            Some(n) => Some(n as usize),
-            None => return json!({ "error": "max_sessions must be a number from 1 to 4096" }),
-        },
-    };
-    let host_mem = match bytes_or_null(req, "host_mem") {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    if quota.is_none() && share.is_none() && max_sessions.is_none() && host_mem.is_none() {
-        return json!({ "error": "set needs a setting (known: mem_quota, share, max_sessions, host_mem)" });
+    req.check()?;
+    if req.host_mem.is_some() && q.cgroup.get().is_none() {
+        return Err(Refused::NoCgroup);
     }
-    if host_mem.is_some() && q.cgroup.get().is_none() {
-        return json!({ "error": "host_mem needs the daemon to run with --cgroup DIR" });
-    }
-    if let Some(cap) = host_mem {
+    if let Some(cap) = req.host_mem {
         // The kernel may refuse a cap below what the VM uses now (cgroup v1).
-        if let Err(e) = q.set_host_mem(cap) {
-            return json!({ "error": format!("cannot set the host-memory cap: {e}") });
-        }
+        q.set_host_mem(cap).map_err(Refused::HostMem)?;
         info!("VM {vm:?}: host-memory cap set to {cap:?} bytes");
     }
-    if let Some(n) = max_sessions {
+    if let Some(n) = req.max_sessions {
         q.set_max_sessions(n);
         info!("VM {vm:?}: at most {n} sessions");
     }
-    if let Some(quota) = quota {
-        if let Err(e) = q.set_mem_quota(quota) {
-            return json!({ "error": format!("cannot set the quota: {e}") });
-        }
+    if let Some(quota) = req.mem_quota {
+        q.set_mem_quota(quota).map_err(Refused::Quota)?;
         info!("VM {vm:?}: device-memory quota set to {quota:?} bytes");
     }
-    if let Some(share) = share {
+    if let Some(share) = req.share {
         q.set_share(share);
         info!("VM {vm:?}: share set to {share}");
     }
-    json!({ "vm": vm_status(vm.to_string(), &q) })
+    Ok(SetAnswer {
+        vm: vm_status(vm.clone(), &q),
+    })
 }
 
-/// Answers one request line.
+/// Answers one request line that needs nothing but the line (not `checkpoint`,
+/// `restore`, or `migrate` to another daemon).
 pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
-    let req: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return json!({ "error": format!("not JSON: {e}") }),
-    };
-    match req.get("cmd").and_then(Value::as_str) {
-        Some("status") => json!(status(life, router)),
-        Some("set") => set(&req, router),
-        Some(cmd @ ("wait_idle" | "wait_live")) => {
-            let ms = req
-                .get("timeout_ms")
-                .and_then(Value::as_u64)
-                .unwrap_or(10_000);
-            let count = match cmd {
-                "wait_idle" => 0,
-                _ => match req.get("count").and_then(Value::as_u64) {
-                    Some(n) => n as usize,
-                    None => return json!({ "error": "wait_live needs \"count\"" }),
-                },
-            };
-            let started = req.get("started").and_then(Value::as_bool).unwrap_or(true);
-            let reached =
-                life.wait_sessions(count, started, Duration::from_millis(ms).min(MAX_WAIT));
-            json!({ "reached": reached, "status": status(life, router) })
-        }
-        Some("migrate") if req.get("to").is_some() => json!({
-            "error": "migrating to another daemon needs a connection that can carry descriptors"
-        }),
-        Some("migrate") => migrate(&req, life),
-        Some(other) => json!({
-            "error": format!("unknown command {other:?} (known: status, set, wait_idle, wait_live, migrate)")
-        }),
-        None => json!({ "error": "a request is {\"cmd\": ...}" }),
+    match serde_json::from_str(line) {
+        Ok(req) => answer_request(&req, life, router),
+        Err(e) => reply::<()>(Err(e.into())),
     }
+}
+
+fn answer_request(req: &Request, life: &Lifecycle, router: &Router) -> Value {
+    match req {
+        Request::Status => json!(status(life, router)),
+        Request::Set(s) => reply(set(s, router)),
+        Request::WaitIdle { timeout_ms } => wait(life, router, 0, true, *timeout_ms),
+        Request::WaitLive {
+            count,
+            started,
+            timeout_ms,
+        } => wait(
+            life,
+            router,
+            *count as usize,
+            started.unwrap_or(true),
+            *timeout_ms,
+        ),
+        Request::Migrate { to: Some(_), .. }
+        | Request::Checkpoint { .. }
+        | Request::Restore { .. } => reply::<()>(Err(Refused::NeedsDescriptors)),
+        Request::Migrate {
+            session,
+            timeout_ms,
+            device,
+            to: None,
+        } => reply(migrate(life, *session, *timeout_ms, *device)),
+    }
+}
+
+/// `wait_idle`, `wait_live`: answers once `count` sessions are live (and `started`:
+/// their API servers started), or the timeout passed.
+fn wait(
+    life: &Lifecycle,
+    router: &Router,
+    count: usize,
+    started: bool,
+    timeout_ms: Option<u64>,
+) -> Value {
+    let timeout = Duration::from_millis(timeout_ms.unwrap_or(10_000)).min(MAX_WAIT);
+    let reached = life.wait_sessions(count, started, timeout);
+    json!(Waited {
+        reached,
+        status: status(life, router),
+    })
 }
 
 /// Longest a migration may take by default.
 const MIGRATE_WAIT: Duration = Duration::from_secs(300);
 
-fn migrate(req: &Value, life: &Lifecycle) -> Value {
-    let Some(id) = req.get("session").and_then(Value::as_u64) else {
-        return json!({ "error": "migrate needs \"session\": a live session's id" });
-    };
-    let timeout = req
-        .get("timeout_ms")
-        .and_then(Value::as_u64)
+fn migrate(
+    life: &Lifecycle,
+    id: u64,
+    timeout_ms: Option<u64>,
+    device: Option<u32>,
+) -> Result<MovedAnswer, Refused> {
+    let timeout = timeout_ms
         .map_or(MIGRATE_WAIT, Duration::from_millis)
         .min(MAX_WAIT);
-    let Some(door) = life.door(id) else {
-        return json!({
-            "error": format!("session {id} is not live or cannot migrate (host-local sessions on shared-memory rings can)")
-        });
-    };
-    let device = match req.get("device") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64().and_then(|d| u32::try_from(d).ok()) {
-            Some(d) => Some(d),
-            None => return json!({ "error": "\"device\" is a device's index on the host" }),
-        },
-    };
-    match door.ask(timeout, device) {
-        Ok(moved) => {
-            info!(
-                "session {id} migrated to API server {} ({} bytes, paused {:.1} ms)",
-                moved.to_pid, moved.snapshot_bytes, moved.pause_ms
-            );
-            json!({ "moved": moved })
-        }
-        Err(e) => json!({ "error": e }),
-    }
+    let door = life.door(id).ok_or(Refused::NotMovable(id))?;
+    let moved = door.ask(timeout, device)?;
+    info!(
+        "session {id} migrated to API server {} ({} bytes, paused {:.1} ms)",
+        moved.to_pid, moved.snapshot_bytes, moved.pause_ms
+    );
+    Ok(MovedAnswer { moved })
 }
 
 fn serve_client(
@@ -377,54 +266,62 @@ fn serve_client(
     let mut line = String::new();
     loop {
         line.clear();
-        let n = (&mut r).take(MAX_REQUEST as u64).read_line(&mut line)?;
+        let n = (&mut r)
+            .take(hira_control::MAX_LINE as u64)
+            .read_line(&mut line)?;
         if n == 0 {
             return Ok(());
         }
-        let req: Option<Value> = serde_json::from_str(line.trim()).ok();
-        let cmd = req.as_ref().and_then(|v| v.get("cmd")?.as_str());
-        let answer = match (cmd, &req) {
-            _ if !line.ends_with('\n') => {
-                json!({ "error": format!("request longer than {MAX_REQUEST} bytes") })
-            }
-            (Some("checkpoint"), Some(req)) => {
+        let req = if line.ends_with('\n') {
+            serde_json::from_str::<Request>(line.trim()).map_err(Refused::from)
+        } else {
+            Err(Refused::TooLong)
+        };
+        let answer = match req {
+            Err(e) => reply::<()>(Err(e)),
+            Ok(Request::Checkpoint { session }) => {
                 // Answered in frames (one carries the snapshot), then one line.
-                match checkpoint(req, life, &mut r, &mut w)? {
+                match checkpoint(session, life, &mut r, &mut w)? {
                     Some(v) => v,
                     None => continue,
                 }
             }
-            (Some("restore"), Some(req)) => restore(req, life, router, endpoints, &mut r, &mut w)?,
-            (Some("migrate"), Some(req)) if req.get("to").is_some() => migrate_to(req, life),
-            _ => answer(line.trim(), life, router),
+            Ok(Request::Restore {
+                vm,
+                token,
+                bytes,
+                slot,
+            }) => {
+                let parked = restore(
+                    life,
+                    router,
+                    endpoints,
+                    (&vm, token.0, bytes, slot),
+                    &mut r,
+                    &mut w,
+                )?;
+                reply(parked)
+            }
+            Ok(Request::Migrate {
+                session,
+                to: Some(to),
+                ..
+            }) => reply(migrate_to(life, session, PathBuf::from(to))),
+            Ok(req) => answer_request(&req, life, router),
         };
         writeln!(w, "{answer}")?;
     }
 }
 
-/// The session `req` names and the door to it.
-fn door_of(req: &Value, life: &Lifecycle) -> Result<(u64, Arc<crate::migrate::Door>), Value> {
-    let id = req
-        .get("session")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| json!({ "error": "a live session's id is needed as \"session\"" }))?;
-    let door = life.door(id).ok_or_else(|| {
-        json!({
-            "error": format!("session {id} is not live or cannot migrate (host-local sessions on shared-memory rings can)")
-        })
-    })?;
-    Ok((id, door))
-}
-
-fn suspended(c: &crate::migrate::Captured) -> Value {
-    json!({
-        "vm": c.vm,
-        "slot": c.slot,
-        "token": crate::migrate::token_hex(&c.token),
-        "snapshot_bytes": c.bytes,
-        "from_pid": c.from_pid,
-        "capture_ms": c.capture_ms,
-    })
+fn suspended(c: &crate::migrate::Captured) -> Suspended {
+    Suspended {
+        vm: c.vm.clone(),
+        slot: c.slot,
+        token: TokenHex(c.token),
+        snapshot_bytes: c.bytes,
+        from_pid: c.from_pid,
+        capture_ms: c.capture_ms,
+    }
 }
 
 /// A frame with a JSON payload and descriptors, as `checkpoint` answers.
@@ -440,42 +337,38 @@ fn json_frame(w: &mut UnixStream, v: &Value, fds: &[&std::os::fd::OwnedFd]) -> s
 /// follows); after the client's word, a line says how it ended (returned; `None` when
 /// the frame was the whole answer).
 fn checkpoint(
-    req: &Value,
+    id: u64,
     life: &Lifecycle,
     r: &mut BufReader<UnixStream>,
     w: &mut UnixStream,
 ) -> std::io::Result<Option<Value>> {
-    let (id, door) = match door_of(req, life) {
-        Ok(d) => d,
-        Err(e) => {
-            json_frame(w, &e, &[])?;
-            return Ok(None);
-        }
+    let Some(door) = life.door(id) else {
+        json_frame(w, &reply::<()>(Err(Refused::NotMovable(id))), &[])?;
+        return Ok(None);
     };
     let mut io_error = None;
     let mut placed = false;
     let res = door.suspend(MIGRATE_WAIT, |c| {
         placed = true;
-        let stored =
-            json_frame(w, &json!({ "suspended": suspended(c) }), &[&c.snapshot]).and_then(|()| {
-                let mut ack = String::new();
-                r.read_line(&mut ack)?;
-                Ok(ack)
-            });
+        let answer = reply::<SuspendedAnswer>(Ok(SuspendedAnswer {
+            suspended: suspended(c),
+            to: None,
+        }));
+        let stored = json_frame(w, &answer, &[&c.snapshot]).and_then(|()| {
+            let mut ack = String::new();
+            r.read_line(&mut ack)?;
+            Ok(ack)
+        });
         match stored {
-            Ok(ack) => {
-                let v: Value = serde_json::from_str(ack.trim()).unwrap_or(Value::Null);
-                if v["stored"] == true {
-                    Ok(String::new())
-                } else {
-                    Err(format!(
-                        "the client did not store the snapshot: {}",
-                        v["error"].as_str().unwrap_or("no reason given")
-                    ))
-                }
-            }
+            Ok(ack) => match serde_json::from_str::<Stored>(ack.trim()) {
+                Ok(Stored { stored: true, .. }) => Ok(String::new()),
+                Ok(Stored { error, .. }) => Err(PlaceError::NotStored(
+                    error.unwrap_or_else(|| "no reason given".into()),
+                )),
+                Err(e) => Err(PlaceError::NotStored(format!("a malformed answer: {e}"))),
+            },
             Err(e) => {
-                let m = format!("the client went away: {e}");
+                let m = PlaceError::ClientGone(e.to_string());
                 io_error = Some(e);
                 Err(m)
             }
@@ -490,11 +383,14 @@ fn checkpoint(
                 "session {id} checkpointed ({} bytes) and suspended",
                 c.bytes
             );
-            Ok(Some(json!({ "suspended": suspended(&c) })))
+            Ok(Some(reply(Ok(SuspendedAnswer {
+                suspended: suspended(&c),
+                to: None,
+            }))))
         }
-        Err(e) if placed => Ok(Some(json!({ "error": e }))),
+        Err(e) if placed => Ok(Some(reply::<()>(Err(e.into())))),
         Err(e) => {
-            json_frame(w, &json!({ "error": e }), &[])?;
+            json_frame(w, &reply::<()>(Err(e.into())), &[])?;
             Ok(None)
         }
     }
@@ -502,145 +398,76 @@ fn checkpoint(
 
 /// `restore`: a snapshot from the client waits here for its guest.
 fn restore(
-    req: &Value,
     life: &Lifecycle,
     router: &Router,
     endpoints: &HashMap<String, PathBuf>,
+    (vm, token, bytes, slot): (&str, hira_protocol::handshake::Token, u64, Option<VmSlot>),
     r: &mut BufReader<UnixStream>,
     w: &mut UnixStream,
-) -> std::io::Result<Value> {
-    let Some(vm) = req.get("vm").and_then(Value::as_str) else {
-        return Ok(json!({ "error": "restore needs \"vm\"" }));
-    };
-    let Some(token) = req
-        .get("token")
-        .and_then(Value::as_str)
-        .and_then(crate::migrate::token_from_hex)
-    else {
-        return Ok(json!({ "error": "restore needs \"token\": 32 hex digits" }));
-    };
-    let slot: Option<crate::migrate::VmSlot> = match req.get("slot") {
-        None | Some(Value::Null) => None,
-        Some(v) => match serde_json::from_value(v.clone()) {
-            Ok(s) => Some(s),
-            Err(e) => return Ok(json!({ "error": format!("a malformed \"slot\": {e}") })),
-        },
-    };
+) -> std::io::Result<Result<ParkedAnswer, Refused>> {
     // A VM session resumes in its slot of the VM's window, kept for it until then
     // (given back if anything below fails).
     let parked_slot = match crate::migrate::reserve_slot(router, vm, slot) {
         Ok(s) => s,
-        Err(e) => return Ok(json!({ "error": e })),
-    };
-    let Some(bytes) = req.get("bytes").and_then(Value::as_u64) else {
-        return Ok(json!({ "error": "restore needs \"bytes\": the snapshot's length" }));
+        Err(e) => return Ok(Err(e.into())),
     };
     // The snapshot comes as bytes on this connection, so that it can come from
     // another host through a forwarded socket (`ssh -L`), which carries no
     // descriptor.
-    writeln!(w, "{}", json!({ "send": "bytes" }))?;
+    writeln!(
+        w,
+        "{}",
+        json!(SendBytes {
+            send: "bytes".into()
+        })
+    )?;
     if let Err(e) = crate::migrate::park_from(life, vm, token, parked_slot, bytes, r) {
-        return Ok(json!({ "error": e }));
+        return Ok(Err(e.into()));
     }
-    let st_size = bytes;
     let endpoint = endpoints
         .get(vm)
         .map_or_else(String::new, |p| p.display().to_string());
     info!("a suspended session of VM {vm:?} waits for its guest");
-    Ok(json!({ "parked": { "vm": vm, "endpoint": endpoint, "snapshot_bytes": st_size } }))
+    Ok(Ok(ParkedAnswer {
+        parked: Parked {
+            vm: vm.to_string(),
+            endpoint,
+            snapshot_bytes: bytes,
+        },
+    }))
 }
 
 /// Parks `c` at the daemon whose control socket is `path`; returns where the guest
 /// reconnects.
-pub fn restore_at(path: &std::path::Path, c: &crate::migrate::Captured) -> Result<String, String> {
+pub fn restore_at(
+    path: &std::path::Path,
+    c: &crate::migrate::Captured,
+) -> Result<String, PlaceError> {
     use std::io::{Seek, SeekFrom};
     let mut f = c
         .snapshot
         .try_clone()
         .map(std::fs::File::from)
         .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
-        .map_err(|e| e.to_string())?;
-    let parked = park_at(path, &c.vm, &c.token, c.slot, c.bytes, &mut f)?;
-    Ok(parked["endpoint"].as_str().unwrap_or_default().to_string())
-}
-
-/// Hands a suspended session of VM `vm` (its snapshot: the next `bytes` of `from`)
-/// to the daemon whose control socket is `path`, as bytes on the connection (which
-/// may be forwarded from another host); the daemon's `parked` answer.
-pub fn park_at(
-    path: &std::path::Path,
-    vm: &str,
-    token: &hira_protocol::handshake::Token,
-    slot: Option<crate::migrate::VmSlot>,
-    bytes: u64,
-    from: &mut impl Read,
-) -> Result<Value, String> {
-    let fail = |e: std::io::Error| format!("cannot reach {}: {e}", path.display());
-    let mut s = UnixStream::connect(path).map_err(fail)?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(fail)?;
-    let req = json!({
-        "cmd": "restore",
-        "vm": vm,
-        "token": crate::migrate::token_hex(token),
-        "slot": slot,
-        "bytes": bytes,
-    });
-    writeln!(s, "{req}").map_err(fail)?;
-    let answer = |s: &mut UnixStream| -> Result<Value, String> {
-        let line = read_line_unbuffered(s).map_err(fail)?;
-        serde_json::from_str(&line).map_err(|e| e.to_string())
-    };
-    let v = answer(&mut s)?;
-    if v.get("send").is_none() {
-        return Err(format!("{} refused: {}", path.display(), v["error"]));
-    }
-    let sent = std::io::copy(&mut from.take(bytes), &mut s).map_err(fail)?;
-    if sent != bytes {
-        return Err("the snapshot is shorter than it says".into());
-    }
-    let v = answer(&mut s)?;
-    match v.get("parked") {
-        Some(p) => Ok(p.clone()),
-        None => Err(format!("{} refused: {}", path.display(), v["error"])),
-    }
-}
-
-/// One line, read a byte at a time so that nothing after it is taken from the socket.
-pub fn read_line_unbuffered(s: &mut UnixStream) -> std::io::Result<String> {
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    loop {
-        if s.read(&mut b)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        if b[0] == b'\n' {
-            return String::from_utf8(line).map_err(std::io::Error::other);
-        }
-        line.push(b[0]);
-        if line.len() > MAX_REQUEST {
-            return Err(std::io::Error::other("answer too long"));
-        }
-    }
+        .map_err(PlaceError::Snapshot)?;
+    let parked = hira_control::park_at(path, &c.vm, &c.token, c.slot, c.bytes, &mut f).map_err(
+        |source| PlaceError::Daemon {
+            path: path.to_path_buf(),
+            source,
+        },
+    )?;
+    Ok(parked.endpoint)
 }
 
 /// `migrate` with `to`: suspended here, resumed at the other daemon.
-fn migrate_to(req: &Value, life: &Lifecycle) -> Value {
-    let (id, door) = match door_of(req, life) {
-        Ok(d) => d,
-        Err(e) => return e,
-    };
-    let Some(to) = req.get("to").and_then(Value::as_str) else {
-        return json!({ "error": "\"to\" is another daemon's control socket" });
-    };
-    let to = PathBuf::from(to);
-    match door.suspend(MIGRATE_WAIT, |c| restore_at(&to, c)) {
-        Ok(c) => {
-            info!("session {id} moved to the daemon at {}", to.display());
-            json!({ "suspended": suspended(&c), "to": to.display().to_string() })
-        }
-        Err(e) => json!({ "error": e }),
-    }
+fn migrate_to(life: &Lifecycle, id: u64, to: PathBuf) -> Result<SuspendedAnswer, Refused> {
+    let door = life.door(id).ok_or(Refused::NotMovable(id))?;
+    let c = door.suspend(MIGRATE_WAIT, |c| restore_at(&to, c))?;
+    info!("session {id} moved to the daemon at {}", to.display());
+    Ok(SuspendedAnswer {
+        suspended: suspended(&c),
+        to: Some(to.display().to_string()),
+    })
 }
 
 /// Serves the control socket until the daemon exits; each client on its own thread.

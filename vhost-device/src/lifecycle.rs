@@ -12,51 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 /// Ended sessions kept for status queries.
 const ENDED_KEPT: usize = 256;
 
-/// A live session as the control socket shows it.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct LiveSession {
-    pub id: u64,
-    pub vm: String,
-    /// The API the session speaks, by its description's name (`OpenCL`, `CUDA`).
-    pub api: &'static str,
-    pub process: String,
-    pub guest_pid: u32,
-    pub api_server_pid: Option<u32>,
-    /// Times the session moved to a new API server.
-    pub migrations: u32,
-    /// Whether its handshake is done (its API server answered and the guest was
-    /// welcomed): from then on its calls are served.
-    pub serving: bool,
-}
-
-/// A session that ended.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct EndedSession {
-    pub id: u64,
-    pub vm: String,
-    pub api: &'static str,
-    pub process: String,
-    pub api_server_pid: Option<u32>,
-    /// How the API server ended ("exit status 0", "died of signal 11", ...).
-    pub api_server_end: String,
-    /// Objects the API server released on the guest's behalf, from its report (none
-    /// if it died before reporting).
-    pub released: Option<u64>,
-    pub release_failures: Option<u64>,
-    pub commands: u64,
-    pub bytes: u64,
-    pub rejected: u64,
-    /// The last call forwarded to the API server.
-    pub last_call: Option<String>,
-    /// How the session's frames travelled: "rings" (shared memory, straight to the
-    /// API server) or "relayed" (through the daemon).
-    pub data_plane: &'static str,
-}
+pub use hira_control::{EndedSession, LiveSession};
 
 #[derive(Debug, Default)]
 struct State {
@@ -109,7 +68,7 @@ impl Registration {
     /// Records what the session's guest and API server are.
     pub fn describe(&self, api: &'static str, process: &str, guest_pid: u32, api_server_pid: u32) {
         if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
-            s.api = api;
+            s.api = api.to_string();
             s.process = process.to_string();
             s.guest_pid = guest_pid;
             s.api_server_pid = Some(api_server_pid);

@@ -21,26 +21,91 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hira_protocol::handshake::Token;
-use serde::Serialize;
 
-/// What one migration did.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Moved {
-    pub session: u64,
-    pub from_pid: u32,
-    pub to_pid: u32,
-    /// Bytes of the snapshot.
-    pub snapshot_bytes: u64,
-    /// How long the guest's calls were held: from the capture request until the new
-    /// API server serves, in milliseconds.
-    pub pause_ms: f64,
-    /// Of which: capturing (draining the device, reading contents) and restoring
-    /// (starting the new server, replaying, writing contents).
-    pub capture_ms: f64,
-    pub restore_ms: f64,
+pub use hira_control::{Moved, VmSlot};
+
+type Reply = Sender<Result<Moved, MigrateError>>;
+
+/// Why a session no longer takes migration requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Closed {
+    #[error("session {0} has ended")]
+    Ended(u64),
+    #[error("session {0} was suspended")]
+    Suspended(u64),
 }
 
-type Reply = Sender<Result<Moved, String>>;
+/// Why a session did not move or was not suspended; it goes on where it was.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(transparent)]
+    Closed(#[from] Closed),
+    #[error("the session did not answer (it may have ended)")]
+    NoAnswer,
+    #[error("the session is being suspended already")]
+    Suspending,
+    #[error("the guest did not stop sending in time (a guest shim that predates protocol 4?)")]
+    GuestKeptSending,
+    #[error("cannot reach the guest: {0}")]
+    Guest(#[source] std::io::Error),
+    #[error("no room for the snapshot: {0}")]
+    SnapshotFile(#[source] std::io::Error),
+    #[error("cannot reach the API server: {0}")]
+    ApiServer(#[source] std::io::Error),
+    #[error("the API server did not capture the session in time")]
+    CaptureTimeout,
+    /// The API server's own words: why it could not capture, or (the new one) restore.
+    #[error("{0}")]
+    ApiServerRefused(String),
+    #[error("cannot start an API server: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("the new API server: {0}")]
+    Handover(#[source] std::io::Error),
+    #[error("the new API server's answer: {0}")]
+    Answer(#[source] hira_protocol::unix::UnixFrameError),
+    #[error(transparent)]
+    Place(#[from] PlaceError),
+    #[error("this daemon serves no VM {0:?}")]
+    NoVm(String),
+    #[error("VM {vm:?} has no free window slot at {offset} of {len} bytes here")]
+    NoSlot { vm: String, offset: u64, len: u64 },
+    #[error("the snapshot could not be read: {0}")]
+    ReadSnapshot(#[source] std::io::Error),
+    #[error("the snapshot was cut short")]
+    ShortSnapshot,
+}
+
+/// Why a suspended session's snapshot was not placed where a daemon resumes it.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    #[error("the client did not store the snapshot: {0}")]
+    NotStored(String),
+    #[error("the client went away: {0}")]
+    ClientGone(String),
+    #[error("cannot read the snapshot: {0}")]
+    Snapshot(#[source] std::io::Error),
+    #[error("the daemon at {path}: {source}")]
+    Daemon {
+        path: std::path::PathBuf,
+        #[source]
+        source: hira_control::ControlError,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where a suspended session's snapshot went, as its thread hears it.
+#[derive(Debug)]
+pub(crate) enum Placement {
+    /// Placed; the guest reconnects at this endpoint (empty: the one it used).
+    At(String),
+    /// Not placed, for this reason (the session goes on here).
+    Failed(String),
+}
 
 /// A session captured for a suspension: the snapshot and what resumes it.
 #[derive(Debug)]
@@ -60,8 +125,8 @@ pub struct Captured {
 /// for the endpoint it used) before it lets the API server go.
 #[derive(Debug)]
 pub(crate) struct Suspension {
-    pub captured: Sender<Result<Captured, String>>,
-    pub placed: Receiver<Result<String, String>>,
+    pub captured: Sender<Result<Captured, MigrateError>>,
+    pub placed: Receiver<Placement>,
     /// Told once the session has left this daemon (its API server gone, its guest
     /// told where to go).
     pub done: Sender<()>,
@@ -76,13 +141,13 @@ pub(crate) enum Ask {
 }
 
 impl Ask {
-    pub(crate) fn refuse(self, why: &str) {
+    pub(crate) fn refuse(self, why: Closed) {
         match self {
             Ask::Migrate(r, _) => {
-                let _ = r.send(Err(why.to_string()));
+                let _ = r.send(Err(why.into()));
             }
             Ask::Suspend(s) => {
-                let _ = s.captured.send(Err(why.to_string()));
+                let _ = s.captured.send(Err(why.into()));
             }
         }
     }
@@ -95,7 +160,7 @@ pub(crate) const PLACE_LIMIT: Duration = Duration::from_secs(300);
 #[derive(Debug)]
 pub struct Door {
     /// The requests waiting, or, once the session cannot migrate, why.
-    requests: Mutex<Result<VecDeque<Ask>, String>>,
+    requests: Mutex<Result<VecDeque<Ask>, Closed>>,
     bell: UnixStream,
     /// Readable while requests wait; the session thread polls it.
     pub(crate) rung: UnixStream,
@@ -115,11 +180,11 @@ impl Door {
 
     /// Asks for the session to move to a new API server (on the host's device of
     /// index `device`, if given) and waits for the outcome.
-    pub fn ask(&self, timeout: Duration, device: Option<u32>) -> Result<Moved, String> {
+    pub fn ask(&self, timeout: Duration, device: Option<u32>) -> Result<Moved, MigrateError> {
         let (tx, rx): (Reply, Receiver<_>) = channel();
         self.push(Ask::Migrate(tx, device))?;
         rx.recv_timeout(timeout)
-            .map_err(|_| "the session did not answer (it may have ended)".to_string())?
+            .map_err(|_| MigrateError::NoAnswer)?
     }
 
     /// Suspends the session: captures it, lets `place` put the snapshot where a
@@ -128,8 +193,8 @@ impl Door {
     pub fn suspend(
         &self,
         timeout: Duration,
-        place: impl FnOnce(&Captured) -> Result<String, String>,
-    ) -> Result<Captured, String> {
+        place: impl FnOnce(&Captured) -> Result<String, PlaceError>,
+    ) -> Result<Captured, MigrateError> {
         let (ctx, crx) = channel();
         let (ptx, prx) = channel();
         let (dtx, drx) = channel();
@@ -140,19 +205,22 @@ impl Door {
         }))?;
         let captured = crx
             .recv_timeout(timeout)
-            .map_err(|_| "the session did not answer (it may have ended)".to_string())??;
+            .map_err(|_| MigrateError::NoAnswer)??;
         let placed = place(&captured);
-        let _ = ptx.send(placed.clone());
+        let _ = ptx.send(match &placed {
+            Ok(endpoint) => Placement::At(endpoint.clone()),
+            Err(e) => Placement::Failed(e.to_string()),
+        });
         placed?;
         // The session's thread confirms it let go (or hung up, which is as good).
         let _ = drx.recv_timeout(timeout);
         Ok(captured)
     }
 
-    fn push(&self, ask: Ask) -> Result<(), String> {
+    fn push(&self, ask: Ask) -> Result<(), Closed> {
         match &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()) {
             Ok(q) => q.push_back(ask),
-            Err(why) => return Err(why.clone()),
+            Err(why) => return Err(*why),
         }
         let _ = std::io::Write::write(&mut &self.bell, &[1]);
         Ok(())
@@ -169,10 +237,10 @@ impl Door {
     }
 
     /// From now on the session cannot migrate, for `why`; requests waiting get it.
-    pub fn close(&self, why: &str) {
+    pub fn close(&self, why: Closed) {
         let old = std::mem::replace(
             &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()),
-            Err(why.to_string()),
+            Err(why),
         );
         for ask in old.into_iter().flatten() {
             ask.refuse(why);
@@ -242,34 +310,6 @@ pub fn new_token() -> Token {
     t
 }
 
-/// A token as text, for the control socket.
-pub fn token_hex(t: &Token) -> String {
-    t.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A token from its text.
-pub fn token_from_hex(s: &str) -> Option<Token> {
-    if s.len() != 32 || !s.is_ascii() {
-        return None;
-    }
-    let mut t = [0u8; 16];
-    for (i, b) in t.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(t)
-}
-
-/// Where a VM session's data window and rings lie in the VM's shared window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct VmSlot {
-    /// The slot's offset and length in the window (as leased).
-    pub offset: u64,
-    pub len: u64,
-    /// The session's data window within it, and its rings.
-    pub window_len: u64,
-    pub ring_offset: u64,
-}
-
 /// A suspended session waiting here for its guest.
 #[derive(Debug)]
 pub struct Parked {
@@ -319,18 +359,19 @@ pub fn reserve_slot(
     router: &crate::router::Router,
     vm: &str,
     slot: Option<VmSlot>,
-) -> Result<SlotGuard, String> {
+) -> Result<SlotGuard, MigrateError> {
     let Some(s) = slot else {
         return Ok(SlotGuard(None));
     };
     let Some(q) = router.get(vm) else {
-        return Err(format!("this daemon serves no VM {vm:?}"));
+        return Err(MigrateError::NoVm(vm.to_string()));
     };
     if !q.window.get().is_some_and(|w| w.reserve(s.offset, s.len)) {
-        return Err(format!(
-            "VM {vm:?} has no free window slot at {} of {} bytes here",
-            s.offset, s.len
-        ));
+        return Err(MigrateError::NoSlot {
+            vm: vm.to_string(),
+            offset: s.offset,
+            len: s.len,
+        });
     }
     Ok(SlotGuard(Some((s, q))))
 }
@@ -344,13 +385,13 @@ pub fn park_from(
     slot: SlotGuard,
     bytes: u64,
     from: &mut impl std::io::Read,
-) -> Result<(), String> {
-    let snapshot = snapshot_file().map_err(|e| format!("no room for the snapshot: {e}"))?;
+) -> Result<(), MigrateError> {
+    let snapshot = snapshot_file().map_err(MigrateError::SnapshotFile)?;
     let mut file = std::fs::File::from(snapshot);
     let copied = std::io::copy(&mut std::io::Read::take(from, bytes), &mut file)
-        .map_err(|e| format!("the snapshot could not be read: {e}"))?;
+        .map_err(MigrateError::ReadSnapshot)?;
     if copied != bytes {
-        return Err("the snapshot was cut short".into());
+        return Err(MigrateError::ShortSnapshot);
     }
     life.park(Parked {
         token,
@@ -377,120 +418,4 @@ pub const PARK_LIMIT: Duration = Duration::from_secs(600);
 pub(crate) fn is_eventfd(fd: &OwnedFd) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
-}
-
-/// A file of a suspended session, as `hira-ctl checkpoint` writes it and `hira-ctl
-/// restore` reads it:
-///
-/// ```text
-/// magic "HIRASESS" (8), version u16 (1), token (16), VM name (u16 length, bytes),
-/// VM slot (u8 0, or 1 and four u64: offset, length, window length, ring offset),
-/// then the snapshot (the API server's format; see the migration crate)
-/// ```
-pub mod file {
-    use std::io::{Read, Write};
-
-    use hira_protocol::handshake::Token;
-
-    const MAGIC: &[u8; 8] = b"HIRASESS";
-    const VERSION: u16 = 1;
-
-    /// Writes the header; the snapshot follows.
-    pub fn write_header(
-        w: &mut impl Write,
-        token: &Token,
-        vm: &str,
-        slot: Option<super::VmSlot>,
-    ) -> std::io::Result<()> {
-        w.write_all(MAGIC)?;
-        w.write_all(&VERSION.to_le_bytes())?;
-        w.write_all(token)?;
-        let name = vm.as_bytes();
-        let len =
-            u16::try_from(name.len()).map_err(|_| std::io::Error::other("VM name too long"))?;
-        w.write_all(&len.to_le_bytes())?;
-        w.write_all(name)?;
-        match slot {
-            None => w.write_all(&[0]),
-            Some(s) => {
-                w.write_all(&[1])?;
-                for v in [s.offset, s.len, s.window_len, s.ring_offset] {
-                    w.write_all(&v.to_le_bytes())?;
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Reads the header; the reader is left at the snapshot.
-    pub fn read_header(
-        r: &mut impl Read,
-    ) -> std::io::Result<(Token, String, Option<super::VmSlot>)> {
-        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-        let mut magic = [0u8; 8];
-        r.read_exact(&mut magic)?;
-        if &magic != MAGIC {
-            return Err(bad("not a Hira session file"));
-        }
-        let mut v = [0u8; 2];
-        r.read_exact(&mut v)?;
-        if u16::from_le_bytes(v) != VERSION {
-            return Err(bad("a session file of another version"));
-        }
-        let mut token = [0u8; 16];
-        r.read_exact(&mut token)?;
-        let mut len = [0u8; 2];
-        r.read_exact(&mut len)?;
-        let mut name = vec![0u8; u16::from_le_bytes(len) as usize];
-        r.read_exact(&mut name)?;
-        let vm = String::from_utf8(name).map_err(|_| bad("the VM name is not UTF-8"))?;
-        let mut flag = [0u8; 1];
-        r.read_exact(&mut flag)?;
-        let slot = match flag[0] {
-            0 => None,
-            1 => {
-                let mut v = [0u64; 4];
-                for x in &mut v {
-                    let mut b = [0u8; 8];
-                    r.read_exact(&mut b)?;
-                    *x = u64::from_le_bytes(b);
-                }
-                Some(super::VmSlot {
-                    offset: v[0],
-                    len: v[1],
-                    window_len: v[2],
-                    ring_offset: v[3],
-                })
-            }
-            _ => return Err(bad("a malformed VM slot")),
-        };
-        Ok((token, vm, slot))
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn a_header_reads_back_and_others_are_refused() {
-            let slot = super::super::VmSlot {
-                offset: 4096,
-                len: 8192,
-                window_len: 4096,
-                ring_offset: 8192,
-            };
-            for slot in [None, Some(slot)] {
-                let mut b = Vec::new();
-                write_header(&mut b, &[3; 16], "vm-a", slot).unwrap();
-                b.extend_from_slice(b"snapshot");
-                let mut r = &b[..];
-                assert_eq!(
-                    read_header(&mut r).unwrap(),
-                    ([3; 16], "vm-a".to_string(), slot)
-                );
-                assert_eq!(r, b"snapshot");
-            }
-            assert!(read_header(&mut &b"HIRASNAP........"[..]).is_err());
-        }
-    }
 }

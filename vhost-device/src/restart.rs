@@ -2,7 +2,7 @@
 //!
 //! When the daemon stops, every live session it can suspend is captured into
 //! `DIR/SESSION.hira` (the format of `hira-ctl checkpoint`, see
-//! [`crate::migrate::file`]) and its guest is told to reconnect where it connected.
+//! [`hira_control::session_file`]) and its guest is told to reconnect where it connected.
 //! When the daemon starts, it parks each file of DIR for its guest (and removes the
 //! file, so that no session resumes twice); the guest, holding its calls meanwhile,
 //! reconnects with its token and goes on where it stopped. This is `hira-ctl
@@ -20,8 +20,9 @@ use std::time::Duration;
 use log::{info, warn};
 
 use crate::lifecycle::Lifecycle;
-use crate::migrate::{Captured, file};
+use crate::migrate::{Captured, MigrateError, PlaceError};
 use crate::router::Router;
+use hira_control::session_file as file;
 
 /// How long one session may take to be captured (a relayed guest has 10 s to stop
 /// sending; a large state takes its copy).
@@ -59,7 +60,7 @@ pub fn suspend_all(life: &Lifecycle, dir: &Path) -> usize {
 }
 
 /// Writes `c` to `path` whole, or not at all.
-fn store(c: &Captured, path: &Path) -> Result<(), String> {
+fn store(c: &Captured, path: &Path) -> Result<(), PlaceError> {
     let part = path.with_extension("part");
     let written = (|| -> std::io::Result<()> {
         let mut out = std::fs::OpenOptions::new()
@@ -76,9 +77,12 @@ fn store(c: &Captured, path: &Path) -> Result<(), String> {
         out.sync_all()?;
         std::fs::rename(&part, path)
     })();
-    written.map_err(|e| {
+    written.map_err(|source| {
         let _ = std::fs::remove_file(&part);
-        format!("cannot write {}: {e}", path.display())
+        PlaceError::Write {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 
@@ -118,16 +122,21 @@ pub fn resume_all(life: &Lifecycle, router: &Router, dir: &Path) -> usize {
     parked
 }
 
+/// Why a session file was not parked.
+#[derive(Debug, thiserror::Error)]
+enum ResumeError {
+    #[error("{0}")]
+    File(#[from] std::io::Error),
+    #[error(transparent)]
+    Park(#[from] MigrateError),
+}
+
 /// Parks the session of file `path`; returns its VM.
-fn park(life: &Lifecycle, router: &Router, path: &Path) -> Result<String, String> {
-    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let (token, vm, slot) = file::read_header(&mut f).map_err(|e| e.to_string())?;
-    let at = f.stream_position().map_err(|e| e.to_string())?;
-    let bytes = f
-        .metadata()
-        .map_err(|e| e.to_string())?
-        .len()
-        .saturating_sub(at);
+fn park(life: &Lifecycle, router: &Router, path: &Path) -> Result<String, ResumeError> {
+    let mut f = std::fs::File::open(path)?;
+    let (token, vm, slot) = file::read_header(&mut f)?;
+    let at = f.stream_position()?;
+    let bytes = f.metadata()?.len().saturating_sub(at);
     let slot = crate::migrate::reserve_slot(router, &vm, slot)?;
     crate::migrate::park_from(life, &vm, token, slot, bytes, &mut f)?;
     Ok(vm)

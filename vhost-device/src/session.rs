@@ -22,6 +22,7 @@ use log::{debug, info, warn};
 
 use crate::config::Config;
 use crate::lifecycle::{EndedSession, Lifecycle, Registration};
+use crate::migrate::{MigrateError, Placement};
 use crate::router::VmQueue;
 use crate::spawn;
 
@@ -555,7 +556,7 @@ fn serve(
         let _ = guest.shutdown(std::net::Shutdown::Both);
         Ok((res, relay))
     })();
-    door.close(&format!("session {id} has ended"));
+    door.close(crate::migrate::Closed::Ended(id));
     let child_id = child.as_ref().map_or(0, std::process::Child::id);
     let (mut how, crashed) = match child.take() {
         Some(c) => spawn::reap(c, config.limits.teardown_grace),
@@ -600,7 +601,7 @@ fn serve(
         ))
     );
     registration.ended(EndedSession {
-        api: api.name,
+        api: api.name.to_string(),
         process: hello.process_name.clone(),
         api_server_pid: Some(child_id),
         api_server_end: how,
@@ -610,7 +611,7 @@ fn serve(
         bytes: stats.bytes,
         rejected: stats.rejected,
         last_call: stats.last_call.map(str::to_string),
-        data_plane: if on_rings { "rings" } else { "relayed" },
+        data_plane: if on_rings { "rings" } else { "relayed" }.to_string(),
         ..EndedSession::default()
     });
     result
@@ -895,29 +896,31 @@ fn notify(to: &mut UnixStream, opcode: u16, fds: &[&OwnedFd]) -> std::io::Result
 impl Mover<'_> {
     /// Has the API server capture the session into a fresh memfd; on success it
     /// waits for the verdict. Returns the memfd and the snapshot's length.
-    fn capture(&mut self) -> Result<(OwnedFd, u64), String> {
-        let snapshot = crate::migrate::snapshot_file().map_err(|e| e.to_string())?;
+    fn capture(&mut self) -> Result<(OwnedFd, u64), MigrateError> {
+        let snapshot = crate::migrate::snapshot_file().map_err(MigrateError::SnapshotFile)?;
         let (tx, rx) = std::sync::mpsc::channel();
         *self.link.answers.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         let sent = if self.relayed {
             // The pieces come back through the relay thread into the memfd.
-            let f = snapshot.try_clone().map_err(|e| e.to_string())?;
+            let f = snapshot.try_clone().map_err(MigrateError::SnapshotFile)?;
             *self.link.snapshot.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some(std::fs::File::from(f));
             notify(self.server, migrate::CAPTURE, &[])
         } else {
             notify(self.server, migrate::CAPTURE, &[&snapshot])
         };
-        sent.map_err(|e| format!("cannot reach the API server: {e}"))?;
+        sent.map_err(MigrateError::ApiServer)?;
         let (op, answer) = match rx.recv_timeout(CAPTURE_LIMIT) {
             Ok(a) => a,
             Err(_) => {
                 let _ = notify(self.server, migrate::ABORT, &[]);
-                return Err("the API server did not capture the session in time".into());
+                return Err(MigrateError::CaptureTimeout);
             }
         };
         if op == migrate::FAILED {
-            return Err(String::from_utf8_lossy(&answer).into_owned());
+            return Err(MigrateError::ApiServerRefused(
+                String::from_utf8_lossy(&answer).into_owned(),
+            ));
         }
         let len = answer
             .get(..8)
@@ -958,20 +961,20 @@ impl Mover<'_> {
         let sent = match captured {
             Ok(c) => s.captured.send(Ok(c)).is_ok(),
             Err(e) => {
-                let _ = s.captured.send(Err(e.to_string()));
+                let _ = s.captured.send(Err(MigrateError::SnapshotFile(e)));
                 false
             }
         };
         let placed = if sent {
             s.placed
                 .recv_timeout(crate::migrate::PLACE_LIMIT)
-                .unwrap_or_else(|_| Err("the snapshot was not placed in time".into()))
+                .unwrap_or_else(|_| Placement::Failed("the snapshot was not placed in time".into()))
         } else {
-            Err("nobody took the snapshot".into())
+            Placement::Failed("nobody took the snapshot".into())
         };
         let endpoint = match placed {
-            Ok(e) => e,
-            Err(e) => {
+            Placement::At(e) => e,
+            Placement::Failed(e) => {
                 warn!(
                     "session {}: suspension abandoned, the session stays: {e}",
                     self.id
@@ -1007,7 +1010,7 @@ impl Mover<'_> {
 
     /// Moves the session to a new API server (on the host's device of index
     /// `device`, if given), or leaves it where it is.
-    fn migrate(&mut self, device: Option<u32>) -> Result<crate::migrate::Moved, String> {
+    fn migrate(&mut self, device: Option<u32>) -> Result<crate::migrate::Moved, MigrateError> {
         let start = std::time::Instant::now();
         let (snapshot, snapshot_bytes) = self.capture()?;
         let captured = start.elapsed();
@@ -1016,7 +1019,7 @@ impl Mover<'_> {
                 let to_pid = child.id();
                 // The relay goes on with the new server once the old one closes.
                 *self.link.next.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(server.try_clone().map_err(|e| e.to_string())?);
+                    Some(server.try_clone().map_err(MigrateError::Handover)?);
                 let pause = start.elapsed();
                 let _ = notify(self.server, migrate::COMMIT, &[]);
                 let old = self.child.replace(child);
@@ -1066,34 +1069,39 @@ impl Mover<'_> {
             UnixStream,
             hira_protocol::usage::UsagePage,
         ),
-        String,
+        MigrateError,
     > {
         let (mut child, mut server, usage) =
             spawn::api_server(self.config, self.id, self.vm_page, self.cgroup)
-                .map_err(|e| format!("cannot start an API server: {e}"))?;
-        let handed = (|| -> Result<(), String> {
+                .map_err(MigrateError::Spawn)?;
+        let handed = (|| -> Result<(), MigrateError> {
             let mut fds = vec![snapshot];
             fds.extend(self.rings.iter());
             let payload = device.map(u32::to_le_bytes);
             let payload: &[u8] = payload.as_ref().map_or(&[], |p| p);
             let h = FrameHeader::new(FrameKind::Notify, migrate::ADOPT, 0, 0, payload.len());
-            unix::send_frame_with_fds(&mut server, &h, payload, &fds).map_err(|e| e.to_string())?;
+            unix::send_frame_with_fds(&mut server, &h, payload, &fds)
+                .map_err(MigrateError::Handover)?;
             unix::send_frame_with_fd(
                 &mut server,
                 &self.hello.0,
                 &self.hello.1,
                 self.window.as_ref(),
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(MigrateError::Handover)?;
             server
                 .set_read_timeout(Some(RESTORE_LIMIT))
-                .map_err(|e| e.to_string())?;
-            let (h, p, _) = unix::recv_frame_with_fds(&mut server).map_err(|e| e.to_string())?;
-            server.set_read_timeout(None).map_err(|e| e.to_string())?;
+                .map_err(MigrateError::Handover)?;
+            let (h, p, _) = unix::recv_frame_with_fds(&mut server).map_err(MigrateError::Answer)?;
+            server
+                .set_read_timeout(None)
+                .map_err(MigrateError::Handover)?;
             if h.kind != FrameKind::Welcome {
-                return Err(ErrorPayload::decode(&p)
-                    .map(|e| e.message)
-                    .unwrap_or_else(|_| "the new API server failed".into()));
+                return Err(MigrateError::ApiServerRefused(
+                    ErrorPayload::decode(&p)
+                        .map(|e| e.message)
+                        .unwrap_or_else(|_| "the new API server failed".into()),
+                ));
             }
             Ok(())
         })();
@@ -1132,7 +1140,7 @@ fn drained(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
         return false;
     };
     if m.suspend(s) {
-        door.close(&format!("session {} was suspended", m.id));
+        door.close(crate::migrate::Closed::Suspended(m.id));
         return true;
     }
     resumed_here(m);
@@ -1147,10 +1155,7 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
         .is_some_and(|(_, until)| std::time::Instant::now() >= *until)
         && let Some((s, _)) = m.draining.take()
     {
-        let _ = s.captured.send(Err(
-            "the guest did not stop sending in time (a guest shim that predates protocol 4?)"
-                .into(),
-        ));
+        let _ = s.captured.send(Err(MigrateError::GuestKeptSending));
         resumed_here(m);
     }
     let mut asks = door.take().into_iter();
@@ -1165,9 +1170,7 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
             }
             crate::migrate::Ask::Suspend(s) if m.relayed => {
                 if m.draining.is_some() {
-                    let _ = s
-                        .captured
-                        .send(Err("the session is being suspended already".into()));
+                    let _ = s.captured.send(Err(MigrateError::Suspending));
                     continue;
                 }
                 // The guest stops sending first (its last frame says so), so that
@@ -1180,15 +1183,15 @@ fn answer_door(door: &crate::migrate::Door, m: &mut Mover<'_>) -> bool {
                 match told {
                     Ok(()) => m.draining = Some((s, std::time::Instant::now() + DRAIN_LIMIT)),
                     Err(e) => {
-                        let _ = s.captured.send(Err(format!("cannot reach the guest: {e}")));
+                        let _ = s.captured.send(Err(MigrateError::Guest(e)));
                     }
                 }
             }
             crate::migrate::Ask::Suspend(s) => {
                 if m.suspend(s) {
-                    door.close(&format!("session {} was suspended", m.id));
+                    door.close(crate::migrate::Closed::Suspended(m.id));
                     for rest in asks {
-                        rest.refuse("the session was suspended");
+                        rest.refuse(crate::migrate::Closed::Suspended(m.id));
                     }
                     return true;
                 }
