@@ -103,18 +103,21 @@ pub enum Kind {
     Fifo,
 }
 
-impl std::str::FromStr for Kind {
-    type Err = String;
+/// A policy's name that names none.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {0:?} (known: wfq, fixed-rate, aimd, fifo)")]
+pub struct UnknownPolicy(pub String);
 
-    fn from_str(s: &str) -> Result<Kind, String> {
+impl std::str::FromStr for Kind {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Kind, UnknownPolicy> {
         match s {
             "wfq" => Ok(Kind::Wfq),
             "fixed-rate" => Ok(Kind::FixedRate),
             "aimd" => Ok(Kind::Aimd),
             "fifo" => Ok(Kind::Fifo),
-            other => Err(format!(
-                "unknown policy {other:?} (known: wfq, fixed-rate, aimd, fifo)"
-            )),
+            other => Err(UnknownPolicy(other.to_string())),
         }
     }
 }

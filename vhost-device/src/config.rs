@@ -57,6 +57,17 @@ pub enum ConfigError {
         "give exactly one of `socket=` (QEMU vhost-user) and `hybrid=` (cloud-hypervisor, Firecracker)"
     )]
     Transport,
+    #[error("VM {vm:?} is given two {what} ({first} and {second})")]
+    Conflict {
+        vm: String,
+        what: &'static str,
+        first: String,
+        second: String,
+    },
+    #[error("HIRA_SERVER_NT_KB: expected a size in KiB (0: glibc's own), got {0:?}")]
+    NtKb(String),
+    #[error("HIRA_SERVER_NT_KB: {0} KiB is outside 64 KiB to 1 TiB (0: glibc's own)")]
+    NtKbRange(u64),
 }
 
 impl ConfigError {
@@ -76,6 +87,8 @@ impl ConfigError {
             ConfigError::UnknownUser(_) => "socket_owner",
             ConfigError::UnknownGroup(_) => "socket_group",
             ConfigError::At { key, .. } => key,
+            ConfigError::Conflict { .. } => "",
+            ConfigError::NtKb(_) | ConfigError::NtKbRange(_) => "",
             ConfigError::NotKeyValue(_)
             | ConfigError::UnknownKey(_)
             | ConfigError::UnknownListenerKey(_)
@@ -662,17 +675,16 @@ const NT_TUNABLE: &str = "glibc.cpu.x86_non_temporal_threshold";
 pub fn api_server_tunables(
     inherited: Option<&str>,
     nt_kb: Option<&str>,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ConfigError> {
     let kb = match nt_kb {
         None => (hira_protocol::STREAM_NT_CHUNK / 1024) as u64,
-        Some(v) => v.trim().parse::<u64>().map_err(|_| {
-            format!("HIRA_SERVER_NT_KB: expected a size in KiB (0: glibc's own), got {v:?}")
-        })?,
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| ConfigError::NtKb(v.to_string()))?,
     };
     if kb != 0 && !(64..=1 << 30).contains(&kb) {
-        return Err(format!(
-            "HIRA_SERVER_NT_KB: {kb} KiB is outside 64 KiB to 1 TiB (0: glibc's own)"
-        ));
+        return Err(ConfigError::NtKbRange(kb));
     }
     let operator_set = inherited.is_some_and(|t| {
         t.split(':')
@@ -695,8 +707,8 @@ impl Config {
         &self,
         listener: impl Fn(&LocalListener) -> Option<T>,
         vm: impl Fn(&VmSpec) -> Option<T>,
-        what: &str,
-    ) -> Result<Vec<(String, T)>, String> {
+        what: &'static str,
+    ) -> Result<Vec<(String, T)>, ConfigError> {
         let set = self
             .listeners
             .iter()
@@ -707,9 +719,12 @@ impl Config {
             let Some(x) = value else { continue };
             match out.iter().find(|(v, _)| v == name) {
                 Some((_, other)) if *other != x => {
-                    return Err(format!(
-                        "VM {name:?} is given two {what} ({other:?} and {x:?})"
-                    ));
+                    return Err(ConfigError::Conflict {
+                        vm: name.clone(),
+                        what,
+                        first: format!("{other:?}"),
+                        second: format!("{x:?}"),
+                    });
                 }
                 Some(_) => {}
                 None => out.push((name.clone(), x)),
@@ -719,22 +734,22 @@ impl Config {
     }
 
     /// Each VM's memory quota as its listeners and VM specs set it.
-    pub fn mem_quotas(&self) -> Result<Vec<(String, u64)>, String> {
+    pub fn mem_quotas(&self) -> Result<Vec<(String, u64)>, ConfigError> {
         self.per_vm(|l| l.mem_quota, |v| v.mem_quota, "memory quotas")
     }
 
     /// Each VM's cap on sessions as its listeners and VM specs set it.
-    pub fn max_sessions(&self) -> Result<Vec<(String, usize)>, String> {
+    pub fn max_sessions(&self) -> Result<Vec<(String, usize)>, ConfigError> {
         self.per_vm(|l| l.max_sessions, |v| v.max_sessions, "session caps")
     }
 
     /// Each VM's cap on host memory as its listeners and VM specs set it.
-    pub fn host_mems(&self) -> Result<Vec<(String, u64)>, String> {
+    pub fn host_mems(&self) -> Result<Vec<(String, u64)>, ConfigError> {
         self.per_vm(|l| l.host_mem, |v| v.host_mem, "host-memory caps")
     }
 
     /// Each VM's share of device time as its listeners and VM specs set it.
-    pub fn shares(&self) -> Result<Vec<(String, u32)>, String> {
+    pub fn shares(&self) -> Result<Vec<(String, u32)>, ConfigError> {
         self.per_vm(|l| l.share, |v| v.share, "shares")
     }
 }
@@ -800,7 +815,7 @@ mod tests {
         );
         assert_eq!(t(None, Some("0")).unwrap(), None);
         for bad in ["8M", "-1", "1", ""] {
-            let e = t(None, Some(bad)).unwrap_err();
+            let e = t(None, Some(bad)).unwrap_err().to_string();
             assert!(e.starts_with("HIRA_SERVER_NT_KB: "), "{bad:?}: {e}");
         }
     }
@@ -972,6 +987,7 @@ mod tests {
             twice
                 .mem_quotas()
                 .unwrap_err()
+                .to_string()
                 .contains("two memory quotas")
         );
     }
@@ -1001,7 +1017,13 @@ mod tests {
             ],
             ..Config::default()
         };
-        assert!(twice.host_mems().unwrap_err().contains("host-memory caps"));
+        assert!(
+            twice
+                .host_mems()
+                .unwrap_err()
+                .to_string()
+                .contains("host-memory caps")
+        );
     }
 
     #[test]

@@ -41,9 +41,64 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 
 pub use config::Config;
 
+/// Why the daemon could not start; each names what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Listen(#[from] listener::ListenError),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("cannot make VM {vm:?}'s page for its quota: {source}")]
+    VmPage {
+        vm: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot use the cgroup directory {}: {source}", path.display())]
+    Cgroups {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make VM {vm:?}'s cgroup: {source}")]
+    VmCgroup {
+        vm: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("host-mem caps need --cgroup DIR (a cgroup directory delegated to the daemon)")]
+    HostMemNeedsCgroup,
+    #[error("cannot cap VM {vm:?}'s host memory: {source}")]
+    HostMemCap {
+        vm: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the scheduler thread: {0}")]
+    Scheduler(#[source] std::io::Error),
+    #[error("cannot listen for the VMM on {}: {source}", path.display())]
+    VhostUser {
+        path: PathBuf,
+        #[source]
+        source: vhost::vhost_user::Error,
+    },
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make the data window {}: {source}", path.display())]
+    Window {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Runs the daemon until SIGTERM or SIGINT, then stops in order: no new guests, every
 /// session ended and its API server reaped, socket files removed.
-pub fn run(config: Config) -> Result<(), listener::ListenError> {
+pub fn run(config: Config) -> Result<(), StartError> {
     // Everything the daemon creates starts with at most the configured access, so no
     // socket is ever reachable more widely, not even for a moment.
     // SAFETY: umask only changes this process's file-creation mask.
@@ -60,49 +115,50 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     for vm in &config.vhost_user_vms {
         router.vm(&vm.name);
     }
-    for (vm, quota) in config.mem_quotas().map_err(listener::ListenError::Config)? {
+    for (vm, quota) in config.mem_quotas()? {
         router
             .vm(&vm)
             .set_mem_quota(Some(quota))
-            .map_err(|e| listener::ListenError::Bind(format!("VM {vm:?} page"), e))?;
+            .map_err(|source| StartError::VmPage {
+                vm: vm.clone(),
+                source,
+            })?;
         info!("VM {vm:?}: device-memory quota {quota} bytes");
     }
-    for (vm, max) in config
-        .max_sessions()
-        .map_err(listener::ListenError::Config)?
-    {
+    for (vm, max) in config.max_sessions()? {
         router.vm(&vm).set_max_sessions(max);
         info!("VM {vm:?}: at most {max} sessions");
     }
-    let host_mems = config.host_mems().map_err(listener::ListenError::Config)?;
+    let host_mems = config.host_mems()?;
     match &config.cgroup {
         Some(root) => {
-            let cgroups = cgroup::Cgroups::open(root)
-                .map_err(|e| listener::ListenError::Bind(root.display().to_string(), e))?;
+            let cgroups = cgroup::Cgroups::open(root).map_err(|source| StartError::Cgroups {
+                path: root.clone(),
+                source,
+            })?;
             for (name, queue) in router.snapshot() {
-                let c = cgroups
-                    .vm(&name)
-                    .map_err(|e| listener::ListenError::Bind(format!("VM {name:?}"), e))?;
+                let c = cgroups.vm(&name).map_err(|source| StartError::VmCgroup {
+                    vm: name.clone(),
+                    source,
+                })?;
                 info!("VM {name:?}: API servers in cgroup {}", c.path().display());
                 let _ = queue.cgroup.set(c);
             }
         }
-        None if !host_mems.is_empty() => {
-            return Err(listener::ListenError::Config(
-                "host-mem caps need --cgroup DIR (a cgroup directory delegated to the daemon)"
-                    .into(),
-            ));
-        }
+        None if !host_mems.is_empty() => return Err(StartError::HostMemNeedsCgroup),
         None => {}
     }
     for (vm, cap) in host_mems {
         router
             .vm(&vm)
             .set_host_mem(Some(cap))
-            .map_err(|e| listener::ListenError::Bind(format!("VM {vm:?} host-memory cap"), e))?;
+            .map_err(|source| StartError::HostMemCap {
+                vm: vm.clone(),
+                source,
+            })?;
         info!("VM {vm:?}: host memory capped at {cap} bytes");
     }
-    for (vm, share) in config.shares().map_err(listener::ListenError::Config)? {
+    for (vm, share) in config.shares()? {
         router.vm(&vm).set_share(share);
         info!("VM {vm:?}: share {share}");
     }
@@ -111,7 +167,7 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
         std::thread::Builder::new()
             .name("scheduler".into())
             .spawn(move || scheduler::run(router, kind))
-            .map_err(|e| listener::ListenError::Bind("the scheduler thread".into(), e))?;
+            .map_err(StartError::Scheduler)?;
     }
     let mut created: Vec<PathBuf> = Vec::new();
     let mut listeners = Vec::new();
@@ -126,11 +182,11 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     for vm in &config.vhost_user_vms {
         if let config::VmTransport::VhostUser(socket) = &vm.transport {
             listener::claim(socket)?;
-            let l = vhost::vhost_user::Listener::new(socket, false).map_err(|e| {
-                listener::ListenError::Bind(
-                    socket.display().to_string(),
-                    std::io::Error::other(e.to_string()),
-                )
+            let l = vhost::vhost_user::Listener::new(socket, false).map_err(|source| {
+                StartError::VhostUser {
+                    path: socket.clone(),
+                    source,
+                }
             })?;
             listener::apply_access(socket, &config.access)?;
             created.push(socket.clone());
@@ -138,8 +194,10 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
         }
     }
     if let Some(addr) = &config.metrics {
-        let l = std::net::TcpListener::bind(addr)
-            .map_err(|e| listener::ListenError::Bind(addr.clone(), e))?;
+        let l = std::net::TcpListener::bind(addr).map_err(|source| StartError::Metrics {
+            addr: addr.clone(),
+            source,
+        })?;
         if let Ok(a) = l.local_addr() {
             let _ = metrics::ADDRESS.set(a);
             info!("metrics on http://{a}/metrics");
@@ -167,8 +225,12 @@ pub fn run(config: Config) -> Result<(), listener::ListenError> {
     for (vm, socket, vhost_listener) in devices {
         let (config, queue, life) = (config.clone(), router.vm(&vm.name), life.clone());
         if let Some((path, size)) = &vm.window {
-            let w = window::VmWindow::create(path, *size, vm.window_slots)
-                .map_err(|e| listener::ListenError::Bind(path.display().to_string(), e))?;
+            let w = window::VmWindow::create(path, *size, vm.window_slots).map_err(|source| {
+                StartError::Window {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
             listener::apply_access(path, &config.access)?;
             info!(
                 "VM {:?}: data window {} ({} MiB, {} slots)",

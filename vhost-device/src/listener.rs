@@ -29,8 +29,6 @@ pub enum ListenError {
     Bind(String, #[source] std::io::Error),
     #[error("cannot set the owner or mode of {0}")]
     Access(String, #[source] std::io::Error),
-    #[error("{0}")]
-    Config(String),
 }
 
 /// Makes room for a socket at `path`: refuses if a live process accepts on it,

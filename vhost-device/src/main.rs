@@ -228,10 +228,9 @@ impl TryFrom<Args> for Config {
             api_server_tunables: config::api_server_tunables(
                 std::env::var("GLIBC_TUNABLES").ok().as_deref(),
                 std::env::var("HIRA_SERVER_NT_KB").ok().as_deref(),
-            )
-            .map_err(anyhow::Error::msg)?,
+            )?,
             policy: match a.policy.or(file.policy) {
-                Some(p) => p.parse().map_err(anyhow::Error::msg)?,
+                Some(p) => p.parse()?,
                 None => hira_policy::Kind::Wfq,
             },
             sandbox: Sandbox {
@@ -283,9 +282,7 @@ fn main() -> anyhow::Result<()> {
     }
     logger.init();
     let config = Config::try_from(args).context("invalid configuration")?;
-    hira_vhost::spawn::check_platform(&config)
-        .map_err(anyhow::Error::msg)
-        .context("invalid configuration")?;
+    hira_vhost::spawn::check_platform(&config).context("invalid configuration")?;
     hira_vhost::spawn::prepare_sandbox(&config).context("cannot prepare the API-server sandbox")?;
     hira_vhost::run(config).context("hira-vhost failed")
 }

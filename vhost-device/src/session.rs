@@ -221,7 +221,8 @@ fn serve(
     let mut parked = match hello.resume.take() {
         Some(token) => match resumable(life, &token, vm, &hello, &guest_rings) {
             Ok(p) => Some(p),
-            Err(m) => {
+            Err(e) => {
+                let m = e.to_string();
                 send_error(&guest_w, None, error_code::HANDSHAKE, &m);
                 return Err(SessionError::Refused(m));
             }
@@ -799,34 +800,31 @@ fn resumable(
     vm: &str,
     hello: &Hello,
     rings: &[OwnedFd],
-) -> Result<crate::migrate::Parked, String> {
+) -> Result<crate::migrate::Parked, ResumeRefused> {
+    let none = || ResumeRefused::NoSession(vm.to_string());
     if hello.vm_window && hello.rings && rings.is_empty() {
         // A VM guest: its rings are in its slot of the VM's window.
         return life
             .unpark(token, vm)
             .filter(|p| p.slot.is_some())
-            .ok_or_else(|| {
-                format!("no suspended session with this token for VM {vm:?} here (yet)")
-            });
+            .ok_or_else(none);
     }
     if !hello.rings && rings.is_empty() {
         // A relayed session: its frames resume on the new connection (a VM's window
         // slot, if it had one, is checked when it is taken).
-        return life.unpark(token, vm).ok_or_else(|| {
-            format!("no suspended session with this token for VM {vm:?} here (yet)")
-        });
+        return life.unpark(token, vm).ok_or_else(none);
     }
     if !hello.rings || rings.len() != 1 + ring::EVENTFDS {
-        return Err("a resuming guest passes its window, ring region and eventfds".into());
+        return Err(ResumeRefused::Descriptors);
     }
     let region_ok = window_size(&rings[0]) == Some(ring::region_len(ring::DEFAULT_CAPACITY) as u64)
         && sealed_against_shrinking(&rings[0]);
     if !region_ok {
-        return Err("the ring region passed is not one an API server made".into());
+        return Err(ResumeRefused::ForeignRegion);
     }
     for fd in &rings[1..] {
         if !crate::migrate::is_eventfd(fd) {
-            return Err("a descriptor passed as an eventfd is not one".into());
+            return Err(ResumeRefused::NotEventfd);
         }
         // Signalling never blocks the API server, whatever the guest did to it.
         // SAFETY: sets a status flag on a descriptor this process holds.
@@ -835,8 +833,20 @@ fn resumable(
             libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
         }
     }
-    life.unpark(token, vm)
-        .ok_or_else(|| format!("no suspended session with this token for VM {vm:?} here (yet)"))
+    life.unpark(token, vm).ok_or_else(none)
+}
+
+/// Why a guest cannot resume a suspended session here.
+#[derive(Debug, thiserror::Error)]
+enum ResumeRefused {
+    #[error("no suspended session with this token for VM {0:?} here (yet)")]
+    NoSession(String),
+    #[error("a resuming guest passes its window, ring region and eventfds")]
+    Descriptors,
+    #[error("the ring region passed is not one an API server made")]
+    ForeignRegion,
+    #[error("a descriptor passed as an eventfd is not one")]
+    NotEventfd,
 }
 
 /// Longest a migration waits for the old API server's capture, and for the new one

@@ -158,20 +158,22 @@ pub fn reap(child: Child, grace: Duration) -> (String, bool) {
 
 /// Checks at start that `--platform` names a host platform, by asking the API-server
 /// executable (the daemon itself loads no GPU library). The error lists what exists.
-pub fn check_platform(config: &Config) -> Result<(), String> {
+pub fn check_platform(config: &Config) -> Result<(), PlatformError> {
     let Some(wanted) = &config.platform else {
         return Ok(());
     };
     let out = Command::new(&config.api_server)
         .arg("--list-platforms")
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", config.api_server.display()))?;
+        .map_err(|source| PlatformError::Run {
+            path: config.api_server.clone(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "{} --list-platforms failed: {}",
-            config.api_server.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(PlatformError::ListFailed {
+            path: config.api_server.clone(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -180,9 +182,9 @@ pub fn check_platform(config: &Config) -> Result<(), String> {
     if names.iter().any(|n| n.contains(wanted.as_str())) {
         return Ok(());
     }
-    Err(format!(
-        "--platform {wanted:?} matches no platform the API servers find on this host; they find: {}",
-        if names.is_empty() {
+    Err(PlatformError::NoMatch {
+        wanted: wanted.clone(),
+        found: if names.is_empty() {
             "none".to_string()
         } else {
             names
@@ -190,8 +192,28 @@ pub fn check_platform(config: &Config) -> Result<(), String> {
                 .map(|n| format!("{n:?}"))
                 .collect::<Vec<_>>()
                 .join(", ")
-        }
-    ))
+        },
+    })
+}
+
+/// Why `--platform` cannot be checked or names no host platform.
+#[derive(Debug, thiserror::Error)]
+pub enum PlatformError {
+    #[error("cannot run {}: {source}", path.display())]
+    Run {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} --list-platforms failed: {stderr}", path.display())]
+    ListFailed {
+        path: std::path::PathBuf,
+        stderr: String,
+    },
+    #[error(
+        "--platform {wanted:?} matches no platform the API servers find on this host; they find: {found}"
+    )]
+    NoMatch { wanted: String, found: String },
 }
 
 fn sandbox_args(cmd: &mut Command, config: &Config) {

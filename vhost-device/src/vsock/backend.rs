@@ -292,6 +292,17 @@ impl VhostUserBackend for VsockBackend {
     }
 }
 
+/// Why a VM's vsock device stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot make the vsock backend: {0}")]
+    Backend(#[source] io::Error),
+    #[error("cannot make the vhost-user daemon: {0}")]
+    Daemon(vhost_user_backend::Error),
+    #[error("cannot watch the backend's events: {0}")]
+    Epoll(#[source] io::Error),
+}
+
 /// Serves VM `vm`'s vsock device on `listener` (bound by the daemon, so that its
 /// socket exists with the configured access before the daemon reports readiness)
 /// until the daemon exits; a VMM that disconnects may reconnect, getting a fresh
@@ -300,19 +311,19 @@ pub fn serve(
     mut listener: vhost::vhost_user::Listener,
     cid: u64,
     make_device: impl Fn() -> VsockDevice,
-) -> Result<(), String> {
+) -> Result<(), ServeError> {
     loop {
-        let backend = Arc::new(VsockBackend::new(cid, make_device()).map_err(|e| e.to_string())?);
+        let backend = Arc::new(VsockBackend::new(cid, make_device()).map_err(ServeError::Backend)?);
         let mut daemon = vhost_user_backend::VhostUserDaemon::new(
             format!("hira-vsock-{cid}"),
             backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(ServeError::Daemon)?;
         let handlers = daemon.get_epoll_handlers();
         for h in &handlers {
             h.register_listener(backend.event_fd(), EventSet::IN, BACKEND_EVENT as u64)
-                .map_err(|e| e.to_string())?;
+                .map_err(ServeError::Epoll)?;
         }
         let result = daemon.start(&mut listener).and_then(|()| daemon.wait());
         // The worker threads of this connection end with it.
