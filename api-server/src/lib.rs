@@ -5,8 +5,10 @@
 //!   and on one worker per guest thread once it uses more, so a call blocked on the
 //!   device never holds up another thread's calls.
 //! - [`backend`]: the [`backend::Backend`] trait, one implementation per host API.
-//! - [`opencl`]: the OpenCL backend: the handle table, the generated dispatch, and
-//!   the few host calls that need hand-written code.
+//! - [`opencl`]: the OpenCL backend: the handle table, the generated dispatch, the
+//!   few host calls that need hand-written code, and capture and restore for
+//!   migration.
+//! - [`cuda`]: the CUDA backend, on the driver API of the host's `libcuda.so.1`.
 //! - [`account`]: what the session uses, charged to its VM: device memory against the VM's quota, device time, and the VM's scheduling decision.
 //! - [`window`]: the guest's data window mapped into this process.
 //! - [`output`]: what the host library prints (a kernel's `printf`), taken from the

@@ -45,14 +45,57 @@ pub struct SandboxConfig {
     pub read_paths: Vec<PathBuf>,
 }
 
+/// Why a layer of the sandbox was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("skipped: HIRA_SANDBOX_SKIP")]
+    Skipped,
+    #[error("{call}: {source}")]
+    Os {
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no sandbox user configured; running as root")]
+    RootWithoutUser,
+    #[error("started as uid {uid}, cannot switch to uid {to}")]
+    CannotSwitch { uid: u32, to: u32 },
+    #[error("the switch did not take")]
+    SwitchDidNotTake,
+    #[error("{0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    #[error("{}: {source}", path.display())]
+    Rule {
+        path: PathBuf,
+        #[source]
+        source: landlock::RulesetError,
+    },
+    #[error("the kernel does not enforce Landlock")]
+    LandlockNotEnforced,
+    #[error("this architecture: {0}")]
+    Arch(#[source] seccompiler::BackendError),
+    #[error("{0}")]
+    Seccomp(#[from] seccompiler::Error),
+    #[error("{0}")]
+    Filter(#[from] seccompiler::BackendError),
+}
+
+/// The OS error of the call that just failed.
+fn os(call: &'static str) -> LayerError {
+    LayerError::Os {
+        call,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
 /// How each layer went: `Ok` with what was applied, or `Err` with why not.
 #[derive(Debug, Default)]
 pub struct SandboxReport {
-    pub layers: Vec<(&'static str, Result<String, String>)>,
+    pub layers: Vec<(&'static str, Result<String, LayerError>)>,
 }
 
 impl SandboxReport {
-    fn add(&mut self, layer: &'static str, r: Result<String, String>) {
+    fn add(&mut self, layer: &'static str, r: Result<String, LayerError>) {
         self.layers.push((layer, r));
     }
 
@@ -68,10 +111,6 @@ impl SandboxReport {
     }
 }
 
-fn errno() -> String {
-    std::io::Error::last_os_error().to_string()
-}
-
 /// Enters every layer the machine allows. Must run while the process has one thread.
 pub fn enter(config: &SandboxConfig) -> SandboxReport {
     let mut report = SandboxReport::default();
@@ -82,9 +121,9 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
     // Layers the operator turned off (`HIRA_SANDBOX_SKIP`, for bringing up a driver
     // the sandbox stops): reported as not applied, with the reason.
     let skip = std::env::var("HIRA_SANDBOX_SKIP").unwrap_or_default();
-    let layer = |name: &str, apply: &dyn Fn() -> Result<String, String>| {
+    let layer = |name: &str, apply: &dyn Fn() -> Result<String, LayerError>| {
         if skip.split(',').any(|l| l.trim() == name) {
-            Err("skipped: HIRA_SANDBOX_SKIP".to_string())
+            Err(LayerError::Skipped)
         } else {
             apply()
         }
@@ -124,7 +163,7 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
         if nnp == 0 {
             Ok("set".into())
         } else {
-            Err(errno())
+            Err(os("prctl"))
         },
     );
     report.add("landlock", layer("landlock", &|| landlock(config)));
@@ -132,22 +171,22 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
     report
 }
 
-fn namespaces() -> Result<String, String> {
+fn namespaces() -> Result<String, LayerError> {
     // SAFETY: unshare takes flags and affects only this process.
     let r = unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWNET) };
     if r == 0 {
         Ok("mount, IPC, network".into())
     } else {
-        Err(format!("unshare: {}", errno()))
+        Err(os("unshare"))
     }
 }
 
-fn drop_privileges(user: Option<(u32, u32)>) -> Result<String, String> {
+fn drop_privileges(user: Option<(u32, u32)>) -> Result<String, LayerError> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     let Some((to_uid, to_gid)) = user else {
         return if uid == 0 {
-            Err("no sandbox user configured; running as root".into())
+            Err(LayerError::RootWithoutUser)
         } else {
             Ok(format!("already unprivileged (uid {uid})"))
         };
@@ -156,9 +195,7 @@ fn drop_privileges(user: Option<(u32, u32)>) -> Result<String, String> {
         return if uid == to_uid {
             Ok(format!("uid {uid}"))
         } else {
-            Err(format!(
-                "started as uid {uid}, cannot switch to uid {to_uid}"
-            ))
+            Err(LayerError::CannotSwitch { uid, to: to_uid })
         };
     }
     // Empty the bounding set first (this needs CAP_SETPCAP, which root still has).
@@ -183,11 +220,11 @@ fn drop_privileges(user: Option<(u32, u32)>) -> Result<String, String> {
             && libc::setresuid(to_uid, to_uid, to_uid) == 0
     };
     if !ok {
-        return Err(format!("setuid/setgid: {}", errno()));
+        return Err(os("setuid/setgid"));
     }
     // SAFETY: getuid/geteuid have no preconditions.
     if unsafe { libc::getuid() != to_uid || libc::geteuid() != to_uid } {
-        return Err("the switch did not take".into());
+        return Err(LayerError::SwitchDidNotTake);
     }
     Ok(format!("uid {to_uid}, gid {to_gid}, no capabilities"))
 }
@@ -217,7 +254,7 @@ const READ_PATHS: &[&str] = &[
 /// GPU device nodes (read and write). Missing ones are skipped.
 const DEVICE_PATHS: &[&str] = &["/dev/dri", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/kfd"];
 
-fn landlock(config: &SandboxConfig) -> Result<String, String> {
+fn landlock(config: &SandboxConfig) -> Result<String, LayerError> {
     let abi = ABI::V2;
     let read = AccessFs::from_read(abi);
     let all = AccessFs::from_all(abi);
@@ -255,8 +292,7 @@ fn landlock(config: &SandboxConfig) -> Result<String, String> {
     }
     let mut ruleset = Ruleset::default()
         .handle_access(all)
-        .and_then(|r| r.create())
-        .map_err(|e| e.to_string())?;
+        .and_then(|r| r.create())?;
     let mut granted = BTreeMap::new();
     for (path, access) in rules {
         let Ok(fd) = PathFd::new(&path) else {
@@ -264,17 +300,20 @@ fn landlock(config: &SandboxConfig) -> Result<String, String> {
         };
         ruleset = ruleset
             .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|source| LayerError::Rule {
+                path: path.clone(),
+                source,
+            })?;
         granted.insert(path, ());
     }
-    let status = ruleset.restrict_self().map_err(|e| e.to_string())?;
+    let status = ruleset.restrict_self()?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(format!("{} paths", granted.len())),
         RulesetStatus::PartiallyEnforced => Ok(format!(
             "{} paths, some access rights not supported by this kernel",
             granted.len()
         )),
-        RulesetStatus::NotEnforced => Err("the kernel does not enforce Landlock".into()),
+        RulesetStatus::NotEnforced => Err(LayerError::LandlockNotEnforced),
     }
 }
 
@@ -455,19 +494,15 @@ const ALLOWED_LEGACY: &[i64] = &[
 #[cfg(not(target_arch = "x86_64"))]
 const ALLOWED_LEGACY: &[i64] = &[];
 
-fn seccomp() -> Result<String, String> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| e.to_string())?;
+fn seccomp() -> Result<String, LayerError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(LayerError::Arch)?;
     // socket(2) for the Unix domain only (the server has no network of its own).
-    let unix_only = SeccompRule::new(vec![
-        SeccompCondition::new(
-            0,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            libc::AF_UNIX as u64,
-        )
-        .map_err(|e| e.to_string())?,
-    ])
-    .map_err(|e| e.to_string())?;
+    let unix_only = SeccompRule::new(vec![SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::AF_UNIX as u64,
+    )?])?;
     let rules = ALLOWED
         .iter()
         .chain(ALLOWED_LEGACY)
@@ -483,13 +518,10 @@ fn seccomp() -> Result<String, String> {
     } else {
         SeccompAction::Errno(libc::EPERM as u32)
     };
-    let filter =
-        SeccompFilter::new(rules, refuse, SeccompAction::Allow, arch).map_err(|e| e.to_string())?;
-    let program: BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())?;
+    let filter = SeccompFilter::new(rules, refuse, SeccompAction::Allow, arch)?;
+    let program: BpfProgram = filter.try_into()?;
     // Every thread started later inherits the filter; none exists yet.
-    seccompiler::apply_filter(&program).map_err(|e| e.to_string())?;
+    seccompiler::apply_filter(&program)?;
     Ok(format!(
         "{} system calls allowed, socket for the Unix domain only",
         ALLOWED.len() + ALLOWED_LEGACY.len() + 1
@@ -607,7 +639,7 @@ mod tests {
         // SAFETY: the child only makes system calls, may start a thread, and exits
         // with _exit.
         let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork: {}", errno());
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
             let code = body();
             // SAFETY: ends the child without running the parent's test harness.
@@ -665,7 +697,7 @@ mod tests {
         let code = in_child(|| {
             match landlock(&SandboxConfig::default()) {
                 Ok(_) => {}
-                Err(e) if e.contains("does not enforce") => return 20,
+                Err(LayerError::LandlockNotEnforced) => return 20,
                 Err(_) => return 10,
             }
             let named = std::thread::spawn(|| {

@@ -21,7 +21,7 @@ use thiserror::Error;
 
 use crate::Config;
 use crate::account::Account;
-use crate::backend::{Backend, Fail, FrameData, TeardownReport};
+use crate::backend::{Backend, BackendError, Fail, FrameData, MigrationError, TeardownReport};
 use crate::opencl::OpenClBackend;
 use crate::output::HostOutput;
 use crate::window::WindowMap;
@@ -40,8 +40,8 @@ pub enum ServerError {
     Hello(String),
     #[error("cannot map the data window")]
     Window(#[from] crate::window::WindowError),
-    #[error("no usable host OpenCL: {0}")]
-    Backend(String),
+    #[error("{0}")]
+    Backend(#[from] BackendError),
 }
 
 /// A frame as read from the socket.
@@ -420,12 +420,12 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
         crate::cuda::CudaBackend::new(Arc::new(Account::new(config.vm_page, config.usage.clone())))
             .map(|b| Arc::new(b) as Arc<dyn Backend>)
     } else {
-        Err(format!("this API server has no backend for {}", hello.api))
+        Err(BackendError::NoBackend(hello.api.to_string()))
     };
     let backend = match made {
         Ok(b) => b,
         Err(e) => {
-            refuse(&control_writer, &e);
+            refuse(&control_writer, &e.to_string());
             return Err(ServerError::Backend(e));
         }
     };
@@ -443,8 +443,8 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
                 p
             }
             Err(e) => {
-                let e = format!("cannot restore the session: {e}");
-                refuse(&control_writer, &e);
+                let e = BackendError::Restore(e);
+                refuse(&control_writer, &e.to_string());
                 return Err(ServerError::Backend(e));
             }
         },
@@ -526,12 +526,14 @@ pub enum Outcome {
 }
 
 /// The snapshot the daemon handed over, in a memfd.
-fn read_snapshot(fd: OwnedFd) -> Result<Vec<u8>, String> {
+fn read_snapshot(fd: OwnedFd) -> Result<Vec<u8>, MigrationError> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::File::from(fd);
-    let len = f.metadata().map_err(|e| e.to_string())?.len();
-    let mut v = vec![0u8; usize::try_from(len).map_err(|e| e.to_string())?];
-    f.read_exact_at(&mut v, 0).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(MigrationError::Read)?.len();
+    let len = usize::try_from(len)
+        .map_err(|_| MigrationError::Read(std::io::ErrorKind::FileTooLarge.into()))?;
+    let mut v = vec![0u8; len];
+    f.read_exact_at(&mut v, 0).map_err(MigrationError::Read)?;
     Ok(v)
 }
 
@@ -549,14 +551,14 @@ enum Migration {
 }
 
 /// Waits until the calls already read have finished.
-fn quiesce(workers: &HashMap<u32, Worker>) -> Result<(), String> {
+fn quiesce(workers: &HashMap<u32, Worker>) -> Result<(), MigrationError> {
     let started = std::time::Instant::now();
     while workers
         .values()
         .any(|w| w.pending.load(Ordering::Acquire) > 0)
     {
         if started.elapsed() > QUIESCE_LIMIT {
-            return Err("calls of the session did not finish in time".to_string());
+            return Err(MigrationError::CallsBusy);
         }
         std::thread::yield_now();
     }
@@ -592,7 +594,13 @@ fn migration_inline<R: Read>(
         }
         Err(m) => {
             warn!("cannot capture the session: {m}");
-            writer.send(FrameKind::Notify, migrate::FAILED, 0, 0, m.as_bytes());
+            writer.send(
+                FrameKind::Notify,
+                migrate::FAILED,
+                0,
+                0,
+                m.to_string().as_bytes(),
+            );
             return Ok(Migration::Stays);
         }
     }
@@ -640,7 +648,7 @@ fn migration<R: Read>(
         let f = std::fs::File::from(fds.into_iter().next().unwrap_or_else(|| unreachable!()));
         f.write_all_at(&bytes, 0)
             .map(|()| bytes.len() as u64)
-            .map_err(|e| format!("cannot write the snapshot: {e}"))
+            .map_err(MigrationError::Write)
     });
     match captured {
         Ok(len) => {
@@ -658,7 +666,13 @@ fn migration<R: Read>(
         }
         Err(m) => {
             warn!("cannot capture the session: {m}");
-            to_daemon.send(FrameKind::Notify, migrate::FAILED, 0, 0, m.as_bytes());
+            to_daemon.send(
+                FrameKind::Notify,
+                migrate::FAILED,
+                0,
+                0,
+                m.to_string().as_bytes(),
+            );
             return Ok(Migration::Stays);
         }
     }

@@ -439,8 +439,11 @@ impl TeardownPayload {
 pub const ASYNC_FAILURE: u16 = 0xFFFE;
 
 /// Opcode of the empty `Notify` frame that wakes the peer of a VM session's
-/// shared-memory rings (see `ring`): the only frame either side sends on the socket
-/// while on rings, and the only one the daemon relays then.
+/// shared-memory rings (see `ring`): the only frame the guest and its API server send
+/// each other on the session's connection while on rings, and the only one the daemon
+/// relays then (the API server's teardown report and migration messages go to the
+/// daemon itself). It shares its value with [`OUTPUT_DONE`], which never travels on
+/// that connection while on rings, and always has a payload.
 pub const DOORBELL: u16 = 0xFFFD;
 
 /// The payload of an [`ASYNC_FAILURE`] frame.

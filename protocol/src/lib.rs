@@ -12,8 +12,9 @@
 //!   until acknowledged, sent again on reconnecting).
 //! - `unix` (feature `unix`): sending and receiving frames with a file descriptor
 //!   (the data window) over Unix sockets.
-//! - `ring` (feature `unix`): the host-local data plane, two byte rings in shared
-//!   memory between a guest and its API server.
+//! - `ring` (feature `unix`): the data plane, two byte rings in shared memory between
+//!   a guest and its API server (a memfd host-local, the session's slot of its VM's
+//!   shared window in a VM).
 //! - `usage` (feature `unix`): a session's counters, kept by its API server in a page
 //!   the daemon reads.
 //!

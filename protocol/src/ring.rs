@@ -1,8 +1,11 @@
-//! The host-local data plane: a guest and its API server exchange frames through two
-//! byte rings in one shared memory region, with no daemon in between.
+//! The data plane: a guest and its API server exchange frames through two byte rings
+//! in one shared memory region, with no daemon in between.
 //!
-//! The API server creates the region (a sealed memfd) and four eventfds and hands
-//! them to the guest with its `Welcome`; the daemon only passes them on. Each ring is
+//! Host-local, the API server creates the region (a sealed memfd) and four eventfds
+//! and hands them to the guest with its `Welcome`; the daemon only passes them on. In
+//! a VM the region is the end of the session's slot of the VM's shared window, and
+//! the sides wake each other with `DOORBELL` frames on the session's connection
+//! (`server_ends_vm`, `guest_ends_vm`). Each ring is
 //! single-producer, single-consumer, and carries the same frames a socket would: the
 //! guest's requests in the submission ring, replies and notifications in the
 //! completion ring.

@@ -5,9 +5,18 @@
 //!   connections under caps; the listener a connection arrives on decides its VM,
 //!   never anything the guest says.
 //! - [`session`]: one guest application's session: the handshake, its API-server
-//!   process, and the relay that sees every command in both directions.
-//! - [`router`]: per-VM accounting of every command and the per-VM session cap.
-//! - [`control`]: the control socket (status of sessions and VMs, waiting for idle).
+//!   process, and, for a session without shared-memory rings, the relay that checks
+//!   its frames in both directions.
+//! - [`router`]: each VM's state: its sessions' usage pages (which their API servers
+//!   write) summed with what ended sessions left, its quota, share and session cap.
+//! - [`scheduler`]: the thread that runs the sharing policy over the VMs' usage and
+//!   publishes each VM's decision in its VM page, where its API servers apply it.
+//! - [`control`]: the control socket (status, live settings, waiting for events,
+//!   moving sessions), on the typed protocol of `hira-control`.
+//! - [`metrics`]: the same figures for Prometheus.
+//! - [`migrate`]: moving a session to a new API server or another daemon, and
+//!   suspended sessions waiting for their guests.
+//! - [`cgroup`]: the VMs' cgroups that cap their API servers' host memory.
 //! - [`lifecycle`]: the live sessions and the orderly stop on SIGTERM/SIGINT.
 //! - [`restart`]: sessions suspended into the state directory at a stop and taken
 //!   back at the next start.

@@ -1,10 +1,14 @@
 //! One guest application's session.
 //!
-//! The session thread reads the guest's commands, checks each frame (kind, opcode,
-//! data-window spans) and passes it through the VM's dispatch queue to the API
-//! server; a relay thread carries replies and notifications back. Whichever side
-//! goes away, the other is shut down, the API server is reaped, and the guest sees an
-//! error frame rather than a hang.
+//! The session thread takes the guest's `Hello`, admits it, starts the API server and
+//! answers with the `Welcome`. A session on shared-memory rings then carries no
+//! commands here: a host-local one only watches for its guest to leave and for
+//! migration requests, a VM's relays doorbells. A session without rings has each
+//! frame checked (kind, opcode, data-window spans, `NO_REPLY`) and written to the API
+//! server's socket; a relay thread carries replies and notifications back. Whichever
+//! side goes away, the other is shut down, the API server is reaped, and the guest sees
+//! an error frame rather than a hang. `Mover` moves a live session to a new API server
+//! or suspends it (see `migrate`).
 
 use std::io::{BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -1,8 +1,11 @@
 //! Per-VM shared data windows (ivshmem).
 //!
 //! The daemon creates a shared-memory file per VM, which the operator gives QEMU as an
-//! `ivshmem-plain` device. Each windowed session of the VM leases one slot of it, so
-//! processes of one VM never share bytes; the API server maps only its session's slot.
+//! `ivshmem-plain` device. Each windowed session of the VM leases one slot of it, and
+//! its API server maps only that slot. The slots are apart by allocation, not by
+//! protection: an API server holds a descriptor of the whole file, and in the guest
+//! whoever may map the device's BAR sees every slot. So the sessions of one VM are not
+//! isolated from each other's data in the window (docs/threat-model.md); VMs are.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::OwnedFd;

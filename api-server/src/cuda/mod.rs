@@ -25,7 +25,7 @@ use hira_protocol::{Reader, Writer};
 use log::{info, warn};
 
 use crate::account::Account;
-use crate::backend::{Backend, Fail, FrameData, TeardownReport};
+use crate::backend::{Backend, BackendError, Fail, FrameData, MigrationError, TeardownReport};
 
 type CUcontext = *mut c_void;
 
@@ -488,11 +488,8 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// Loads the host's driver; a host without one refuses the session with a
     /// reason the guest's log shows.
-    pub fn new(quota: Arc<Account>) -> Result<CudaBackend, String> {
-        let lib = Lib::open().ok_or_else(|| {
-            "this host has no CUDA driver: libcuda.so.1 was not found on the library path"
-                .to_string()
-        })?;
+    pub fn new(quota: Arc<Account>) -> Result<CudaBackend, BackendError> {
+        let lib = Lib::open().ok_or(BackendError::NoCudaDriver)?;
         let driver = Driver::load(&lib);
         // SAFETY: the signatures of cuda.h.
         let extra = unsafe {
@@ -510,7 +507,7 @@ impl CudaBackend {
             ("cuCtxSetCurrent", driver.cuCtxSetCurrent.is_none()),
         ];
         if let Some((name, _)) = missing.iter().find(|(_, m)| *m) {
-            return Err(format!("the host's CUDA driver has no {name}"));
+            return Err(BackendError::CudaEntryPoint(name));
         }
         info!("CUDA backend on the host's driver");
         Ok(CudaBackend {
@@ -604,12 +601,12 @@ impl Backend for CudaBackend {
         self.session.device_time.close();
     }
 
-    fn capture(&self, _pending: Vec<u8>) -> Result<Vec<u8>, String> {
-        Err("CUDA sessions cannot be migrated yet".into())
+    fn capture(&self, _pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
+        Err(MigrationError::Unsupported("CUDA"))
     }
 
-    fn restore(&self, _snapshot: &[u8], _device: Option<u32>) -> Result<Vec<u8>, String> {
-        Err("CUDA sessions cannot be migrated yet".into())
+    fn restore(&self, _snapshot: &[u8], _device: Option<u32>) -> Result<Vec<u8>, MigrationError> {
+        Err(MigrationError::Unsupported("CUDA"))
     }
 
     fn teardown(&self) -> TeardownReport {

@@ -23,7 +23,7 @@ use opencl_sys::{cl_command_queue, cl_context, cl_int, cl_mem};
 use super::OpenClBackend;
 use super::queues::{Queues, info_value};
 use super::session::{self, Session};
-use crate::backend::FrameData;
+use crate::backend::{FrameData, MigrationError};
 
 const CL_SUCCESS: cl_int = 0;
 const CL_COMPLETE: cl_int = 0;
@@ -67,7 +67,7 @@ fn drain(
     rt: &OpenCl,
     queues: &[cl_command_queue],
     user_events_open: impl Fn() -> bool,
-) -> Result<(), String> {
+) -> Result<(), MigrationError> {
     const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
     let mut markers = Vec::new();
     for &q in queues {
@@ -92,14 +92,10 @@ fn drain(
             break Ok(());
         }
         if start.elapsed() > USER_EVENT_DRAIN && user_events_open() {
-            break Err(
-                "commands wait on a user event without a status; try again once it is set".into(),
-            );
+            break Err(MigrationError::UserEvent);
         }
         if start.elapsed() > DEVICE_DRAIN {
-            break Err(format!(
-                "the device did not finish the session's commands in {DEVICE_DRAIN:?}; try again"
-            ));
+            break Err(MigrationError::DeviceBusy(DEVICE_DRAIN));
         }
         // Polling: the host gives no way to wait for several events with a timeout.
         std::thread::sleep(pause);
@@ -212,9 +208,9 @@ impl Finished {
         w.into_vec()
     }
 
-    fn decode(b: &[u8]) -> Result<Self, String> {
+    fn decode(b: &[u8]) -> Result<Self, MigrationError> {
         let mut r = Reader::new(b);
-        let bad = |e: hira_protocol::DecodeError| format!("a stand-in's state: {e}");
+        let bad = MigrationError::StandInState;
         let command_type = r.u32().map_err(bad)?;
         let queue = r.u64().map_err(bad)?;
         let profiling = match r.u8().map_err(bad)? {
@@ -380,17 +376,19 @@ const HOST_ACCESS_LIMITS: u64 = (1 << 7) | (1 << 8) | (1 << 9);
 
 /// The layout of `m`; `None` for objects whose contents live elsewhere (sub-buffers,
 /// image views of a buffer), which their parent carries.
-fn layout(rt: &OpenCl, m: cl_mem) -> Result<Option<Layout>, String> {
-    let ty: u32 = mem_info(rt, m, CL_MEM_TYPE).ok_or("cannot read a memory object's type")?;
+fn layout(rt: &OpenCl, m: cl_mem) -> Result<Option<Layout>, MigrationError> {
+    let ty: u32 =
+        mem_info(rt, m, CL_MEM_TYPE).ok_or(MigrationError::Query("a memory object's type"))?;
     let parent: cl_mem =
         mem_info(rt, m, CL_MEM_ASSOCIATED_MEMOBJECT).unwrap_or(std::ptr::null_mut());
-    let context: cl_context =
-        mem_info(rt, m, CL_MEM_CONTEXT).ok_or("a memory object has no context")?;
+    let context: cl_context = mem_info(rt, m, CL_MEM_CONTEXT)
+        .ok_or(MigrationError::Query("a memory object's context"))?;
     if !parent.is_null() || ty == CL_MEM_OBJECT_IMAGE1D_BUFFER {
         return Ok(None);
     }
     if ty == CL_MEM_OBJECT_BUFFER {
-        let bytes: usize = mem_info(rt, m, CL_MEM_SIZE).ok_or("cannot read a buffer's size")?;
+        let bytes: usize =
+            mem_info(rt, m, CL_MEM_SIZE).ok_or(MigrationError::Query("a buffer's size"))?;
         let flags: u64 = mem_info(rt, m, CL_MEM_FLAGS).unwrap_or(HOST_ACCESS_LIMITS);
         return Ok(Some(Layout {
             context,
@@ -399,7 +397,8 @@ fn layout(rt: &OpenCl, m: cl_mem) -> Result<Option<Layout>, String> {
             direct: flags & HOST_ACCESS_LIMITS == 0,
         }));
     }
-    let get = |p| image_info::<usize>(rt, m, p).ok_or("cannot describe an image");
+    let get =
+        |p| image_info::<usize>(rt, m, p).ok_or(MigrationError::Query("an image's description"));
     let (w, h, d, a) = (
         get(CL_IMAGE_WIDTH)?,
         get(CL_IMAGE_HEIGHT)?,
@@ -412,7 +411,7 @@ fn layout(rt: &OpenCl, m: cl_mem) -> Result<Option<Layout>, String> {
         CL_MEM_OBJECT_IMAGE2D => [w, h, 1],
         CL_MEM_OBJECT_IMAGE2D_ARRAY => [w, h, a],
         CL_MEM_OBJECT_IMAGE3D => [w, h, d],
-        _ => return Err(format!("memory objects of type {ty:#x} cannot migrate")),
+        _ => return Err(MigrationError::MemType(ty)),
     };
     let elem = get(CL_IMAGE_ELEMENT_SIZE)?;
     Ok(Some(Layout {
@@ -429,7 +428,7 @@ fn bounce(
     ctx: cl_context,
     bytes: usize,
     data: Option<&[u8]>,
-) -> Result<cl_mem, String> {
+) -> Result<cl_mem, MigrationError> {
     let mut err = CL_SUCCESS;
     let (flags, ptr) = match data {
         Some(d) => (
@@ -440,13 +439,13 @@ fn bounce(
     };
     rt.clCreateBuffer(ctx, flags, bytes.max(1), ptr, &mut err)
         .filter(|m| !m.is_null() && err == CL_SUCCESS)
-        .ok_or_else(|| format!("cannot allocate {bytes} bytes to move contents ({err})"))
+        .ok_or(MigrationError::Bounce { bytes, status: err })
 }
 
-fn check(status: Option<cl_int>, what: &str) -> Result<(), String> {
+fn check(status: Option<cl_int>, what: &'static str) -> Result<(), MigrationError> {
     match status {
         Some(CL_SUCCESS) => Ok(()),
-        s => Err(format!("{what} failed ({s:?})")),
+        status => Err(MigrationError::Host { what, status }),
     }
 }
 
@@ -456,7 +455,7 @@ fn read_contents(
     qs: &mut Queues<'_>,
     m: cl_mem,
     l: &Layout,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, MigrationError> {
     let q = qs.for_context(l.context)?;
     let mut out = vec![0u8; l.bytes];
     let tmp = if l.direct {
@@ -497,7 +496,7 @@ fn bounce_copy(
     m: cl_mem,
     tmp: cl_mem,
     out: bool,
-) -> Result<(), String> {
+) -> Result<(), MigrationError> {
     let (none, no_list, origin) = (std::ptr::null_mut(), std::ptr::null(), [0usize; 3]);
     let status = match (l.region, out) {
         (None, true) => rt.clEnqueueCopyBuffer(q, m, tmp, 0, 0, l.bytes, 0, no_list, none),
@@ -528,14 +527,20 @@ fn bounce_copy(
     check(status, "copying contents")
 }
 
-fn write_contents(rt: &OpenCl, qs: &mut Queues<'_>, m: cl_mem, data: &[u8]) -> Result<(), String> {
-    let l = layout(rt, m)?.ok_or("contents for an object that holds none")?;
+fn write_contents(
+    rt: &OpenCl,
+    qs: &mut Queues<'_>,
+    m: cl_mem,
+    data: &[u8],
+) -> Result<(), MigrationError> {
+    let l = layout(rt, m)?.ok_or(MigrationError::Inconsistent(
+        "contents for an object that holds none",
+    ))?;
     if l.bytes != data.len() {
-        return Err(format!(
-            "contents of {} bytes for an object of {}",
-            data.len(),
-            l.bytes
-        ));
+        return Err(MigrationError::ContentsSize {
+            got: data.len(),
+            want: l.bytes,
+        });
     }
     if data.is_empty() {
         return Ok(());
@@ -566,7 +571,7 @@ fn write_contents(rt: &OpenCl, qs: &mut Queues<'_>, m: cl_mem, data: &[u8]) -> R
 
 impl OpenClBackend {
     /// Points the one device the snapshot's calls name at host device `k`.
-    fn retarget(&self, snap: &Snapshot, k: u32) -> Result<(), String> {
+    fn retarget(&self, snap: &Snapshot, k: u32) -> Result<(), MigrationError> {
         let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
         let devices: Vec<(u64, usize)> = {
             let mut d: Vec<_> = handles
@@ -581,7 +586,10 @@ impl OpenClBackend {
         };
         let target = devices
             .get(k as usize)
-            .ok_or_else(|| format!("the host has no device {k} (it has {})", devices.len()))?
+            .ok_or(MigrationError::NoDevice {
+                index: k,
+                count: devices.len(),
+            })?
             .0;
         let used: HashSet<u64> = snap
             .entries
@@ -594,20 +602,18 @@ impl OpenClBackend {
             1 => {
                 let from = *used.iter().next().unwrap_or_else(|| unreachable!());
                 if from != target && !handles.swap(from, target) {
-                    return Err("cannot move the session's device".into());
+                    return Err(MigrationError::DeviceSwap);
                 }
                 Ok(())
             }
-            n => Err(format!(
-                "the session uses {n} devices; it can move to another device only with one"
-            )),
+            n => Err(MigrationError::Devices(n)),
         }
     }
 
     /// Captures the quiesced session (no call runs; the guest's input read and not
     /// executed is `pending`): drains the device, then writes the log, the stand-ins
     /// and the contents of every memory object into a snapshot.
-    pub(crate) fn capture_session(&self, pending: Vec<u8>) -> Result<Vec<u8>, String> {
+    pub(crate) fn capture_session(&self, pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
         let m = &self.migration;
         if let Some(why) = m
             .unmigratable
@@ -615,13 +621,13 @@ impl OpenClBackend {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
         {
-            return Err(format!("the session cannot migrate: {why}"));
+            return Err(MigrationError::Unmigratable(why));
         }
         if !self.svm.is_empty() {
-            return Err("the session holds SVM allocations, whose addresses cannot move".into());
+            return Err(MigrationError::Svm);
         }
         if !self.staging.is_empty() {
-            return Err("a staged transfer is under way; try again".into());
+            return Err(MigrationError::Staging);
         }
         let rt = self.rt;
         let objects = self
@@ -640,10 +646,7 @@ impl OpenClBackend {
         let start = Instant::now();
         while m.one_shot.load(Ordering::Acquire) > 0 || !self.deferred.is_idle() {
             if start.elapsed() > CALLBACKS_DRAIN {
-                return Err(
-                    "an event callback waits on a user event without a status; try again once it is set"
-                        .into(),
-                );
+                return Err(MigrationError::Callback);
             }
             self.deferred.settle();
             std::thread::yield_now();
@@ -669,10 +672,12 @@ impl OpenClBackend {
                     let ctx: cl_context = info_value(|n, p, r| {
                         rt.clGetEventInfo(host as _, CL_EVENT_CONTEXT, n, p, r)
                     })
-                    .ok_or("cannot read an event's context")?;
+                    .ok_or(MigrationError::Query("an event's context"))?;
                     let owner = handles
                         .id_of(ctx as usize)
-                        .ok_or("an event of a context the guest no longer names")?;
+                        .ok_or(MigrationError::Inconsistent(
+                            "an event of a context the guest no longer names",
+                        ))?;
                     let ev = host as opencl_sys::cl_event;
                     let earlier = m
                         .finished
@@ -698,7 +703,7 @@ impl OpenClBackend {
                                 command_type: info_value(|n, p, r| {
                                     rt.clGetEventInfo(ev, CL_EVENT_COMMAND_TYPE, n, p, r)
                                 })
-                                .ok_or("cannot read an event's command type")?,
+                                .ok_or(MigrationError::Query("an event's command type"))?,
                                 queue: handles.id_of(queue as usize).unwrap_or(0),
                                 profiling: timed.then_some(profiling),
                             }
@@ -714,9 +719,7 @@ impl OpenClBackend {
                 }
                 Kind::Platform | Kind::Device => {}
                 _ if refs > 0 && !logged.contains(&id) => {
-                    return Err(format!(
-                        "a {kind:?} that no logged call made cannot migrate"
-                    ));
+                    return Err(MigrationError::Unlogged(format!("{kind:?}")));
                 }
                 _ => {}
             }
@@ -739,10 +742,10 @@ impl OpenClBackend {
         &self,
         bytes: &[u8],
         device: Option<u32>,
-    ) -> Result<Vec<u8>, String> {
-        let snap = Snapshot::decode(bytes).map_err(|e| e.to_string())?;
+    ) -> Result<Vec<u8>, MigrationError> {
+        let snap = Snapshot::decode(bytes)?;
         if snap.api != u16::from(hira_api_opencl::API.0) {
-            return Err("the snapshot is not of an OpenCL session".into());
+            return Err(MigrationError::WrongApi);
         }
         let rt = self.rt;
         let m = &self.migration;
@@ -760,7 +763,7 @@ impl OpenClBackend {
             for e in &snap.entries {
                 let name = op_info(e.opcode).map_or("an unknown call", |o| o.name);
                 if Rec::of(e.opcode).is_none() {
-                    return Err(format!("the snapshot keeps {name}, which no log keeps"));
+                    return Err(MigrationError::NotLogged(name));
                 }
                 w.clear();
                 // Objects the host named get the ids it gave them the first time.
@@ -768,17 +771,15 @@ impl OpenClBackend {
                 let mut s = Session::replaying(self, host_ids.collect());
                 let mut r = Reader::new(&e.request);
                 super::generated::dispatch(&mut s, e.opcode, &mut r, &frame, &mut w)
-                    .map_err(|f| format!("replaying {name}: {f}"))?;
+                    .map_err(|source| MigrationError::Replay { name, source })?;
                 let status = w.as_slice().get(..4).map_or(CL_SUCCESS, |b| {
                     i32::from_le_bytes(b.try_into().unwrap_or_default())
                 });
                 if status != CL_SUCCESS {
-                    return Err(format!("replaying {name} failed with {status}"));
+                    return Err(MigrationError::ReplayStatus { name, status });
                 }
                 if !s.replayed_alike() {
-                    return Err(format!(
-                        "replaying {name} made other objects than the first time (another device?)"
-                    ));
+                    return Err(MigrationError::ReplayDiffers(name));
                 }
                 self.deferred.settle();
             }
@@ -789,22 +790,31 @@ impl OpenClBackend {
         let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
         for si in &snap.standins {
             if si.kind != Kind::Event as u8 || si.refs == 0 {
-                return Err("the snapshot holds a stand-in this build cannot make".into());
+                return Err(MigrationError::Inconsistent(
+                    "the snapshot holds a stand-in this build cannot make",
+                ));
             }
-            let ctx = handles
-                .host_of(si.owner, Kind::Context)
-                .ok_or("a stand-in event of an unknown context")?;
+            let ctx =
+                handles
+                    .host_of(si.owner, Kind::Context)
+                    .ok_or(MigrationError::Inconsistent(
+                        "a stand-in event of an unknown context",
+                    ))?;
             if handles.host_of(si.id, Kind::Event).is_some() {
-                return Err("a stand-in names a live object".into());
+                return Err(MigrationError::Inconsistent(
+                    "a stand-in names a live object",
+                ));
             }
             let mut err = CL_SUCCESS;
             let ev = rt
                 .clCreateUserEvent(ctx as cl_context, &mut err)
                 .filter(|e| !e.is_null() && err == CL_SUCCESS)
-                .ok_or_else(|| format!("cannot make a stand-in event ({err})"))?;
+                .ok_or(MigrationError::StandIn(err))?;
             let finished = Finished::decode(&si.state)?;
             if finished.queue != 0 && handles.host_of(finished.queue, Kind::Queue).is_none() {
-                return Err("a stand-in event of an unknown queue".into());
+                return Err(MigrationError::Inconsistent(
+                    "a stand-in event of an unknown queue",
+                ));
             }
             m.restored.store(true, Ordering::Relaxed);
             m.finished
@@ -824,7 +834,9 @@ impl OpenClBackend {
         for (id, data) in &snap.contents {
             let host = handles
                 .host_of(*id, Kind::Mem)
-                .ok_or("contents for an object the log did not make")?;
+                .ok_or(MigrationError::Inconsistent(
+                    "contents for an object the log did not make",
+                ))?;
             write_contents(rt, &mut qs, host as cl_mem, data)?;
         }
         drop(qs);

@@ -38,7 +38,7 @@ const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
 const CL_OUT_OF_RESOURCES: i32 = -5;
 const CL_INVALID_VALUE: i32 = -30;
 
-use crate::backend::{Backend, Fail, FrameData, TeardownReport};
+use crate::backend::{Backend, BackendError, Fail, FrameData, MigrationError, TeardownReport};
 use crate::server::FrameWriter;
 pub use session::{Handles, Session};
 
@@ -120,10 +120,10 @@ fn platform_name(rt: &OpenCl, p: cl_platform_id) -> String {
 }
 
 /// The names of the host's OpenCL platforms, Hira's own excluded.
-pub fn platform_names() -> Result<Vec<String>, String> {
+pub fn platform_names() -> Result<Vec<String>, BackendError> {
     let rt = cl3::load_library()
         .as_ref()
-        .map_err(|e| format!("cannot load libOpenCL: {e}"))?;
+        .map_err(|e| BackendError::NoOpenCl(e.to_string()))?;
     let mut n: cl_uint = 0;
     if rt.clGetPlatformIDs(0, std::ptr::null_mut(), &mut n) != Some(0) || n == 0 {
         return Ok(Vec::new());
@@ -144,16 +144,14 @@ impl OpenClBackend {
         wanted: Option<&str>,
         writer: Arc<FrameWriter>,
         quota: Arc<crate::account::Account>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BackendError> {
         let rt = cl3::load_library()
             .as_ref()
-            .map_err(|e| format!("cannot load libOpenCL: {e}"))?;
+            .map_err(|e| BackendError::NoOpenCl(e.to_string()))?;
         let mut n: cl_uint = 0;
         let status = rt.clGetPlatformIDs(0, std::ptr::null_mut(), &mut n);
         if status != Some(0) || n == 0 {
-            return Err(format!(
-                "the host has no OpenCL platform (status {status:?})"
-            ));
+            return Err(BackendError::NoPlatform(status));
         }
         let mut ids = vec![std::ptr::null_mut(); n as usize];
         rt.clGetPlatformIDs(n, ids.as_mut_ptr(), std::ptr::null_mut());
@@ -165,8 +163,8 @@ impl OpenClBackend {
             }
         });
         let platform = chosen.ok_or_else(|| match wanted {
-            Some(w) => format!("no host platform name contains {w:?}"),
-            None => "the only host platform is Hira itself".to_string(),
+            Some(w) => BackendError::NoMatchingPlatform(w.to_string()),
+            None => BackendError::OnlyHira,
         })?;
         info!("serving host platform {:?}", platform_name(rt, platform));
         // The platform and its devices get the same ids in every session, in the host's
@@ -298,11 +296,11 @@ impl Backend for OpenClBackend {
         op_info(opcode).map(|o| o.may_async)
     }
 
-    fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, String> {
+    fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
         self.capture_session(pending)
     }
 
-    fn restore(&self, snapshot: &[u8], device: Option<u32>) -> Result<Vec<u8>, String> {
+    fn restore(&self, snapshot: &[u8], device: Option<u32>) -> Result<Vec<u8>, MigrationError> {
         self.restore_session(snapshot, device)
     }
 

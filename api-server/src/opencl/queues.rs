@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 
+use crate::backend::MigrationError;
 use cl3::OpenCl;
 use opencl_sys::{cl_command_queue, cl_context, cl_int};
 
@@ -45,20 +46,23 @@ impl<'a> Queues<'a> {
     }
 
     /// The queue for `ctx`, made on first use.
-    pub(crate) fn for_context(&mut self, ctx: cl_context) -> Result<cl_command_queue, String> {
+    pub(crate) fn for_context(
+        &mut self,
+        ctx: cl_context,
+    ) -> Result<cl_command_queue, MigrationError> {
         if let Some(&q) = self.by_context.get(&(ctx as usize)) {
             return Ok(q);
         }
         let rt = self.rt;
         let device: opencl_sys::cl_device_id =
             info_value(|n, p, r| rt.clGetContextInfo(ctx, CL_CONTEXT_DEVICES, n, p, r))
-                .ok_or("a context has no device")?;
+                .ok_or(MigrationError::Query("a context's device"))?;
         let mut err = CL_SUCCESS;
         #[allow(deprecated)]
         let q = rt
             .clCreateCommandQueue(ctx, device, 0, &mut err)
             .filter(|q| !q.is_null() && err == CL_SUCCESS)
-            .ok_or_else(|| format!("cannot make a queue of the server's own ({err})"))?;
+            .ok_or(MigrationError::Queue(err))?;
         self.by_context.insert(ctx as usize, q);
         Ok(q)
     }

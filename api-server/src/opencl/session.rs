@@ -28,7 +28,7 @@ use opencl_sys::{
 
 use super::OpenClBackend;
 use super::device_time::HeldGate;
-use crate::backend::{Fail, FrameData};
+use crate::backend::{Fail, FrameData, MigrationError};
 use crate::server::FrameWriter;
 
 const CL_SUCCESS: cl_int = 0;
@@ -1034,7 +1034,7 @@ impl<'a> Session<'a> {
     }
 
     /// The server's own queue for writing streamed contents into `ctx`'s buffers.
-    pub fn fill_queue(&self, ctx: cl_context) -> Result<cl_command_queue, String> {
+    pub fn fill_queue(&self, ctx: cl_context) -> Result<cl_command_queue, MigrationError> {
         self.b
             .fills
             .lock()
