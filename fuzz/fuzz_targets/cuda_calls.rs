@@ -14,6 +14,7 @@ use hira_api_cuda::op;
 use hira_api_server::backend::{Backend, FrameData};
 use hira_api_server::cuda::CudaBackend;
 use hira_protocol::Writer;
+use hira_protocol::api::tag;
 use libfuzzer_sys::fuzz_target;
 
 /// Calls whose cost a guest sets without bound (a launch's grid, a synchronisation
@@ -71,17 +72,17 @@ fn fixture() -> &'static CudaBackend {
         w.u8(1).u64(1).u32(0).i32(0);
         assert_eq!(call(&b, op::cuCtxCreate_v2, w.as_slice()), 0);
         let mut w = Writer::new();
-        w.u64(1).u8(1).u64(2).u8(1).bytes(PTX.as_bytes());
+        w.u64(1).u8(1).u64(2).u8(tag::INLINE).bytes(PTX.as_bytes());
         assert_eq!(call(&b, op::cuModuleLoadData, w.as_slice()), 0);
         let mut w = Writer::new();
-        w.u64(1).u8(1).u64(3).u64(2).u8(1).bytes(b"k");
+        w.u64(1).u8(1).u64(3).u64(2).u8(tag::INLINE).bytes(b"k");
         assert_eq!(call(&b, op::cuModuleGetFunction, w.as_slice()), 0);
         // A library of the same code, and its kernel.
         let mut w = Writer::new();
-        w.u8(1).u64(5).u8(1).bytes(PTX.as_bytes());
+        w.u8(1).u64(5).u8(tag::INLINE).bytes(PTX.as_bytes());
         assert_eq!(call(&b, op::hiraLibraryLoad, w.as_slice()), 0);
         let mut w = Writer::new();
-        w.u64(1).u8(1).u64(6).u64(5).u8(1).bytes(b"k");
+        w.u64(1).u8(1).u64(6).u64(5).u8(tag::INLINE).bytes(b"k");
         assert_eq!(call(&b, op::cuLibraryGetKernel, w.as_slice()), 0);
         let mut w = Writer::new();
         w.u64(1).u8(1).u64(4096);

@@ -14,6 +14,7 @@ use hira_guest_driver::endpoint;
 use hira_guest_driver::window::WindowRegion;
 use hira_protocol::Span;
 use hira_protocol::Writer;
+use hira_protocol::api::tag;
 use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
 use hira_protocol::handshake::{ErrorPayload, error_code};
 use log::warn;
@@ -499,16 +500,16 @@ impl Call {
     /// the host is to put it: a region of the data window, or inline in the reply.
     pub fn out_len(&mut self, present: bool, len: usize) {
         if !present {
-            self.w.u8(0);
+            self.w.u8(tag::NULL);
             return;
         }
         match self.window_region(len) {
             Some(i) => {
-                self.w.u8(2).u16((self.spans.len() - 1) as u16);
+                self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
                 self.outs.push(Some(i));
             }
             None => {
-                self.w.u8(1);
+                self.w.u8(tag::INLINE);
                 self.outs.push(None);
             }
         }
@@ -520,14 +521,14 @@ impl Call {
     /// `p` is null or valid for `len` bytes.
     pub unsafe fn bytes_in(&mut self, p: *const u8, len: usize) -> Result<(), CUresult> {
         if p.is_null() {
-            self.w.u8(0);
+            self.w.u8(tag::NULL);
             return Ok(());
         }
         if let Some(i) = self.window_region(len) {
             // SAFETY: the caller's promise for `p`; the region holds at least `len`
             // bytes of the mapped window and belongs to this call alone.
             unsafe { std::ptr::copy_nonoverlapping(p, self.regions[i].ptr(), len) };
-            self.w.u8(2).u16((self.spans.len() - 1) as u16);
+            self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
             return Ok(());
         }
         // SAFETY: the caller's promise.
@@ -543,7 +544,7 @@ impl Call {
             warn!("a transfer of {len} bytes is larger than one call carries ({MAX_BYTES})");
             return Err(status::INVALID_VALUE);
         }
-        self.w.u8(1);
+        self.w.u8(tag::INLINE);
         // SAFETY: the caller's promise.
         self.w.bytes(unsafe { std::slice::from_raw_parts(p, len) });
         Ok(())
@@ -555,9 +556,9 @@ impl Call {
     /// `p` is null or a NUL-terminated string.
     pub unsafe fn c_str(&mut self, p: *const c_char) {
         if p.is_null() {
-            self.w.u8(0);
+            self.w.u8(tag::NULL);
         } else {
-            self.w.u8(1);
+            self.w.u8(tag::INLINE);
             // SAFETY: the caller's promise.
             self.w.bytes(unsafe { CStr::from_ptr(p) }.to_bytes());
         }
@@ -570,7 +571,7 @@ impl Call {
     /// `p` is null or a module image as the API defines one.
     pub unsafe fn module_image(&mut self, p: *const u8) -> Result<(), CUresult> {
         if p.is_null() {
-            self.w.u8(0);
+            self.w.u8(tag::NULL);
             return Ok(());
         }
         // The runtime's wrapper of a fatbin: the fatbin it points at goes.
@@ -606,7 +607,7 @@ impl Call {
         params: *mut *mut c_void,
     ) -> Result<(), CUresult> {
         if params.is_null() {
-            self.w.u8(0);
+            self.w.u8(tag::NULL);
             return Ok(());
         }
         let layouts = runtime().layouts.lock().unwrap_or_else(|e| e.into_inner());
@@ -637,7 +638,7 @@ impl Call {
                 )
             };
         }
-        self.w.u8(1);
+        self.w.u8(tag::INLINE);
         self.w.bytes(&buf);
         Ok(())
     }
@@ -652,7 +653,7 @@ impl Call {
         extra: *mut *mut c_void,
     ) -> Result<(), CUresult> {
         if extra.is_null() {
-            self.w.u8(0);
+            self.w.u8(tag::NULL);
             return Ok(());
         }
         let (mut ptr, mut len) = (std::ptr::null::<u8>(), None);
@@ -677,7 +678,7 @@ impl Call {
         }
         match len {
             Some(n) if !ptr.is_null() && n <= MAX_BYTES => {
-                self.w.u8(1);
+                self.w.u8(tag::INLINE);
                 // SAFETY: the buffer holds `n` bytes, as the API requires.
                 self.w.bytes(unsafe { std::slice::from_raw_parts(ptr, n) });
                 Ok(())

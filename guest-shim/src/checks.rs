@@ -33,23 +33,23 @@ use opencl_sys::{
 use crate::generated;
 use crate::rt;
 
-const CL_INVALID_VALUE: cl_int = -30;
-const CL_MEM_COPY_OVERLAP: cl_int = -8;
-const CL_INVALID_ARG_INDEX: cl_int = -49;
-const CL_INVALID_ARG_VALUE: cl_int = -50;
-const CL_INVALID_ARG_SIZE: cl_int = -51;
-const CL_INVALID_KERNEL_ARGS: cl_int = -52;
-const CL_INVALID_WORK_DIMENSION: cl_int = -53;
-const CL_INVALID_WORK_GROUP_SIZE: cl_int = -54;
-const CL_INVALID_WORK_ITEM_SIZE: cl_int = -55;
+use opencl_sys::CL_INVALID_ARG_INDEX;
+use opencl_sys::CL_INVALID_ARG_SIZE;
+use opencl_sys::CL_INVALID_ARG_VALUE;
+use opencl_sys::CL_INVALID_KERNEL_ARGS;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_INVALID_WORK_DIMENSION;
+use opencl_sys::CL_INVALID_WORK_GROUP_SIZE;
+use opencl_sys::CL_INVALID_WORK_ITEM_SIZE;
+use opencl_sys::CL_MEM_COPY_OVERLAP;
 
-const CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS: u32 = 0x1003;
-const CL_DEVICE_MAX_WORK_ITEM_SIZES: u32 = 0x1005;
-const CL_DEVICE_ADDRESS_BITS: u32 = 0x100D;
-const CL_QUEUE_DEVICE: u32 = 0x1091;
-const CL_KERNEL_PROGRAM: u32 = 0x1194;
-const CL_KERNEL_WORK_GROUP_SIZE: u32 = 0x11B0;
-const CL_KERNEL_COMPILE_WORK_GROUP_SIZE: u32 = 0x11B1;
+use opencl_sys::CL_DEVICE_ADDRESS_BITS;
+use opencl_sys::CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS;
+use opencl_sys::CL_DEVICE_MAX_WORK_ITEM_SIZES;
+use opencl_sys::CL_KERNEL_COMPILE_WORK_GROUP_SIZE;
+use opencl_sys::CL_KERNEL_PROGRAM;
+use opencl_sys::CL_KERNEL_WORK_GROUP_SIZE;
+use opencl_sys::CL_QUEUE_DEVICE;
 
 /// What the guest knows about one kernel.
 #[derive(Debug, Clone)]
@@ -198,7 +198,7 @@ fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
 
 fn kernel_address_bits(kernel: cl_kernel) -> Result<u32, cl_int> {
     let program = kernel_program(kernel)?;
-    const CL_PROGRAM_DEVICES: u32 = 0x1163;
+    use opencl_sys::CL_PROGRAM_DEVICES;
     // SAFETY: `info` passes a buffer of `size` writable bytes.
     let device: cl_device_id = info(|size, value, ret| unsafe {
         generated::clGetProgramInfo(program, CL_PROGRAM_DEVICES, size, value, ret)
@@ -701,10 +701,10 @@ pub(crate) unsafe fn clEnqueueTask(
     check_launch(command_queue, kernel, 1, Some(&[1]), Some(&[1]))
 }
 
-const CL_INVALID_OPERATION: cl_int = -59;
-const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
-const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
-const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
+use opencl_sys::CL_INVALID_OPERATION;
+use opencl_sys::CL_MEM_HOST_NO_ACCESS;
+use opencl_sys::CL_MEM_HOST_READ_ONLY;
+use opencl_sys::CL_MEM_HOST_WRITE_ONLY;
 
 /// What the guest knows of memory object `mem` (one lookup for all the checks).
 fn mem_of(mem: cl_mem) -> Result<rt::MemExtra, cl_int> {
@@ -927,7 +927,8 @@ pub(crate) unsafe fn clEnqueueFillBuffer(
 /// `CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE`.
 const OUT_OF_ORDER: u64 = 1 << 0;
 /// `CL_QUEUE_PROPERTIES` in a property list.
-const CL_QUEUE_PROPERTIES: u64 = 0x1093;
+/// The key of a queue's properties in a property list (whose words are 64-bit).
+const CL_QUEUE_PROPERTIES: u64 = opencl_sys::CL_QUEUE_PROPERTIES as u64;
 
 /// `clCreateCommandQueue`: the host checks the properties.
 pub(crate) unsafe fn clCreateCommandQueue(

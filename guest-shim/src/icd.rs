@@ -10,10 +10,10 @@ use opencl_sys::{cl_int, cl_platform_id, cl_uint};
 
 use crate::icd_slots::{SLOT_COUNT, SLOTS};
 
-const CL_INVALID_OPERATION: cl_int = -59;
-const CL_INVALID_VALUE: cl_int = -30;
-const CL_INVALID_MEM_OBJECT: cl_int = -38;
-const CL_PLATFORM_NOT_FOUND_KHR: cl_int = -1001;
+use opencl_sys::CL_INVALID_MEM_OBJECT;
+use opencl_sys::CL_INVALID_OPERATION;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_PLATFORM_NOT_FOUND_KHR;
 
 /// The dispatch table every object's first field points to.
 pub(crate) struct Dispatch(pub _cl_icd_dispatch);

@@ -19,10 +19,10 @@ use opencl_sys::{cl_event, cl_int};
 
 use crate::marshal::{ReplyReader, info_answer};
 
-const CL_INVALID_VALUE: cl_int = -30;
-const CL_PROFILING_INFO_NOT_AVAILABLE: cl_int = -7;
-const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
-const CL_PROFILING_COMMAND_QUEUED: u32 = 0x1280;
+use opencl_sys::CL_EVENT_COMMAND_EXECUTION_STATUS;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_PROFILING_COMMAND_QUEUED;
+use opencl_sys::CL_PROFILING_INFO_NOT_AVAILABLE;
 /// Timestamps mask meaning: the event's queue was made without profiling.
 const NO_PROFILING: u8 = 0xFF;
 /// Most events one reply may report (a hostile reply cannot make the guest allocate

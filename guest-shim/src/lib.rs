@@ -54,7 +54,7 @@ pub mod generated {
     use crate::marshal::Call;
     use crate::sizes;
 
-    const CL_INVALID_EVENT_WAIT_LIST: i32 = -57;
+    use opencl_sys::CL_INVALID_EVENT_WAIT_LIST;
 
     include!(concat!(env!("OUT_DIR"), "/opencl_guest.rs"));
 }

@@ -23,20 +23,20 @@ pub use crate::svm::{
     clSetKernelExecInfo,
 };
 
-const CL_MAP_READ: u64 = 1;
-const CL_MAP_WRITE: u64 = 1 << 1;
-const CL_MAP_WRITE_INVALIDATE_REGION: u64 = 1 << 2;
-const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
-const CL_INVALID_MEM_OBJECT: cl_int = -38;
-const CL_INVALID_OPERATION: cl_int = -59;
-const CL_MEM_HOST_WRITE_ONLY: u64 = 1 << 7;
-const CL_MEM_HOST_READ_ONLY: u64 = 1 << 8;
-const CL_MEM_HOST_NO_ACCESS: u64 = 1 << 9;
-const CL_COMMAND_MAP_BUFFER: u32 = 0x11FB;
-const CL_COMMAND_MAP_IMAGE: u32 = 0x11FC;
-const CL_COMMAND_UNMAP_MEM_OBJECT: u32 = 0x11FD;
-const CL_MEM_OBJECT_IMAGE2D_ARRAY: u32 = 0x10F3;
-const CL_MEM_OBJECT_IMAGE3D: u32 = 0x10F2;
+use opencl_sys::CL_COMMAND_MAP_BUFFER;
+use opencl_sys::CL_COMMAND_MAP_IMAGE;
+use opencl_sys::CL_COMMAND_UNMAP_MEM_OBJECT;
+use opencl_sys::CL_INVALID_MEM_OBJECT;
+use opencl_sys::CL_INVALID_OPERATION;
+use opencl_sys::CL_MAP_READ;
+use opencl_sys::CL_MAP_WRITE;
+use opencl_sys::CL_MAP_WRITE_INVALIDATE_REGION;
+use opencl_sys::CL_MEM_HOST_NO_ACCESS;
+use opencl_sys::CL_MEM_HOST_READ_ONLY;
+use opencl_sys::CL_MEM_HOST_WRITE_ONLY;
+use opencl_sys::CL_MEM_OBJECT_IMAGE2D_ARRAY;
+use opencl_sys::CL_MEM_OBJECT_IMAGE3D;
+use opencl_sys::CL_MEM_USE_HOST_PTR;
 
 /// How a mapping's memory is filled from the device.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,7 @@ fn map_access(id: u64, map_flags: u64) -> Result<Fill, cl_int> {
     })
 }
 
-const CL_MEM_CONTEXT: u32 = 0x1106;
+use opencl_sys::CL_MEM_CONTEXT;
 
 /// A scratch buffer of `len` bytes in `mem`'s context.
 fn scratch(mem: cl_mem, len: usize) -> Result<cl_mem, cl_int> {
@@ -85,8 +85,8 @@ fn scratch(mem: cl_mem, len: usize) -> Result<cl_mem, cl_int> {
     Ok(tmp)
 }
 
-const CL_IMAGE_ROW_PITCH: u32 = 0x1112;
-const CL_IMAGE_SLICE_PITCH: u32 = 0x1113;
+use opencl_sys::CL_IMAGE_ROW_PITCH;
+use opencl_sys::CL_IMAGE_SLICE_PITCH;
 
 type MemInfoFn = unsafe extern "C" fn(cl_mem, u32, usize, *mut c_void, *mut usize) -> cl_int;
 

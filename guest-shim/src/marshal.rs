@@ -20,9 +20,9 @@ use opencl_sys::{cl_image_desc, cl_int};
 
 use crate::rt::{self, CL_INVALID_VALUE, CL_OUT_OF_RESOURCES};
 
-const CL_INVALID_OPERATION: cl_int = -59;
-const CL_INVALID_WORK_DIMENSION: cl_int = -53;
-const CL_INVALID_IMAGE_DESCRIPTOR: cl_int = -65;
+use opencl_sys::CL_INVALID_IMAGE_DESCRIPTOR;
+use opencl_sys::CL_INVALID_OPERATION;
+use opencl_sys::CL_INVALID_WORK_DIMENSION;
 /// Largest zero-terminated property list the guest will send.
 const MAX_PROPERTIES: usize = 128;
 
@@ -1161,11 +1161,11 @@ fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {
     }
 }
 
-const CL_EVENT_COMMAND_TYPE: u32 = 0x11D1;
-const CL_PLATFORM_EXTENSIONS: u32 = 0x0904;
-const CL_PLATFORM_EXTENSIONS_WITH_VERSION: u32 = 0x0907;
-const CL_DEVICE_EXTENSIONS: u32 = 0x1030;
-const CL_DEVICE_EXTENSIONS_WITH_VERSION: u32 = 0x1060;
+use opencl_sys::CL_DEVICE_EXTENSIONS;
+use opencl_sys::CL_DEVICE_EXTENSIONS_WITH_VERSION;
+use opencl_sys::CL_EVENT_COMMAND_TYPE;
+use opencl_sys::CL_PLATFORM_EXTENSIONS;
+use opencl_sys::CL_PLATFORM_EXTENSIONS_WITH_VERSION;
 
 /// Extension lists without the extensions whose entry points Hira does not forward
 /// (`hira_api_opencl::extensions`).
@@ -1181,12 +1181,12 @@ fn mask_extensions(param: u32, names: u32, versioned: u32, b: &mut Vec<u8>) {
 }
 
 /// `CL_DEVICE_EXECUTION_CAPABILITIES` and its `CL_EXEC_NATIVE_KERNEL` bit.
-const CL_DEVICE_EXECUTION_CAPABILITIES: u32 = 0x1029;
-const CL_EXEC_NATIVE_KERNEL: u64 = 1 << 1;
+use opencl_sys::CL_DEVICE_EXECUTION_CAPABILITIES;
+use opencl_sys::CL_DEVICE_PARTITION_PROPERTIES;
 /// `CL_DEVICE_SVM_CAPABILITIES`.
-const CL_DEVICE_SVM_CAPABILITIES: u32 = 0x1053;
-const CL_DEVICE_SVM_COARSE_GRAIN_BUFFER: u64 = 1;
-const CL_DEVICE_PARTITION_PROPERTIES: u32 = 0x1044;
+use opencl_sys::CL_DEVICE_SVM_CAPABILITIES;
+use opencl_sys::CL_DEVICE_SVM_COARSE_GRAIN_BUFFER;
+use opencl_sys::CL_EXEC_NATIVE_KERNEL;
 
 /// What Hira cannot honour across the VM boundary, or does not forward yet, is masked
 /// from device properties, so that applications never select it: fine-grained shared

@@ -20,14 +20,14 @@ use opencl_sys::{cl_event, cl_int, cl_mem, cl_program};
 
 use crate::icd::DISPATCH;
 
-pub(crate) const CL_OUT_OF_RESOURCES: cl_int = -5;
-pub(crate) const CL_OUT_OF_HOST_MEMORY: cl_int = -6;
-pub(crate) const CL_INVALID_VALUE: cl_int = -30;
-pub(crate) const CL_INVALID_CONTEXT: cl_int = -34;
-pub(crate) const CL_INVALID_EVENT_WAIT_LIST: cl_int = -57;
-pub(crate) const CL_INVALID_HOST_PTR: cl_int = -37;
-const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
-const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
+pub(crate) use opencl_sys::CL_INVALID_CONTEXT;
+pub(crate) use opencl_sys::CL_INVALID_EVENT_WAIT_LIST;
+pub(crate) use opencl_sys::CL_INVALID_HOST_PTR;
+pub(crate) use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_MEM_COPY_HOST_PTR;
+use opencl_sys::CL_MEM_USE_HOST_PTR;
+pub(crate) use opencl_sys::CL_OUT_OF_HOST_MEMORY;
+pub(crate) use opencl_sys::CL_OUT_OF_RESOURCES;
 
 /// A guest object standing for one host object.
 #[repr(C)]
@@ -750,7 +750,7 @@ pub(crate) unsafe fn image_rect(
 }
 
 /// `CL_MEM_OBJECT_IMAGE1D_ARRAY`.
-pub(crate) const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
+pub(crate) use opencl_sys::CL_MEM_OBJECT_IMAGE1D_ARRAY;
 
 /// The type of image `image` (`CL_MEM_TYPE`), asked of the host once and remembered.
 pub(crate) fn image_type(image: cl_mem) -> Result<u32, cl_int> {

@@ -4,8 +4,8 @@
 use hira_api_opencl::sizes::{self, ImageGeometry};
 use opencl_sys::{cl_image_desc, cl_image_format, cl_int};
 
-const CL_INVALID_IMAGE_FORMAT_DESCRIPTOR: cl_int = -39;
-const CL_INVALID_IMAGE_DESCRIPTOR: cl_int = -65;
+use opencl_sys::CL_INVALID_IMAGE_DESCRIPTOR;
+use opencl_sys::CL_INVALID_IMAGE_FORMAT_DESCRIPTOR;
 
 /// Bytes per pixel of `*format`.
 ///

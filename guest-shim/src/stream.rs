@@ -33,7 +33,7 @@ use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_mem, cl_uint};
 use crate::marshal::Call;
 use crate::rt;
 
-const CL_OUT_OF_RESOURCES: cl_int = -5;
+use opencl_sys::CL_OUT_OF_RESOURCES;
 /// `CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS`: the host may not write the buffer.
 const HOST_MAY_NOT_WRITE: u64 = (1 << 8) | (1 << 9);
 

@@ -23,21 +23,21 @@ use opencl_sys::{
 use crate::generated as g;
 use crate::rt::{self, CL_INVALID_VALUE};
 
-const CL_INVALID_OPERATION: cl_int = -59;
-const CL_INVALID_ARG_VALUE: cl_int = -50;
-const CL_MEM_COPY_OVERLAP: cl_int = -8;
-const CL_INVALID_BUFFER_SIZE: cl_int = -61;
-const CL_MEM_SVM_FINE_GRAIN_BUFFER: u64 = 1 << 10;
-const CL_MEM_SVM_ATOMICS: u64 = 1 << 11;
-const CL_MAP_READ: u64 = 1;
-const CL_MAP_WRITE: u64 = 1 << 1;
-const CL_MAP_WRITE_INVALIDATE_REGION: u64 = 1 << 2;
-const CL_KERNEL_EXEC_INFO_SVM_PTRS: u32 = 0x11B6;
-const CL_COMMAND_SVM_MEMCPY: u32 = 0x120A;
-const CL_COMMAND_SVM_MAP: u32 = 0x120C;
-const CL_COMMAND_SVM_UNMAP: u32 = 0x120D;
-const CL_COMMAND_SVM_MIGRATE_MEM: u32 = 0x120E;
-const CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM: u32 = 0x11B7;
+use opencl_sys::CL_COMMAND_SVM_MAP;
+use opencl_sys::CL_COMMAND_SVM_MEMCPY;
+use opencl_sys::CL_COMMAND_SVM_MIGRATE_MEM;
+use opencl_sys::CL_COMMAND_SVM_UNMAP;
+use opencl_sys::CL_INVALID_ARG_VALUE;
+use opencl_sys::CL_INVALID_BUFFER_SIZE;
+use opencl_sys::CL_INVALID_OPERATION;
+use opencl_sys::CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM;
+use opencl_sys::CL_KERNEL_EXEC_INFO_SVM_PTRS;
+use opencl_sys::CL_MAP_READ;
+use opencl_sys::CL_MAP_WRITE;
+use opencl_sys::CL_MAP_WRITE_INVALIDATE_REGION;
+use opencl_sys::CL_MEM_COPY_OVERLAP;
+use opencl_sys::CL_MEM_SVM_ATOMICS;
+use opencl_sys::CL_MEM_SVM_FINE_GRAIN_BUFFER;
 /// Host allocations tried before `clSVMAlloc` gives up finding an address that is
 /// free in the guest process too.
 const PLACEMENT_TRIES: usize = 8;
@@ -165,7 +165,7 @@ pub(crate) fn check_buffer_host_ptr(ptr: *const c_void, size: usize) -> Result<(
 /// For a buffer created with `CL_MEM_USE_HOST_PTR` on SVM memory: the allocation and
 /// offset its host side aliases.
 pub(crate) fn aliased(flags: u64, ptr: *const c_void) -> Option<(u64, usize)> {
-    const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
+    use opencl_sys::CL_MEM_USE_HOST_PTR;
     if flags & CL_MEM_USE_HOST_PTR == 0 || ptr.is_null() {
         return None;
     }

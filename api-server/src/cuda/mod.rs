@@ -21,6 +21,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex};
 
 use hira_api_cuda::{HOST_ID_BIT, Kind, op_info, status};
+use hira_protocol::api::tag;
 use hira_protocol::{Reader, Writer};
 use log::{info, warn};
 
@@ -237,9 +238,9 @@ impl Session {
         frame: &FrameData<'a>,
     ) -> Result<Option<Bytes<'a>>, Fail> {
         Ok(match r.u8()? {
-            0 => None,
-            1 => Some(Bytes::Inline(r.bytes(MAX_OUT)?)),
-            2 => {
+            tag::NULL => None,
+            tag::INLINE => Some(Bytes::Inline(r.bytes(MAX_OUT)?)),
+            tag::WINDOW => {
                 let (p, len) = window_span(frame, r.u16()?)?;
                 Some(Bytes::Window(p, len))
             }
@@ -250,9 +251,9 @@ impl Session {
     /// Where an output goes, as the guest said: `None`, inline, or a span.
     pub(crate) fn out_arg(r: &mut Reader<'_>) -> Result<OutTo, Fail> {
         Ok(match r.u8()? {
-            0 => OutTo::Nowhere,
-            1 => OutTo::Inline,
-            2 => OutTo::Window(r.u16()?),
+            tag::NULL => OutTo::Nowhere,
+            tag::INLINE => OutTo::Inline,
+            tag::WINDOW => OutTo::Window(r.u16()?),
             t => return Err(Fail::Protocol(format!("bad output tag {t}"))),
         })
     }
@@ -557,7 +558,7 @@ impl Backend for CudaBackend {
             let mut r = Reader::new(payload);
             let module = r.u64().and_then(|_| r.u8()).and_then(|present| {
                 let id = if present != 0 { Some(r.u64()?) } else { None };
-                let image = if r.u8()? == 1 {
+                let image = if r.u8()? == tag::INLINE {
                     Some(r.bytes(usize::MAX)?)
                 } else {
                     None

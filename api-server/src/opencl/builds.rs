@@ -24,8 +24,8 @@ use std::sync::{Mutex, OnceLock};
 use hira_protocol::Reader;
 use log::warn;
 
-const CL_INVALID_VALUE: i32 = -30;
-const CL_OUT_OF_RESOURCES: i32 = -5;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_OUT_OF_RESOURCES;
 /// Most headers accepted for one build.
 const MAX_FILES: u32 = 4096;
 /// Most header bytes accepted for one build.

@@ -32,9 +32,9 @@ use super::Session;
 pub const VERSION: u32 = 9 << 12;
 /// The extension's name.
 pub const NAME: &str = "cl_khr_command_buffer";
-const CL_INVALID_VALUE: cl_int = -30;
-const CL_DEVICE_EXTENSIONS: u32 = 0x1030;
-const CL_DEVICE_EXTENSIONS_WITH_VERSION: u32 = 0x1060;
+use opencl_sys::CL_DEVICE_EXTENSIONS;
+use opencl_sys::CL_DEVICE_EXTENSIONS_WITH_VERSION;
+use opencl_sys::CL_INVALID_VALUE;
 
 type Props = cl_command_buffer_properties_khr;
 type Sync = cl_sync_point_khr;

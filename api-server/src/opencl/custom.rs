@@ -27,11 +27,11 @@ pub use super::command_buffer::{
 use super::device_time::{CL_QUEUE_PROFILING_ENABLE, DeviceTime};
 use super::queues::info_value;
 
-const CL_INVALID_VALUE: cl_int = -30;
-const CL_PROFILING_INFO_NOT_AVAILABLE: cl_int = -7;
-const CL_INVALID_PLATFORM: cl_int = -32;
-const CL_INVALID_ARG_VALUE: cl_int = -50;
-const CL_KERNEL_EXEC_INFO_SVM_PTRS: u32 = 0x11B6;
+use opencl_sys::CL_INVALID_ARG_VALUE;
+use opencl_sys::CL_INVALID_PLATFORM;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_KERNEL_EXEC_INFO_SVM_PTRS;
+use opencl_sys::CL_PROFILING_INFO_NOT_AVAILABLE;
 
 /// Lists the one platform this server exposes.
 ///
@@ -789,9 +789,9 @@ pub unsafe fn hiraFill(
     blocking: cl_uint,
     token: u64,
 ) -> Option<cl_int> {
-    const CL_INVALID_MEM_OBJECT: cl_int = -38;
-    const CL_OUT_OF_RESOURCES: cl_int = -5;
-    const CL_MEM_CONTEXT: u32 = 0x1106;
+    use opencl_sys::CL_INVALID_MEM_OBJECT;
+    use opencl_sys::CL_MEM_CONTEXT;
+    use opencl_sys::CL_OUT_OF_RESOURCES;
     let Ok(m) = s.lookup(mem, hira_api_opencl::Kind::Mem, false) else {
         return Some(CL_INVALID_MEM_OBJECT);
     };

@@ -31,9 +31,9 @@ const MAX_PENDING: usize = 4096;
 /// Most bytes of in-flight reads staged in this process (outputs not in the window).
 const MAX_STAGED: usize = 256 << 20;
 
-const CL_COMPLETE: cl_int = 0;
-const CL_OUT_OF_RESOURCES: cl_int = -5;
-const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
+use opencl_sys::CL_COMPLETE;
+use opencl_sys::CL_EVENT_COMMAND_EXECUTION_STATUS;
+use opencl_sys::CL_OUT_OF_RESOURCES;
 
 struct PendingOutput {
     rt: &'static OpenCl,

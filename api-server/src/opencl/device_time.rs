@@ -54,15 +54,16 @@ use opencl_sys::{cl_command_queue, cl_event, cl_int};
 
 use crate::account::Account;
 
-pub const CL_QUEUE_PROFILING_ENABLE: u64 = 1 << 1;
-const CL_QUEUE_ON_DEVICE: u64 = 1 << 2;
-pub const CL_QUEUE_PROPERTIES: u64 = 0x1093;
-pub const CL_QUEUE_PROPERTIES_ARRAY: u32 = 0x1098;
-const CL_QUEUE_CONTEXT: u32 = 0x1090;
-const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
-const CL_PROFILING_COMMAND_START: u32 = 0x1282;
-const CL_PROFILING_COMMAND_END: u32 = 0x1283;
-const CL_COMPLETE: cl_int = 0;
+use opencl_sys::CL_QUEUE_ON_DEVICE;
+pub use opencl_sys::CL_QUEUE_PROFILING_ENABLE;
+/// The key of a queue's properties in a property list (whose words are 64-bit).
+pub const CL_QUEUE_PROPERTIES: u64 = opencl_sys::CL_QUEUE_PROPERTIES as u64;
+use opencl_sys::CL_COMPLETE;
+use opencl_sys::CL_EVENT_COMMAND_QUEUE;
+use opencl_sys::CL_PROFILING_COMMAND_END;
+use opencl_sys::CL_PROFILING_COMMAND_START;
+use opencl_sys::CL_QUEUE_CONTEXT;
+pub use opencl_sys::CL_QUEUE_PROPERTIES_ARRAY;
 /// How often held commands, and commands of in-order queues not yet accounted, are
 /// looked at.
 const GATE_POLL: Duration = Duration::from_millis(1);
@@ -219,7 +220,7 @@ struct Running {
     gates: Arc<Gates>,
 }
 
-const CL_RUNNING: cl_int = 1;
+use opencl_sys::CL_RUNNING;
 
 unsafe extern "C" fn running(_event: cl_event, status: cl_int, data: *mut c_void) {
     // SAFETY: `data` is the box leaked in `DeviceTime::enqueued`, passed to exactly one
@@ -301,7 +302,7 @@ type Batch = std::collections::VecDeque<Unharvested>;
 
 /// The execution status of `event`, if the host tells it.
 fn status_of(rt: &OpenCl, event: cl_event) -> Option<cl_int> {
-    const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
+    use opencl_sys::CL_EVENT_COMMAND_EXECUTION_STATUS;
     crate::opencl::queues::info_value(|n, p, r| {
         rt.clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, n, p, r)
     })

@@ -25,31 +25,31 @@ use super::queues::{Queues, info_value};
 use super::session::{self, Session};
 use crate::backend::{FrameData, MigrationError};
 
-const CL_SUCCESS: cl_int = 0;
-const CL_COMPLETE: cl_int = 0;
-const CL_MEM_READ_WRITE: u64 = 1;
-const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
-const CL_MEM_TYPE: u32 = 0x1100;
-const CL_MEM_SIZE: u32 = 0x1102;
-const CL_MEM_CONTEXT: u32 = 0x1106;
-const CL_MEM_ASSOCIATED_MEMOBJECT: u32 = 0x1107;
-const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
-const CL_EVENT_COMMAND_TYPE: u32 = 0x11D1;
-const CL_EVENT_CONTEXT: u32 = 0x11D4;
+use opencl_sys::CL_COMPLETE;
+use opencl_sys::CL_EVENT_COMMAND_QUEUE;
+use opencl_sys::CL_EVENT_COMMAND_TYPE;
+use opencl_sys::CL_EVENT_CONTEXT;
+use opencl_sys::CL_MEM_ASSOCIATED_MEMOBJECT;
+use opencl_sys::CL_MEM_CONTEXT;
+use opencl_sys::CL_MEM_COPY_HOST_PTR;
+use opencl_sys::CL_MEM_READ_WRITE;
+use opencl_sys::CL_MEM_SIZE;
+use opencl_sys::CL_MEM_TYPE;
+use opencl_sys::CL_SUCCESS;
 /// `CL_PROFILING_COMMAND_QUEUED` .. `CL_PROFILING_COMMAND_COMPLETE`.
 const PROFILING: std::ops::RangeInclusive<u32> = 0x1280..=0x1284;
-const CL_IMAGE_ELEMENT_SIZE: u32 = 0x1111;
-const CL_IMAGE_WIDTH: u32 = 0x1114;
-const CL_IMAGE_HEIGHT: u32 = 0x1115;
-const CL_IMAGE_DEPTH: u32 = 0x1116;
-const CL_IMAGE_ARRAY_SIZE: u32 = 0x1117;
-const CL_MEM_OBJECT_BUFFER: u32 = 0x10F0;
-const CL_MEM_OBJECT_IMAGE2D: u32 = 0x10F1;
-const CL_MEM_OBJECT_IMAGE3D: u32 = 0x10F2;
-const CL_MEM_OBJECT_IMAGE2D_ARRAY: u32 = 0x10F3;
-const CL_MEM_OBJECT_IMAGE1D: u32 = 0x10F4;
-const CL_MEM_OBJECT_IMAGE1D_ARRAY: u32 = 0x10F5;
-const CL_MEM_OBJECT_IMAGE1D_BUFFER: u32 = 0x10F6;
+use opencl_sys::CL_IMAGE_ARRAY_SIZE;
+use opencl_sys::CL_IMAGE_DEPTH;
+use opencl_sys::CL_IMAGE_ELEMENT_SIZE;
+use opencl_sys::CL_IMAGE_HEIGHT;
+use opencl_sys::CL_IMAGE_WIDTH;
+use opencl_sys::CL_MEM_OBJECT_BUFFER;
+use opencl_sys::CL_MEM_OBJECT_IMAGE1D;
+use opencl_sys::CL_MEM_OBJECT_IMAGE1D_ARRAY;
+use opencl_sys::CL_MEM_OBJECT_IMAGE1D_BUFFER;
+use opencl_sys::CL_MEM_OBJECT_IMAGE2D;
+use opencl_sys::CL_MEM_OBJECT_IMAGE2D_ARRAY;
+use opencl_sys::CL_MEM_OBJECT_IMAGE3D;
 
 /// How long a capture waits for builds' and events' callbacks to be delivered.
 const CALLBACKS_DRAIN: Duration = Duration::from_secs(2);
@@ -68,7 +68,7 @@ fn drain(
     queues: &[cl_command_queue],
     user_events_open: impl Fn() -> bool,
 ) -> Result<(), MigrationError> {
-    const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
+    use opencl_sys::CL_EVENT_COMMAND_EXECUTION_STATUS;
     let mut markers = Vec::new();
     for &q in queues {
         let mut ev: opencl_sys::cl_event = std::ptr::null_mut();
@@ -370,7 +370,7 @@ struct Layout {
     direct: bool,
 }
 
-const CL_MEM_FLAGS: u32 = 0x1101;
+use opencl_sys::CL_MEM_FLAGS;
 /// `CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS`.
 const HOST_ACCESS_LIMITS: u64 = (1 << 7) | (1 << 8) | (1 << 9);
 

@@ -34,9 +34,9 @@ use hira_protocol::{Reader, Writer};
 use log::{info, warn};
 use opencl_sys::{cl_platform_id, cl_uint};
 
-const CL_DEVICE_TYPE_ALL: u64 = 0xFFFF_FFFF;
-const CL_OUT_OF_RESOURCES: i32 = -5;
-const CL_INVALID_VALUE: i32 = -30;
+use opencl_sys::CL_DEVICE_TYPE_ALL;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_OUT_OF_RESOURCES;
 
 use crate::backend::{Backend, BackendError, Fail, FrameData, MigrationError, TeardownReport};
 use crate::server::FrameWriter;
@@ -56,7 +56,7 @@ mod generated {
     use crate::backend::{Fail, FrameData};
     use crate::opencl::Session;
 
-    const CL_INVALID_EVENT_WAIT_LIST: i32 = -57;
+    use opencl_sys::CL_INVALID_EVENT_WAIT_LIST;
     const ZERO_ORIGIN: [usize; 3] = [0; 3];
 
     include!(concat!(env!("OUT_DIR"), "/opencl_server.rs"));

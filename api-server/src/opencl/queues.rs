@@ -9,8 +9,8 @@ use crate::backend::MigrationError;
 use cl3::OpenCl;
 use opencl_sys::{cl_command_queue, cl_context, cl_int};
 
-const CL_SUCCESS: cl_int = 0;
-const CL_CONTEXT_DEVICES: u32 = 0x1081;
+use opencl_sys::CL_CONTEXT_DEVICES;
+use opencl_sys::CL_SUCCESS;
 
 /// A fixed-size info value, or `None` if the query fails.
 pub(crate) fn info_value<T: Copy + Default>(

@@ -31,23 +31,23 @@ use super::device_time::HeldGate;
 use crate::backend::{Fail, FrameData, MigrationError};
 use crate::server::FrameWriter;
 
-const CL_SUCCESS: cl_int = 0;
-const CL_OUT_OF_RESOURCES: cl_int = -5;
-const CL_INVALID_VALUE: cl_int = -30;
-const CL_MEM_OBJECT_ALLOCATION_FAILURE: cl_int = -4;
-const CL_MEM_SIZE: u32 = 0x1102;
-const CL_MEM_ASSOCIATED_MEMOBJECT: u32 = 0x1107;
-const CL_INVALID_ARG_SIZE: cl_int = -51;
-const CL_INVALID_ARG_INDEX: cl_int = -49;
-const CL_INVALID_BUFFER_SIZE: cl_int = -61;
-const CL_INVALID_ARG_VALUE: cl_int = -50;
-const CL_MEM_USE_HOST_PTR: u64 = 1 << 3;
-const CL_MEM_ALLOC_HOST_PTR: u64 = 1 << 4;
-const CL_MEM_COPY_HOST_PTR: u64 = 1 << 5;
+use opencl_sys::CL_INVALID_ARG_INDEX;
+use opencl_sys::CL_INVALID_ARG_SIZE;
+use opencl_sys::CL_INVALID_ARG_VALUE;
+use opencl_sys::CL_INVALID_BUFFER_SIZE;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_MEM_ALLOC_HOST_PTR;
+use opencl_sys::CL_MEM_ASSOCIATED_MEMOBJECT;
+use opencl_sys::CL_MEM_COPY_HOST_PTR;
+use opencl_sys::CL_MEM_OBJECT_ALLOCATION_FAILURE;
+use opencl_sys::CL_MEM_SIZE;
+use opencl_sys::CL_MEM_USE_HOST_PTR;
+use opencl_sys::CL_OUT_OF_RESOURCES;
 /// Largest info value the server will fetch.
 /// `clGetProgramBuildInfo`: the build log.
-const CL_PROGRAM_BUILD_LOG: u32 = 0x1183;
-const CL_PROGRAM_SOURCE: u32 = 0x1164;
+use opencl_sys::CL_PROGRAM_BUILD_LOG;
+use opencl_sys::CL_PROGRAM_SOURCE;
+use opencl_sys::CL_SUCCESS;
 
 use hira_api_opencl::CALLBACK_DATA_ONLY;
 
@@ -56,7 +56,7 @@ use hira_api_opencl::CALLBACK_DATA_ONLY;
 /// that could receive it).
 const DATA_ONLY: *mut c_void = std::ptr::dangling_mut::<u8>().cast();
 /// `clGetProgramBuildInfo`: the options of the last build.
-const CL_PROGRAM_BUILD_OPTIONS: u32 = 0x1182;
+use opencl_sys::CL_PROGRAM_BUILD_OPTIONS;
 const MAX_INFO: usize = 64 * 1024 * 1024;
 /// Largest zero-terminated property list accepted.
 const MAX_PROPERTIES: usize = 128;
@@ -956,7 +956,7 @@ impl<'a> Session<'a> {
     /// An event the guest holds, of a command on a queue: reported to the guest by the
     /// next `clFinish` of that queue or `clWaitForEvents` naming it.
     fn note_unreported(&self, id: u64, event: cl_event) {
-        const CL_EVENT_COMMAND_QUEUE: u32 = 0x11D0;
+        use opencl_sys::CL_EVENT_COMMAND_QUEUE;
         let rt = self.rt();
         let queue: Option<cl_command_queue> = super::queues::info_value(|n, p, r| {
             rt.clGetEventInfo(event, CL_EVENT_COMMAND_QUEUE, n, p, r)
@@ -977,9 +977,9 @@ impl<'a> Session<'a> {
     /// `u8` which of the timestamps follow (bit `i`: `CL_PROFILING_COMMAND_QUEUED + i`,
     /// `0xFF`: the guest's queue has no profiling) and those `u64` values.
     pub fn report_completed(&self, w: &mut Writer, waited: Waited<'_>) {
-        const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
+        use opencl_sys::CL_EVENT_COMMAND_EXECUTION_STATUS;
         self.b.device_time.sweep_now();
-        const CL_PROFILING_COMMAND_QUEUED: u32 = 0x1280;
+        use opencl_sys::CL_PROFILING_COMMAND_QUEUED;
         let picked: Vec<(u64, usize, usize)> = {
             let mut u = self.b.unreported.lock().unwrap_or_else(|e| e.into_inner());
             let ids: Vec<u64> = u

@@ -6,8 +6,8 @@ use opencl_sys::{cl_image_desc, cl_image_format};
 
 use crate::backend::Fail;
 
-const CL_INVALID_IMAGE_FORMAT_DESCRIPTOR: i32 = -39;
-const CL_INVALID_IMAGE_DESCRIPTOR: i32 = -65;
+use opencl_sys::CL_INVALID_IMAGE_DESCRIPTOR;
+use opencl_sys::CL_INVALID_IMAGE_FORMAT_DESCRIPTOR;
 
 fn elem(format: *const cl_image_format) -> Result<usize, Fail> {
     if format.is_null() {

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 /// Most bytes one session may have staged at a time (inputs and outputs together).
 pub const MAX_STAGED: usize = 4 << 30;
 
-const CL_INVALID_VALUE: i32 = -30;
-const CL_OUT_OF_RESOURCES: i32 = -5;
+use opencl_sys::CL_INVALID_VALUE;
+use opencl_sys::CL_OUT_OF_RESOURCES;
 
 struct Buffer {
     /// `u64` storage, so that the host may read it as any type.

@@ -17,7 +17,7 @@ use opencl_sys::cl_context;
 
 use crate::account::Account;
 
-const CL_INVALID_VALUE: i32 = -30;
+use opencl_sys::CL_INVALID_VALUE;
 
 #[derive(Debug, Clone, Copy)]
 struct Alloc {

@@ -269,6 +269,7 @@ fn a_host_without_a_cuda_driver_refuses_cuda_sessions_with_the_reason() {
 fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     use hira_api_cuda::op;
     use hira_protocol::Writer;
+    use hira_protocol::api::tag;
     let d = daemon(&[]);
     let mut g = RawGuest::connect(&d.socket("vm1"));
     let hello = Hello::new(hira_api_cuda::API, 1, "raw-cuda", 0).encode();
@@ -285,7 +286,12 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     assert_eq!(call(&mut g, op::cuInit, w), 0);
     // A module id that names nothing, in a context that names nothing.
     let mut w = Writer::new();
-    w.u64(0x999).u8(1).u64(5).u64(0xdead).u8(1).bytes(b"k");
+    w.u64(0x999)
+        .u8(1)
+        .u64(5)
+        .u64(0xdead)
+        .u8(tag::INLINE)
+        .bytes(b"k");
     assert_eq!(
         call(&mut g, op::cuModuleGetFunction, w),
         201,
@@ -296,7 +302,12 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     w.u8(1).u64(7).u32(0).i32(0);
     assert_eq!(call(&mut g, op::cuCtxCreate_v2, w), 0);
     let mut w = Writer::new();
-    w.u64(7).u8(1).u64(8).u64(0xdead).u8(1).bytes(b"k");
+    w.u64(7)
+        .u8(1)
+        .u64(8)
+        .u64(0xdead)
+        .u8(tag::INLINE)
+        .bytes(b"k");
     assert_eq!(
         call(&mut g, op::cuModuleGetFunction, w),
         400,
@@ -309,17 +320,30 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     assert_eq!(h.kind, FrameKind::Error);
     // A copy claiming more bytes than it carries.
     let mut w = Writer::new();
-    w.u64(7).u64(0x1000).u8(1).bytes(&[1, 2, 3]).u64(64);
+    w.u64(7)
+        .u64(0x1000)
+        .u8(tag::INLINE)
+        .bytes(&[1, 2, 3])
+        .u64(64);
     let (h, _) = g.call(op::cuMemcpyHtoD_v2, w.as_slice());
     assert_eq!(h.kind, FrameKind::Error);
     // A copy to an address no allocation of the context holds: refused before the
     // driver sees it, with the driver's code for a bad device pointer.
     let mut w = Writer::new();
-    w.u64(7).u64(0x1000).u8(1).bytes(&[1, 2, 3]).u64(3);
+    w.u64(7)
+        .u64(0x1000)
+        .u8(tag::INLINE)
+        .bytes(&[1, 2, 3])
+        .u64(3);
     assert_eq!(call(&mut g, op::cuMemcpyHtoD_v2, w), 1, "INVALID_VALUE");
     // A library id that names nothing.
     let mut w = Writer::new();
-    w.u64(7).u8(1).u64(9).u64(0xdead).u8(1).bytes(b"k");
+    w.u64(7)
+        .u8(1)
+        .u64(9)
+        .u64(0xdead)
+        .u8(tag::INLINE)
+        .bytes(b"k");
     assert_eq!(
         call(&mut g, op::cuLibraryGetKernel, w),
         400,
@@ -337,7 +361,7 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     entry[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
     fatbin.extend_from_slice(&entry);
     let mut w = Writer::new();
-    w.u8(1).u64(10).u8(1).bytes(&fatbin);
+    w.u8(1).u64(10).u8(tag::INLINE).bytes(&fatbin);
     let st = call(&mut g, op::hiraLibraryLoad, w);
     // NVIDIA's driver 580 loads libraries lazily and answers this one with success
     // (seen on an H200); the executor checks the fatbin at once.
@@ -347,10 +371,10 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     // cuLaunchKernelEx's attributes, forged: a kernel of this session to launch.
     let ptx = ".version 7.0\n.target sm_52\n.address_size 64\n.visible .entry k()\n{\n  ret;\n}\n";
     let mut w = Writer::new();
-    w.u64(7).u8(1).u64(11).u8(1).bytes(ptx.as_bytes());
+    w.u64(7).u8(1).u64(11).u8(tag::INLINE).bytes(ptx.as_bytes());
     assert_eq!(call(&mut g, op::cuModuleLoadData, w), 0);
     let mut w = Writer::new();
-    w.u64(7).u8(1).u64(12).u64(11).u8(1).bytes(b"k");
+    w.u64(7).u8(1).u64(12).u64(11).u8(tag::INLINE).bytes(b"k");
     assert_eq!(call(&mut g, op::cuModuleGetFunction, w), 0);
     let attr = |id: u32, value: u64| {
         let mut a = [0u8; 72];
@@ -364,7 +388,12 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
         for d in [1u32, 1, 1, 1, 1, 1, 0] {
             w.u32(d);
         }
-        w.u64(0).u8(1).bytes(attrs).u64(announced).u8(0).u8(0);
+        w.u64(0)
+            .u8(tag::INLINE)
+            .bytes(attrs)
+            .u64(announced)
+            .u8(tag::NULL)
+            .u8(tag::NULL);
         g.call(op::hiraLaunchKernelEx, w.as_slice())
     };
     let status_of = |(h, p): (FrameHeader, Vec<u8>)| {
@@ -403,8 +432,11 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     let pointer_query = |g: &mut RawGuest, ids: &[i32], values: u64| {
         let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
         let mut w = Writer::new();
-        w.u64(7).u8(1).bytes(&bytes).u64(bytes.len() as u64);
-        w.u8(1).u64(values).u64(0x1000).i32(0);
+        w.u64(7)
+            .u8(tag::INLINE)
+            .bytes(&bytes)
+            .u64(bytes.len() as u64);
+        w.u8(tag::INLINE).u64(values).u64(0x1000).i32(0);
         g.call(op::hiraPointerGetAttributes, w.as_slice())
     };
     assert_eq!(
