@@ -19,6 +19,8 @@ pub enum SettingError {
     Share(String),
     #[error("max-sessions {0:?} must be a number from 1 to 4096")]
     MaxSessions(String),
+    #[error("VM setting `{0}` given twice")]
+    Twice(String),
 }
 
 impl SettingError {
@@ -28,6 +30,7 @@ impl SettingError {
             SettingError::Size(_) => "mem_quota",
             SettingError::Share(_) => "share",
             SettingError::MaxSessions(_) => "max_sessions",
+            SettingError::Twice(_) => "",
         }
     }
 }
@@ -71,6 +74,70 @@ pub fn parse_max_sessions(text: &str) -> Result<usize, SettingError> {
         .ok_or_else(|| SettingError::MaxSessions(text.to_string()))
 }
 
+/// A VM's own limits and share: what `--local`, `--vm`, the config file's `[[local]]`
+/// and `[[vm]]` and `hira-ctl` may set for it, read by one parser. `None`: not set
+/// here (the daemon-wide default, or no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VmSettings {
+    /// Device memory its sessions may hold together, in bytes.
+    pub mem_quota: Option<u64>,
+    /// Its share of device time against other VMs.
+    pub share: Option<u32>,
+    /// Most sessions (API servers) it has at once.
+    pub max_sessions: Option<usize>,
+    /// Host memory its API servers may use together, in bytes (needs `--cgroup`).
+    pub host_mem: Option<u64>,
+}
+
+impl VmSettings {
+    /// The keys, as operators write them.
+    pub const KEYS: [&str; 4] = ["mem-quota", "share", "max-sessions", "host-mem"];
+
+    /// Takes `key=value` if `key` is one of [`VmSettings::KEYS`] (true), else leaves
+    /// it (false). A key given twice, or a value that does not read, is an error.
+    pub fn take(&mut self, key: &str, value: &str) -> Result<bool, SettingError> {
+        fn once<T>(slot: &mut Option<T>, key: &str) -> Result<(), SettingError> {
+            match slot {
+                Some(_) => Err(SettingError::Twice(key.to_string())),
+                None => Ok(()),
+            }
+        }
+        match key {
+            "mem-quota" => {
+                once(&mut self.mem_quota, key)?;
+                self.mem_quota = Some(parse_size(value)?);
+            }
+            "share" => {
+                once(&mut self.share, key)?;
+                self.share = Some(parse_share(value)?);
+            }
+            "max-sessions" => {
+                once(&mut self.max_sessions, key)?;
+                self.max_sessions = Some(parse_max_sessions(value)?);
+            }
+            "host-mem" => {
+                once(&mut self.host_mem, key)?;
+                self.host_mem = Some(parse_size(value)?);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Reads the settings given as (key, value) pairs; `None` values are not given.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, Option<String>)>,
+    ) -> Result<VmSettings, SettingError> {
+        let mut s = VmSettings::default();
+        for (k, v) in pairs {
+            if let Some(v) = v {
+                s.take(k, &v)?;
+            }
+        }
+        Ok(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +154,24 @@ mod tests {
         assert_eq!(parse_share("0").unwrap_err().key(), "share");
         assert_eq!(parse_max_sessions("4096"), Ok(4096));
         assert!(parse_max_sessions("4097").is_err());
+    }
+
+    #[test]
+    fn a_vms_settings_are_taken_once_each_and_other_keys_left() {
+        let mut s = VmSettings::default();
+        assert_eq!(s.take("mem-quota", "1G"), Ok(true));
+        assert_eq!(s.take("share", "3"), Ok(true));
+        assert_eq!(s.take("cid", "3"), Ok(false));
+        assert_eq!(
+            s.take("share", "4"),
+            Err(SettingError::Twice("share".into()))
+        );
+        assert_eq!(s.take("host-mem", "0"), Err(SettingError::Size("0".into())));
+        assert_eq!(
+            (s.mem_quota, s.share, s.host_mem),
+            (Some(1 << 30), Some(3), None)
+        );
+        let f = VmSettings::from_pairs([("max-sessions", Some("8".into())), ("share", None)]);
+        assert_eq!(f.unwrap().max_sessions, Some(8));
     }
 }

@@ -98,22 +98,25 @@ impl ConfigError {
     }
 }
 
-pub use hira_control::settings::{SettingError, parse_max_sessions, parse_share, parse_size};
+pub use hira_control::settings::{
+    SettingError, VmSettings, parse_max_sessions, parse_share, parse_size,
+};
+
+/// Takes a per-VM setting into `s`; a key given twice is the VM spec's duplicate.
+fn take_setting(s: &mut VmSettings, k: &str, v: &str) -> Result<bool, ConfigError> {
+    s.take(k, v).map_err(|e| match e {
+        SettingError::Twice(k) => ConfigError::DuplicateKey(k),
+        e => e.into(),
+    })
+}
 
 /// A host-local listener: a Unix socket whose connections belong to one VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalListener {
     pub vm: String,
     pub path: PathBuf,
-    /// The VM's device-memory quota in bytes, if this listener sets one.
-    pub mem_quota: Option<u64>,
-    /// The VM's share of device time, if this listener sets one.
-    pub share: Option<u32>,
-    /// The VM's cap on sessions, if this listener sets one.
-    pub max_sessions: Option<usize>,
-    /// The VM's cap on host memory (its API servers together), if this listener
-    /// sets one.
-    pub host_mem: Option<u64>,
+    /// The VM's settings this listener gives.
+    pub settings: VmSettings,
 }
 
 impl Default for LocalListener {
@@ -121,10 +124,7 @@ impl Default for LocalListener {
         LocalListener {
             vm: "local".into(),
             path: PathBuf::from(DEFAULT_LOCAL_SOCKET),
-            mem_quota: None,
-            share: None,
-            max_sessions: None,
-            host_mem: None,
+            settings: VmSettings::default(),
         }
     }
 }
@@ -142,22 +142,13 @@ impl FromStr for LocalListener {
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let mut parts = s.split(',');
         let s = parts.next().unwrap_or_default();
-        let (mut mem_quota, mut share, mut max_sessions, mut host_mem) = (None, None, None, None);
+        let mut settings = VmSettings::default();
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| ConfigError::NotKeyValue(kv.to_string()))?;
-            match k {
-                "mem-quota" if mem_quota.is_none() => mem_quota = Some(parse_size(v)?),
-                "share" if share.is_none() => share = Some(parse_share(v)?),
-                "max-sessions" if max_sessions.is_none() => {
-                    max_sessions = Some(parse_max_sessions(v)?);
-                }
-                "host-mem" if host_mem.is_none() => host_mem = Some(parse_size(v)?),
-                "mem-quota" | "share" | "max-sessions" | "host-mem" => {
-                    return Err(ConfigError::DuplicateKey(k.to_string()));
-                }
-                other => return Err(ConfigError::UnknownListenerKey(other.to_string())),
+            if !take_setting(&mut settings, k, v)? {
+                return Err(ConfigError::UnknownListenerKey(k.to_string()));
             }
         }
         let (vm, path) = match s.split_once('=') {
@@ -173,10 +164,7 @@ impl FromStr for LocalListener {
         Ok(LocalListener {
             vm,
             path: PathBuf::from(path),
-            mem_quota,
-            share,
-            max_sessions,
-            host_mem,
+            settings,
         })
     }
 }
@@ -204,14 +192,9 @@ pub struct VmSpec {
     /// How many sessions of the VM can hold a slot of the window at once (default 4);
     /// each slot holds a session's rings and its bulk-data window.
     pub window_slots: u64,
-    /// The VM's device-memory quota in bytes (none: unlimited).
-    pub mem_quota: Option<u64>,
-    /// The VM's share of device time (none: 1).
-    pub share: Option<u32>,
-    /// The VM's cap on sessions (none: the daemon-wide `max_sessions_per_vm`).
-    pub max_sessions: Option<usize>,
-    /// The VM's cap on host memory, its API servers together (none: no cap).
-    pub host_mem: Option<u64>,
+    /// Its quota, share and caps (none set: unlimited, share 1, the daemon-wide
+    /// `max_sessions_per_vm`).
+    pub settings: VmSettings,
 }
 
 impl VmSpec {
@@ -225,10 +208,7 @@ impl VmSpec {
         Some(LocalListener {
             vm: self.name.clone(),
             path: PathBuf::from(p),
-            mem_quota: self.mem_quota,
-            share: self.share,
-            max_sessions: self.max_sessions,
-            host_mem: self.host_mem,
+            settings: self.settings,
         })
     }
 }
@@ -243,10 +223,7 @@ struct VmFields {
     window: Option<String>,
     window_mb: Option<String>,
     window_slots: Option<String>,
-    mem_quota: Option<String>,
-    share: Option<String>,
-    max_sessions: Option<String>,
-    host_mem: Option<String>,
+    settings: VmSettings,
 }
 
 impl FromStr for VmSpec {
@@ -267,10 +244,7 @@ impl FromStr for VmSpec {
                 "window" => &mut f.window,
                 "window-mb" => &mut f.window_mb,
                 "window-slots" => &mut f.window_slots,
-                "mem-quota" => &mut f.mem_quota,
-                "share" => &mut f.share,
-                "max-sessions" => &mut f.max_sessions,
-                "host-mem" => &mut f.host_mem,
+                k if take_setting(&mut f.settings, k, v)? => continue,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
             if slot.replace(v.to_string()).is_some() {
@@ -292,10 +266,7 @@ impl VmFields {
             window,
             window_mb,
             window_slots,
-            mem_quota,
-            share,
-            max_sessions,
-            host_mem,
+            settings,
         } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
         if !valid_vm_name(&name) {
@@ -341,23 +312,13 @@ impl VmFields {
                 .filter(|n| (1..=64).contains(n) && size / n >= 4 << 20)
                 .ok_or(ConfigError::BadWindowSlots(text))?,
         };
-        let mem_quota = mem_quota.as_deref().map(parse_size).transpose()?;
-        let share = share.as_deref().map(parse_share).transpose()?;
-        let max_sessions = max_sessions
-            .as_deref()
-            .map(parse_max_sessions)
-            .transpose()?;
-        let host_mem = host_mem.as_deref().map(parse_size).transpose()?;
         Ok(VmSpec {
             name,
             cid,
             transport,
             window,
             window_slots,
-            mem_quota,
-            share,
-            max_sessions,
-            host_mem,
+            settings,
         })
     }
 }
@@ -496,13 +457,8 @@ impl FileConfig {
                     None => l.path.parse::<LocalListener>(),
                 };
                 let r = r.and_then(|mut listener| {
-                    listener.mem_quota = l.mem_quota.as_deref().map(parse_size).transpose()?;
-                    listener.share = l.share.map(|n| parse_share(&n.to_string())).transpose()?;
-                    listener.max_sessions = l
-                        .max_sessions
-                        .map(|n| parse_max_sessions(&n.to_string()))
-                        .transpose()?;
-                    listener.host_mem = l.host_mem.as_deref().map(parse_size).transpose()?;
+                    listener.settings =
+                        settings_of(&l.mem_quota, l.share, l.max_sessions, &l.host_mem)?;
                     Ok(listener)
                 });
                 self.at(entry.span(), r)
@@ -516,24 +472,40 @@ impl FileConfig {
             .iter()
             .map(|entry| {
                 let v = entry.get_ref();
-                let r = VmFields {
-                    name: Some(v.name.clone()),
-                    socket: v.socket.clone(),
-                    hybrid: v.hybrid.clone(),
-                    cid: Some(v.cid.to_string()),
-                    window: v.window.clone(),
-                    window_mb: v.window_mb.map(|m| m.to_string()),
-                    window_slots: v.window_slots.map(|n| n.to_string()),
-                    mem_quota: v.mem_quota.clone(),
-                    share: v.share.map(|n| n.to_string()),
-                    max_sessions: v.max_sessions.map(|n| n.to_string()),
-                    host_mem: v.host_mem.clone(),
-                }
-                .into_spec();
+                let r = settings_of(&v.mem_quota, v.share, v.max_sessions, &v.host_mem).and_then(
+                    |settings| {
+                        VmFields {
+                            name: Some(v.name.clone()),
+                            socket: v.socket.clone(),
+                            hybrid: v.hybrid.clone(),
+                            cid: Some(v.cid.to_string()),
+                            window: v.window.clone(),
+                            window_mb: v.window_mb.map(|m| m.to_string()),
+                            window_slots: v.window_slots.map(|n| n.to_string()),
+                            settings,
+                        }
+                        .into_spec()
+                    },
+                );
                 self.at(entry.span(), r)
             })
             .collect()
     }
+}
+
+/// A config file entry's per-VM settings, read as `--vm` reads them.
+fn settings_of(
+    mem_quota: &Option<String>,
+    share: Option<u32>,
+    max_sessions: Option<usize>,
+    host_mem: &Option<String>,
+) -> Result<VmSettings, ConfigError> {
+    Ok(VmSettings::from_pairs([
+        ("mem-quota", mem_quota.clone()),
+        ("share", share.map(|n| n.to_string())),
+        ("max-sessions", max_sessions.map(|n| n.to_string())),
+        ("host-mem", host_mem.clone()),
+    ])?)
 }
 
 /// Limits that keep one guest from exhausting the daemon.
@@ -705,15 +677,18 @@ impl Config {
     /// a VM given two different values is an error.
     fn per_vm<T: Copy + PartialEq + std::fmt::Debug>(
         &self,
-        listener: impl Fn(&LocalListener) -> Option<T>,
-        vm: impl Fn(&VmSpec) -> Option<T>,
+        get: impl Fn(&VmSettings) -> Option<T>,
         what: &'static str,
     ) -> Result<Vec<(String, T)>, ConfigError> {
         let set = self
             .listeners
             .iter()
-            .map(|l| (&l.vm, listener(l)))
-            .chain(self.vhost_user_vms.iter().map(|v| (&v.name, vm(v))));
+            .map(|l| (&l.vm, get(&l.settings)))
+            .chain(
+                self.vhost_user_vms
+                    .iter()
+                    .map(|v| (&v.name, get(&v.settings))),
+            );
         let mut out: Vec<(String, T)> = Vec::new();
         for (name, value) in set {
             let Some(x) = value else { continue };
@@ -735,22 +710,22 @@ impl Config {
 
     /// Each VM's memory quota as its listeners and VM specs set it.
     pub fn mem_quotas(&self) -> Result<Vec<(String, u64)>, ConfigError> {
-        self.per_vm(|l| l.mem_quota, |v| v.mem_quota, "memory quotas")
+        self.per_vm(|s| s.mem_quota, "memory quotas")
     }
 
     /// Each VM's cap on sessions as its listeners and VM specs set it.
     pub fn max_sessions(&self) -> Result<Vec<(String, usize)>, ConfigError> {
-        self.per_vm(|l| l.max_sessions, |v| v.max_sessions, "session caps")
+        self.per_vm(|s| s.max_sessions, "session caps")
     }
 
     /// Each VM's cap on host memory as its listeners and VM specs set it.
     pub fn host_mems(&self) -> Result<Vec<(String, u64)>, ConfigError> {
-        self.per_vm(|l| l.host_mem, |v| v.host_mem, "host-memory caps")
+        self.per_vm(|s| s.host_mem, "host-memory caps")
     }
 
     /// Each VM's share of device time as its listeners and VM specs set it.
     pub fn shares(&self) -> Result<Vec<(String, u32)>, ConfigError> {
-        self.per_vm(|l| l.share, |v| v.share, "shares")
+        self.per_vm(|s| s.share, "shares")
     }
 }
 
@@ -958,7 +933,10 @@ mod tests {
             assert!(parse_size(bad).is_err(), "{bad:?} accepted");
         }
         let l: LocalListener = "vm1=/run/x.sock,mem-quota=1G".parse().unwrap();
-        assert_eq!((l.vm.as_str(), l.mem_quota), ("vm1", Some(1 << 30)));
+        assert_eq!(
+            (l.vm.as_str(), l.settings.mem_quota),
+            ("vm1", Some(1 << 30))
+        );
         assert_eq!(l.path, PathBuf::from("/run/x.sock"));
         assert_eq!(
             "vm1=/s,weight=3".parse::<LocalListener>(),
@@ -966,14 +944,14 @@ mod tests {
         );
         assert!("vm1=/s,mem-quota=0".parse::<LocalListener>().is_err());
         let v: VmSpec = "name=q,socket=/s,cid=3,mem-quota=512M".parse().unwrap();
-        assert_eq!(v.mem_quota, Some(512 << 20));
+        assert_eq!(v.settings.mem_quota, Some(512 << 20));
         let f = FileConfig::parse(
             "[[local]]\nvm = \"a\"\npath = \"/a\"\nmem_quota = \"8M\"\n[[vm]]\nname = \"b\"\nhybrid = \"/b\"\ncid = 4\nmem_quota = \"1G\"\n",
         )
         .unwrap();
-        assert_eq!(f.listeners().unwrap()[0].mem_quota, Some(8 << 20));
+        assert_eq!(f.listeners().unwrap()[0].settings.mem_quota, Some(8 << 20));
         let vms = f.vms().unwrap();
-        assert_eq!(vms[0].listener().unwrap().mem_quota, Some(1 << 30));
+        assert_eq!(vms[0].listener().unwrap().settings.mem_quota, Some(1 << 30));
         let bad = FileConfig::parse("[[local]]\npath = \"/a\"\nmem_quota = \"lots\"\n").unwrap();
         assert!(bad.listeners().unwrap_err().to_string().contains("line 1"));
         let twice = Config {
@@ -995,21 +973,21 @@ mod tests {
     #[test]
     fn host_memory_caps_are_parsed_everywhere_a_vm_is_set() {
         let l: LocalListener = "vm1=/s,host-mem=8G".parse().unwrap();
-        assert_eq!(l.host_mem, Some(8 << 30));
+        assert_eq!(l.settings.host_mem, Some(8 << 30));
         assert_eq!(
             "vm1=/s,host-mem=1G,host-mem=2G".parse::<LocalListener>(),
             Err(ConfigError::DuplicateKey("host-mem".into()))
         );
         assert!("vm1=/s,host-mem=0".parse::<LocalListener>().is_err());
         let v: VmSpec = "name=q,hybrid=/h,cid=3,host-mem=512M".parse().unwrap();
-        assert_eq!(v.listener().unwrap().host_mem, Some(512 << 20));
+        assert_eq!(v.listener().unwrap().settings.host_mem, Some(512 << 20));
         let f = FileConfig::parse(
             "cgroup = \"/sys/fs/cgroup/hira\"\n[[local]]\nvm = \"a\"\npath = \"/a\"\nhost_mem = \"1G\"\n[[vm]]\nname = \"b\"\nsocket = \"/b\"\ncid = 4\nhost_mem = \"2G\"\n",
         )
         .unwrap();
         assert_eq!(f.cgroup, Some(PathBuf::from("/sys/fs/cgroup/hira")));
-        assert_eq!(f.listeners().unwrap()[0].host_mem, Some(1 << 30));
-        assert_eq!(f.vms().unwrap()[0].host_mem, Some(2 << 30));
+        assert_eq!(f.listeners().unwrap()[0].settings.host_mem, Some(1 << 30));
+        assert_eq!(f.vms().unwrap()[0].settings.host_mem, Some(2 << 30));
         let twice = Config {
             listeners: vec![
                 "a=/1,host-mem=1G".parse().unwrap(),
