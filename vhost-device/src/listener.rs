@@ -108,7 +108,16 @@ pub fn start_session(
     let (config, queue, vm, life) = (config.clone(), queue.clone(), vm.to_string(), life.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("session-{id}"))
-        .spawn(move || session::run(stream, slot, id, &vm, &config, &queue, &life));
+        .spawn(move || {
+            let ctx = session::Context {
+                id,
+                vm: &vm,
+                config: &config,
+                queue: &queue,
+                life: &life,
+            };
+            session::run(stream, slot, ctx)
+        });
     if let Err(e) = spawned {
         error!("cannot start a thread for session {id}: {e}");
     }

@@ -22,6 +22,8 @@ use std::time::Duration;
 
 use hira_protocol::handshake::Token;
 
+pub(crate) mod mover;
+
 pub use hira_control::{Moved, VmSlot};
 
 type Reply = Sender<Result<Moved, MigrateError>>;
