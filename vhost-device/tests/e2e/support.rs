@@ -181,6 +181,17 @@ pub struct Daemon {
     pub child: Child,
     pub dir: tempfile::TempDir,
     pub log: PathBuf,
+    /// Where VMs' window files are: in /dev/shm (tmpfs, as operators place them).
+    pub shm: Option<tempfile::TempDir>,
+}
+
+/// A directory for VM window files in /dev/shm, where operators put them (tmpfs),
+/// else none.
+pub fn shm_dir() -> Option<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("hira-e2e")
+        .tempdir_in("/dev/shm")
+        .ok()
 }
 
 impl Daemon {
@@ -249,7 +260,12 @@ impl Daemon {
         let ready = Readiness::new(dir.path());
         ready.apply(&mut cmd);
         let child = cmd.spawn().expect("hira-vhost starts");
-        let mut d = Daemon { child, dir, log };
+        let mut d = Daemon {
+            child,
+            dir,
+            log,
+            shm: None,
+        };
         ready.wait(&mut d);
         d
     }
@@ -269,6 +285,8 @@ impl Daemon {
     pub fn start_vms_env(vms: &[(&str, u32)], windows: bool, env: &[(&str, &str)]) -> Daemon {
         ensure_built();
         let dir = tempfile::tempdir().unwrap();
+        let shm = shm_dir();
+        let windows_in = shm.as_ref().map_or(dir.path(), |d| d.path()).to_path_buf();
         let log = dir.path().join("daemon.log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
         for (name, cid) in vms {
@@ -279,7 +297,7 @@ impl Daemon {
             if windows {
                 spec.push_str(&format!(
                     ",window={},window-mb=64",
-                    dir.path().join(format!("{name}.window")).display()
+                    windows_in.join(format!("{name}.window")).display()
                 ));
             }
             cmd.arg("--vm").arg(spec);
@@ -294,19 +312,30 @@ impl Daemon {
         let ready = Readiness::new(dir.path());
         ready.apply(&mut cmd);
         let child = cmd.spawn().expect("hira-vhost starts");
-        let mut d = Daemon { child, dir, log };
+        let mut d = Daemon {
+            child,
+            dir,
+            log,
+            shm,
+        };
         ready.wait(&mut d);
         d
     }
 
     /// A daemon the test started itself, with its directory and log.
     pub fn adopt(child: Child, dir: tempfile::TempDir, log: PathBuf) -> Daemon {
-        Daemon { child, dir, log }
+        Daemon {
+            child,
+            dir,
+            log,
+            shm: None,
+        }
     }
 
     /// The shared data window file of VM `name`.
     pub fn window_file(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}.window"))
+        let dir = self.shm.as_ref().unwrap_or(&self.dir);
+        dir.path().join(format!("{name}.window"))
     }
 
     /// The vhost-user socket of VM `name` started by [`Daemon::start_vms`].
