@@ -12,6 +12,8 @@
 
 pub mod conn;
 pub mod endpoint;
+pub mod logger;
+pub mod reply;
 pub mod window;
 
 pub use conn::{Connection, Delivery, Frame, TransportError, set_output_sink};

@@ -80,32 +80,9 @@ fn runtime() -> &'static Runtime {
     })
 }
 
-/// Warnings to stderr, as `HIRA_LOG` says (the application may install its own
-/// logger; this one is private to the shim).
+/// The shim's own logger on stderr, as `HIRA_LOG` says.
 pub(crate) fn init_logger() {
-    struct Stderr(log::LevelFilter);
-    impl log::Log for Stderr {
-        fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-            m.level() <= self.0
-        }
-        fn log(&self, r: &log::Record<'_>) {
-            if self.enabled(r.metadata()) {
-                eprintln!("hira-cuda: {}: {}", r.level(), r.args());
-            }
-        }
-        fn flush(&self) {}
-    }
-    let level = match std::env::var("HIRA_LOG").as_deref() {
-        Ok("error") => log::LevelFilter::Error,
-        Ok("info") => log::LevelFilter::Info,
-        Ok("debug") => log::LevelFilter::Debug,
-        _ => log::LevelFilter::Warn,
-    };
-    static LOGGER: OnceLock<Stderr> = OnceLock::new();
-    let l = LOGGER.get_or_init(|| Stderr(level));
-    if log::set_logger(l).is_ok() {
-        log::set_max_level(level);
-    }
+    hira_guest_driver::logger::init("hira-cuda");
 }
 
 fn conn() -> Result<&'static Connection, CUresult> {
@@ -719,7 +696,7 @@ impl Call {
                 frame.payload
             }
         };
-        let mut r = ReplyReader { buf, pos: 0 };
+        let mut r = ReplyReader::new(buf, status::UNKNOWN);
         let status = r.i32()?;
         Ok(Reply {
             status,
@@ -735,10 +712,7 @@ impl Call {
         let conn = conn()?;
         match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
             Ok(Some(frame)) if frame.header.kind == FrameKind::Reply => {
-                let mut r = ReplyReader {
-                    buf: frame.payload,
-                    pos: 0,
-                };
+                let mut r = ReplyReader::new(frame.payload, status::UNKNOWN);
                 let status = r.i32()?;
                 Ok(Reply {
                     status,
@@ -758,10 +732,7 @@ impl Call {
             }
             Ok(None) if no_reply => Ok(Reply {
                 status: status::SUCCESS,
-                r: ReplyReader {
-                    buf: Vec::new(),
-                    pos: 0,
-                },
+                r: ReplyReader::new(Vec::new(), status::UNKNOWN),
                 regions: Vec::new(),
                 outs: Vec::new().into_iter(),
             }),
@@ -828,8 +799,7 @@ impl Reply {
             unsafe { std::ptr::copy_nonoverlapping(region.ptr(), dst, len.min(region.len)) };
             return Ok(());
         }
-        let n = self.r.u32()? as usize;
-        let b = self.r.take(n)?;
+        let b = self.r.bytes()?;
         let n = b.len().min(len);
         // SAFETY: the caller's promise; `n` is within both.
         unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst, n) };
@@ -838,54 +808,12 @@ impl Reply {
 
     /// Checks the reply held nothing more.
     pub fn finish(&self) -> Result<(), CUresult> {
-        if self.r.pos == self.r.buf.len() {
-            Ok(())
-        } else {
-            Err(status::UNKNOWN)
-        }
+        self.r.finish()
     }
 }
 
-/// Reads a reply's payload; a short reply is an error of the host.
-pub struct ReplyReader {
-    buf: Vec<u8>,
-    pos: usize,
-}
-
-impl ReplyReader {
-    fn take(&mut self, n: usize) -> Result<&[u8], CUresult> {
-        let end = self.pos.checked_add(n).ok_or(status::UNKNOWN)?;
-        let s = self.buf.get(self.pos..end).ok_or(status::UNKNOWN)?;
-        self.pos = end;
-        Ok(s)
-    }
-
-    pub fn u8(&mut self) -> Result<u8, CUresult> {
-        Ok(self.take(1)?[0])
-    }
-
-    pub fn u16(&mut self) -> Result<u16, CUresult> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
-    }
-
-    pub fn u32(&mut self) -> Result<u32, CUresult> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
-    }
-
-    pub fn i32(&mut self) -> Result<i32, CUresult> {
-        Ok(self.u32()? as i32)
-    }
-
-    pub fn u64(&mut self) -> Result<u64, CUresult> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
-    }
-}
+/// Reads a reply's payload; a short reply is an error of the host (`UNKNOWN`).
+pub use hira_guest_driver::reply::ReplyReader;
 
 #[cfg(test)]
 mod tests {

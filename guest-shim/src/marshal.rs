@@ -646,20 +646,14 @@ impl Call {
         match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
             Ok(None) => Ok(Reply {
                 status: 0,
-                r: ReplyReader {
-                    buf: Vec::new(),
-                    pos: 0,
-                },
+                r: ReplyReader::new(Vec::new(), CL_INVALID_VALUE),
                 regions: self.regions,
                 defer: self.defer,
             }),
             Ok(Some(frame)) => match frame.header.kind {
                 FrameKind::Reply => {
                     crate::stats::bytes(0, frame.payload.len() + self.window_out);
-                    let mut r = ReplyReader {
-                        buf: frame.payload,
-                        pos: 0,
-                    };
+                    let mut r = ReplyReader::new(frame.payload, CL_INVALID_VALUE);
                     let status = r.i32()?;
                     Ok(Reply {
                         status,
@@ -710,50 +704,7 @@ unsafe fn read_list(p: *const u64, stride: usize) -> Result<Option<Vec<u64>>, cl
 }
 
 /// Reads a reply payload; any inconsistency is `CL_INVALID_VALUE`.
-pub struct ReplyReader {
-    buf: Vec<u8>,
-    pos: usize,
-}
-
-impl ReplyReader {
-    fn with<T>(
-        &mut self,
-        f: impl FnOnce(&mut Reader<'_>) -> Result<T, hira_protocol::DecodeError>,
-    ) -> Result<T, cl_int> {
-        let mut r = Reader::new(&self.buf[self.pos..]);
-        let v = f(&mut r).map_err(|e| {
-            warn!("malformed reply: {e}");
-            CL_INVALID_VALUE
-        })?;
-        self.pos = self.buf.len() - r.remaining();
-        Ok(v)
-    }
-
-    pub fn u32(&mut self) -> Result<u32, cl_int> {
-        self.with(|r| r.u32())
-    }
-
-    pub fn i32(&mut self) -> Result<i32, cl_int> {
-        self.with(|r| r.i32())
-    }
-
-    pub fn u8(&mut self) -> Result<u8, cl_int> {
-        self.with(|r| r.u8())
-    }
-
-    /// Whether the whole reply was read.
-    pub fn at_end(&self) -> bool {
-        self.pos == self.buf.len()
-    }
-
-    pub fn u64(&mut self) -> Result<u64, cl_int> {
-        self.with(|r| r.u64())
-    }
-
-    pub fn bytes(&mut self) -> Result<Vec<u8>, cl_int> {
-        self.with(|r| r.bytes(MAX_FRAME_BODY).map(<[u8]>::to_vec))
-    }
-}
+pub use hira_guest_driver::reply::ReplyReader;
 
 /// A decoded reply: the call's status, then its outputs.
 pub struct Reply {
@@ -849,7 +800,7 @@ impl Reply {
                 Ok(Some(v))
             }
             OutSlot::Inline(len) => {
-                let b = self.r.bytes()?;
+                let b = self.r.bytes()?.to_vec();
                 if b.len() != len {
                     warn!("reply carries {} bytes, expected {len}", b.len());
                     return Err(CL_INVALID_VALUE);
@@ -937,11 +888,7 @@ impl Reply {
 
     /// Checks the whole reply was consumed.
     pub fn finish(&self) -> Result<(), cl_int> {
-        if self.r.pos != self.r.buf.len() {
-            warn!("reply has {} unread bytes", self.r.buf.len() - self.r.pos);
-            return Err(CL_INVALID_VALUE);
-        }
-        Ok(())
+        self.r.finish()
     }
 }
 
@@ -986,7 +933,7 @@ pub unsafe fn info_call(
                 rep.finish()?;
                 return Ok(rep.status);
             }
-            let mut b = rep.r.bytes()?;
+            let mut b = rep.r.bytes()?.to_vec();
             rep.finish()?;
             translate_handles(function, param, &mut b)?;
             rewrite(function, param, first_id, &mut b);

@@ -93,7 +93,7 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
 fn runtime() -> &'static Runtime {
     RUNTIME.get_or_init(|| {
-        let _ = env_logger_init();
+        hira_guest_driver::logger::init("hira");
         let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
             Err(TransportError::Refused("HIRA_DISABLE is set".into()))
         } else {
@@ -123,35 +123,6 @@ fn runtime() -> &'static Runtime {
             force_sync: std::env::var_os("HIRA_SYNC").is_some(),
         }
     })
-}
-
-/// Minimal stderr logger controlled by `HIRA_LOG` (error, warn, info, debug); warnings
-/// by default. A shim must not install a logger the application might also install,
-/// so this is a private one.
-fn env_logger_init() -> Result<(), log::SetLoggerError> {
-    struct Stderr;
-    impl log::Log for Stderr {
-        fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-            m.level() <= log::max_level()
-        }
-        fn log(&self, r: &log::Record<'_>) {
-            if self.enabled(r.metadata()) {
-                eprintln!("hira[{}] {}: {}", std::process::id(), r.level(), r.args());
-            }
-        }
-        fn flush(&self) {}
-    }
-    static LOGGER: Stderr = Stderr;
-    let level = match std::env::var("HIRA_LOG").as_deref() {
-        Ok("error") => log::LevelFilter::Error,
-        Ok("info") => log::LevelFilter::Info,
-        Ok("debug") => log::LevelFilter::Debug,
-        Ok("off") => log::LevelFilter::Off,
-        _ => log::LevelFilter::Warn,
-    };
-    log::set_logger(&LOGGER)?;
-    log::set_max_level(level);
-    Ok(())
 }
 
 /// Most sessions (API servers) one process starts: the first, then one after each
