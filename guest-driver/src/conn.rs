@@ -279,11 +279,7 @@ struct Resume {
 /// How long a guest whose session was suspended tries to resume it
 /// (`HIRA_RESUME_SECS`, default 60).
 fn resume_limit() -> std::time::Duration {
-    let secs = std::env::var("HIRA_RESUME_SECS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(60);
-    std::time::Duration::from_secs(secs)
+    crate::settings::settings().resume
 }
 
 /// Pauses between attempts to resume (the session may not be placed yet, or its

@@ -38,15 +38,13 @@ pub fn local_cid() -> Option<u32> {
 
 /// The endpoints to try, in order.
 pub fn endpoints() -> Vec<Endpoint> {
-    if let Some(p) = std::env::var_os("HIRA_SOCKET") {
-        return vec![Endpoint::Unix(PathBuf::from(p))];
+    let s = crate::settings::settings();
+    if let Some(p) = &s.socket {
+        return vec![Endpoint::Unix(p.clone())];
     }
     let mut v = Vec::new();
     if local_cid().is_some_and(|c| c > HOST_CID) {
-        let port = std::env::var("HIRA_VSOCK_PORT")
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(VSOCK_PORT);
+        let port = s.vsock_port;
         v.push(Endpoint::Vsock {
             cid: HOST_CID,
             port,
@@ -63,22 +61,13 @@ pub const DEFAULT_SOCKET: &str = "/run/hira/local.sock";
 /// window and sends everything inline), default 256 MiB. The memfd takes memory only
 /// for the pages transfers have touched.
 pub fn window_len() -> u64 {
-    std::env::var("HIRA_WINDOW_MB")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(256)
-        .min(4096)
-        * 1024
-        * 1024
+    crate::settings::settings().window_len
 }
 
 /// Transfers of at least this many bytes go through the window when one is mapped:
 /// `HIRA_INLINE_MAX` bytes, default 64 KiB.
 pub fn inline_max() -> usize {
-    std::env::var("HIRA_INLINE_MAX")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(64 * 1024)
+    crate::settings::settings().inline_max
 }
 
 /// How long a thread waiting for a reply polls before it sleeps: `HIRA_SPIN_US`
@@ -87,17 +76,12 @@ pub fn inline_max() -> usize {
 /// sleeps at once; one that waits a little (a blocking read behind a short kernel)
 /// is seen without a wake-up, which costs tens of microseconds on virtual CPUs.
 pub fn spin() -> std::time::Duration {
-    let us = std::env::var("HIRA_SPIN_US")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(1000)
-        .min(10_000);
-    std::time::Duration::from_micros(us)
+    crate::settings::settings().spin
 }
 
 /// Whether a host-local guest asks for the shared-memory data plane (rings straight
 /// to its API server): `HIRA_RINGS=0` keeps every frame on the socket, relayed by the
 /// daemon (for comparison and diagnosis). Default on.
 pub fn rings() -> bool {
-    std::env::var("HIRA_RINGS").map_or(true, |v| v != "0")
+    crate::settings::settings().rings
 }

@@ -14,6 +14,7 @@ pub mod conn;
 pub mod endpoint;
 pub mod logger;
 pub mod reply;
+pub mod settings;
 pub mod window;
 
 pub use conn::{Connection, Delivery, Frame, TransportError, set_output_sink};

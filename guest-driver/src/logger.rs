@@ -65,6 +65,9 @@ pub fn init(name: &'static str) {
                 text.unwrap_or_default()
             );
         }
+        for p in &crate::settings::settings().problems {
+            log::warn!("{p}");
+        }
     }
 }
 

@@ -58,7 +58,7 @@ fn runtime() -> &'static Runtime {
         // Device printf and the host driver's messages land among the program's own
         // buffered output, as NVIDIA's driver prints them.
         hira_guest_driver::set_output_sink(hira_cuda_private::print_to_stdio);
-        let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
+        let conn = if hira_guest_driver::settings::settings().disabled {
             Err(TransportError::Refused("HIRA_DISABLE is set".into()))
         } else {
             Connection::connect_any(
@@ -147,7 +147,7 @@ pub fn with_async_failure(status: CUresult) -> CUresult {
 /// Whether every call waits for its reply (`HIRA_SYNC`).
 pub fn force_sync() -> bool {
     static SYNC: OnceLock<bool> = OnceLock::new();
-    *SYNC.get_or_init(|| std::env::var_os("HIRA_SYNC").is_some())
+    *SYNC.get_or_init(|| hira_guest_driver::settings::settings().sync)
 }
 
 /// Device memory the application holds.

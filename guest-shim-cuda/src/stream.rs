@@ -12,10 +12,9 @@ use crate::generated;
 use crate::rt::{CUresult, CUstream, MAX_BYTES};
 
 static CHUNK: LazyLock<usize> = LazyLock::new(|| {
-    std::env::var("HIRA_CUDA_CHUNK_KB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(64 << 20, |kb| kb << 10)
+    hira_guest_driver::settings::settings()
+        .cuda_chunk
+        .unwrap_or(64 << 20)
         .clamp(4096, MAX_BYTES)
 });
 

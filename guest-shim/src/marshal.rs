@@ -1062,7 +1062,7 @@ fn platform_string(param: u32, host: &str, tagged: bool) -> Option<String> {
 /// Whether the platform names Hira (`HIRA_IDENTITY=tagged`).
 fn tagged_identity() -> bool {
     static TAGGED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TAGGED.get_or_init(|| std::env::var("HIRA_IDENTITY").is_ok_and(|v| v == "tagged"))
+    *TAGGED.get_or_init(|| hira_guest_driver::settings::settings().identity_tagged)
 }
 
 fn rewrite(function: &str, param: u32, obj_id: u64, b: &mut Vec<u8>) {

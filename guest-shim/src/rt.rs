@@ -94,7 +94,7 @@ static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 fn runtime() -> &'static Runtime {
     RUNTIME.get_or_init(|| {
         hira_guest_driver::logger::init("hira");
-        let conn = if std::env::var_os("HIRA_DISABLE").is_some() {
+        let conn = if hira_guest_driver::settings::settings().disabled {
             Err(TransportError::Refused("HIRA_DISABLE is set".into()))
         } else {
             Connection::connect_any(
@@ -120,7 +120,7 @@ fn runtime() -> &'static Runtime {
             callbacks: Mutex::new(HashMap::new()),
             outstanding: AtomicUsize::new(0),
             callback_thread: OnceLock::new(),
-            force_sync: std::env::var_os("HIRA_SYNC").is_some(),
+            force_sync: hira_guest_driver::settings::settings().sync,
         }
     })
 }

@@ -14,11 +14,8 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
 /// Whether statistics are collected: `HIRA_STATS` is set to anything but `0`.
-static SETTING: LazyLock<Option<String>> = LazyLock::new(|| {
-    std::env::var("HIRA_STATS")
-        .ok()
-        .filter(|v| !v.is_empty() && v != "0")
-});
+static SETTING: LazyLock<Option<String>> =
+    LazyLock::new(|| hira_guest_driver::settings::settings().stats.clone());
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Entry {

@@ -28,6 +28,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 use hira_api_opencl::op;
+use hira_guest_driver::settings::settings;
 use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_mem, cl_uint};
 
 use crate::marshal::Call;
@@ -38,12 +39,7 @@ use opencl_sys::CL_OUT_OF_RESOURCES;
 const HOST_MAY_NOT_WRITE: u64 = (1 << 8) | (1 << 9);
 
 /// Transfers of at least this many bytes stream: `HIRA_STREAM_MIN_KB`, default 8 MiB.
-static STREAM_MIN: LazyLock<usize> = LazyLock::new(|| {
-    std::env::var("HIRA_STREAM_MIN_KB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(8 << 20, |kb| kb.saturating_mul(1024))
-});
+static STREAM_MIN: LazyLock<usize> = LazyLock::new(|| settings().stream_min.unwrap_or(8 << 20));
 
 /// Chunk of a write: an eighth of the transfer, from 1 MiB (about a hundred
 /// microseconds of copying) to 4 MiB, and 8 MiB for writes copied around the caches
@@ -65,18 +61,13 @@ const READ_CHUNK: usize = 2 << 20;
 
 /// Chunk size overriding both: `HIRA_STREAM_CHUNK_KB`.
 static CHUNK: LazyLock<Option<usize>> = LazyLock::new(|| {
-    std::env::var("HIRA_STREAM_CHUNK_KB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map(|kb| kb.saturating_mul(1024).clamp(MIN_CHUNK, 64 << 20))
+    settings()
+        .stream_chunk
+        .map(|b| b.clamp(MIN_CHUNK, 64 << 20))
 });
 /// Chunks in flight: `HIRA_STREAM_DEPTH`, default 4.
-static DEPTH: LazyLock<usize> = LazyLock::new(|| {
-    std::env::var("HIRA_STREAM_DEPTH")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(4, |n| n.clamp(1, 64))
-});
+static DEPTH: LazyLock<usize> =
+    LazyLock::new(|| settings().stream_depth.map_or(4, |n| n.clamp(1, 64)));
 /// Smallest chunk worth a round of notifications.
 const MIN_CHUNK: usize = 256 << 10;
 
@@ -93,13 +84,9 @@ const MIN_CHUNK: usize = 256 << 10;
 /// so fell from 97% to 78% of `memcpy`. Reads copied into the application's memory
 /// around the caches gained nothing (256 MiB: 61-70% against 66-76%).
 static NT_MIN: LazyLock<usize> = LazyLock::new(|| {
-    std::env::var("HIRA_STREAM_NT_MIN_KB")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or_else(memcpy_nontemporal_from, |kb| match kb {
-            0 => usize::MAX,
-            kb => kb.saturating_mul(1024),
-        })
+    settings()
+        .stream_nt_min
+        .map_or_else(memcpy_nontemporal_from, |b| b.unwrap_or(usize::MAX))
 });
 
 /// The size from which glibc's `memcpy` stores around the caches, as glibc 2.36
@@ -234,8 +221,7 @@ pub(crate) fn detaching() -> bool {
 
 /// Whether read chunks go without a reply (`HIRA_STREAM_DETACH`, default on; 0 waits
 /// for each chunk's reply, as with `HIRA_SYNC=1`).
-static DETACH: LazyLock<bool> =
-    LazyLock::new(|| std::env::var("HIRA_STREAM_DETACH").map_or(true, |v| v != "0"));
+static DETACH: LazyLock<bool> = LazyLock::new(|| settings().stream_detach);
 
 /// The progress of the chunk being sent, if any: taken by whatever keeps the chunk's
 /// window region until the host is done with it, which then calls
