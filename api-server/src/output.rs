@@ -198,13 +198,7 @@ fn unnamed_file() -> std::io::Result<(OwnedFd, bool)> {
         // SAFETY: just opened, owned by nothing else.
         return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, true));
     }
-    // SAFETY: a constant name; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"hira-host-output".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return last_error();
-    }
-    // SAFETY: just created, owned by nothing else.
-    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, false))
+    Ok((hira_protocol::shm::memfd(c"hira-host-output", 0, 0)?, false))
 }
 
 /// An inotify descriptor watching `files` for writes.

@@ -1,6 +1,8 @@
 //! The guest's shared data window, mapped into the API server.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
+
+use hira_protocol::shm;
 
 use thiserror::Error;
 
@@ -20,118 +22,57 @@ pub enum WindowError {
 /// A mapping of the guest's window.
 #[derive(Debug)]
 pub struct WindowMap {
-    base: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping lives as long as the value; concurrent access to its bytes is by
-// raw pointer only, as shared memory with an untrusted peer must be.
-unsafe impl Send for WindowMap {}
-// SAFETY: as above.
-unsafe impl Sync for WindowMap {}
-
-/// Whether `fd` is a memfd, a file a guest may have made (procfs names it
-/// `/memfd:...`). Where procfs cannot tell, it counts as one.
-fn is_memfd(fd: &OwnedFd) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_or(true, |p| p.as_os_str().as_bytes().starts_with(b"/memfd:"))
+    map: shm::Mapping,
 }
 
 impl WindowMap {
     /// Maps `len` bytes of `fd` from `offset` (page-aligned); they must lie in the file.
     pub fn map(fd: &OwnedFd, len: u64, offset: u64) -> Result<Self, WindowError> {
-        // SAFETY: fstat fills a zeroed stat struct for a valid descriptor.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open; `st` is a valid out-pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(WindowError::Stat(std::io::Error::last_os_error()));
-        }
-        let actual = st.st_size as u64;
+        let info = shm::inspect(fd).map_err(WindowError::Stat)?;
         // A memfd must be sealed against shrinking, or the guest could truncate it and
         // make this process fault on the mapping. Files that are not memfds, such as a
-        // VM window the daemon created in /dev/shm, cannot be sealed (tmpfs reports
-        // them sealed against sealing only) and are not the guest's.
-        // SAFETY: F_GET_SEALS only reads the descriptor's seals.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals >= 0 && seals & libc::F_SEAL_SHRINK == 0 && is_memfd(fd) {
+        // VM window the daemon created in /dev/shm, cannot be sealed and are not the
+        // guest's.
+        if info.memfd && !info.sealed_against_shrinking() {
             return Err(WindowError::Unsealed);
         }
-        let fits = offset.checked_add(len).is_some_and(|end| end <= actual);
+        let fits = offset.checked_add(len).is_some_and(|end| end <= info.size);
         if !fits || len == 0 || !offset.is_multiple_of(4096) {
             return Err(WindowError::SizeMismatch {
-                actual,
+                actual: info.size,
                 offset,
                 len,
             });
         }
-        // SAFETY: mapping `len` bytes at a page-aligned offset inside a valid
-        // descriptor's file, shared, at an address the kernel picks.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(WindowError::Map(std::io::Error::last_os_error()));
-        }
-        Ok(WindowMap {
-            base: base.cast(),
-            len: len as usize,
-        })
+        let map = shm::Mapping::map(fd, offset, len as usize).map_err(WindowError::Map)?;
+        Ok(WindowMap { map })
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.map.is_empty()
     }
 
     /// Pointer to `offset` if `offset + len` lies inside the window.
     pub fn at(&self, offset: u64, len: u64) -> Option<*mut u8> {
         let end = offset.checked_add(len)?;
-        if end > self.len as u64 {
+        if end > self.len() as u64 {
             return None;
         }
         // SAFETY: offset < len of the mapping, checked above.
-        Some(unsafe { self.base.add(offset as usize) })
-    }
-}
-
-impl Drop for WindowMap {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping made in `map`.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
+        Some(unsafe { self.map.as_ptr().add(offset as usize) })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::FromRawFd;
-
     use super::*;
 
     fn memfd(len: u64, seals: libc::c_int) -> OwnedFd {
-        // SAFETY: a NUL-terminated name and valid flags.
-        let fd = unsafe {
-            libc::memfd_create(c"w".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        assert!(fd >= 0);
-        // SAFETY: memfd_create returned it and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain calls on a descriptor this test owns.
-        unsafe {
-            assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as libc::off_t), 0);
-            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
-        }
-        fd
+        shm::memfd(c"w", len, seals).unwrap()
     }
 
     #[test]

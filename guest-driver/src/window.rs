@@ -2,19 +2,18 @@
 //! handshake, by the host. Bulk arguments are copied into a region of it and named in
 //! the frame by a span, so they cross no socket.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
+use hira_protocol::shm;
 use thiserror::Error;
 
 /// Errors setting up the window.
 #[derive(Debug, Error)]
 pub enum WindowError {
-    #[error("memfd_create failed")]
+    #[error("cannot make the window's memfd: {0}")]
     Create(#[source] std::io::Error),
-    #[error("sizing the window to {1} bytes failed")]
-    Resize(#[source] std::io::Error, u64),
-    #[error("mapping the window failed")]
+    #[error("mapping the window failed: {0}")]
     Map(#[source] std::io::Error),
 }
 
@@ -23,9 +22,9 @@ pub enum WindowError {
 pub struct Window {
     /// The memfd to pass to the host (none for a VM's ivshmem window).
     fd: Option<OwnedFd>,
-    /// The whole mapping, unmapped on drop.
-    map: *mut u8,
-    map_len: usize,
+    /// The whole mapping, held until the window goes (regions borrow the window, so
+    /// none outlives it).
+    _mapping: shm::Mapping,
     /// This session's part of it.
     base: *mut u8,
     len: usize,
@@ -48,49 +47,16 @@ pub struct WindowRegion<'a> {
 }
 
 impl Window {
-    /// Creates and maps a window of `len` bytes.
+    /// Creates and maps a window of `len` bytes, sealed against shrinking (the host
+    /// refuses a window that could shrink under its mapping).
     pub fn create(len: u64) -> Result<Window, WindowError> {
-        // SAFETY: the name is a NUL-terminated string literal; flags are valid.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"hira-window".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if raw < 0 {
-            return Err(WindowError::Create(std::io::Error::last_os_error()));
-        }
-        // SAFETY: `raw` is a freshly created fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: `fd` is a valid memfd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(WindowError::Resize(std::io::Error::last_os_error(), len));
-        }
-        // The host refuses a window that could shrink under its mapping.
-        // SAFETY: `fd` is a valid memfd created with MFD_ALLOW_SEALING.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } != 0 {
-            return Err(WindowError::Resize(std::io::Error::last_os_error(), len));
-        }
-        // SAFETY: mapping a valid fd of `len` bytes, shared, at an address the kernel picks.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(WindowError::Map(std::io::Error::last_os_error()));
-        }
+        let fd = shm::memfd(c"hira-window", len, shm::NO_SHRINK).map_err(WindowError::Create)?;
+        let map = shm::Mapping::map(&fd, 0, len as usize).map_err(WindowError::Map)?;
         Ok(Window {
             fd: Some(fd),
-            map: base as *mut u8,
-            map_len: len as usize,
-            base: base as *mut u8,
+            base: map.as_ptr(),
             len: len as usize,
+            _mapping: map,
             used: Mutex::new(Vec::new()),
         })
     }
@@ -105,27 +71,13 @@ impl Window {
         if len == 0 || end > map_len as u64 {
             return None;
         }
-        // SAFETY: mapping the whole BAR file, shared, at an address the kernel picks.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return None;
-        }
+        let map = shm::Mapping::map(&file, 0, map_len).ok()?;
         Some(Window {
             fd: None,
-            map: map as *mut u8,
-            map_len,
             // SAFETY: offset + len <= map_len, checked above.
-            base: unsafe { (map as *mut u8).add(offset as usize) },
+            base: unsafe { map.as_ptr().add(offset as usize) },
             len: len as usize,
+            _mapping: map,
             used: Mutex::new(Vec::new()),
         })
     }
@@ -203,14 +155,6 @@ impl WindowRegion<'_> {
 impl Drop for WindowRegion<'_> {
     fn drop(&mut self) {
         self.window.free(self.offset);
-    }
-}
-
-impl Drop for Window {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping made in `create` or `ivshmem`; no
-        // region outlives the window because regions borrow it.
-        unsafe { libc::munmap(self.map as *mut libc::c_void, self.map_len) };
     }
 }
 

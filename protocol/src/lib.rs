@@ -15,6 +15,8 @@
 //! - `ring` (feature `unix`): the data plane, two byte rings in shared memory between
 //!   a guest and its API server (a memfd host-local, the session's slot of its VM's
 //!   shared window in a VM).
+//! - `shm` (feature `unix`): memfds sealed as their users need, what a process checks
+//!   of a file another passed it, and mappings that unmap themselves.
 //! - `usage` (feature `unix`): a session's counters, kept by its API server in a page
 //!   the daemon reads.
 //!
@@ -27,6 +29,8 @@ pub mod handshake;
 pub mod replay;
 #[cfg(feature = "unix")]
 pub mod ring;
+#[cfg(feature = "unix")]
+pub mod shm;
 #[cfg(feature = "unix")]
 pub mod unix;
 #[cfg(feature = "unix")]

@@ -85,25 +85,11 @@ pub fn valid_capacity(capacity: usize) -> bool {
 /// One side's mapping of a region.
 #[derive(Debug)]
 pub struct Region {
-    base: *mut u8,
-    len: usize,
+    map: crate::shm::Mapping,
     capacity: usize,
     /// Whether this side woke its sleeping peer since it last waited (this process's
     /// own note, not in the shared mapping).
     woke_peer: std::sync::atomic::AtomicBool,
-}
-
-// SAFETY: the mapping lives as long as the value; its bytes are only reached through
-// atomics and raw-pointer copies, as memory shared with an untrusted peer must be.
-unsafe impl Send for Region {}
-// SAFETY: as above.
-unsafe impl Sync for Region {}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: `base`/`len` are exactly the mapping made in `map`.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
 }
 
 impl Region {
@@ -142,41 +128,18 @@ impl Region {
             ));
         }
         let len = region_len(capacity);
-        // SAFETY: a zeroed stat struct is a valid out-parameter for fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open; `st` is valid for writes.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(Error::last_os_error());
-        }
-        // SAFETY: F_GET_SEALS only reads the descriptor's seals.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        let info = crate::shm::inspect(fd)?;
         let fits = offset
             .checked_add(len as u64)
-            .is_some_and(|end| end <= st.st_size as u64);
-        if !fits || (sealed && (seals < 0 || seals & libc::F_SEAL_SHRINK == 0)) {
+            .is_some_and(|end| end <= info.size);
+        if !fits || (sealed && !info.sealed_against_shrinking()) {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 "ring region too small or not sealed against shrinking",
             ));
         }
-        // SAFETY: maps `len` bytes of a file at least that long, shared, at an address
-        // the kernel picks.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(Error::last_os_error());
-        }
         Ok(Region {
-            base: base.cast(),
-            len,
+            map: crate::shm::Mapping::map(fd, offset, len)?,
             capacity,
             woke_peer: std::sync::atomic::AtomicBool::new(false),
         })
@@ -206,13 +169,13 @@ impl Region {
         debug_assert!(off + 8 <= HEADER_BYTES && off.is_multiple_of(8));
         // SAFETY: `off` is an aligned offset inside the header page of the mapping,
         // which lives as long as `self`; shared memory is only accessed atomically here.
-        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+        unsafe { &*(self.map.as_ptr().add(off) as *const AtomicU64) }
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
         debug_assert!(off + 4 <= HEADER_BYTES && off.is_multiple_of(4));
         // SAFETY: as for `u64_at`.
-        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+        unsafe { &*(self.map.as_ptr().add(off) as *const AtomicU32) }
     }
 }
 
@@ -589,7 +552,12 @@ impl End {
 
     fn data(&self) -> *mut u8 {
         // SAFETY: the ring's data lies inside the mapping (see `region_len`).
-        unsafe { self.region.base.add(self.which.data(self.region.capacity)) }
+        unsafe {
+            self.region
+                .map
+                .as_ptr()
+                .add(self.which.data(self.region.capacity))
+        }
     }
 
     /// Wakes the peer, which announced that it sleeps.

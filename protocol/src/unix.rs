@@ -119,27 +119,7 @@ pub fn send_frame_with_fds(
 /// A fresh zero-filled memfd named `name`, `len` bytes long and sealed against
 /// resizing, so that a peer's mapping of it can never lose its backing.
 pub fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> std::io::Result<OwnedFd> {
-    // SAFETY: a valid C string and valid flags; the result is checked.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create just returned this descriptor to this process.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain system calls on a descriptor this function owns.
-    let ok = unsafe {
-        libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) == 0
-            && libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            ) == 0
-    };
-    if !ok {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd)
+    crate::shm::memfd(name, len as u64, crate::shm::FIXED)
 }
 
 /// Whether a small frame written to socket `fd` now leaves at once: the socket is

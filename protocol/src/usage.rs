@@ -35,7 +35,7 @@
 //! device. Only that VM's API servers map it, so a compromised one can misstate its
 //! own VM's memory and ignore its own VM's decisions, and nothing else.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const LEN: usize = 4096;
@@ -47,36 +47,15 @@ fn sealed_page(name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
 
 /// Maps the page behind `fd`, which must be at least a page long and sealed against
 /// shrinking (so the mapping can never lose its backing).
-fn map_page(fd: &OwnedFd) -> std::io::Result<*mut u8> {
-    // SAFETY: a zeroed stat struct is a valid out-parameter for fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open; `st` is valid for writes.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: F_GET_SEALS only reads the descriptor's seals.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if (st.st_size as u64) < LEN as u64 || seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+fn map_page(fd: &OwnedFd) -> std::io::Result<crate::shm::Mapping> {
+    let info = crate::shm::inspect(fd)?;
+    if info.size < LEN as u64 || !info.sealed_against_shrinking() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "shared page too small or not sealed",
         ));
     }
-    // SAFETY: maps one page of a file at least that long, shared.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(base.cast())
+    crate::shm::Mapping::map(fd, 0, LEN)
 }
 
 /// The atomic `u64` at `off` of a mapped page.
@@ -126,19 +105,7 @@ pub enum Gate {
 /// A mapping of a usage page.
 #[derive(Debug)]
 pub struct UsagePage {
-    base: *mut u8,
-}
-
-// SAFETY: the mapping lives as long as the value and is only accessed atomically.
-unsafe impl Send for UsagePage {}
-// SAFETY: as above.
-unsafe impl Sync for UsagePage {}
-
-impl Drop for UsagePage {
-    fn drop(&mut self) {
-        // SAFETY: `base` is the `LEN`-byte mapping made in `map`.
-        unsafe { libc::munmap(self.base.cast(), LEN) };
-    }
+    map: crate::shm::Mapping,
 }
 
 /// The counters as read at one moment.
@@ -176,19 +143,17 @@ impl UsagePage {
     /// Maps the page behind `fd`, which must be at least a page long and sealed
     /// against shrinking.
     pub fn map(fd: &OwnedFd) -> std::io::Result<UsagePage> {
-        Ok(UsagePage {
-            base: map_page(fd)?,
-        })
+        Ok(UsagePage { map: map_page(fd)? })
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
         // SAFETY: `base` is this value's mapping; offsets used are constants below LEN.
-        unsafe { word(self.base, off) }
+        unsafe { word(self.map.as_ptr(), off) }
     }
 
     fn last(&self) -> &AtomicU32 {
         // SAFETY: as for `u64_at`.
-        unsafe { &*(self.base.add(24) as *const AtomicU32) }
+        unsafe { &*(self.map.as_ptr().add(24) as *const AtomicU32) }
     }
 
     /// Counts a request of `bytes` body bytes (API server; one thread).
@@ -290,19 +255,7 @@ impl UsagePage {
 /// A mapping of a VM's page: its device-memory quota and what its sessions hold.
 #[derive(Debug)]
 pub struct VmPage {
-    base: *mut u8,
-}
-
-// SAFETY: the mapping lives as long as the value and is only accessed atomically.
-unsafe impl Send for VmPage {}
-// SAFETY: as above.
-unsafe impl Sync for VmPage {}
-
-impl Drop for VmPage {
-    fn drop(&mut self) {
-        // SAFETY: `base` is the `LEN`-byte mapping made in `map`.
-        unsafe { libc::munmap(self.base.cast(), LEN) };
-    }
+    map: crate::shm::Mapping,
 }
 
 /// Why a charge was refused.
@@ -321,19 +274,17 @@ impl VmPage {
 
     /// Maps the page behind `fd` (at least a page, sealed against shrinking).
     pub fn map(fd: &OwnedFd) -> std::io::Result<VmPage> {
-        Ok(VmPage {
-            base: map_page(fd)?,
-        })
+        Ok(VmPage { map: map_page(fd)? })
     }
 
     fn quota_word(&self) -> &AtomicU64 {
         // SAFETY: `base` is this value's mapping; 0 is aligned and inside it.
-        unsafe { word(self.base, 0) }
+        unsafe { word(self.map.as_ptr(), 0) }
     }
 
     fn used_word(&self) -> &AtomicU64 {
         // SAFETY: as above, offset 8.
-        unsafe { word(self.base, 8) }
+        unsafe { word(self.map.as_ptr(), 8) }
     }
 
     /// Sets the quota in bytes (`None`: no quota). Takes effect at the next charge;
@@ -374,7 +325,8 @@ impl VmPage {
     /// Sets the scheduling decision (daemon).
     pub fn set_gate(&self, gate: Gate) {
         // SAFETY: `base` is this value's mapping; 16 and 24 are aligned and inside it.
-        let (decision, delay) = unsafe { (word(self.base, 16), word(self.base, 24)) };
+        let (decision, delay) =
+            unsafe { (word(self.map.as_ptr(), 16), word(self.map.as_ptr(), 24)) };
         match gate {
             Gate::Run => decision.store(0, Ordering::Release),
             Gate::Hold => decision.store(1, Ordering::Release),
@@ -388,7 +340,8 @@ impl VmPage {
     /// The scheduling decision now (API servers). Anything unknown reads as `Run`.
     pub fn gate(&self) -> Gate {
         // SAFETY: as in `set_gate`.
-        let (decision, delay) = unsafe { (word(self.base, 16), word(self.base, 24)) };
+        let (decision, delay) =
+            unsafe { (word(self.map.as_ptr(), 16), word(self.map.as_ptr(), 24)) };
         match decision.load(Ordering::Acquire) {
             1 => Gate::Hold,
             2 => Gate::Delay(delay.load(Ordering::Relaxed)),

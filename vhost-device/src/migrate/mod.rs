@@ -14,7 +14,7 @@
 //! session's own thread, which owns its API server.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
@@ -252,13 +252,7 @@ impl Door {
 
 /// An empty memfd for a snapshot.
 pub(crate) fn snapshot_file() -> std::io::Result<OwnedFd> {
-    // SAFETY: the name is a NUL-terminated literal; the flags are valid.
-    let fd = unsafe { libc::memfd_create(c"hira-snapshot".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create just returned this descriptor, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    hira_protocol::shm::memfd(c"hira-snapshot", 0, 0)
 }
 
 /// Waits until `a` or `b` is readable (or hung up), for at most `limit` if given

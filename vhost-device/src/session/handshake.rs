@@ -14,19 +14,10 @@ use log::{debug, warn};
 use super::{Context, GuestOut, SessionError, send_error};
 use crate::lifecycle::Lifecycle;
 
-/// Size of the window memfd, which must match what the guest announced.
-pub(crate) fn window_size(fd: &OwnedFd) -> Option<u64> {
-    // SAFETY: a zeroed stat struct is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is open; `st` is valid for writes.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_size as u64)
-}
-
-/// Whether a guest's window memfd can no longer shrink (so no mapping of it faults).
-pub(crate) fn sealed_against_shrinking(fd: &OwnedFd) -> bool {
-    // SAFETY: F_GET_SEALS only reads the descriptor's seals.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+/// Whether `fd` is a file of `len` bytes that can no longer shrink (so no mapping of
+/// it faults): what a guest's window and a resumed ring region must be.
+fn sealed_of_size(fd: &OwnedFd, len: u64) -> bool {
+    hira_protocol::shm::inspect(fd).is_ok_and(|i| i.size == len && i.sealed_against_shrinking())
 }
 
 /// Checks a resuming guest's hello and descriptors (its ring region and eventfds,
@@ -54,8 +45,7 @@ pub(crate) fn resumable(
     if !hello.rings || rings.len() != 1 + ring::EVENTFDS {
         return Err(ResumeRefused::Descriptors);
     }
-    let region_ok = window_size(&rings[0]) == Some(ring::region_len(ring::DEFAULT_CAPACITY) as u64)
-        && sealed_against_shrinking(&rings[0]);
+    let region_ok = sealed_of_size(&rings[0], ring::region_len(ring::DEFAULT_CAPACITY) as u64);
     if !region_ok {
         return Err(ResumeRefused::ForeignRegion);
     }
@@ -216,8 +206,7 @@ pub(crate) fn place_data_plane<'q>(
         Some(fd) => {
             let ok = hello.window_len > 0
                 && hello.window_len <= ctx.config.max_window
-                && window_size(&fd) == Some(hello.window_len)
-                && sealed_against_shrinking(&fd);
+                && sealed_of_size(&fd, hello.window_len);
             if !ok {
                 warn!(
                     "VM {vm:?} session {id}: data window refused (announced {} bytes)",
@@ -425,7 +414,6 @@ pub(crate) fn introduce(
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::os::fd::FromRawFd;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -482,27 +470,12 @@ mod tests {
     }
 
     fn memfd(len: u64, seal: bool) -> OwnedFd {
-        // SAFETY: a NUL-terminated name and valid flags.
-        let fd = unsafe {
-            libc::memfd_create(
-                c"test".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
+        let seals = if seal {
+            hira_protocol::shm::NO_SHRINK
+        } else {
+            0
         };
-        assert!(fd >= 0);
-        // SAFETY: memfd_create returned it and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain calls on a descriptor this test owns.
-        unsafe {
-            assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as i64), 0);
-            if seal {
-                assert_eq!(
-                    libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK),
-                    0
-                );
-            }
-        }
-        fd
+        hira_protocol::shm::memfd(c"test", len, seals).unwrap()
     }
 
     #[test]
