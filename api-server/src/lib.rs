@@ -5,6 +5,7 @@
 //!   and on one worker per guest thread once it uses more, so a call blocked on the
 //!   device never holds up another thread's calls.
 //! - [`backend`]: the [`backend::Backend`] trait, one implementation per host API.
+//! - [`handles`]: the handle table every backend keeps: guest ids to host objects.
 //! - [`opencl`]: the OpenCL backend: the handle table, the generated dispatch, the
 //!   few host calls that need hand-written code, and capture and restore for
 //!   migration.
@@ -22,6 +23,7 @@
 pub mod account;
 pub mod backend;
 pub mod cuda;
+pub mod handles;
 pub mod opencl;
 pub mod output;
 pub mod sandbox;

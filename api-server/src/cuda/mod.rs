@@ -120,13 +120,18 @@ impl Lib {
     }
 }
 
+impl crate::handles::ObjectKind for Kind {
+    /// The driver API has no reference counts the guest could hold.
+    fn counted(self, _guest_refs: u32) -> bool {
+        false
+    }
+}
+
 /// The session's objects: guest ids and the host handles they stand for.
 #[derive(Default)]
 struct Handles {
-    by_id: HashMap<(Kind, u64), usize>,
-    /// Objects the host returns again (primary contexts): their ids.
-    found: HashMap<(Kind, usize), u64>,
-    next_host_id: u64,
+    /// Ids to host handles and back.
+    table: crate::handles::Handles<Kind>,
     /// Parameter layouts of the functions looked up: (offset, size).
     layouts: HashMap<u64, Option<Layout>>,
     /// Primary-context retains per device, released at teardown.
@@ -165,9 +170,9 @@ impl Session {
             return Ok(std::ptr::null_mut());
         }
         self.handles()
-            .by_id
-            .get(&(kind, id))
-            .map(|&h| h as *mut c_void)
+            .table
+            .get(id, kind)
+            .map(|h| h as *mut c_void)
             .ok_or(Fail::Status(kind.invalid_code()))
     }
 
@@ -182,20 +187,20 @@ impl Session {
 
     /// Checks that a guest-assigned id is new.
     pub(crate) fn check_new(&self, kind: Kind, id: u64) -> Result<(), Fail> {
-        if id == 0 || id & HOST_ID_BIT != 0 || self.handles().by_id.contains_key(&(kind, id)) {
+        if id == 0 || id & HOST_ID_BIT != 0 || self.handles().table.contains(id) {
             return Err(Fail::Protocol(format!("{kind:?} id {id:#x} is not new")));
         }
         Ok(())
     }
 
     pub(crate) fn bind(&self, kind: Kind, id: u64, h: *mut c_void) {
-        self.handles().by_id.insert((kind, id), h as usize);
+        self.handles().table.insert(id, kind, h as usize, 0);
     }
 
     pub(crate) fn unbind(&self, kind: Kind, id: u64) {
         let mut hs = self.handles();
-        if let Some(h) = hs.by_id.remove(&(kind, id)) {
-            hs.found.remove(&(kind, h));
+        if hs.table.get(id, kind).is_some() {
+            hs.table.forget(id);
         }
         if kind == Kind::Function {
             hs.layouts.remove(&id);
@@ -208,26 +213,13 @@ impl Session {
     /// The guest's id of a host object it made (a context the host names in an
     /// answer), else the id [`Session::found`] gives it.
     pub(crate) fn id_of(&self, kind: Kind, h: *mut c_void) -> u64 {
-        let bound = self
-            .handles()
-            .by_id
-            .iter()
-            .find(|&(&(k, _), &v)| k == kind && v == h as usize)
-            .map(|(&(_, id), _)| id);
+        let bound = self.handles().table.id_of(kind, h as usize);
         bound.unwrap_or_else(|| self.found(kind, h))
     }
 
     /// The id of an object the host returned, the same each time it returns it.
     pub(crate) fn found(&self, kind: Kind, h: *mut c_void) -> u64 {
-        let mut hs = self.handles();
-        if let Some(&id) = hs.found.get(&(kind, h as usize)) {
-            return id;
-        }
-        hs.next_host_id += 1;
-        let id = HOST_ID_BIT | hs.next_host_id;
-        hs.found.insert((kind, h as usize), id);
-        hs.by_id.insert((kind, id), h as usize);
-        id
+        self.handles().table.found(kind, h as usize)
     }
 
     /// A byte argument: `None` for NULL; bytes in the request (borrowed: bytes the
@@ -616,10 +608,10 @@ impl Backend for CudaBackend {
         let (contexts, primary): (Vec<usize>, Vec<(c_int, u32)>) = {
             let hs = s.handles();
             (
-                hs.by_id
+                hs.table
                     .iter()
-                    .filter(|((k, id), _)| *k == Kind::Context && id & HOST_ID_BIT == 0)
-                    .map(|(_, &h)| h)
+                    .filter(|(id, e)| e.kind == Kind::Context && id & HOST_ID_BIT == 0)
+                    .map(|(_, e)| e.host)
                     .collect(),
                 hs.primary.iter().map(|(&d, &n)| (d, n)).collect(),
             )
@@ -628,10 +620,10 @@ impl Backend for CudaBackend {
         // Libraries belong to no context: each is unloaded.
         let libraries: Vec<usize> = s
             .handles()
-            .by_id
+            .table
             .iter()
-            .filter(|((k, _), _)| *k == Kind::Library)
-            .map(|(_, &h)| h)
+            .filter(|(_, e)| e.kind == Kind::Library)
+            .map(|(_, e)| e.host)
             .collect();
         for h in libraries {
             let unload = s.driver.cuLibraryUnload;

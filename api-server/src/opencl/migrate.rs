@@ -673,11 +673,11 @@ impl OpenClBackend {
                         rt.clGetEventInfo(host as _, CL_EVENT_CONTEXT, n, p, r)
                     })
                     .ok_or(MigrationError::Query("an event's context"))?;
-                    let owner = handles
-                        .id_of(ctx as usize)
-                        .ok_or(MigrationError::Inconsistent(
+                    let owner = handles.id_of(Kind::Context, ctx as usize).ok_or(
+                        MigrationError::Inconsistent(
                             "an event of a context the guest no longer names",
-                        ))?;
+                        ),
+                    )?;
                     let ev = host as opencl_sys::cl_event;
                     let earlier = m
                         .finished
@@ -704,7 +704,7 @@ impl OpenClBackend {
                                     rt.clGetEventInfo(ev, CL_EVENT_COMMAND_TYPE, n, p, r)
                                 })
                                 .ok_or(MigrationError::Query("an event's command type"))?,
-                                queue: handles.id_of(queue as usize).unwrap_or(0),
+                                queue: handles.id_of(Kind::Queue, queue as usize).unwrap_or(0),
                                 profiling: timed.then_some(profiling),
                             }
                         }

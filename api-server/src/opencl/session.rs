@@ -61,25 +61,19 @@ const MAX_INFO: usize = 64 * 1024 * 1024;
 /// Largest zero-terminated property list accepted.
 const MAX_PROPERTIES: usize = 128;
 
-/// One host object the guest can name.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    kind: Kind,
-    host: usize,
-    /// References the guest application holds (0 for objects it only found, such as
-    /// devices).
-    guest_refs: u32,
-    /// The guest's references are counted: objects of a reference-counted kind, and
-    /// sub-devices (which the guest creates; root devices it only finds).
-    counted: bool,
+impl crate::handles::ObjectKind for Kind {
+    /// The guest's references are counted for objects of a reference-counted kind, and
+    /// for sub-devices (which the guest creates; root devices it only finds).
+    fn counted(self, guest_refs: u32) -> bool {
+        self.refcounted() || (self == Kind::Device && guest_refs > 0)
+    }
 }
 
-/// The session's handle table: guest ids to host objects and back.
+/// The session's handle table: guest ids to host objects and back, and what the
+/// OpenCL backend keeps per kernel.
 #[derive(Debug, Default)]
 pub struct Handles {
-    by_id: HashMap<u64, Entry>,
-    by_host: HashMap<usize, u64>,
-    next_host_id: u64,
+    table: crate::handles::Handles<Kind>,
     /// Argument kinds of each kernel, learnt from the host when it was created
     /// (`None`: the host could not tell).
     kernels: HashMap<u64, Option<Arc<[ArgKind]>>>,
@@ -87,65 +81,34 @@ pub struct Handles {
 
 impl Handles {
     fn get(&self, id: u64, kind: Kind) -> Option<usize> {
-        self.by_id
-            .get(&id)
-            .filter(|e| e.kind == kind)
-            .map(|e| e.host)
+        self.table.get(id, kind)
     }
 
     fn insert(&mut self, id: u64, kind: Kind, host: usize, guest_refs: u32) {
-        // An id the host assigned in an earlier life of the session (a replay) is not
-        // handed out again.
-        if id & HOST_ID_BIT != 0 {
-            self.next_host_id = self.next_host_id.max(id & !HOST_ID_BIT);
-        }
-        let counted = kind.refcounted() || (kind == Kind::Device && guest_refs > 0);
-        self.by_id.insert(
-            id,
-            Entry {
-                kind,
-                host,
-                guest_refs,
-                counted,
-            },
-        );
-        self.by_host.insert(host, id);
+        self.table.insert(id, kind, host, guest_refs);
     }
 
     /// The id of a host object, registering it as found if the guest never saw it.
     fn id_for_host(&mut self, kind: Kind, host: usize) -> u64 {
-        if host == 0 {
-            return 0;
-        }
-        if let Some(&id) = self.by_host.get(&host) {
-            return id;
-        }
-        let id = self.fresh_host_id();
-        self.insert(id, kind, host, 0);
-        id
+        self.table.found(kind, host)
     }
 
     /// Gives host object `host` the next host-assigned id, as if the guest had found it.
     pub(crate) fn found(&mut self, kind: Kind, host: usize) -> u64 {
-        self.id_for_host(kind, host)
-    }
-
-    fn fresh_host_id(&mut self) -> u64 {
-        self.next_host_id += 1;
-        HOST_ID_BIT | self.next_host_id
+        self.table.found(kind, host)
     }
 
     /// Every object the table names: id, kind, host handle, the guest's references.
     pub(crate) fn objects(&self) -> Vec<(u64, Kind, usize, u32)> {
-        self.by_id
+        self.table
             .iter()
-            .map(|(&id, e)| (id, e.kind, e.host, e.guest_refs))
+            .map(|(id, e)| (id, e.kind, e.host, e.guest_refs))
             .collect()
     }
 
-    /// The id of a host object the table names.
-    pub(crate) fn id_of(&self, host: usize) -> Option<u64> {
-        self.by_host.get(&host).copied()
+    /// The id of a host object of `kind` the table names.
+    pub(crate) fn id_of(&self, kind: Kind, host: usize) -> Option<u64> {
+        self.table.id_of(kind, host)
     }
 
     /// The host handle of `id`, if it is of `kind`.
@@ -160,54 +123,41 @@ impl Handles {
 
     /// Swaps the host objects two ids name (both must be known and of one kind).
     pub(crate) fn swap(&mut self, a: u64, b: u64) -> bool {
-        let (Some(ea), Some(eb)) = (self.by_id.get(&a).copied(), self.by_id.get(&b).copied())
-        else {
-            return false;
-        };
-        if ea.kind != eb.kind {
-            return false;
-        }
-        self.insert(a, eb.kind, eb.host, ea.guest_refs);
-        self.insert(b, ea.kind, ea.host, eb.guest_refs);
-        true
+        self.table.swap(a, b)
     }
 
     /// Sets the guest's references to `id`.
     pub(crate) fn set_refs(&mut self, id: u64, refs: u32) {
-        if let Some(e) = self.by_id.get_mut(&id) {
+        if let Some(e) = self.table.entry_mut(id) {
             e.guest_refs = refs;
         }
     }
 
     /// Forgets `id` (the guest holds no reference to it any more).
     pub(crate) fn forget(&mut self, id: u64) {
-        if let Some(e) = self.by_id.remove(&id) {
+        if self.table.forget(id).is_some() {
             self.kernels.remove(&id);
-            if self.by_host.get(&e.host) == Some(&id) {
-                self.by_host.remove(&e.host);
-            }
         }
     }
 
     /// Number of ids in the table.
     pub fn len(&self) -> usize {
-        self.by_id.len()
+        self.table.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
+        self.table.is_empty()
     }
 
     /// Empties the table, returning every object the guest still holds references
     /// to, dependents first.
     pub(crate) fn drain_owned(&mut self) -> Vec<(Kind, usize, u32)> {
         let mut v: Vec<(Kind, usize, u32)> = self
-            .by_id
-            .drain()
-            .filter(|(_, e)| e.guest_refs > 0 && e.counted)
-            .map(|(_, e)| (e.kind, e.host, e.guest_refs))
+            .table
+            .drain_owned()
+            .into_iter()
+            .map(|e| (e.kind, e.host, e.guest_refs))
             .collect();
-        self.by_host.clear();
         self.kernels.clear();
         v.sort_by_key(|(k, _, _)| k.teardown_rank());
         v
@@ -568,7 +518,7 @@ extern "C" fn mem_trampoline(mem: cl_mem, user_data: *mut c_void) {
     // SAFETY: as in `program_trampoline`.
     let ctx = unsafe { Box::from_raw(user_data as *mut CallbackContext) };
     ctx.notify(notify::MEM, |w, h| {
-        w.u64(h.by_host.get(&(mem as usize)).copied().unwrap_or(0));
+        w.u64(h.id_of(Kind::Mem, mem as usize).unwrap_or(0));
     });
 }
 
@@ -645,11 +595,11 @@ impl<'a> Session<'a> {
                     Some(id) => id,
                     None => {
                         r.1 = true;
-                        h.fresh_host_id()
+                        h.table.fresh_host_id()
                     }
                 }
             }
-            None => h.fresh_host_id(),
+            None => h.table.fresh_host_id(),
         }
     }
 
@@ -764,7 +714,7 @@ impl<'a> Session<'a> {
                 Err(Fail::Protocol("object id 0 for a new object".into()))
             };
         }
-        if id & HOST_ID_BIT != 0 || self.handles().by_id.contains_key(&id) {
+        if id & HOST_ID_BIT != 0 || self.handles().table.contains(id) {
             return Err(Fail::Protocol(format!("object id {id:#x} is not fresh")));
         }
         Ok(())
@@ -908,7 +858,7 @@ impl<'a> Session<'a> {
     }
 
     pub fn retained(&self, id: u64) {
-        if let Some(e) = self.handles().by_id.get_mut(&id)
+        if let Some(e) = self.handles().table.entry_mut(id)
             && e.counted
         {
             e.guest_refs += 1;
@@ -919,7 +869,7 @@ impl<'a> Session<'a> {
     pub fn released(&self, id: u64) {
         self.b.migration.released(id);
         let mut h = self.handles();
-        let Some(e) = h.by_id.get_mut(&id) else {
+        let Some(e) = h.table.entry_mut(id) else {
             return;
         };
         if !e.counted {
@@ -936,11 +886,7 @@ impl<'a> Session<'a> {
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&id);
             }
-            h.by_id.remove(&id);
-            h.kernels.remove(&id);
-            if h.by_host.get(&host) == Some(&id) {
-                h.by_host.remove(&host);
-            }
+            h.forget(id);
             drop(h);
             if kind == Kind::Context {
                 // The guest is done with it: the server's own queue lets it go too.
@@ -1672,7 +1618,7 @@ impl<'a> Session<'a> {
     /// Whether argument `index` of `kernel` may take an SVM pointer: a `__global` or
     /// `__constant` pointer (or an argument the host could not describe).
     pub fn svm_arg_allowed(&self, kernel: opencl_sys::cl_kernel, index: u32) -> Result<(), i32> {
-        let id = self.handles().by_host.get(&(kernel as usize)).copied();
+        let id = self.handles().id_of(Kind::Kernel, kernel as usize);
         let Some(id) = id else {
             return Ok(());
         };
@@ -1774,7 +1720,7 @@ impl<'a> Session<'a> {
 
     /// A command buffer recorded host kernel `kernel` with its arguments as they are.
     pub fn recorded_kernel(&self, kernel: opencl_sys::cl_kernel) {
-        if let Some(id) = self.handles().id_of(kernel as usize) {
+        if let Some(id) = self.handles().id_of(Kind::Kernel, kernel as usize) {
             self.b
                 .recorded_kernels
                 .lock()
