@@ -50,6 +50,8 @@ pub struct SandboxConfig {
 pub enum LayerError {
     #[error("skipped: HIRA_SANDBOX_SKIP")]
     Skipped,
+    #[error("names no layer: {0:?} (known: namespaces, user, landlock, seccomp)")]
+    UnknownLayer(String),
     #[error("{call}: {source}")]
     Os {
         call: &'static str,
@@ -111,6 +113,18 @@ impl SandboxReport {
     }
 }
 
+/// The sandbox's layers, as `HIRA_SANDBOX_SKIP` names them.
+const LAYERS: [&str; 4] = ["namespaces", "user", "landlock", "seccomp"];
+
+/// The names in a `HIRA_SANDBOX_SKIP` list that are no layer.
+fn unknown_layers(skip: &str) -> Vec<String> {
+    skip.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !LAYERS.contains(n))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Enters every layer the machine allows. Must run while the process has one thread.
 pub fn enter(config: &SandboxConfig) -> SandboxReport {
     let mut report = SandboxReport::default();
@@ -121,6 +135,11 @@ pub fn enter(config: &SandboxConfig) -> SandboxReport {
     // Layers the operator turned off (`HIRA_SANDBOX_SKIP`, for bringing up a driver
     // the sandbox stops): reported as not applied, with the reason.
     let skip = std::env::var("HIRA_SANDBOX_SKIP").unwrap_or_default();
+    // A name that is no layer is said, not silently ignored: the operator meant to
+    // turn something off.
+    for name in unknown_layers(&skip) {
+        report.add("HIRA_SANDBOX_SKIP", Err(LayerError::UnknownLayer(name)));
+    }
     let layer = |name: &str, apply: &dyn Fn() -> Result<String, LayerError>| {
         if skip.split(',').any(|l| l.trim() == name) {
             Err(LayerError::Skipped)
@@ -632,6 +651,13 @@ pub fn log_refused() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn skip_lists_name_only_layers() {
+        assert!(unknown_layers("").is_empty());
+        assert!(unknown_layers("seccomp, landlock").is_empty());
+        assert_eq!(unknown_layers("seccomp,landlok,,user"), vec!["landlok"]);
+    }
 
     /// Runs `body` in a forked child (sandbox layers are for life) and returns its
     /// exit code.
