@@ -9,6 +9,8 @@
 //! - [`window`]: the shared data window, a memfd the host maps, with a first-fit
 //!   allocator for bulk transfers.
 //! - [`endpoint`]: where the host is (`HIRA_SOCKET`, default [`endpoint::DEFAULT_SOCKET`]).
+//! - [`settings`]: every `HIRA_*` variable the guest libraries read, read once.
+//! - [`logger`], [`reply`]: the shims' own logger and reply reader.
 
 pub mod conn;
 pub mod endpoint;
