@@ -27,19 +27,19 @@ use serde_json::{Value, json};
 
 use crate::lifecycle::Lifecycle;
 use crate::migrate::{MigrateError, PlaceError};
-use crate::router::{Router, VmQueue};
+use crate::vms::{Vm, Vms};
 /// Longest `wait_idle` timeout.
 const MAX_WAIT: Duration = Duration::from_secs(600);
 
 pub use hira_control::{ParkedStatus, SessionStatus, Status, VmStatus};
 
 /// The daemon's state as the control socket reports it.
-pub fn status(life: &Lifecycle, router: &Router) -> Status {
+pub fn status(life: &Lifecycle, vms: &Vms) -> Status {
     let (sessions, ended) = life.snapshot();
     let sessions = sessions
         .into_iter()
         .map(|session| {
-            let usage = router
+            let usage = vms
                 .get(&session.vm)
                 .and_then(|q| q.usage_of(session.id))
                 .unwrap_or_default();
@@ -54,7 +54,7 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
             }
         })
         .collect();
-    let vms = router
+    let vms = vms
         .snapshot()
         .into_iter()
         .map(|(name, q)| vm_status(name, &q))
@@ -82,7 +82,7 @@ pub fn status(life: &Lifecycle, router: &Router) -> Status {
     }
 }
 
-fn vm_status(name: String, q: &VmQueue) -> VmStatus {
+fn vm_status(name: String, q: &Vm) -> VmStatus {
     let u = q.usage();
     let (mem_quota, mem_used) = q.memory();
     let (host_mem_used, host_mem, host_mem_kills) = q.host_memory();
@@ -145,10 +145,10 @@ fn reply<T: Serialize>(answer: Result<T, Refused>) -> Value {
 }
 
 /// `set`: changes a VM's settings live, once every one of them is checked.
-fn set(req: &SetVm, router: &Router) -> Result<SetAnswer, Refused> {
+fn set(req: &SetVm, vms: &Vms) -> Result<SetAnswer, Refused> {
     let vm = &req.vm;
-    let Some(q) = router.get(vm) else {
-        let known: Vec<String> = router.snapshot().into_iter().map(|(n, _)| n).collect();
+    let Some(q) = vms.get(vm) else {
+        let known: Vec<String> = vms.snapshot().into_iter().map(|(n, _)| n).collect();
         return Err(Refused::NoVm {
             vm: vm.clone(),
             known: known.join(", "),
@@ -182,25 +182,25 @@ fn set(req: &SetVm, router: &Router) -> Result<SetAnswer, Refused> {
 
 /// Answers one request line that needs nothing but the line (not `checkpoint`,
 /// `restore`, or `migrate` to another daemon).
-pub fn answer(line: &str, life: &Lifecycle, router: &Router) -> Value {
+pub fn answer(line: &str, life: &Lifecycle, vms: &Vms) -> Value {
     match serde_json::from_str(line) {
-        Ok(req) => answer_request(&req, life, router),
+        Ok(req) => answer_request(&req, life, vms),
         Err(e) => reply::<()>(Err(e.into())),
     }
 }
 
-fn answer_request(req: &Request, life: &Lifecycle, router: &Router) -> Value {
+fn answer_request(req: &Request, life: &Lifecycle, vms: &Vms) -> Value {
     match req {
-        Request::Status => json!(status(life, router)),
-        Request::Set(s) => reply(set(s, router)),
-        Request::WaitIdle { timeout_ms } => wait(life, router, 0, true, *timeout_ms),
+        Request::Status => json!(status(life, vms)),
+        Request::Set(s) => reply(set(s, vms)),
+        Request::WaitIdle { timeout_ms } => wait(life, vms, 0, true, *timeout_ms),
         Request::WaitLive {
             count,
             started,
             timeout_ms,
         } => wait(
             life,
-            router,
+            vms,
             *count as usize,
             started.unwrap_or(true),
             *timeout_ms,
@@ -221,7 +221,7 @@ fn answer_request(req: &Request, life: &Lifecycle, router: &Router) -> Value {
 /// their API servers started), or the timeout passed.
 fn wait(
     life: &Lifecycle,
-    router: &Router,
+    vms: &Vms,
     count: usize,
     started: bool,
     timeout_ms: Option<u64>,
@@ -230,7 +230,7 @@ fn wait(
     let reached = life.wait_sessions(count, started, timeout);
     json!(Waited {
         reached,
-        status: status(life, router),
+        status: status(life, vms),
     })
 }
 
@@ -258,7 +258,7 @@ fn migrate(
 fn serve_client(
     stream: UnixStream,
     life: &Lifecycle,
-    router: &Router,
+    vms: &Vms,
     endpoints: &HashMap<String, PathBuf>,
 ) -> std::io::Result<()> {
     let mut w = stream.try_clone()?;
@@ -294,7 +294,7 @@ fn serve_client(
             }) => {
                 let parked = restore(
                     life,
-                    router,
+                    vms,
                     endpoints,
                     (&vm, token.0, bytes, slot),
                     &mut r,
@@ -307,7 +307,7 @@ fn serve_client(
                 to: Some(to),
                 ..
             }) => reply(migrate_to(life, session, PathBuf::from(to))),
-            Ok(req) => answer_request(&req, life, router),
+            Ok(req) => answer_request(&req, life, vms),
         };
         writeln!(w, "{answer}")?;
     }
@@ -399,7 +399,7 @@ fn checkpoint(
 /// `restore`: a snapshot from the client waits here for its guest.
 fn restore(
     life: &Lifecycle,
-    router: &Router,
+    vms: &Vms,
     endpoints: &HashMap<String, PathBuf>,
     (vm, token, bytes, slot): (&str, hira_protocol::handshake::Token, u64, Option<VmSlot>),
     r: &mut BufReader<UnixStream>,
@@ -407,7 +407,7 @@ fn restore(
 ) -> std::io::Result<Result<ParkedAnswer, Refused>> {
     // A VM session resumes in its slot of the VM's window, kept for it until then
     // (given back if anything below fails).
-    let parked_slot = match crate::migrate::reserve_slot(router, vm, slot) {
+    let parked_slot = match crate::migrate::reserve_slot(vms, vm, slot) {
         Ok(s) => s,
         Err(e) => return Ok(Err(e.into())),
     };
@@ -476,7 +476,7 @@ fn migrate_to(life: &Lifecycle, id: u64, to: PathBuf) -> Result<SuspendedAnswer,
 pub fn serve(
     listener: UnixListener,
     life: Arc<Lifecycle>,
-    router: Arc<Router>,
+    vms: Arc<Vms>,
     endpoints: Arc<HashMap<String, PathBuf>>,
 ) {
     for conn in listener.incoming() {
@@ -487,11 +487,11 @@ pub fn serve(
                 continue;
             }
         };
-        let (life, router, endpoints) = (life.clone(), router.clone(), endpoints.clone());
+        let (life, vms, endpoints) = (life.clone(), vms.clone(), endpoints.clone());
         let spawned = std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                if let Err(e) = serve_client(stream, &life, &router, &endpoints) {
+                if let Err(e) = serve_client(stream, &life, &vms, &endpoints) {
                     debug!("control client: {e}");
                 }
             });
@@ -507,10 +507,10 @@ mod tests {
 
     #[test]
     fn unknown_commands_and_bad_json_get_errors() {
-        let (life, router) = (Lifecycle::default(), Router::default());
-        assert!(answer("nonsense", &life, &router)["error"].is_string());
+        let (life, vms) = (Lifecycle::default(), Vms::default());
+        assert!(answer("nonsense", &life, &vms)["error"].is_string());
         assert!(
-            answer("{\"cmd\":\"reboot\"}", &life, &router)["error"]
+            answer("{\"cmd\":\"reboot\"}", &life, &vms)["error"]
                 .as_str()
                 .unwrap()
                 .contains("reboot")
@@ -519,14 +519,14 @@ mod tests {
 
     #[test]
     fn status_lists_vms_and_wait_idle_returns_at_once_when_idle() {
-        let (life, router) = (Lifecycle::default(), Router::default());
+        let (life, vms) = (Lifecycle::default(), Vms::default());
         let (page, _fd) = hira_protocol::usage::UsagePage::create().unwrap();
         page.command(3, 100);
-        let _tracked = router.vm("vm1").track(1, std::sync::Arc::new(page));
-        let s = answer("{\"cmd\":\"status\"}", &life, &router);
+        let _tracked = vms.vm("vm1").track(1, std::sync::Arc::new(page));
+        let s = answer("{\"cmd\":\"status\"}", &life, &vms);
         assert_eq!(s["vms"][0]["name"], "vm1");
         assert_eq!(s["vms"][0]["bytes"], 100);
-        let w = answer("{\"cmd\":\"wait_idle\",\"timeout_ms\":1}", &life, &router);
+        let w = answer("{\"cmd\":\"wait_idle\",\"timeout_ms\":1}", &life, &vms);
         assert_eq!(w["reached"], true);
     }
 }

@@ -7,7 +7,7 @@
 //! - [`session`]: one guest application's session: the handshake, its API-server
 //!   process, and, for a session without shared-memory rings, the relay that checks
 //!   its frames in both directions.
-//! - [`router`]: each VM's state: its sessions' usage pages (which their API servers
+//! - [`vms`]: each VM's state: its sessions' usage pages (which their API servers
 //!   write) summed with what ended sessions left, its quota, share and session cap.
 //! - [`scheduler`]: the thread that runs the sharing policy over the VMs' usage and
 //!   publishes each VM's decision in its VM page, where its API servers apply it.
@@ -34,10 +34,10 @@ pub mod listener;
 pub mod metrics;
 pub mod migrate;
 pub mod restart;
-pub mod router;
 pub mod scheduler;
 pub mod session;
 pub mod spawn;
+pub mod vms;
 pub mod vsock;
 pub mod window;
 
@@ -114,19 +114,18 @@ pub fn run(config: Config) -> Result<(), StartError> {
     unsafe { libc::umask(!config.access.mode & 0o777) };
     let mut signals = Signals::new();
     let config = Arc::new(config);
-    let router = Arc::new(router::Router::default());
+    let vms = Arc::new(vms::Vms::default());
     let life = Arc::new(lifecycle::Lifecycle::default());
     // Every configured VM is known from the start, so the control socket can set
     // what it may use before its first guest arrives.
     for l in &config.listeners {
-        router.vm(&l.vm);
+        vms.vm(&l.vm);
     }
     for vm in &config.vhost_user_vms {
-        router.vm(&vm.name);
+        vms.vm(&vm.name);
     }
     for (vm, quota) in config.mem_quotas()? {
-        router
-            .vm(&vm)
+        vms.vm(&vm)
             .set_mem_quota(Some(quota))
             .map_err(|source| StartError::VmPage {
                 vm: vm.clone(),
@@ -135,7 +134,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         info!("VM {vm:?}: device-memory quota {quota} bytes");
     }
     for (vm, max) in config.max_sessions()? {
-        router.vm(&vm).set_max_sessions(max);
+        vms.vm(&vm).set_max_sessions(max);
         info!("VM {vm:?}: at most {max} sessions");
     }
     let host_mems = config.host_mems()?;
@@ -145,7 +144,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
                 path: root.clone(),
                 source,
             })?;
-            for (name, queue) in router.snapshot() {
+            for (name, queue) in vms.snapshot() {
                 let c = cgroups.vm(&name).map_err(|source| StartError::VmCgroup {
                     vm: name.clone(),
                     source,
@@ -158,8 +157,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         None => {}
     }
     for (vm, cap) in host_mems {
-        router
-            .vm(&vm)
+        vms.vm(&vm)
             .set_host_mem(Some(cap))
             .map_err(|source| StartError::HostMemCap {
                 vm: vm.clone(),
@@ -168,14 +166,14 @@ pub fn run(config: Config) -> Result<(), StartError> {
         info!("VM {vm:?}: host memory capped at {cap} bytes");
     }
     for (vm, share) in config.shares()? {
-        router.vm(&vm).set_share(share);
+        vms.vm(&vm).set_share(share);
         info!("VM {vm:?}: share {share}");
     }
     {
-        let (router, kind) = (router.clone(), config.policy);
+        let (vms, kind) = (vms.clone(), config.policy);
         std::thread::Builder::new()
             .name("scheduler".into())
-            .spawn(move || scheduler::run(router, kind))
+            .spawn(move || scheduler::run(vms, kind))
             .map_err(StartError::Scheduler)?;
     }
     let mut created: Vec<PathBuf> = Vec::new();
@@ -211,28 +209,28 @@ pub fn run(config: Config) -> Result<(), StartError> {
             let _ = metrics::ADDRESS.set(a);
             info!("metrics on http://{a}/metrics");
         }
-        let (life, router) = (life.clone(), router.clone());
-        std::thread::spawn(move || metrics::serve(l, life, router));
+        let (life, vms) = (life.clone(), vms.clone());
+        std::thread::spawn(move || metrics::serve(l, life, vms));
     }
     if let Some(path) = &config.control {
         let l = listener::bind(path, &config.access)?;
         created.push(path.clone());
         info!("control socket on {}", path.display());
-        let (life, router) = (life.clone(), router.clone());
+        let (life, vms) = (life.clone(), vms.clone());
         let endpoints: std::collections::HashMap<String, PathBuf> = config
             .listeners
             .iter()
             .map(|l| (l.vm.clone(), l.path.clone()))
             .collect();
         let endpoints = Arc::new(endpoints);
-        std::thread::spawn(move || control::serve(l, life, router, endpoints));
+        std::thread::spawn(move || control::serve(l, life, vms, endpoints));
     }
     for (l, vm) in listeners {
-        let (config, router, life) = (config.clone(), router.clone(), life.clone());
-        std::thread::spawn(move || listener::accept_loop(l, vm, config, router, life));
+        let (config, vms, life) = (config.clone(), vms.clone(), life.clone());
+        std::thread::spawn(move || listener::accept_loop(l, vm, config, vms, life));
     }
     for (vm, socket, vhost_listener) in devices {
-        let (config, queue, life) = (config.clone(), router.vm(&vm.name), life.clone());
+        let (config, queue, life) = (config.clone(), vms.vm(&vm.name), life.clone());
         if let Some((path, size)) = &vm.window {
             let w = window::VmWindow::create(path, *size, vm.window_slots).map_err(|source| {
                 StartError::Window {
@@ -274,7 +272,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
     // Sessions the last daemon suspended into the state directory wait for their
     // guests from the first moment guests can reach this one.
     if let Some(dir) = &config.state_dir {
-        let n = restart::resume_all(&life, &router, dir);
+        let n = restart::resume_all(&life, &vms, dir);
         if n > 0 {
             info!("{n} sessions from {} wait for their guests", dir.display());
         }
@@ -301,7 +299,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         );
     }
     // The VMs' cgroups go once their API servers are gone.
-    for (_, queue) in router.snapshot() {
+    for (_, queue) in vms.snapshot() {
         if let Some(c) = queue.cgroup.get() {
             c.remove();
         }

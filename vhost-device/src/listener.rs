@@ -13,8 +13,8 @@ use log::{error, warn};
 
 use crate::config::{Config, SocketAccess};
 use crate::lifecycle::Lifecycle;
-use crate::router::{Router, VmQueue};
 use crate::session;
+use crate::vms::{Vm, Vms};
 
 /// Errors setting up a listener.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +101,7 @@ pub fn start_session(
     slot: ConnectionSlot,
     vm: &str,
     config: &Arc<Config>,
-    queue: &Arc<VmQueue>,
+    queue: &Arc<Vm>,
     life: &Arc<Lifecycle>,
 ) {
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
@@ -170,10 +170,10 @@ pub fn accept_loop(
     listener: UnixListener,
     vm: String,
     config: Arc<Config>,
-    router: Arc<Router>,
+    vms: Arc<Vms>,
     life: Arc<Lifecycle>,
 ) {
-    let queue = router.vm(&vm);
+    let queue = vms.vm(&vm);
     let open = Arc::new(AtomicUsize::new(0));
     let max = config.limits.max_connections_per_listener;
     let mut backoff = Duration::ZERO;

@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 
 use crate::control;
 use crate::lifecycle::Lifecycle;
-use crate::router::Router;
+use crate::vms::Vms;
 
 /// Where the endpoint listens, once bound (the control socket reports it).
 pub static ADDRESS: OnceLock<SocketAddr> = OnceLock::new();
@@ -56,8 +56,8 @@ fn i(v: u64) -> i64 {
 }
 
 /// The daemon's figures in the OpenMetrics text format.
-pub fn render(life: &Lifecycle, router: &Router) -> String {
-    let status = control::status(life, router);
+pub fn render(life: &Lifecycle, vms: &Vms) -> String {
+    let status = control::status(life, vms);
     let mut r = Registry::with_prefix("hira");
     let sessions = gauge(
         &mut r,
@@ -227,7 +227,7 @@ pub fn render(life: &Lifecycle, router: &Router) -> String {
     out
 }
 
-fn answer(mut stream: TcpStream, life: &Lifecycle, router: &Router) -> std::io::Result<()> {
+fn answer(mut stream: TcpStream, life: &Lifecycle, vms: &Vms) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut req = Vec::with_capacity(512);
@@ -244,7 +244,7 @@ fn answer(mut stream: TcpStream, life: &Lifecycle, router: &Router) -> std::io::
         (
             "200 OK",
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            render(life, router),
+            render(life, vms),
         )
     } else {
         ("404 Not Found", "text/plain", "only GET /metrics\n".into())
@@ -257,11 +257,11 @@ fn answer(mut stream: TcpStream, life: &Lifecycle, router: &Router) -> std::io::
 }
 
 /// Serves the endpoint until the daemon exits, one scrape at a time.
-pub fn serve(listener: TcpListener, life: Arc<Lifecycle>, router: Arc<Router>) {
+pub fn serve(listener: TcpListener, life: Arc<Lifecycle>, vms: Arc<Vms>) {
     for conn in listener.incoming() {
         match conn {
             Ok(s) => {
-                if let Err(e) = answer(s, &life, &router) {
+                if let Err(e) = answer(s, &life, &vms) {
                     debug!("metrics client: {e}");
                 }
             }

@@ -21,7 +21,7 @@ use log::{info, warn};
 
 use crate::lifecycle::Lifecycle;
 use crate::migrate::{Captured, MigrateError, PlaceError};
-use crate::router::Router;
+use crate::vms::Vms;
 use hira_control::session_file as file;
 
 /// How long one session may take to be captured (a relayed guest has 10 s to stop
@@ -88,7 +88,7 @@ fn store(c: &Captured, path: &Path) -> Result<(), PlaceError> {
 
 /// Parks every session file of `dir` for its guest and removes it; returns how
 /// many were parked. A file that cannot be taken stays, with a warning.
-pub fn resume_all(life: &Lifecycle, router: &Router, dir: &Path) -> usize {
+pub fn resume_all(life: &Lifecycle, vms: &Vms, dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -107,7 +107,7 @@ pub fn resume_all(life: &Lifecycle, router: &Router, dir: &Path) -> usize {
         .collect();
     files.sort();
     for path in files {
-        match park(life, router, &path) {
+        match park(life, vms, &path) {
             Ok(vm) => {
                 let _ = std::fs::remove_file(&path);
                 parked += 1;
@@ -132,12 +132,12 @@ enum ResumeError {
 }
 
 /// Parks the session of file `path`; returns its VM.
-fn park(life: &Lifecycle, router: &Router, path: &Path) -> Result<String, ResumeError> {
+fn park(life: &Lifecycle, vms: &Vms, path: &Path) -> Result<String, ResumeError> {
     let mut f = std::fs::File::open(path)?;
     let (token, vm, slot) = file::read_header(&mut f)?;
     let at = f.stream_position()?;
     let bytes = f.metadata()?.len().saturating_sub(at);
-    let slot = crate::migrate::reserve_slot(router, &vm, slot)?;
+    let slot = crate::migrate::reserve_slot(vms, &vm, slot)?;
     crate::migrate::park_from(life, &vm, token, slot, bytes, &mut f)?;
     Ok(vm)
 }

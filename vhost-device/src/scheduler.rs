@@ -14,7 +14,7 @@ use hira_policy::{Decision, Report};
 use hira_protocol::usage::Gate;
 use log::{info, warn};
 
-use crate::router::Router;
+use crate::vms::Vms;
 
 /// How often decisions are made while any VM has a session.
 pub const TICK: Duration = Duration::from_millis(2);
@@ -22,7 +22,7 @@ pub const TICK: Duration = Duration::from_millis(2);
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
 /// Runs the scheduler until the daemon exits.
-pub fn run(router: Arc<Router>, kind: hira_policy::Kind) {
+pub fn run(vms: Arc<Vms>, kind: hira_policy::Kind) {
     let mut sched = hira_policy::new(kind);
     info!(
         "scheduler: {} policy, a decision every {TICK:?}",
@@ -33,12 +33,12 @@ pub fn run(router: Arc<Router>, kind: hira_policy::Kind) {
     // tick.
     let mut seen: HashMap<(String, u64), (u64, u64)> = HashMap::new();
     loop {
-        let vms = router.snapshot();
-        let live = vms.iter().any(|(_, q)| q.sessions() > 0);
+        let all = vms.snapshot();
+        let live = all.iter().any(|(_, q)| q.sessions() > 0);
         std::thread::sleep(if live { TICK } else { IDLE_TICK });
         let mut reports = BTreeMap::new();
         let mut still: HashMap<(String, u64), (u64, u64)> = HashMap::with_capacity(seen.len());
-        for (name, q) in &vms {
+        for (name, q) in &all {
             sched.set_share(name, q.share());
             let mut r = Report::default();
             for (id, u) in q.live_usage() {
@@ -60,7 +60,7 @@ pub fn run(router: Arc<Router>, kind: hira_policy::Kind) {
                 Decision::Hold => Gate::Hold,
                 Decision::Delay(ns) => Gate::Delay(ns),
             };
-            if let Some(q) = router.get(&name)
+            if let Some(q) = vms.get(&name)
                 && let Err(e) = q.set_gate(gate)
             {
                 warn!("VM {name:?}: cannot publish its scheduling decision: {e}");

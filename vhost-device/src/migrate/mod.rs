@@ -314,7 +314,7 @@ pub struct Parked {
     pub snapshot: OwnedFd,
     pub bytes: u64,
     /// A VM session's slot, reserved in `queue`'s window until it resumes.
-    pub slot: Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)>,
+    pub slot: Option<(VmSlot, std::sync::Arc<crate::vms::Vm>)>,
 }
 
 impl Drop for Parked {
@@ -331,10 +331,10 @@ impl Drop for Parked {
 
 /// A slot reserved for a session about to be parked: given back if it never is.
 #[derive(Debug)]
-pub struct SlotGuard(pub Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)>);
+pub struct SlotGuard(pub Option<(VmSlot, std::sync::Arc<crate::vms::Vm>)>);
 
 impl SlotGuard {
-    pub fn take(mut self) -> Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)> {
+    pub fn take(mut self) -> Option<(VmSlot, std::sync::Arc<crate::vms::Vm>)> {
         self.0.take()
     }
 }
@@ -352,14 +352,14 @@ impl Drop for SlotGuard {
 /// Keeps slot `slot` of VM `vm`'s window for a session that will resume in it here;
 /// the guard gives it back unless the session is parked with it.
 pub fn reserve_slot(
-    router: &crate::router::Router,
+    vms: &crate::vms::Vms,
     vm: &str,
     slot: Option<VmSlot>,
 ) -> Result<SlotGuard, MigrateError> {
     let Some(s) = slot else {
         return Ok(SlotGuard(None));
     };
-    let Some(q) = router.get(vm) else {
+    let Some(q) = vms.get(vm) else {
         return Err(MigrateError::NoVm(vm.to_string()));
     };
     if !q.window.get().is_some_and(|w| w.reserve(s.offset, s.len)) {
@@ -401,7 +401,7 @@ pub fn park_from(
 
 impl Parked {
     /// The slot, now that the session resumes in it.
-    pub fn take_slot(&mut self) -> Option<(VmSlot, std::sync::Arc<crate::router::VmQueue>)> {
+    pub fn take_slot(&mut self) -> Option<(VmSlot, std::sync::Arc<crate::vms::Vm>)> {
         self.slot.take()
     }
 }

@@ -13,10 +13,10 @@ use log::{info, warn};
 use crate::config::Config;
 use crate::lifecycle::Registration;
 use crate::migrate::{MigrateError, Placement};
-use crate::router::VmQueue;
 use crate::session::relay::RelayLink;
 use crate::session::{GuestOut, send_error};
 use crate::spawn;
+use crate::vms::Vm;
 
 /// Longest a migration waits for the old API server's capture, and for the new one
 /// to restore.
@@ -35,7 +35,7 @@ pub(crate) struct Mover<'a> {
     /// A VM session's slot of the VM's window.
     pub(crate) slot: Option<crate::migrate::VmSlot>,
     pub(crate) guest_w: &'a Mutex<GuestOut>,
-    pub(crate) queue: &'a Arc<VmQueue>,
+    pub(crate) queue: &'a Arc<Vm>,
     pub(crate) vm_page: &'a OwnedFd,
     pub(crate) cgroup: Option<std::os::fd::RawFd>,
     /// The hello the API server got, as it got it.
@@ -63,7 +63,7 @@ pub(crate) struct Mover<'a> {
     pub(crate) child: &'a mut Option<std::process::Child>,
     pub(crate) server: &'a mut UnixStream,
     pub(crate) usage: &'a mut Arc<hira_protocol::usage::UsagePage>,
-    pub(crate) tracked: &'a mut crate::router::Tracked,
+    pub(crate) tracked: &'a mut crate::vms::Tracked,
     pub(crate) carried: &'a mut hira_protocol::usage::Usage,
     pub(crate) registration: &'a Registration,
 }

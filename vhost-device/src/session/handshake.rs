@@ -282,7 +282,7 @@ pub(crate) fn place_data_plane<'q>(
 pub(crate) fn admit(
     guest_w: &Mutex<GuestOut>,
     ctx: &Context<'_>,
-) -> Result<crate::router::SessionSlot, SessionError> {
+) -> Result<crate::vms::SessionSlot, SessionError> {
     let max = ctx
         .queue
         .max_sessions()
@@ -421,11 +421,11 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::router::{Router, VmQueue};
+    use crate::vms::{Vm, Vms};
 
     struct World {
         config: Config,
-        queue: Arc<VmQueue>,
+        queue: Arc<Vm>,
         life: Arc<Lifecycle>,
     }
 
@@ -433,7 +433,7 @@ mod tests {
         fn new() -> World {
             World {
                 config: Config::default(),
-                queue: Router::default().vm("vm1"),
+                queue: Vms::default().vm("vm1"),
                 life: Arc::new(Lifecycle::default()),
             }
         }

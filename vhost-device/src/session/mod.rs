@@ -23,8 +23,8 @@ use log::{info, warn};
 use crate::config::Config;
 use crate::lifecycle::{EndedSession, Lifecycle, Registration};
 use crate::migrate::mover::Mover;
-use crate::router::VmQueue;
 use crate::spawn;
+use crate::vms::Vm;
 use handshake::{
     DataPlane, Greeting, Introduced, admit, introduce, place_data_plane, receive_hello, take_parked,
 };
@@ -51,7 +51,7 @@ pub struct SessionStats {
     pub commands: u64,
     /// Bytes of those commands after their headers.
     pub bytes: u64,
-    /// Frames refused by the router.
+    /// Frames the API server refused.
     pub rejected: u64,
     /// The last command forwarded, for the record of a session whose API server died.
     pub last_call: Option<&'static str>,
@@ -107,7 +107,7 @@ pub struct Context<'a> {
     pub id: u64,
     pub vm: &'a str,
     pub config: &'a Config,
-    pub queue: &'a Arc<VmQueue>,
+    pub queue: &'a Arc<Vm>,
     pub life: &'a Arc<Lifecycle>,
 }
 

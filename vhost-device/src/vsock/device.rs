@@ -4,7 +4,7 @@
 //! [`VsockDevice::from_guest`] and puts what it returns, and what
 //! [`VsockDevice::poll_sessions`] returns, on the RX queue. Each accepted connection
 //! gets a socket pair whose other end runs through the same session code as a
-//! host-local guest (router, per-VM queue, API server, teardown), so the VM transport
+//! host-local guest (vms, per-VM queue, API server, teardown), so the VM transport
 //! adds no process hop.
 
 use std::collections::{HashMap, VecDeque};
@@ -19,7 +19,7 @@ use super::mux::{Action, Mux};
 use crate::config::Config;
 use crate::lifecycle::Lifecycle;
 use crate::listener::{ConnectionSlot, start_session};
-use crate::router::VmQueue;
+use crate::vms::Vm;
 
 /// A packet for the guest's RX queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +53,7 @@ pub struct VsockDevice {
     mux: Mux,
     vm: String,
     config: Arc<Config>,
-    queue: Arc<VmQueue>,
+    queue: Arc<Vm>,
     life: Arc<Lifecycle>,
     links: HashMap<u32, Link>,
 }
@@ -63,7 +63,7 @@ impl VsockDevice {
         guest_cid: u64,
         vm: &str,
         config: Arc<Config>,
-        queue: Arc<VmQueue>,
+        queue: Arc<Vm>,
         life: Arc<Lifecycle>,
     ) -> Self {
         VsockDevice {

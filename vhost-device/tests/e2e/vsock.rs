@@ -1,5 +1,5 @@
 //! The VM transport's device core: a guest's vsock stack, played in memory, reaches
-//! a real Hira session (router, API server, PoCL) through `VsockDevice`.
+//! a real Hira session (vms, API server, PoCL) through `VsockDevice`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use hira_protocol::ring;
 use hira_protocol::{FrameHeader, FrameKind, Writer};
 use hira_vhost::config::Config;
 use hira_vhost::lifecycle::Lifecycle;
-use hira_vhost::router::Router;
+use hira_vhost::vms::Vms;
 use hira_vhost::vsock::device::{Packet, VsockDevice};
 use hira_vhost::vsock::header::{Header, Op};
 use hira_vhost::vsock::{HIRA_PORT, HOST_CID};
@@ -46,7 +46,7 @@ impl Guest {
             api_server: bin_dir().join("hira-api-server"),
             ..Config::default()
         };
-        let queue = Router::default().vm("vsock-vm");
+        let queue = Vms::default().vm("vsock-vm");
         if let Some(path) = window {
             let w = hira_vhost::window::VmWindow::create(
                 path,

@@ -1,5 +1,5 @@
-//! The router's per-VM state: every command a guest sends is accounted to its VM, and
-//! each VM's sessions are capped.
+//! The VMs the daemon serves and each one's state: its sessions' usage (which their API
+//! servers count), its quota, share and cap on sessions, its window and cgroup.
 //!
 //! Accounting never waits and never touches a frame: each session's API server counts
 //! what it receives in a usage page the daemon reads (see
@@ -24,7 +24,7 @@ pub struct SharedVmPage {
 
 /// A VM's counters, session cap and memory quota.
 #[derive(Debug, Default)]
-pub struct VmQueue {
+pub struct Vm {
     /// The VM's page (memory quota, memory its sessions hold), made on first use.
     page: Mutex<Option<Arc<SharedVmPage>>>,
     /// The VM's shared data window, if it has one.
@@ -57,7 +57,7 @@ pub struct VmQueue {
 /// counts join the VM's totals.
 #[derive(Debug)]
 pub struct Tracked {
-    queue: Arc<VmQueue>,
+    queue: Arc<Vm>,
     id: u64,
 }
 
@@ -89,7 +89,7 @@ impl Drop for Tracked {
 /// One of a VM's session slots; the slot frees when this drops.
 #[derive(Debug)]
 pub struct SessionSlot {
-    queue: Arc<VmQueue>,
+    queue: Arc<Vm>,
 }
 
 impl Drop for SessionSlot {
@@ -98,7 +98,7 @@ impl Drop for SessionSlot {
     }
 }
 
-impl VmQueue {
+impl Vm {
     /// The VM's vsock device was reset: every connection of it is about to be cut.
     pub fn device_reset(&self) {
         self.resets.fetch_add(1, Ordering::SeqCst);
@@ -305,13 +305,13 @@ impl VmQueue {
 
 /// All VMs' queues.
 #[derive(Debug, Default)]
-pub struct Router {
-    vms: Mutex<HashMap<String, Arc<VmQueue>>>,
+pub struct Vms {
+    vms: Mutex<HashMap<String, Arc<Vm>>>,
 }
 
-impl Router {
+impl Vms {
     /// The queue of VM `name`, created on first use.
-    pub fn vm(&self, name: &str) -> Arc<VmQueue> {
+    pub fn vm(&self, name: &str) -> Arc<Vm> {
         self.vms
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -321,7 +321,7 @@ impl Router {
     }
 
     /// The queue of VM `name`, if the daemon serves it or has seen it.
-    pub fn get(&self, name: &str) -> Option<Arc<VmQueue>> {
+    pub fn get(&self, name: &str) -> Option<Arc<Vm>> {
         self.vms
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -330,7 +330,7 @@ impl Router {
     }
 
     /// Every VM's queue, by name.
-    pub fn snapshot(&self) -> Vec<(String, Arc<VmQueue>)> {
+    pub fn snapshot(&self) -> Vec<(String, Arc<Vm>)> {
         let mut v: Vec<_> = self
             .vms
             .lock()
@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn session_slots_are_capped_and_freed() {
-        let q = Arc::new(VmQueue::default());
+        let q = Arc::new(Vm::default());
         let a = q.open_session(2).expect("first slot");
         let _b = q.open_session(2).expect("second slot");
         assert!(
@@ -366,7 +366,7 @@ mod tests {
 
     #[test]
     fn live_and_ended_sessions_count_into_their_vm() {
-        let q = Arc::new(VmQueue::default());
+        let q = Arc::new(Vm::default());
         let (a, _fa) = UsagePage::create().unwrap();
         let (b, _fb) = UsagePage::create().unwrap();
         let (a, b) = (Arc::new(a), Arc::new(b));
@@ -384,7 +384,7 @@ mod tests {
 
     #[test]
     fn a_dead_sessions_memory_goes_back_to_its_vm() {
-        let q = Arc::new(VmQueue::default());
+        let q = Arc::new(Vm::default());
         q.set_mem_quota(Some(1000)).unwrap();
         let api_server = VmPage::map(&q.page().unwrap().fd).unwrap();
         api_server.charge(700).unwrap();
@@ -400,7 +400,7 @@ mod tests {
 
     #[test]
     fn same_vm_name_shares_a_queue() {
-        let r = Router::default();
+        let r = Vms::default();
         assert!(Arc::ptr_eq(&r.vm("a"), &r.vm("a")));
         assert!(!Arc::ptr_eq(&r.vm("a"), &r.vm("b")));
     }
