@@ -23,8 +23,12 @@ use serde::{Deserialize, Deserializer, Serialize};
 pub mod session_file;
 pub mod settings;
 
-/// Longest request or answer line either side reads.
+/// Longest request line the daemon reads, and longest answer line a client reads
+/// byte by byte (the answers that precede or follow a snapshot).
 pub const MAX_LINE: usize = 4096;
+/// Longest answer a client reads to [`Client::ask`]: a `status` holds every live
+/// session and the last 256 that ended, far more than a request line.
+pub const MAX_ANSWER: usize = 64 << 20;
 
 /// A request, one JSON object on a line, its command in `"cmd"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -445,8 +449,8 @@ pub enum ControlError {
     Io(#[from] std::io::Error),
     #[error("the daemon closed the control socket")]
     Closed,
-    #[error("the daemon's answer is longer than {MAX_LINE} bytes")]
-    TooLong,
+    #[error("the daemon's answer is longer than {0} bytes")]
+    TooLong(usize),
     #[error("the daemon's answer does not read as one: {0}")]
     Malformed(#[from] serde_json::Error),
     #[error("the daemon's answer frame: {0}")]
@@ -482,7 +486,7 @@ pub fn read_line_unbuffered(s: &mut impl Read) -> Result<Vec<u8>, ControlError> 
         }
         line.push(b[0]);
         if line.len() > MAX_LINE {
-            return Err(ControlError::TooLong);
+            return Err(ControlError::TooLong(MAX_LINE));
         }
     }
 }
@@ -515,13 +519,13 @@ impl Client {
         writeln!(self.writer, "{line}")?;
         let mut answer = Vec::new();
         let n = (&mut self.reader)
-            .take(MAX_LINE as u64 + 1)
+            .take(MAX_ANSWER as u64 + 1)
             .read_until(b'\n', &mut answer)?;
         if n == 0 {
             return Err(ControlError::Closed);
         }
         if answer.last() != Some(&b'\n') {
-            return Err(ControlError::TooLong);
+            return Err(ControlError::TooLong(MAX_ANSWER));
         }
         parse_answer(&answer)
     }
@@ -679,6 +683,36 @@ mod tests {
         let back: Status = parse_answer(serde_json::to_string(&s).unwrap().as_bytes()).unwrap();
         assert_eq!(back, s);
         assert!(parse_answer::<Status>(b"{}").is_err());
+    }
+
+    #[test]
+    fn a_status_longer_than_a_request_line_is_read_whole() {
+        let path = std::env::temp_dir().join(format!("hira-control-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let status = Status {
+            ended: vec![
+                EndedSession {
+                    process: "x".repeat(100),
+                    ..Default::default()
+                };
+                256
+            ],
+            ..Default::default()
+        };
+        let line = serde_json::to_string(&status).unwrap();
+        assert!(line.len() > 8 * MAX_LINE);
+        let t = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut req = String::new();
+            r.read_line(&mut req).unwrap();
+            writeln!(&s, "{line}").unwrap();
+        });
+        let mut c = Client::connect(&path).unwrap();
+        assert_eq!(c.status().unwrap(), status);
+        t.join().unwrap();
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
