@@ -100,7 +100,7 @@ impl Region {
             return Err(Error::new(ErrorKind::InvalidInput, "bad ring capacity"));
         }
         let len = region_len(capacity);
-        let fd = crate::unix::sealed_memfd(c"hira-rings", len)?;
+        let fd = crate::shm::memfd(c"hira-rings", len as u64, crate::shm::FIXED)?;
         let region = Self::map(&fd, capacity)?;
         Ok((region, fd))
     }

@@ -116,12 +116,6 @@ pub fn send_frame_with_fds(
     Ok(())
 }
 
-/// A fresh zero-filled memfd named `name`, `len` bytes long and sealed against
-/// resizing, so that a peer's mapping of it can never lose its backing.
-pub fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> std::io::Result<OwnedFd> {
-    crate::shm::memfd(name, len as u64, crate::shm::FIXED)
-}
-
 /// Whether a small frame written to socket `fd` now leaves at once: the socket is
 /// writable. An acknowledgement (see `replay`) is sent only then, so that the end
 /// that reads never waits for its peer to read.
@@ -144,7 +138,7 @@ mod tests {
     #[test]
     fn frames_sent_back_to_back_arrive_whole_with_their_descriptors() {
         let (mut a, mut b) = UnixStream::pair().unwrap();
-        let fd = sealed_memfd(c"t", 4096).unwrap();
+        let fd = crate::shm::memfd(c"t", 4096, crate::shm::FIXED).unwrap();
         let h1 = FrameHeader::new(FrameKind::Notify, 1, 0, 0, 3);
         let h2 = FrameHeader::new(FrameKind::Hello, 0, 0, 0, 5);
         send_frame_with_fds(&mut a, &h1, b"abc", &[&fd]).unwrap();

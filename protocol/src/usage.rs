@@ -40,11 +40,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const LEN: usize = 4096;
 
-/// A fresh zeroed page in a memfd named `name`, sealed against resizing.
-fn sealed_page(name: &std::ffi::CStr) -> std::io::Result<OwnedFd> {
-    crate::unix::sealed_memfd(name, LEN)
-}
-
 /// Maps the page behind `fd`, which must be at least a page long and sealed against
 /// shrinking (so the mapping can never lose its backing).
 fn map_page(fd: &OwnedFd) -> std::io::Result<crate::shm::Mapping> {
@@ -136,7 +131,7 @@ pub struct Usage {
 impl UsagePage {
     /// Creates a zeroed page in a fresh memfd (sealed against resizing) and maps it.
     pub fn create() -> std::io::Result<(UsagePage, OwnedFd)> {
-        let fd = sealed_page(c"hira-usage")?;
+        let fd = crate::shm::memfd(c"hira-usage", LEN as u64, crate::shm::FIXED)?;
         Ok((Self::map(&fd)?, fd))
     }
 
@@ -268,7 +263,7 @@ pub struct OverQuota {
 impl VmPage {
     /// Creates a zeroed page (no quota, nothing used) and maps it.
     pub fn create() -> std::io::Result<(VmPage, OwnedFd)> {
-        let fd = sealed_page(c"hira-vm")?;
+        let fd = crate::shm::memfd(c"hira-vm", LEN as u64, crate::shm::FIXED)?;
         Ok((Self::map(&fd)?, fd))
     }
 

@@ -821,7 +821,7 @@ impl OpenClBackend {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(ev as usize, finished);
-            handles.adopt(si.id, Kind::Event, ev as usize, si.refs);
+            handles.insert(si.id, Kind::Event, ev as usize, si.refs);
             check(
                 rt.clSetUserEventStatus(ev, CL_COMPLETE),
                 "completing a stand-in event",

@@ -80,20 +80,14 @@ pub struct Handles {
 }
 
 impl Handles {
-    fn get(&self, id: u64, kind: Kind) -> Option<usize> {
-        self.table.get(id, kind)
-    }
-
-    fn insert(&mut self, id: u64, kind: Kind, host: usize, guest_refs: u32) {
+    /// Names host object `host` as `id` with the guest's `guest_refs` (a new object,
+    /// or a restored stand-in).
+    pub(crate) fn insert(&mut self, id: u64, kind: Kind, host: usize, guest_refs: u32) {
         self.table.insert(id, kind, host, guest_refs);
     }
 
-    /// The id of a host object, registering it as found if the guest never saw it.
-    fn id_for_host(&mut self, kind: Kind, host: usize) -> u64 {
-        self.table.found(kind, host)
-    }
-
-    /// Gives host object `host` the next host-assigned id, as if the guest had found it.
+    /// The id of a host object, giving it the next host-assigned id if the guest never
+    /// saw it.
     pub(crate) fn found(&mut self, kind: Kind, host: usize) -> u64 {
         self.table.found(kind, host)
     }
@@ -113,12 +107,7 @@ impl Handles {
 
     /// The host handle of `id`, if it is of `kind`.
     pub(crate) fn host_of(&self, id: u64, kind: Kind) -> Option<usize> {
-        self.get(id, kind)
-    }
-
-    /// Names host object `host` as `id` with the guest's `refs` (a restored stand-in).
-    pub(crate) fn adopt(&mut self, id: u64, kind: Kind, host: usize, refs: u32) {
-        self.insert(id, kind, host, refs);
+        self.table.get(id, kind)
     }
 
     /// Swaps the host objects two ids name (both must be known and of one kind).
@@ -499,7 +488,7 @@ extern "C" fn program_trampoline(program: cl_program, user_data: *mut c_void) {
     // SAFETY: one-shot: `user_data` is the box leaked for this callback, taken back here.
     let ctx = unsafe { Box::from_raw(user_data as *mut CallbackContext) };
     ctx.notify(notify::PROGRAM, |w, h| {
-        w.u64(h.id_for_host(Kind::Program, program as usize));
+        w.u64(h.found(Kind::Program, program as usize));
     });
 }
 
@@ -509,8 +498,7 @@ extern "C" fn event_trampoline(event: cl_event, status: cl_int, user_data: *mut 
     // A read's data reaches the guest before any callback of its event.
     ctx.deferred.settle_event(event, status);
     ctx.notify(notify::EVENT, |w, h| {
-        w.u64(h.id_for_host(Kind::Event, event as usize))
-            .i32(status);
+        w.u64(h.found(Kind::Event, event as usize)).i32(status);
     });
 }
 
@@ -657,7 +645,7 @@ impl<'a> Session<'a> {
         if kind == Kind::Platform {
             // The one exposed platform is always known to the guest by its host id.
             let mut h = self.handles();
-            let pid = h.id_for_host(Kind::Platform, self.b.platform as usize);
+            let pid = h.found(Kind::Platform, self.b.platform as usize);
             return if id == pid {
                 Ok(self.b.platform.cast())
             } else {
@@ -666,7 +654,7 @@ impl<'a> Session<'a> {
         }
         let p = self
             .handles()
-            .get(id, kind)
+            .host_of(id, kind)
             .map(|p| p as *mut c_void)
             .ok_or(Fail::Status(kind.invalid_code()))?;
         self.note(|r| r.uses.push(id));
@@ -697,7 +685,7 @@ impl<'a> Session<'a> {
         let h = self.handles();
         ids.into_iter()
             .map(|id| {
-                h.get(id, kind)
+                h.host_of(id, kind)
                     .map(|p| p as *mut c_void)
                     .ok_or(Fail::Status(code))
             })
@@ -1015,7 +1003,7 @@ impl<'a> Session<'a> {
                     }
                     id
                 } else {
-                    h.id_for_host(kind, p as usize)
+                    h.found(kind, p as usize)
                 }
             })
             .collect();
@@ -1763,7 +1751,7 @@ impl<'a> Session<'a> {
         if function == "clGetProgramInfo" && param == CL_PROGRAM_BINARIES {
             return self.program_binaries(w, query);
         }
-        let queue_host = |id| self.handles().get(id, Kind::Queue).unwrap_or(0);
+        let queue_host = |id| self.handles().host_of(id, Kind::Queue).unwrap_or(0);
         if let Some(answer) = self
             .b
             .migration
@@ -1837,9 +1825,7 @@ impl<'a> Session<'a> {
             let at = i * 8;
             let v = u64::from_le_bytes(buf[at..at + 8].try_into().expect("8-byte chunk"));
             let id = match how {
-                InfoHandles::One(kind) | InfoHandles::Array(kind) => {
-                    h.id_for_host(kind, v as usize)
-                }
+                InfoHandles::One(kind) | InfoHandles::Array(kind) => h.found(kind, v as usize),
                 InfoHandles::ContextProperties => {
                     let is_value = i % 2 == 1;
                     let key = if is_value {
@@ -1848,7 +1834,7 @@ impl<'a> Session<'a> {
                         0
                     };
                     if is_value && key == CL_CONTEXT_PLATFORM {
-                        h.id_for_host(Kind::Platform, v as usize)
+                        h.found(Kind::Platform, v as usize)
                     } else {
                         v
                     }
@@ -1929,8 +1915,8 @@ mod tests {
     #[test]
     fn found_objects_keep_one_id() {
         let mut h = Handles::default();
-        let a = h.id_for_host(Kind::Device, 0x1000);
-        assert_eq!(h.id_for_host(Kind::Device, 0x1000), a);
+        let a = h.found(Kind::Device, 0x1000);
+        assert_eq!(h.found(Kind::Device, 0x1000), a);
         assert_ne!(a & HOST_ID_BIT, 0);
     }
 
@@ -1938,8 +1924,8 @@ mod tests {
     fn lookup_of_wrong_kind_fails() {
         let mut h = Handles::default();
         h.insert(5, Kind::Mem, 0x2000, 1);
-        assert_eq!(h.get(5, Kind::Mem), Some(0x2000));
-        assert_eq!(h.get(5, Kind::Kernel), None);
+        assert_eq!(h.host_of(5, Kind::Mem), Some(0x2000));
+        assert_eq!(h.host_of(5, Kind::Kernel), None);
     }
 
     #[test]
@@ -1947,7 +1933,7 @@ mod tests {
         let mut h = Handles::default();
         h.insert(1, Kind::Context, 0x10, 1);
         h.insert(2, Kind::Kernel, 0x20, 2);
-        h.id_for_host(Kind::Device, 0x30);
+        h.found(Kind::Device, 0x30);
         let v = h.drain_owned();
         assert_eq!(v, vec![(Kind::Kernel, 0x20, 2), (Kind::Context, 0x10, 1)]);
         assert!(h.is_empty());

@@ -1615,6 +1615,14 @@ fn parse_cmp(s: &str) -> Option<Cmp> {
     })
 }
 
+/// A `bar.red` reduction, given whether its predicate is negated.
+type BarRedOf = fn(bool) -> BarRed;
+
+/// The first of `choices` whose modifier an instruction has.
+fn first_of<T: Copy>(has: &impl Fn(&str) -> bool, choices: &[(&str, T)]) -> Option<T> {
+    choices.iter().find(|(m, _)| has(m)).map(|&(_, t)| t)
+}
+
 fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
     let mut s = s.trim();
     let mut guard = None;
@@ -1754,40 +1762,38 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
             let negated = split_top(operands, ',')
                 .last()
                 .is_some_and(|c| c.trim().starts_with('!'));
-            Op::BarRed(if has("and") {
-                BarRed::And(negated)
-            } else if has("or") {
-                BarRed::Or(negated)
-            } else if has("popc") {
-                BarRed::Popc(negated)
-            } else {
-                return Err(unsupported());
-            })
+            let kinds: [(&str, BarRedOf); 3] = [
+                ("and", BarRed::And),
+                ("or", BarRed::Or),
+                ("popc", BarRed::Popc),
+            ];
+            let reduce = first_of(&has, &kinds).ok_or_else(unsupported)?;
+            Op::BarRed(reduce(negated))
         }
         "bar" | "barrier" if has("sync") || mods.is_empty() => Op::Bar,
-        "shfl" if has("sync") => Op::Warp(Collective::Shfl(if has("up") {
-            ShflMode::Up
-        } else if has("down") {
-            ShflMode::Down
-        } else if has("bfly") {
-            ShflMode::Bfly
-        } else if has("idx") {
-            ShflMode::Idx
-        } else {
-            return Err(unsupported());
-        })),
+        "shfl" if has("sync") => Op::Warp(Collective::Shfl(
+            first_of(
+                &has,
+                &[
+                    ("up", ShflMode::Up),
+                    ("down", ShflMode::Down),
+                    ("bfly", ShflMode::Bfly),
+                    ("idx", ShflMode::Idx),
+                ],
+            )
+            .ok_or_else(unsupported)?,
+        )),
         "vote" if has("sync") => {
-            let mode = if has("all") {
-                VoteMode::All
-            } else if has("any") {
-                VoteMode::Any
-            } else if has("uni") {
-                VoteMode::Uni
-            } else if has("ballot") {
-                VoteMode::Ballot
-            } else {
-                return Err(unsupported());
-            };
+            let mode = first_of(
+                &has,
+                &[
+                    ("all", VoteMode::All),
+                    ("any", VoteMode::Any),
+                    ("uni", VoteMode::Uni),
+                    ("ballot", VoteMode::Ballot),
+                ],
+            )
+            .ok_or_else(unsupported)?;
             let negated = split_top(operands, ',')
                 .get(1)
                 .is_some_and(|a| a.trim().starts_with('!'));
@@ -1796,21 +1802,20 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         "match" if has("sync") && has("any") => Op::Warp(Collective::MatchAny),
         "match" if has("sync") && has("all") => Op::Warp(Collective::MatchAll),
         "activemask" => Op::Warp(Collective::ActiveMask),
-        "redux" if has("sync") => Op::Warp(Collective::Redux(if has("add") {
-            ReduxOp::Add
-        } else if has("min") {
-            ReduxOp::Min
-        } else if has("max") {
-            ReduxOp::Max
-        } else if has("and") {
-            ReduxOp::And
-        } else if has("or") {
-            ReduxOp::Or
-        } else if has("xor") {
-            ReduxOp::Xor
-        } else {
-            return Err(unsupported());
-        })),
+        "redux" if has("sync") => Op::Warp(Collective::Redux(
+            first_of(
+                &has,
+                &[
+                    ("add", ReduxOp::Add),
+                    ("min", ReduxOp::Min),
+                    ("max", ReduxOp::Max),
+                    ("and", ReduxOp::And),
+                    ("or", ReduxOp::Or),
+                    ("xor", ReduxOp::Xor),
+                ],
+            )
+            .ok_or_else(unsupported)?,
+        )),
         // `griddepcontrol` (programmatic dependent launch): each launch here ends
         // before the next begins, which is what waiting for it would give.
         "membar" | "fence" | "nanosleep" | "griddepcontrol" => Op::Nop,

@@ -519,9 +519,10 @@ fn a_resume_without_a_parked_session_or_its_descriptors_is_refused() {
         let body = h.encode();
         let header = FrameHeader::new(FrameKind::Hello, 0, 0, 0, body.len());
         // Eventfds the guest made itself, and a region of the right size, sealed.
-        let region = unix::sealed_memfd(
+        let region = hira_protocol::shm::memfd(
             c"region",
-            hira_protocol::ring::region_len(hira_protocol::ring::DEFAULT_CAPACITY),
+            hira_protocol::ring::region_len(hira_protocol::ring::DEFAULT_CAPACITY) as u64,
+            hira_protocol::shm::FIXED,
         )
         .unwrap();
         let efds = hira_protocol::ring::eventfds().unwrap();
