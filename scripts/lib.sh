@@ -104,7 +104,7 @@ ensure_nvcc() {
 # Installs CuPy (its CUDA 13 wheel, with the CUDA 13.0 runtime, NVRTC and cuRAND
 # wheels it loads) and pytest into a virtual environment under target/cupy, and
 # CuPy's own test suite from its source distribution (the wheel has none): the
-# end-to-end test runs part of it natively and through Hira (vhost-device/tests/e2e/cupy.rs).
+# end-to-end test runs part of it natively and through Hira (vhost/tests/e2e/cupy.rs).
 CUPY_VERSION=14.2.0
 ensure_cupy() {
     local dir=target/cupy

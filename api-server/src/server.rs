@@ -409,14 +409,14 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
             None,
         ),
     };
-    let made = if hello.api == hira_api_opencl::API {
+    let made = if hello.api == hira_apis_opencl::API {
         OpenClBackend::new(
             config.platform.as_deref(),
             writer.clone(),
             Arc::new(Account::new(config.vm_page, config.usage.clone())),
         )
         .map(|b| Arc::new(b) as Arc<dyn Backend>)
-    } else if hello.api == hira_api_cuda::API {
+    } else if hello.api == hira_apis_cuda::API {
         crate::cuda::CudaBackend::new(Arc::new(Account::new(config.vm_page, config.usage.clone())))
             .map(|b| Arc::new(b) as Arc<dyn Backend>)
     } else {

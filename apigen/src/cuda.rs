@@ -78,7 +78,7 @@ pub fn guest_code(funcs: &[Func]) -> Result<String, String> {
         guest_fn(&mut s, f).map_err(|e| format!("{}: {e}", f.name))?;
     }
     // The entry points `cuGetProcAddress` hands out, by exported name (the guest
-    // resolves a name and version to one: hira_cuda_private::procs), local ones
+    // resolves a name and version to one: hira_apis_cuda_private::procs), local ones
     // included.
     s.push_str("/// Every exported entry point, for `cuGetProcAddress`: (exported name, function).\npub(crate) fn entry_points() -> Vec<(&'static str, usize)> {\n    vec![\n");
     for f in funcs.iter().filter(|f| !f.internal) {
@@ -526,7 +526,7 @@ pub fn coverage(funcs: &[Func], list: &str, also: &[&str]) -> String {
     format!(
         "# CUDA driver API coverage\n\n\
          Generated from `protocol/api/cuda.api` and the driver API's entry points in\n\
-         `cuda.h` (CUDA_VERSION {version}; `guest-shim-cuda/driver-api.txt`) by\n\
+         `cuda.h` (CUDA_VERSION {version}; `cuda/driver-api.txt`) by\n\
          `cargo test -p hira-cuda coverage` (set `HIRA_WRITE_COVERAGE=1` to rewrite it).\n\
          Hira's `libcuda.so.1` exports every one of them. *Remoted*: the call reaches the\n\
          host's driver as the application made it; *in the guest*: the guest answers it\n\

@@ -154,16 +154,16 @@ pub struct Func {
     pub cache: bool,
     pub custom: bool,
     pub local: bool,
-    /// The guest checks the arguments first (`guest-shim/src/checks.rs`): it returns
+    /// The guest checks the arguments first (`opencl/src/checks.rs`): it returns
     /// the native error code without a round trip, or asks for a synchronous call.
     pub check: bool,
     /// The call reports the failure of an earlier call forwarded without a reply
     /// (`clFinish`, `clWaitForEvents`).
     pub reports: bool,
     /// A large transfer may be streamed through the data window in chunks
-    /// (`guest-shim/src/stream.rs`, one function named after the call).
+    /// (`opencl/src/stream.rs`, one function named after the call).
     pub streams: bool,
-    /// The guest may answer from what earlier replies told it (`guest-shim/src/known.rs`,
+    /// The guest may answer from what earlier replies told it (`opencl/src/known.rs`,
     /// one function named after the call).
     pub known: bool,
     /// A call of Hira's own, made by the guest shim and not an OpenCL entry point.
@@ -182,7 +182,7 @@ pub struct Func {
     /// its id first and the API server makes it current before the host call.
     pub current: bool,
     /// After a success the guest notes what the call made or ended
-    /// (`guest-shim-cuda/src/notes.rs`, one function named after the call).
+    /// (`cuda/src/notes.rs`, one function named after the call).
     pub noted: bool,
     /// On a failure the call's out-values are set to zero (a null handle), as the
     /// vendor's driver does; otherwise a failure leaves them as they were.

@@ -38,7 +38,7 @@ pub fn build_components() -> Result<PathBuf> {
         "-p",
         "hira-cuda",
         "-p",
-        "hira-cuda-cpu",
+        "hira-tests-cuda-cpu",
     ]);
     if dir.ends_with("release") {
         cmd.arg("--release");

@@ -547,7 +547,7 @@ time_t time(time_t *t) { if (t) *t = 1577836800; return 1577836800; }
 "#;
 
 /// The driver API's entry points (cuda.h of CUDA 12.9 and 13.0).
-const DRIVER_API: &str = include_str!("../../guest-shim-cuda/driver-api.txt");
+const DRIVER_API: &str = include_str!("../../cuda/driver-api.txt");
 
 /// Where the suite is prepared and run.
 #[derive(Debug)]

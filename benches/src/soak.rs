@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use hira_api_opencl::{op, tag};
+use hira_apis_opencl::{op, tag};
 use hira_protocol::frame::HEADER_LEN;
 use hira_protocol::handshake::Hello;
 use hira_protocol::{FrameHeader, FrameKind, Writer};
@@ -256,7 +256,7 @@ fn well_behaved(
 }
 
 fn hello(s: &mut UnixStream) -> std::io::Result<()> {
-    let hello = Hello::new(hira_api_opencl::API, std::process::id(), "hostile", 0).encode();
+    let hello = Hello::new(hira_apis_opencl::API, std::process::id(), "hostile", 0).encode();
     let h = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
     s.write_all(&h.encode())?;
     s.write_all(&hello)?;
@@ -362,7 +362,7 @@ fn hostile_round(soak: &Soak, class: usize, vm: usize, stop: &AtomicBool) -> Res
             let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
             std::fs::File::from(fd.try_clone()?).set_len(1 << 20)?;
             let mut s = UnixStream::connect(&path)?;
-            let hello = Hello::new(hira_api_opencl::API, 1, "unsealed", 1 << 20).encode();
+            let hello = Hello::new(hira_apis_opencl::API, 1, "unsealed", 1 << 20).encode();
             let h = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len());
             hira_protocol::unix::send_frame_with_fd(&mut s, &h, &hello, Some(&fd))?;
             pause(Duration::from_secs(1));

@@ -18,7 +18,7 @@ use hira_api_server::opencl::OpenClBackend;
 use hira_api_server::server::FrameWriter;
 use hira_api_server::window::WindowMap;
 use hira_protocol::frame::{self, SPAN_LEN};
-use hira_api_opencl::{op, tag};
+use hira_apis_opencl::{op, tag};
 use hira_protocol::Writer;
 use libfuzzer_sys::fuzz_target;
 

@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use hira_api_cuda::op;
+use hira_apis_cuda::op;
 use hira_api_server::backend::{Backend, FrameData};
 use hira_api_server::cuda::CudaBackend;
 use hira_protocol::Writer;

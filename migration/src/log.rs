@@ -241,7 +241,7 @@ impl Log {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hira_api_opencl::Kind;
+    use hira_apis_opencl::Kind;
     use proptest::prelude::*;
 
     fn ops(log: &Log) -> Vec<u16> {
@@ -307,7 +307,7 @@ mod tests {
     #[test]
     fn roles_come_from_the_description() {
         let info = |name: &str| {
-            hira_api_opencl::OPS
+            hira_apis_opencl::OPS
                 .iter()
                 .find(|o| o.name == name)
                 .unwrap()

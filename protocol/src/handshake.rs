@@ -35,7 +35,7 @@ fn decode_name(b: &[u8], max: usize) -> String {
 /// Which API a session remotes: the number its description declares
 /// (`protocol/api/<name>.api`, first line `api NAME NUMBER`). The wire knows no API;
 /// the daemon admits the numbers of the descriptions it was built with
-/// (`hira-apis`) and the API server those it has a backend for. 0 names none.
+/// (`hira-apis-registry`) and the API server those it has a backend for. 0 names none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ApiId(pub u8);
 

@@ -6,8 +6,8 @@
 //! - [`handshake`]: the `Hello` a guest opens with and the `Welcome` it gets back.
 //! - [`api`]: what every remoted API shares: the shape of an opcode table, argument
 //!   tags, object ids. The wire knows no particular API: each is a description in
-//!   `api/` and a crate of its own under `apis/` (`hira-api-opencl`), and the daemon
-//!   sees them all through the registry (`hira-apis`).
+//!   `api/` and a crate of its own under `apis/` (`hira-apis-opencl`), and the daemon
+//!   sees them all through the registry (`hira-apis-registry`).
 //! - [`replay`]: relayed streams that outlive their connection being cut (bytes kept
 //!   until acknowledged, sent again on reconnecting).
 //! - `unix` (feature `unix`): sending and receiving frames with a file descriptor

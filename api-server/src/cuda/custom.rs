@@ -5,8 +5,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use hira_api_cuda::{Kind, status};
-use hira_cuda_private::launch;
+use hira_apis_cuda::{Kind, status};
+use hira_apis_cuda_private::launch;
 use hira_protocol::{Reader, Writer};
 
 use super::{Bytes, Session};
@@ -717,7 +717,7 @@ pub(crate) fn hiraPointerGetAttributes<'a>(
     frame: &FrameData<'a>,
     w: &mut Writer,
 ) -> Result<(), Fail> {
-    use hira_cuda_private::pointer;
+    use hira_apis_cuda_private::pointer;
     let ctx = r.u64()?;
     let ids = Session::bytes_arg(r, frame)?;
     let ids_len = r.u64()?;

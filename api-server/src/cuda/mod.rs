@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex};
 
-use hira_api_cuda::{HOST_ID_BIT, Kind, op_info, status};
+use hira_apis_cuda::{HOST_ID_BIT, Kind, op_info, status};
 use hira_protocol::api::tag;
 use hira_protocol::{Reader, Writer};
 use log::{info, warn};
@@ -35,7 +35,7 @@ mod generated {
     #![allow(clippy::type_complexity, clippy::needless_ifs, clippy::collapsible_if)]
     use std::ffi::{c_char, c_int, c_uint, c_void};
 
-    use hira_api_cuda::{Kind, op};
+    use hira_apis_cuda::{Kind, op};
     use hira_protocol::{Reader, Writer};
 
     use super::{Lib, Session};
@@ -70,7 +70,7 @@ type LibraryLoadData = unsafe extern "C" fn(
 
 /// `cuLaunchKernelEx`.
 pub(crate) type LaunchKernelEx = unsafe extern "C" fn(
-    *const hira_cuda_private::launch::Config,
+    *const hira_apis_cuda_private::launch::Config,
     *mut c_void,
     *mut *mut c_void,
     *mut *mut c_void,
@@ -179,7 +179,7 @@ impl Session {
     /// A stream argument: the NULL stream and the two special handles pass as
     /// they are.
     pub(crate) fn stream(&self, id: u64) -> Result<*mut c_void, Fail> {
-        if hira_api_cuda::SPECIAL_STREAMS.contains(&id) {
+        if hira_apis_cuda::SPECIAL_STREAMS.contains(&id) {
             return Ok(id as usize as *mut c_void);
         }
         self.lookup(Kind::Stream, id, false)
@@ -531,21 +531,21 @@ impl Backend for CudaBackend {
         let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
         if succeeded
             && [
-                hira_api_cuda::op::cuCtxDestroy_v2,
-                hira_api_cuda::op::cuDevicePrimaryCtxRelease_v2,
-                hira_api_cuda::op::cuDevicePrimaryCtxReset_v2,
+                hira_apis_cuda::op::cuCtxDestroy_v2,
+                hira_apis_cuda::op::cuDevicePrimaryCtxRelease_v2,
+                hira_apis_cuda::op::cuDevicePrimaryCtxReset_v2,
             ]
             .contains(&opcode)
         {
             self.session.device_time.contexts_changed();
         }
-        if succeeded && opcode == hira_api_cuda::op::cuCtxDestroy_v2 {
+        if succeeded && opcode == hira_apis_cuda::op::cuCtxDestroy_v2 {
             let mut r = Reader::new(payload);
             if let Ok(id) = r.u64() {
                 self.session.context_destroyed(id);
             }
         }
-        if succeeded && opcode == hira_api_cuda::op::cuModuleLoadData {
+        if succeeded && opcode == hira_apis_cuda::op::cuModuleLoadData {
             // What the call decoded: the current context, the module's id, the image.
             let mut r = Reader::new(payload);
             let module = r.u64().and_then(|_| r.u8()).and_then(|present| {
@@ -573,7 +573,7 @@ impl Backend for CudaBackend {
     }
 
     fn may_print(&self, opcode: u16) -> bool {
-        use hira_api_cuda::op;
+        use hira_apis_cuda::op;
         self.may_block(opcode) || opcode == op::cuModuleLoadData
     }
 
@@ -581,8 +581,8 @@ impl Backend for CudaBackend {
         // A launch the VM's decision holds runs off the reading thread, which stays
         // free to see the guest go (and the launch is then let through).
         self.may_block(opcode)
-            || ((opcode == hira_api_cuda::op::cuLaunchKernel
-                || opcode == hira_api_cuda::op::hiraLaunchKernelEx)
+            || ((opcode == hira_apis_cuda::op::cuLaunchKernel
+                || opcode == hira_apis_cuda::op::hiraLaunchKernelEx)
                 && self.session.device_time.would_hold())
     }
 

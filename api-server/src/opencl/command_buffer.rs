@@ -219,7 +219,7 @@ fn device_version(rt: &OpenCl, device: cl_device_id) -> Option<u32> {
     if query(size, buf.as_mut_ptr().cast(), std::ptr::null_mut()) != Some(0) {
         return None;
     }
-    buf.chunks_exact(hira_api_opencl::extensions::NAME_VERSION_LEN)
+    buf.chunks_exact(hira_apis_opencl::extensions::NAME_VERSION_LEN)
         .find(|e| e[4..].split(|&b| b == 0).next() == Some(NAME.as_bytes()))
         .map(|e| u32::from_le_bytes([e[0], e[1], e[2], e[3]]))
 }
@@ -301,7 +301,7 @@ pub fn mask_unforwarded(param: u32, buf: &mut Vec<u8>) {
             *buf = out;
         }
         CL_DEVICE_EXTENSIONS_WITH_VERSION => {
-            let len = hira_api_opencl::extensions::NAME_VERSION_LEN;
+            let len = hira_apis_opencl::extensions::NAME_VERSION_LEN;
             let kept: Vec<u8> = buf
                 .chunks(len)
                 .filter(|e| {

@@ -14,7 +14,7 @@ use opencl_sys::{
     cl_program, cl_uint,
 };
 
-use hira_api_opencl::ARG_INFO_FOR_SHIM;
+use hira_apis_opencl::ARG_INFO_FOR_SHIM;
 
 use super::Session;
 pub use super::command_buffer::{
@@ -792,7 +792,7 @@ pub unsafe fn hiraFill(
     use opencl_sys::CL_INVALID_MEM_OBJECT;
     use opencl_sys::CL_MEM_CONTEXT;
     use opencl_sys::CL_OUT_OF_RESOURCES;
-    let Ok(m) = s.lookup(mem, hira_api_opencl::Kind::Mem, false) else {
+    let Ok(m) = s.lookup(mem, hira_apis_opencl::Kind::Mem, false) else {
         return Some(CL_INVALID_MEM_OBJECT);
     };
     if data.is_null() {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cl3::OpenCl;
-use hira_api_opencl::{HOST_ID_BIT, Kind, OpInfo, Replay, op, op_info, tag};
+use hira_apis_opencl::{HOST_ID_BIT, Kind, OpInfo, Replay, op, op_info, tag};
 use hira_migration::snapshot::MAX_REQUEST;
 use hira_migration::{Log, Snapshot, StandIn};
 use hira_protocol::{Reader, Writer};
@@ -727,7 +727,7 @@ impl OpenClBackend {
         drop(handles);
         contents.sort_unstable_by_key(|c| c.0);
         standins.sort_unstable_by_key(|s| s.id);
-        let mut snap = Snapshot::of(u16::from(hira_api_opencl::API.0), &log, contents);
+        let mut snap = Snapshot::of(u16::from(hira_apis_opencl::API.0), &log, contents);
         snap.standins = standins;
         snap.pending = pending;
         Ok(snap.encode())
@@ -744,7 +744,7 @@ impl OpenClBackend {
         device: Option<u32>,
     ) -> Result<Vec<u8>, MigrationError> {
         let snap = Snapshot::decode(bytes)?;
-        if snap.api != u16::from(hira_api_opencl::API.0) {
+        if snap.api != u16::from(hira_apis_opencl::API.0) {
             return Err(MigrationError::WrongApi);
         }
         let rt = self.rt;

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cl3::OpenCl;
-use hira_api_opencl::{op, op_info};
+use hira_apis_opencl::{op, op_info};
 use hira_protocol::{Reader, Writer};
 use log::{info, warn};
 use opencl_sys::{cl_platform_id, cl_uint};
@@ -47,7 +47,7 @@ mod generated {
     use std::ffi::{c_char, c_uchar, c_void};
     use std::mem::size_of;
 
-    use hira_api_opencl::{Kind, op};
+    use hira_apis_opencl::{Kind, op};
     use hira_protocol::{Reader, Writer};
     use libc::size_t;
     use opencl_sys::*;
@@ -171,7 +171,7 @@ impl OpenClBackend {
         // order, so that a guest whose API server was lost keeps using its platform
         // and device handles with the next one.
         let mut handles = Handles::default();
-        handles.found(hira_api_opencl::Kind::Platform, platform as usize);
+        handles.found(hira_apis_opencl::Kind::Platform, platform as usize);
         let mut n: cl_uint = 0;
         if rt.clGetDeviceIDs(
             platform,
@@ -192,7 +192,7 @@ impl OpenClBackend {
             {
                 command_buffer::resolve(rt, platform, &devices);
                 for d in devices {
-                    handles.found(hira_api_opencl::Kind::Device, d as usize);
+                    handles.found(hira_apis_opencl::Kind::Device, d as usize);
                 }
             }
         }

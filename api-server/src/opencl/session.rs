@@ -9,11 +9,11 @@ use std::ffi::{CString, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cl3::OpenCl;
-use hira_api_opencl::kernel_args::{
+use hira_apis_opencl::kernel_args::{
     ArgKind, CL_KERNEL_ARG_ADDRESS_QUALIFIER, CL_KERNEL_ARG_TYPE_NAME,
     CL_KERNEL_ARG_TYPE_QUALIFIER, CL_KERNEL_NUM_ARGS,
 };
-use hira_api_opencl::{
+use hira_apis_opencl::{
     CL_CONTEXT_PLATFORM, CL_PROGRAM_BINARIES, CL_PROGRAM_BINARY_SIZES, HOST_ID_BIT, InfoHandles,
     Kind, notify, tag,
 };
@@ -49,7 +49,7 @@ use opencl_sys::CL_PROGRAM_BUILD_LOG;
 use opencl_sys::CL_PROGRAM_SOURCE;
 use opencl_sys::CL_SUCCESS;
 
-use hira_api_opencl::CALLBACK_DATA_ONLY;
+use hira_apis_opencl::CALLBACK_DATA_ONLY;
 
 /// The `user_data` the host gets when the application passed data but no function:
 /// non-null, as the application's was, and never dereferenced (no function is given
@@ -1139,15 +1139,15 @@ impl<'a> Session<'a> {
     }
 
     /// Device partition properties: exactly one list of a shape the specification
-    /// defines (see [`hira_api_opencl::partition_words`]), else `CL_INVALID_VALUE`.
+    /// defines (see [`hira_apis_opencl::partition_words`]), else `CL_INVALID_VALUE`.
     pub fn partition_properties(r: &mut Reader<'_>) -> Result<Option<Vec<u64>>, Fail> {
         if !r.flag()? {
             return Ok(None);
         }
-        let n = r.count(hira_api_opencl::MAX_PARTITION_WORDS)?;
+        let n = r.count(hira_apis_opencl::MAX_PARTITION_WORDS)?;
         let v = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
         // A list whose last word ends it is one list: its shape fixes where it ends.
-        if hira_api_opencl::partition_words(&v) != Some(true) {
+        if hira_apis_opencl::partition_words(&v) != Some(true) {
             return Err(Fail::Status(CL_INVALID_VALUE));
         }
         Ok(Some(v))
@@ -1759,7 +1759,7 @@ impl<'a> Session<'a> {
         {
             match answer {
                 Ok(mut buf) => {
-                    if let Some(how) = hira_api_opencl::info_handles(function, param) {
+                    if let Some(how) = hira_apis_opencl::info_handles(function, param) {
                         self.host_to_ids(how, &mut buf);
                     }
                     w.i32(CL_SUCCESS).bytes(&buf);
@@ -1794,7 +1794,7 @@ impl<'a> Session<'a> {
             w.i32(status);
             return Ok(());
         }
-        if let Some(how) = hira_api_opencl::info_handles(function, param) {
+        if let Some(how) = hira_apis_opencl::info_handles(function, param) {
             self.host_to_ids(how, &mut buf);
         }
         if function == "clGetDeviceInfo" {

@@ -1,7 +1,7 @@
 //! Byte counts of image arguments, as the guest shim's functions of the same names
 //! compute them, but from the decoded arguments: the API server trusts only these.
 
-use hira_api_opencl::sizes::{self, ImageGeometry};
+use hira_apis_opencl::sizes::{self, ImageGeometry};
 use opencl_sys::{cl_image_desc, cl_image_format};
 
 use crate::backend::Fail;

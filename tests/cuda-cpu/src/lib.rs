@@ -309,7 +309,7 @@ fn with<F: FnOnce(&mut State) -> CUresult>(f: F) -> CUresult {
     };
     // Once the state is unlocked: the destructors are the program's code.
     for c in ended {
-        hira_cuda_private::export::context_ended(c as Handle);
+        hira_apis_cuda_private::export::context_ended(c as Handle);
     }
     r
 }
@@ -374,7 +374,7 @@ fn with_ctx_flushing<F: FnOnce(&mut State, usize) -> CUresult>(f: F) -> CUresult
 /// `stdout`, among the program's own buffered output (seen on driver 580: with
 /// output to a file, kernel lines keep their place between the program's lines).
 fn write_stdout(data: &[u8]) {
-    hira_cuda_private::print_to_stdio(1, data);
+    hira_apis_cuda_private::print_to_stdio(1, data);
 }
 
 /// Writes `v` through `p` if it is not null.
@@ -1087,7 +1087,7 @@ fn unload(s: &mut State, m: usize) {
 /// # Safety
 /// `image` points to a module image as the API defines one.
 unsafe fn image_ptx(image: *const c_void) -> Result<String, CUresult> {
-    use hira_cuda_private::fatbin::{self, Image};
+    use hira_apis_cuda_private::fatbin::{self, Image};
     // SAFETY: every image has at least 4 bytes.
     let head: [u8; 4] = unsafe { image.cast::<[u8; 4]>().read_unaligned() };
     let fatbin_at = match fatbin::classify(head) {
@@ -2032,7 +2032,7 @@ const PROC_NOT_FOUND: c_int = 1;
 const PROC_VERSION_NOT_SUFFICIENT: c_int = 2;
 
 /// Resolves `symbol` at `version` to the variant a program built for that version
-/// expects (`hira_cuda_private::procs`), if this library has it. Every stream is
+/// expects (`hira_apis_cuda_private::procs`), if this library has it. Every stream is
 /// always idle here, so a per-thread default-stream variant is its legacy one.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
@@ -2042,7 +2042,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    use hira_cuda_private::procs::{Lookup, lookup};
+    use hira_apis_cuda_private::procs::{Lookup, lookup};
     if symbol.is_null() || pfn.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }

@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use hira_cuda_private::{capture, launch};
+use hira_apis_cuda_private::{capture, launch};
 
 use super::{
     CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
@@ -347,10 +347,10 @@ pub extern "C" fn cuCtxGetId(ctx: Handle, id: *mut u64) -> CUresult {
     })
 }
 
-/// What the private tables ask of this driver (`hira_cuda_private::export`).
+/// What the private tables ask of this driver (`hira_apis_cuda_private::export`).
 struct Private;
 
-impl hira_cuda_private::export::Driver for Private {
+impl hira_apis_cuda_private::export::Driver for Private {
     fn driver_version(&self) -> c_int {
         super::DRIVER_VERSION
     }
@@ -384,7 +384,7 @@ impl hira_cuda_private::export::Driver for Private {
         current().unwrap_or(0) as Handle
     }
 
-    fn devices(&self) -> Result<Vec<hira_cuda_private::export::Device>, CUresult> {
+    fn devices(&self) -> Result<Vec<hira_apis_cuda_private::export::Device>, CUresult> {
         let mut uuid = [0u8; 16];
         // SAFETY: an out-pointer of 16 bytes.
         match unsafe { super::cuDeviceGetUuid(&mut uuid, 0) } {
@@ -392,7 +392,7 @@ impl hira_cuda_private::export::Driver for Private {
             e => return Err(e),
         }
         let attr = |a| super::attribute(a).unwrap_or(0);
-        Ok(vec![hira_cuda_private::export::Device {
+        Ok(vec![hira_apis_cuda_private::export::Device {
             uuid,
             pci_domain: attr(50),
             pci_bus: attr(33),
@@ -413,9 +413,9 @@ pub unsafe extern "C" fn cuGetExportTable(
     table: *mut *const c_void,
     id: *const [u8; 16],
 ) -> CUresult {
-    hira_cuda_private::export::install(&PRIVATE);
+    hira_apis_cuda_private::export::install(&PRIVATE);
     // SAFETY: the caller's out-pointer and 16-byte id.
-    unsafe { hira_cuda_private::export::get_export_table(table, id) }
+    unsafe { hira_apis_cuda_private::export::get_export_table(table, id) }
 }
 
 #[unsafe(no_mangle)]
@@ -622,7 +622,7 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
     data: *mut *mut c_void,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    use hira_cuda_private::pointer;
+    use hira_apis_cuda_private::pointer;
     if n == 0 || attrs.is_null() || data.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }

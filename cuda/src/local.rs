@@ -1,0 +1,671 @@
+//! Driver functions the guest answers itself: each thread's context stack, host
+//! memory the driver would pin (ordinary memory of the guest: nothing on the host
+//! can reach it), error names (asked of the host once each, kept for the process's
+//! life as the API promises), `cuGetProcAddress`, and module loading with JIT
+//! options.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+use hira_apis_cuda::status;
+use hira_apis_cuda_private::capture;
+
+use crate::rt::{self, CUcontext, CUfunction, CUmodule, CUresult, CUstream};
+
+pub use crate::private::{cuKernelGetFunction, cuLibraryLoadData};
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    let id = ctx as usize as u64;
+    if !rt::is_context(id) {
+        return status::INVALID_CONTEXT;
+    }
+    rt::push(id);
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    match rt::pop() {
+        Some(id) => {
+            if !pctx.is_null() {
+                // SAFETY: not null; the application's pointer to a CUcontext.
+                unsafe { pctx.write(id as usize as CUcontext) };
+            }
+            status::SUCCESS
+        }
+        None => status::INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    let id = ctx as usize as u64;
+    if id != 0 && !rt::is_context(id) {
+        return status::INVALID_CONTEXT;
+    }
+    rt::set_current(id);
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if pctx.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: not null; the application's pointer to a CUcontext.
+    unsafe { pctx.write(rt::current() as usize as CUcontext) };
+    status::SUCCESS
+}
+
+/// `CU_JIT_INFO_LOG_BUFFER`, `_SIZE_BYTES`, `CU_JIT_ERROR_LOG_BUFFER`, `_SIZE_BYTES`.
+const JIT_INFO_LOG_BUFFER: c_int = 3;
+const JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_int = 4;
+const JIT_ERROR_LOG_BUFFER: c_int = 5;
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+
+/// Loads a module as `cuModuleLoadData` does. JIT options are not forwarded: the
+/// log buffers come back empty with their used size 0, and options that steer
+/// code generation are left to the host's defaults.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut CUmodule,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_int,
+    option_values: *mut *mut c_void,
+) -> CUresult {
+    if num_options > 0 && (options.is_null() || option_values.is_null()) {
+        return status::INVALID_VALUE;
+    }
+    for i in 0..num_options as usize {
+        // SAFETY: `num_options` entries in each array, as the API requires.
+        unsafe {
+            match *options.add(i) {
+                JIT_INFO_LOG_BUFFER | JIT_ERROR_LOG_BUFFER => {
+                    let b = (*option_values.add(i)).cast::<c_char>();
+                    if !b.is_null() {
+                        *b = 0;
+                    }
+                }
+                JIT_INFO_LOG_BUFFER_SIZE_BYTES | JIT_ERROR_LOG_BUFFER_SIZE_BYTES => {
+                    *option_values.add(i) = std::ptr::null_mut();
+                }
+                _ => {}
+            }
+        }
+    }
+    // SAFETY: the same contract as cuModuleLoadData.
+    unsafe { crate::generated::cuModuleLoadData(module, image) }
+}
+
+/// `CUDA_SUCCESS` if `stream` is one the application may name: a special handle or
+/// one of its streams.
+fn stream_known(stream: CUstream) -> CUresult {
+    let id = stream as usize as u64;
+    if !rt::initialized() {
+        status::NOT_INITIALIZED
+    } else if hira_apis_cuda::SPECIAL_STREAMS.contains(&id)
+        || rt::context_of(hira_apis_cuda::Kind::Stream, id).is_some()
+    {
+        status::SUCCESS
+    } else {
+        status::INVALID_HANDLE
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, st: *mut c_int) -> CUresult {
+    match stream_known(stream) {
+        // SAFETY: the application's out-pointer, as the API requires.
+        status::SUCCESS => unsafe {
+            capture::not_capturing(
+                st,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        },
+        e => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    stream: CUstream,
+    st: *mut c_int,
+    id: *mut u64,
+) -> CUresult {
+    // SAFETY: the application's out-pointers, as the API requires.
+    unsafe { cuStreamGetCaptureInfo_v3(stream, st, id, null(), null(), null(), null()) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    stream: CUstream,
+    st: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    // SAFETY: the application's out-pointers, as the API requires.
+    unsafe { cuStreamGetCaptureInfo_v3(stream, st, id, graph, deps, null(), num_deps) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: CUstream,
+    st: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    match stream_known(stream) {
+        // SAFETY: the application's out-pointers, as the API requires.
+        status::SUCCESS => unsafe { capture::not_capturing(st, id, graph, deps, edges, num_deps) },
+        e => e,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    // SAFETY: the application's pointer, as the API requires.
+    unsafe { capture::exchange_mode(mode) }
+}
+
+/// `cuPointerGetAttributes`: the host's driver answers (the guest's own memory is
+/// not the host's to describe: a pinned allocation of the guest is ordinary memory
+/// there, reported as unregistered); each value is written at its size.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    n: c_uint,
+    attributes: *mut c_int,
+    data: *mut *mut c_void,
+    ptr: u64,
+) -> CUresult {
+    // SAFETY: the application's arrays, as the API requires.
+    unsafe { pointer_attributes(n, attributes, data, ptr, false) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: u64,
+) -> CUresult {
+    let mut a = attribute;
+    let mut d = data;
+    // SAFETY: one attribute and its value pointer.
+    unsafe { pointer_attributes(1, &mut a, &mut d, ptr, true) }
+}
+
+/// Both pointer queries: `single` is `cuPointerGetAttribute`, which refuses a
+/// pointer its driver does not know where the plural answers zeros.
+unsafe fn pointer_attributes(
+    n: c_uint,
+    attributes: *mut c_int,
+    data: *mut *mut c_void,
+    ptr: u64,
+    single: bool,
+) -> CUresult {
+    use hira_apis_cuda_private::pointer;
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    let n = n as usize;
+    if n == 0 || n > pointer::MAX_ATTRIBUTES || attributes.is_null() || data.is_null() {
+        return status::INVALID_VALUE;
+    }
+    let mut ids = Vec::with_capacity(n * 4);
+    let mut sizes = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: `n` attributes and value pointers, as the API requires.
+        let (a, d) = unsafe { (*attributes.add(i), *data.add(i)) };
+        match pointer::value_size(a) {
+            Some(size) if !d.is_null() => sizes.push(size),
+            _ => return status::INVALID_VALUE,
+        }
+        ids.extend_from_slice(&a.to_le_bytes());
+    }
+    let mut values = vec![0u8; n * pointer::MAX_VALUE];
+    // SAFETY: `ids` and `values` hold the lengths passed.
+    let st = unsafe {
+        crate::generated::hiraPointerGetAttributes(
+            ids.as_ptr().cast(),
+            ids.len(),
+            values.as_mut_ptr().cast(),
+            values.len(),
+            ptr,
+            c_int::from(single),
+        )
+    };
+    if st != status::SUCCESS {
+        return st;
+    }
+    for (i, size) in sizes.into_iter().enumerate() {
+        // SAFETY: the value pointer holds the attribute's type, as the API requires.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                values[i * pointer::MAX_VALUE..].as_ptr(),
+                (*data.add(i)).cast::<u8>(),
+                size,
+            );
+        }
+    }
+    status::SUCCESS
+}
+
+/// `CUhostFn`.
+type HostFn = unsafe extern "C" fn(*mut c_void);
+/// `CUstreamCallback`.
+type StreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
+
+/// `cuLaunchHostFunc`: once the stream's work is done (its synchronisation, on the
+/// host), the function runs in the calling thread, so that nothing enqueued later on
+/// the stream can start before it returns. The function is not run when the
+/// stream's work failed, as the driver skips it after an error.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc(
+    stream: CUstream,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+) -> CUresult {
+    let Some(func) = func else {
+        return status::INVALID_VALUE;
+    };
+    let known = stream_known(stream);
+    if known != status::SUCCESS {
+        return known;
+    }
+    // SAFETY: a stream of the application.
+    let st = unsafe { crate::generated::cuStreamSynchronize(stream) };
+    if st == status::SUCCESS {
+        // SAFETY: the application's function and data, as the API requires.
+        unsafe { func(user_data) };
+    }
+    st
+}
+
+/// `cuStreamAddCallback`: as `cuLaunchHostFunc`, the callback told the status of
+/// the stream's work (and called whatever it is).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    stream: CUstream,
+    callback: Option<StreamCallback>,
+    user_data: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    let Some(callback) = callback else {
+        return status::INVALID_VALUE;
+    };
+    if flags != 0 {
+        return status::INVALID_VALUE;
+    }
+    let known = stream_known(stream);
+    if known != status::SUCCESS {
+        return known;
+    }
+    // SAFETY: a stream of the application.
+    let st = unsafe { crate::generated::cuStreamSynchronize(stream) };
+    // SAFETY: the application's callback and data, as the API requires.
+    unsafe { callback(stream, st, user_data) };
+    status::SUCCESS
+}
+
+/// A null out-pointer of any type.
+fn null<T>() -> *mut T {
+    std::ptr::null_mut()
+}
+
+/// `cuLaunchKernelEx`: the configuration is read here (the host cannot read the
+/// application's memory) and the launch goes with its attributes as bytes, events as
+/// the guest's ids, which the API server looks up as it does every handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const c_void,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    use hira_apis_cuda_private::launch;
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    // SAFETY: the application's configuration, as the API requires.
+    let Some((c, attrs)) = (unsafe { launch::read(config.cast()) }) else {
+        return status::INVALID_VALUE;
+    };
+    let bytes: Vec<u8> = attrs.iter().flat_map(|a| a.to_bytes()).collect();
+    let at = if bytes.is_empty() {
+        std::ptr::null()
+    } else {
+        bytes.as_ptr().cast()
+    };
+    // SAFETY: the application's parameters, as the API requires; `at` holds
+    // `bytes.len()` bytes.
+    unsafe {
+        crate::generated::hiraLaunchKernelEx(
+            f,
+            c.grid[0],
+            c.grid[1],
+            c.grid[2],
+            c.block[0],
+            c.block[1],
+            c.block[2],
+            c.shared_mem_bytes,
+            c.stream,
+            at,
+            bytes.len(),
+            kernel_params,
+            extra,
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuMemHostAlloc(pp, bytesize, 0) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytesize: usize,
+    _flags: c_uint,
+) -> CUresult {
+    if rt::current() == 0 {
+        return status::INVALID_CONTEXT;
+    }
+    if pp.is_null() || bytesize == 0 {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: a plain allocation, page-aligned as the driver's are; freed by
+    // cuMemFreeHost.
+    let p = unsafe { libc::aligned_alloc(4096, bytesize.div_ceil(4096) * 4096) };
+    if p.is_null() {
+        return status::OUT_OF_MEMORY;
+    }
+    // SAFETY: not null; the application's pointer.
+    unsafe { pp.write(p) };
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    // SAFETY: `p` came from cuMemHostAlloc, as the API requires.
+    unsafe { libc::free(p) };
+    status::SUCCESS
+}
+
+/// Texts of errors asked for, by (code, which): kept for the process's life.
+type Texts = HashMap<(c_int, c_int), Option<&'static CStr>>;
+static TEXTS: Mutex<Option<Texts>> = Mutex::new(None);
+
+fn error_text(error: c_int, which: c_int, out: *mut *const c_char) -> CUresult {
+    if out.is_null() {
+        return status::INVALID_VALUE;
+    }
+    let mut texts = TEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = texts.get_or_insert_with(HashMap::new);
+    let text = match map.get(&(error, which)) {
+        Some(t) => *t,
+        None => {
+            let mut buf = [0 as c_char; 256];
+            // SAFETY: a buffer of the 256 bytes the call's description names.
+            let s = unsafe { crate::generated::hiraErrorText(error, which, buf.as_mut_ptr()) };
+            if s != status::SUCCESS && s != status::INVALID_VALUE {
+                return s;
+            }
+            let t = (s == status::SUCCESS).then(|| {
+                // SAFETY: the host's text, NUL-terminated within the buffer.
+                let c = unsafe { CStr::from_ptr(buf.as_ptr()) };
+                &*Box::leak(CString::from(c).into_boxed_c_str())
+            });
+            map.insert((error, which), t);
+            t
+        }
+    };
+    // SAFETY: checked not null.
+    unsafe { out.write(text.map_or(std::ptr::null(), CStr::as_ptr)) };
+    if text.is_some() {
+        status::SUCCESS
+    } else {
+        status::INVALID_VALUE
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(error: c_int, p_str: *mut *const c_char) -> CUresult {
+    rt::call("cuGetErrorName", || Ok(error_text(error, 0, p_str)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(error: c_int, p_str: *mut *const c_char) -> CUresult {
+    rt::call("cuGetErrorString", || Ok(error_text(error, 1, p_str)))
+}
+
+/// `CU_GET_PROC_ADDRESS_SUCCESS`, `_SYMBOL_NOT_FOUND`.
+const PROC_FOUND: c_int = 0;
+const PROC_NOT_FOUND: c_int = 1;
+
+/// The entry point `symbol` names (without a version suffix): this library's own
+/// function, whatever version the caller asks for; what Hira does not remote is not
+/// found, as a driver too old for it would answer.
+/// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
+const PROC_VERSION_NOT_SUFFICIENT: c_int = 2;
+
+/// Resolves `symbol` at `cuda_version` to the variant a program built for that
+/// version expects (`hira_apis_cuda_private::procs`, checked against NVIDIA's driver),
+/// as NVIDIA's driver does: an entry point Hira does not remote is found too, and
+/// says `CUDA_ERROR_NOT_SUPPORTED` when called. Hira has no per-thread default
+/// stream: a per-thread variant is its legacy one, whose default stream orders
+/// work at least as strictly.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    symbol_status: *mut c_int,
+) -> CUresult {
+    use hira_apis_cuda_private::procs::{Lookup, lookup};
+    if symbol.is_null() || pfn.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: a C string, as the API requires.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
+    let (st, found) = match lookup(&name, cuda_version, flags) {
+        Lookup::Found(sym) => {
+            let base = sym.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+            match entry_point(base) {
+                Some(f) => (PROC_FOUND, f),
+                None => (PROC_NOT_FOUND, 0),
+            }
+        }
+        Lookup::VersionNotSufficient => (PROC_VERSION_NOT_SUFFICIENT, 0),
+        Lookup::NotFound => (PROC_NOT_FOUND, 0),
+    };
+    rt::init_logger();
+    log::debug!("cuGetProcAddress({name}, version {cuda_version}, flags {flags}): {st}");
+    // SAFETY: checked not null; `symbol_status` may be null.
+    unsafe {
+        pfn.write(found as *mut c_void);
+        if !symbol_status.is_null() {
+            symbol_status.write(st);
+        }
+    }
+    // NVIDIA's driver 580 answers the runtime's probe with an empty name so.
+    if st == PROC_FOUND || name.is_empty() {
+        status::SUCCESS
+    } else {
+        status::NOT_FOUND
+    }
+}
+
+/// This library's function exported as `symbol`.
+fn entry_point(symbol: &str) -> Option<usize> {
+    static TABLE: std::sync::OnceLock<HashMap<&'static str, usize>> = std::sync::OnceLock::new();
+    TABLE
+        .get_or_init(|| {
+            let mut t: HashMap<&'static str, usize> = HashMap::new();
+            t.extend(crate::generated::unsupported_entry_points());
+            t.extend(crate::generated::entry_points());
+            t.insert("cuGetProcAddress", cuGetProcAddress as *const () as usize);
+            t.insert(
+                "cuGetExportTable",
+                crate::private::cuGetExportTable as *const () as usize,
+            );
+            t.insert(
+                "cuProfilerStart",
+                crate::private::cuProfilerStart as *const () as usize,
+            );
+            t.insert(
+                "cuProfilerStop",
+                crate::private::cuProfilerStop as *const () as usize,
+            );
+            // Older names of the same function (the same arguments; `_v2` changed
+            // what the driver does, not what it takes).
+            for (old, new) in [
+                ("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"),
+                ("cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2"),
+                (
+                    "cuDevicePrimaryCtxSetFlags",
+                    "cuDevicePrimaryCtxSetFlags_v2",
+                ),
+            ] {
+                if let Some(&f) = t.get(new) {
+                    t.insert(old, f);
+                }
+            }
+            t.insert(
+                "cuGetProcAddress_v2",
+                cuGetProcAddress_v2 as *const () as usize,
+            );
+            t
+        })
+        .get(symbol)
+        .copied()
+}
+
+/// The first `cuGetProcAddress`, without the status out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
+
+/// A copy between addresses of the unified address space: each side is device
+/// memory if it lies in an allocation the application holds, else host memory of
+/// this process, and the copy goes as the call for its direction (host to host: a
+/// plain copy, as the driver makes it).
+fn unified_copy(dst: u64, src: u64, n: usize, stream: Option<CUstream>) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if n == 0 {
+        return status::SUCCESS;
+    }
+    let (d, s) = (rt::is_device(dst, n as u64), rt::is_device(src, n as u64));
+    let (host_dst, host_src) = (dst as usize as *mut c_void, src as usize as *const c_void);
+    // SAFETY: the application passes `n` valid bytes at each side, as the API
+    // requires; device sides are forwarded as addresses.
+    unsafe {
+        match (d, s, stream) {
+            (true, true, None) => crate::generated::cuMemcpyDtoD_v2(dst, src, n),
+            (true, true, Some(h)) => crate::generated::cuMemcpyDtoDAsync_v2(dst, src, n, h),
+            (true, false, None) => crate::generated::cuMemcpyHtoD_v2(dst, host_src, n),
+            (true, false, Some(h)) => crate::generated::cuMemcpyHtoDAsync_v2(dst, host_src, n, h),
+            (false, true, None) => crate::generated::cuMemcpyDtoH_v2(host_dst, src, n),
+            (false, true, Some(h)) => crate::generated::cuMemcpyDtoHAsync_v2(host_dst, src, n, h),
+            (false, false, _) => {
+                if host_dst.is_null() || host_src.is_null() {
+                    return status::INVALID_VALUE;
+                }
+                std::ptr::copy(host_src.cast::<u8>(), host_dst.cast::<u8>(), n);
+                status::SUCCESS
+            }
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy(dst: u64, src: u64, byte_count: usize) -> CUresult {
+    unified_copy(dst, src, byte_count, None)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: u64,
+    src: u64,
+    byte_count: usize,
+    h_stream: CUstream,
+) -> CUresult {
+    unified_copy(dst, src, byte_count, Some(h_stream))
+}
+
+/// What an entry point Hira does not remote returns; the first call of each is
+/// logged.
+pub fn unsupported(name: &'static str) -> CUresult {
+    static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.contains(&name) {
+        seen.push(name);
+        log::warn!("{name} is not supported by Hira: CUDA_ERROR_NOT_SUPPORTED");
+    }
+    status::NOT_SUPPORTED
+}
+
+#[cfg(test)]
+mod coverage {
+    /// `docs/cuda-coverage.md` is what the description and the driver's entry points
+    /// say.
+    #[test]
+    fn the_coverage_table_is_up_to_date() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let api = hira_apigen::Api::load(&format!("{root}/protocol/api/cuda.api")).unwrap();
+        let list = std::fs::read_to_string(format!("{root}/cuda/driver-api.txt")).unwrap();
+        let table = hira_apigen::cuda::coverage(
+            &api.funcs,
+            &list,
+            &["cuGetProcAddress", "cuGetExportTable"],
+        );
+        let path = format!("{root}/docs/cuda-coverage.md");
+        if std::env::var_os("HIRA_WRITE_COVERAGE").is_some() {
+            std::fs::write(&path, &table).unwrap();
+        }
+        let doc = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            doc == table,
+            "docs/cuda-coverage.md is stale: run HIRA_WRITE_COVERAGE=1 cargo test -p hira-cuda coverage"
+        );
+    }
+}
