@@ -24,6 +24,8 @@ pub mod account;
 pub mod backend;
 pub mod cuda;
 pub mod handles;
+#[cfg(test)]
+mod null;
 pub mod opencl;
 pub mod output;
 pub mod sandbox;

@@ -1056,4 +1056,201 @@ mod tests {
             assert_eq!(got, [7, 9], "cut at {cut}");
         }
     }
+
+    use crate::null::{ECHO, FAIL, FAILED, NullBackend, SYNC_ONLY};
+    use hira_protocol::frame::FLAG_NO_REPLY;
+
+    /// What the session writes to the guest, shared with the test.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn request(opcode: u16, channel: u32, call_id: u64, body: &[u8], no_reply: bool) -> Vec<u8> {
+        let mut h = FrameHeader::new(FrameKind::Request, opcode, channel, call_id, body.len());
+        if no_reply {
+            h.flags = FLAG_NO_REPLY;
+        }
+        let mut v = h.encode().to_vec();
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// Runs the session loop over `input` on a null backend until the input ends;
+    /// returns the backend and the frames sent to the guest.
+    fn serve_null(input: Vec<u8>) -> (Arc<NullBackend>, Vec<(FrameHeader, Vec<u8>)>) {
+        let backend = Arc::new(NullBackend::default());
+        let sink = Sink::default();
+        let writer = Arc::new(FrameWriter::new(sink.clone()));
+        let mut input = Input::new(std::io::Cursor::new(input), &[]);
+        let moved = serve(
+            &mut input,
+            backend.clone(),
+            writer,
+            Arc::new(None),
+            None,
+            None,
+        )
+        .unwrap();
+        assert!(!moved);
+        assert!(
+            backend.gone.load(Ordering::Acquire),
+            "guest_gone not called"
+        );
+        let out = sink.0.lock().unwrap().clone();
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at < out.len() {
+            let h = FrameHeader::decode(out[at..at + HEADER_LEN].try_into().unwrap()).unwrap();
+            let end = at + HEADER_LEN + h.len as usize;
+            frames.push((h, out[at + HEADER_LEN..end].to_vec()));
+            at = end;
+        }
+        (backend, frames)
+    }
+
+    fn error_code_of(body: &[u8]) -> u32 {
+        ErrorPayload::decode(body).unwrap().code
+    }
+
+    #[test]
+    fn requests_are_answered_in_order_with_their_call_ids() {
+        let mut input = request(ECHO, 1, 10, b"a", false);
+        input.extend(request(FAIL, 1, 11, b"", false));
+        input.extend(request(ECHO, 1, 12, b"bc", false));
+        let (backend, frames) = serve_null(input);
+        assert_eq!(backend.opcodes(), [ECHO, FAIL, ECHO]);
+        let got: Vec<_> = frames
+            .iter()
+            .map(|(h, b)| (h.kind, h.opcode, h.call_id, b.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    FrameKind::Reply,
+                    ECHO,
+                    10,
+                    [&0i32.to_le_bytes()[..], b"a"].concat()
+                ),
+                (FrameKind::Reply, FAIL, 11, FAILED.to_le_bytes().to_vec()),
+                (
+                    FrameKind::Reply,
+                    ECHO,
+                    12,
+                    [&0i32.to_le_bytes()[..], b"bc"].concat()
+                ),
+            ]
+        );
+        // Tearing down is the caller's step, after the loop.
+        assert_eq!(backend.teardowns.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn frames_other_than_requests_are_refused_and_the_session_goes_on() {
+        let mut input = FrameHeader::new(FrameKind::Reply, ECHO, 1, 5, 0)
+            .encode()
+            .to_vec();
+        input.extend(request(ECHO, 1, 6, b"x", false));
+        let (backend, frames) = serve_null(input);
+        assert_eq!(backend.opcodes(), [ECHO]);
+        assert_eq!(frames.len(), 2);
+        assert_eq!(
+            (frames[0].0.kind, frames[0].0.call_id),
+            (FrameKind::Error, 5)
+        );
+        assert_eq!(error_code_of(&frames[0].1), error_code::MALFORMED);
+        assert_eq!(
+            (frames[1].0.kind, frames[1].0.call_id),
+            (FrameKind::Reply, 6)
+        );
+    }
+
+    #[test]
+    fn a_call_that_must_be_answered_is_dropped_when_sent_without_a_reply() {
+        let mut input = request(SYNC_ONLY, 1, 0, b"", true);
+        input.extend(request(SYNC_ONLY, 1, 7, b"", false));
+        let (backend, frames) = serve_null(input);
+        assert_eq!(backend.opcodes(), [SYNC_ONLY], "the asynchronous one ran");
+        assert_eq!(frames.len(), 1);
+        assert_eq!(
+            (frames[0].0.kind, frames[0].0.call_id),
+            (FrameKind::Reply, 7)
+        );
+    }
+
+    #[test]
+    fn asynchronous_calls_report_only_their_failures() {
+        let mut input = request(ECHO, 1, 0, b"quiet", true);
+        input.extend(request(FAIL, 1, 0, b"", true));
+        let (backend, frames) = serve_null(input);
+        assert_eq!(backend.opcodes(), [ECHO, FAIL]);
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        let (h, body) = &frames[0];
+        assert_eq!((h.kind, h.opcode), (FrameKind::Notify, ASYNC_FAILURE));
+        assert_eq!(
+            AsyncFailure::decode(body).unwrap(),
+            AsyncFailure {
+                opcode: FAIL,
+                status: FAILED
+            }
+        );
+    }
+
+    #[test]
+    fn an_unknown_opcode_is_answered_with_its_own_error() {
+        let (backend, frames) = serve_null(request(999, 1, 3, b"", false));
+        assert!(backend.opcodes().is_empty());
+        assert_eq!(frames.len(), 1);
+        assert_eq!(frames[0].0.kind, FrameKind::Error);
+        assert_eq!(error_code_of(&frames[0].1), error_code::UNKNOWN_OPCODE);
+    }
+
+    #[test]
+    fn guest_threads_beyond_the_limit_are_refused_and_the_others_served() {
+        let channels = MAX_CHANNELS as u32 + 1;
+        let input: Vec<u8> = (1..=channels)
+            .flat_map(|c| request(ECHO, c, u64::from(c), &c.to_le_bytes(), false))
+            .collect();
+        let (backend, frames) = serve_null(input);
+        assert_eq!(backend.opcodes().len(), MAX_CHANNELS);
+        let mut replied: Vec<u32> = frames
+            .iter()
+            .filter(|(h, _)| h.kind == FrameKind::Reply)
+            .map(|(h, b)| {
+                assert_eq!(b[4..], h.channel.to_le_bytes(), "reply on another channel");
+                h.channel
+            })
+            .collect();
+        replied.sort_unstable();
+        assert_eq!(replied, (1..channels).collect::<Vec<_>>());
+        let refused: Vec<_> = frames
+            .iter()
+            .filter(|(h, _)| h.kind == FrameKind::Error)
+            .map(|(h, b)| (h.channel, error_code_of(b)))
+            .collect();
+        assert_eq!(refused, [(channels, error_code::POLICY)]);
+    }
+
+    #[test]
+    fn a_frame_that_cannot_be_decoded_ends_the_session_with_the_reason() {
+        let mut input = request(ECHO, 1, 1, b"", false);
+        let mut bad = request(ECHO, 1, 2, b"", false);
+        bad[4] = 0xEE; // no such frame kind
+        input.extend(bad);
+        input.extend(request(ECHO, 1, 3, b"", false));
+        let (backend, frames) = serve_null(input);
+        assert_eq!(backend.opcodes(), [ECHO], "a call after the bad frame ran");
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[1].0.kind, FrameKind::Error);
+        assert_eq!(error_code_of(&frames[1].1), error_code::MALFORMED);
+    }
 }

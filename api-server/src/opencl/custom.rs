@@ -159,9 +159,9 @@ pub unsafe fn hiraBuildFiles(
     }
     // SAFETY: NUL-terminated per the contract.
     let cwd = unsafe { CStr::from_ptr(cwd) }.to_string_lossy();
-    // SAFETY: valid for `files_len` reads per the contract.
-    let blob = unsafe { std::slice::from_raw_parts(files.cast::<u8>(), files_len) };
-    match super::builds::parse(&cwd, blob) {
+    // SAFETY: valid for `files_len` reads per the contract (possibly in the window).
+    let blob = unsafe { super::args::copy_in(files, files_len) };
+    match super::builds::parse(&cwd, &blob) {
         Ok(staged) => {
             s.builds().stage(program as usize, staged);
             Some(0)
@@ -372,13 +372,8 @@ pub unsafe fn hiraStage(
     if data.is_null() && len != 0 {
         return Some(CL_INVALID_VALUE);
     }
-    let chunk = if len == 0 {
-        &[][..]
-    } else {
-        // SAFETY: valid for `len` reads per the contract.
-        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
-    };
-    Some(s.staging().stage(token, total, offset, chunk))
+    // SAFETY: valid for `len` reads per the contract (possibly in the window).
+    Some(unsafe { s.staging().stage(token, total, offset, data.cast(), len) })
 }
 
 /// Copies a chunk of a staged output.
@@ -398,9 +393,8 @@ pub unsafe fn hiraFetch(
     if data.is_null() {
         return Some(CL_INVALID_VALUE);
     }
-    // SAFETY: valid for `len` writes per the contract.
-    let dst = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), len) };
-    Some(s.staging().fetch(token, offset, dst))
+    // SAFETY: valid for `len` writes per the contract (possibly in the window).
+    Some(unsafe { s.staging().fetch(token, offset, data.cast(), len) })
 }
 
 /// `clSVMAlloc` for the guest's allocation `id`.
@@ -616,8 +610,8 @@ pub unsafe fn hiraSetKernelExecInfoSVM(
             std::ptr::null(),
         );
     }
-    // SAFETY: valid for `count * 16` reads per the contract.
-    let raw = unsafe { std::slice::from_raw_parts(ids.cast::<u8>(), count as usize * 16) };
+    // SAFETY: valid for `count * 16` reads per the contract (possibly in the window).
+    let raw = unsafe { super::args::copy_in(ids, count as usize * 16) };
     let mut ptrs = Vec::with_capacity(count as usize);
     for pair in raw.chunks_exact(16) {
         let id = u64::from_le_bytes(pair[..8].try_into().unwrap_or_default());
@@ -649,8 +643,8 @@ pub unsafe fn hiraSVMEnqueueFree(
     event_wait_list: *const cl_event,
     event: *mut cl_event,
 ) -> Option<cl_int> {
-    // SAFETY: valid for `count * 8` reads per the contract.
-    let raw = unsafe { std::slice::from_raw_parts(ids.cast::<u8>(), count as usize * 8) };
+    // SAFETY: valid for `count * 8` reads per the contract (possibly in the window).
+    let raw = unsafe { super::args::copy_in(ids, count as usize * 8) };
     let mut ptrs = Vec::with_capacity(count as usize);
     for id in raw.chunks_exact(8) {
         let id = u64::from_le_bytes(id.try_into().unwrap_or_default());

@@ -22,7 +22,7 @@ use hira_protocol::FrameKind;
 use hira_protocol::handshake::{OUTPUT_DONE, OutputDone};
 use opencl_sys::{cl_event, cl_int};
 
-use super::session::OutBuffer;
+use super::args::OutBuffer;
 use crate::backend::Fail;
 use crate::server::FrameWriter;
 

@@ -21,8 +21,9 @@ use hira_protocol::{Reader, Writer};
 use opencl_sys::{cl_command_queue, cl_context, cl_int, cl_mem};
 
 use super::OpenClBackend;
+use super::handles;
 use super::queues::{Queues, info_value};
-use super::session::{self, Session};
+use super::session::Session;
 use crate::backend::{FrameData, MigrationError};
 
 use opencl_sys::CL_COMPLETE;
@@ -827,7 +828,7 @@ impl OpenClBackend {
                 "completing a stand-in event",
             )?;
             for _ in 1..si.refs {
-                session::retain(rt, Kind::Event, ev.cast());
+                handles::retain(rt, Kind::Event, ev.cast());
             }
         }
         let mut qs = Queues::new(rt);
@@ -856,11 +857,11 @@ impl OpenClBackend {
                 match refs.get(&id).copied().unwrap_or(0) {
                     0 => {
                         handles.forget(id);
-                        session::release(rt, kind, host as *mut c_void);
+                        handles::release(rt, kind, host as *mut c_void);
                     }
                     n => {
                         for _ in 1..n {
-                            session::retain(rt, kind, host as *mut c_void);
+                            handles::retain(rt, kind, host as *mut c_void);
                         }
                         handles.set_refs(id, n);
                     }

@@ -1,7 +1,11 @@
 //! The OpenCL backend.
 //!
-//! - [`session`]: the handle table and the decoding helpers the generated dispatch
-//!   calls for each argument kind.
+//! - [`session`]: the per-call view the generated dispatch works on (ids, references,
+//!   completion reports, migration's record).
+//! - [`handles`]: the handle table.
+//! - [`args`]: decoding and checking each kind of argument.
+//! - [`callbacks`]: host callbacks that notify the guest's.
+//! - [`info`]: info queries, host objects rewritten as ids.
 //! - `generated`: one function per remoted call, generated from
 //!   `protocol/api/opencl.api`.
 //! - [`custom`]: host calls that need more than a direct call (platform selection).
@@ -12,11 +16,15 @@
 //! - [`sizes`]: byte counts of image arguments, recomputed from decoded arguments so
 //!   that the host never reads past what the guest sent.
 
+pub mod args;
 pub mod builds;
+pub mod callbacks;
 pub mod command_buffer;
 pub mod custom;
 pub mod deferred;
 pub mod device_time;
+pub mod handles;
+pub mod info;
 pub mod migrate;
 pub(crate) mod queues;
 pub mod session;
@@ -40,7 +48,8 @@ use opencl_sys::CL_OUT_OF_RESOURCES;
 
 use crate::backend::{Backend, BackendError, Fail, FrameData, MigrationError, TeardownReport};
 use crate::server::FrameWriter;
-pub use session::{Handles, Session};
+pub use handles::Handles;
+pub use session::Session;
 
 /// Generated dispatch.
 mod generated {
@@ -329,7 +338,7 @@ impl Backend for OpenClBackend {
         for (kind, host, refs) in leftovers {
             for _ in 0..refs {
                 let ptr = host as *mut c_void;
-                let status = session::release(self.rt, kind, ptr);
+                let status = handles::release(self.rt, kind, ptr);
                 if status == Some(0) {
                     report.released += 1;
                 } else {

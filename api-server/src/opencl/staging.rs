@@ -67,8 +67,20 @@ impl Staging {
         i.inputs.is_empty() && i.outputs.is_empty()
     }
 
-    /// Appends `chunk` at `offset` of input `token`, whose whole length is `total`.
-    pub fn stage(&self, token: u64, total: usize, offset: usize, chunk: &[u8]) -> i32 {
+    /// Appends the `len` bytes at `src` at `offset` of input `token`, whose whole length
+    /// is `total`. `src` may be guest-writable (the data window): it is read once, by
+    /// a raw copy.
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` reads.
+    pub unsafe fn stage(
+        &self,
+        token: u64,
+        total: usize,
+        offset: usize,
+        src: *const u8,
+        len: usize,
+    ) -> i32 {
         let mut st = self.inner();
         if !st.inputs.contains_key(&token) {
             if offset != 0 || st.total.saturating_add(total) > MAX_STAGED {
@@ -91,12 +103,17 @@ impl Staging {
         let Some(b) = st.inputs.get_mut(&token) else {
             return CL_INVALID_VALUE;
         };
-        let end = offset.checked_add(chunk.len());
+        let end = offset.checked_add(len);
         if b.len != total || offset != b.filled || end.is_none_or(|e| e > b.len) {
             return CL_INVALID_VALUE;
         }
-        b.bytes_mut()[offset..offset + chunk.len()].copy_from_slice(chunk);
-        b.filled += chunk.len();
+        let dst = b.bytes_mut()[offset..offset + len].as_mut_ptr();
+        if len != 0 {
+            // SAFETY: `src` is valid for `len` reads per the contract, and `dst` is
+            // this input's own storage with `len` bytes left at `offset` (checked above).
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        }
+        b.filled += len;
         0
     }
 
@@ -146,17 +163,26 @@ impl Staging {
         st.total = st.total.saturating_sub(len);
     }
 
-    /// Copies `dst.len()` bytes at `offset` of output `token`; the output is gone
+    /// Copies `len` bytes at `offset` of output `token` to `dst`; the output is gone
     /// once its last byte was fetched.
-    pub fn fetch(&self, token: u64, offset: usize, dst: &mut [u8]) -> i32 {
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` writes; it may be guest-readable (the data
+    /// window), and is written by a raw copy.
+    pub unsafe fn fetch(&self, token: u64, offset: usize, dst: *mut u8, len: usize) -> i32 {
         let mut st = self.inner();
         let Some(b) = st.outputs.get_mut(&token) else {
             return CL_INVALID_VALUE;
         };
-        let Some(end) = offset.checked_add(dst.len()).filter(|&e| e <= b.len) else {
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= b.len) else {
             return CL_INVALID_VALUE;
         };
-        dst.copy_from_slice(&b.bytes_mut()[offset..end]);
+        let src = b.bytes_mut()[offset..end].as_ptr();
+        if len != 0 {
+            // SAFETY: `dst` is valid for `len` writes per the contract; `src` is this
+            // output's own storage with `len` bytes at `offset` (checked above).
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        }
         if end == b.len {
             let len = b.len;
             st.outputs.remove(&token);
@@ -170,13 +196,27 @@ impl Staging {
 mod tests {
     use super::*;
 
+    fn stage(s: &Staging, token: u64, total: usize, offset: usize, chunk: &[u8]) -> i32 {
+        // SAFETY: `chunk` is valid for its length.
+        unsafe { s.stage(token, total, offset, chunk.as_ptr(), chunk.len()) }
+    }
+
+    fn fetch(s: &Staging, token: u64, offset: usize, dst: &mut [u8]) -> i32 {
+        // SAFETY: `dst` is valid for its length.
+        unsafe { s.fetch(token, offset, dst.as_mut_ptr(), dst.len()) }
+    }
+
     #[test]
     fn chunks_arrive_in_order_and_make_the_whole_input() {
         let s = Staging::default();
-        assert_eq!(s.stage(1, 6, 0, b"abc"), 0);
-        assert_eq!(s.stage(1, 6, 1, b"x"), CL_INVALID_VALUE, "out of order");
-        assert_eq!(s.stage(1, 6, 3, b"defg"), CL_INVALID_VALUE, "past the end");
-        assert_eq!(s.stage(1, 6, 3, b"def"), 0);
+        assert_eq!(stage(&s, 1, 6, 0, b"abc"), 0);
+        assert_eq!(stage(&s, 1, 6, 1, b"x"), CL_INVALID_VALUE, "out of order");
+        assert_eq!(
+            stage(&s, 1, 6, 3, b"defg"),
+            CL_INVALID_VALUE,
+            "past the end"
+        );
+        assert_eq!(stage(&s, 1, 6, 3, b"def"), 0);
         let i = s.take_input(1, 6).unwrap();
         // SAFETY: the words hold 6 initialised bytes.
         let bytes = unsafe { std::slice::from_raw_parts(i.words.as_ptr().cast::<u8>(), 6) };
@@ -187,9 +227,9 @@ mod tests {
     #[test]
     fn an_incomplete_or_oversized_input_is_refused() {
         let s = Staging::default();
-        assert_eq!(s.stage(2, 4, 0, b"ab"), 0);
+        assert_eq!(stage(&s, 2, 4, 0, b"ab"), 0);
         assert_eq!(s.take_input(2, 4).err(), Some(CL_INVALID_VALUE));
-        assert_eq!(s.stage(3, MAX_STAGED + 1, 0, b"a"), CL_OUT_OF_RESOURCES);
+        assert_eq!(stage(&s, 3, MAX_STAGED + 1, 0, b"a"), CL_OUT_OF_RESOURCES);
     }
 
     #[test]
@@ -201,10 +241,10 @@ mod tests {
         s.keep_output(9, w, 5);
         let mut a = [0u8; 2];
         let mut b = [0u8; 3];
-        assert_eq!(s.fetch(9, 0, &mut a), 0);
-        assert_eq!(s.fetch(9, 2, &mut b), 0);
+        assert_eq!(fetch(&s, 9, 0, &mut a), 0);
+        assert_eq!(fetch(&s, 9, 2, &mut b), 0);
         assert_eq!((&a, &b), (b"he", b"llo"));
-        assert_eq!(s.fetch(9, 0, &mut a), CL_INVALID_VALUE);
+        assert_eq!(fetch(&s, 9, 0, &mut a), CL_INVALID_VALUE);
         assert_eq!(s.inner().total, 0);
     }
 }
