@@ -15,7 +15,7 @@ use hira_protocol::handshake::{
     Welcome, error_code, migrate,
 };
 use hira_protocol::usage::UsagePage;
-use hira_protocol::{FrameHeader, FrameKind, Writer, ring, unix};
+use hira_protocol::{FrameHeader, FrameKind, Writer, unix};
 use log::{debug, info, warn};
 use thiserror::Error;
 
@@ -283,7 +283,7 @@ const RING_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// The submission ring as a byte stream: the end of the session reads as the end of
 /// the stream.
-struct Submissions(ring::Consumer);
+struct Submissions(hira_ring::Consumer);
 
 impl Read for Submissions {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -298,20 +298,20 @@ impl Read for Submissions {
 /// host-local guest the region and eventfds to hand it (through the daemon, with the
 /// `Welcome`).
 struct Rings {
-    ends: ring::Ends,
+    ends: hira_ring::Ends,
     handoff: Option<(OwnedFd, Vec<OwnedFd>)>,
 }
 
 /// Host-local rings: a fresh memfd region and eventfds.
 fn setup_rings(live: &UnixStream) -> std::io::Result<Rings> {
     use std::os::fd::AsRawFd;
-    let (region, region_fd) = ring::Region::create(ring::DEFAULT_CAPACITY)?;
-    let eventfds = ring::eventfds()?;
+    let (region, region_fd) = hira_ring::Region::create(hira_ring::DEFAULT_CAPACITY)?;
+    let eventfds = hira_ring::eventfds()?;
     let ours = eventfds
         .iter()
         .map(|f| f.try_clone())
         .collect::<std::io::Result<Vec<_>>>()?;
-    let ends = ring::server_ends(Arc::new(region), ours, live.as_raw_fd())?;
+    let ends = hira_ring::server_ends(Arc::new(region), ours, live.as_raw_fd())?;
     Ok(Rings {
         ends,
         handoff: Some((region_fd, eventfds)),
@@ -326,8 +326,8 @@ fn adopt_rings(fds: Vec<OwnedFd>, live: &UnixStream) -> std::io::Result<Rings> {
     let region_fd = it
         .next()
         .ok_or_else(|| invalid("adopted rings without a region"))?;
-    let region = ring::Region::map(&region_fd, ring::DEFAULT_CAPACITY)?;
-    let ends = ring::server_ends(Arc::new(region), it.collect(), live.as_raw_fd())?;
+    let region = hira_ring::Region::map(&region_fd, hira_ring::DEFAULT_CAPACITY)?;
+    let ends = hira_ring::server_ends(Arc::new(region), it.collect(), live.as_raw_fd())?;
     Ok(Rings {
         ends,
         handoff: None,
@@ -343,13 +343,13 @@ fn setup_vm_rings(
     adopted: bool,
 ) -> std::io::Result<Rings> {
     use std::os::fd::AsRawFd;
-    let region = ring::Region::map_at(window, offset, ring::DEFAULT_CAPACITY, false)?;
+    let region = hira_ring::Region::map_at(window, offset, hira_ring::DEFAULT_CAPACITY, false)?;
     if !adopted {
         // The slot may hold an earlier session's rings.
         region.reset();
     }
     Ok(Rings {
-        ends: ring::server_ends_vm(Arc::new(region), live.as_raw_fd()),
+        ends: hira_ring::server_ends_vm(Arc::new(region), live.as_raw_fd()),
         handoff: None,
     })
 }
@@ -469,7 +469,7 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
         window_len: window.as_ref().map_or(0, |w| w.len() as u64),
         window_offset: 0,
         ring_capacity: if on_rings {
-            ring::DEFAULT_CAPACITY as u64
+            hira_ring::DEFAULT_CAPACITY as u64
         } else {
             0
         },

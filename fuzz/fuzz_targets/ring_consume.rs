@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use hira_protocol::frame::HEADER_LEN;
-use hira_protocol::ring::{self, Region};
+use hira_ring::{self, Region};
 use hira_protocol::FrameHeader;
 use libfuzzer_sys::fuzz_target;
 
@@ -17,12 +17,12 @@ const CAPACITY: usize = 4096;
 
 fuzz_target!(|data: &[u8]| {
     let (region, fd) = Region::create(CAPACITY).unwrap();
-    let len = ring::region_len(CAPACITY);
+    let len = hira_ring::region_len(CAPACITY);
     // The session is already over (the daemon's end closed), so nothing waits.
     let (live, daemon) = std::os::unix::net::UnixStream::pair().unwrap();
     drop(daemon);
     // The API server's end exists before the guest writes anything, as in a session.
-    let ends = ring::server_ends(Arc::new(region), ring::eventfds().unwrap(), live.as_raw_fd())
+    let ends = hira_ring::server_ends(Arc::new(region), hira_ring::eventfds().unwrap(), live.as_raw_fd())
         .unwrap();
     // The guest's view: the fuzzer's bytes over the whole region.
     // SAFETY: maps the region's memfd, shared, and unmaps it before returning.

@@ -12,9 +12,10 @@
 //!   until acknowledged, sent again on reconnecting).
 //! - `unix` (feature `unix`): sending and receiving frames with a file descriptor
 //!   (the data window) over Unix sockets.
-//! - `ring` (feature `unix`): the data plane, two byte rings in shared memory between
-//!   a guest and its API server (a memfd host-local, the session's slot of its VM's
-//!   shared window in a VM).
+//! - `ring` (feature `unix`): the layout of the data plane's region, two byte rings in
+//!   shared memory between a guest and its API server (a memfd host-local, the
+//!   session's slot of its VM's shared window in a VM); the ends that use it, and how
+//!   they wait, are the `hira-ring` crate.
 //! - `shm` (feature `unix`): memfds sealed as their users need, what a process checks
 //!   of a file another passed it, and mappings that unmap themselves.
 //! - `usage` (feature `unix`): a session's counters, kept by its API server in a page

@@ -136,17 +136,22 @@ impl Connection {
                         .map_err(|e| bad(e.to_string()))?;
                     let mut fds = ring_fds.into_iter();
                     let region = fds.next().ok_or_else(|| bad("no region".into()))?;
-                    let region =
-                        ring::Region::map(&region, capacity).map_err(|e| bad(e.to_string()))?;
-                    ring::guest_ends(std::sync::Arc::new(region), fds.collect(), stream.raw_fd())
-                        .map_err(|e| bad(e.to_string()))?
+                    let region = hira_ring::Region::map(&region, capacity)
+                        .map_err(|e| bad(e.to_string()))?;
+                    hira_ring::guest_ends(
+                        std::sync::Arc::new(region),
+                        fds.collect(),
+                        stream.raw_fd(),
+                    )
+                    .map_err(|e| bad(e.to_string()))?
                 }
                 Stream::Vsock(_) => {
                     let bar = crate::window::ivshmem_bar()
                         .ok_or_else(|| bad("no ivshmem device".into()))?;
-                    let region = ring::Region::map_at(&bar, welcome.ring_offset, capacity, false)
-                        .map_err(|e| bad(e.to_string()))?;
-                    ring::guest_ends_vm(std::sync::Arc::new(region), stream.raw_fd())
+                    let region =
+                        hira_ring::Region::map_at(&bar, welcome.ring_offset, capacity, false)
+                            .map_err(|e| bad(e.to_string()))?;
+                    hira_ring::guest_ends_vm(std::sync::Arc::new(region), stream.raw_fd())
                 }
             };
             ends.producer.set_spin(spin);

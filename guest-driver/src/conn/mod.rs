@@ -12,7 +12,7 @@ use hira_protocol::handshake::{
     OutputDone, Token, Welcome, error_code, migrate,
 };
 use hira_protocol::replay::{self, Replayed};
-use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
+use hira_protocol::{FrameHeader, FrameKind, Span, unix};
 use log::{debug, warn};
 use thiserror::Error;
 
@@ -114,7 +114,7 @@ impl std::io::Write for Stream {
 /// outlives its connection), or the submission ring of the data plane.
 enum Tx {
     Stream(Replayed<Stream>),
-    Ring(ring::Producer),
+    Ring(hira_ring::Producer),
 }
 
 impl std::io::Write for Tx {
@@ -155,7 +155,7 @@ enum Want<'a> {
 enum Rx {
     Stream(Stream),
     Ring {
-        consumer: ring::Consumer,
+        consumer: hira_ring::Consumer,
         socket: Stream,
         over: bool,
     },

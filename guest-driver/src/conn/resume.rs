@@ -116,7 +116,7 @@ impl Connection {
         drop(r);
         if kit.vm_rings {
             // A doorbell rung while the connection was down was lost: ring again.
-            let b = ring::doorbell_frame();
+            let b = hira_ring::doorbell_frame();
             // SAFETY: sends a local buffer on a descriptor this connection owns,
             // without blocking or SIGPIPE (a doorbell that does not fit is dropped, as
             // the rings do).

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use hira_protocol::api::Description;
 use hira_protocol::handshake::{ErrorPayload, Hello, Welcome, error_code, migrate};
 use hira_protocol::replay;
-use hira_protocol::{FrameHeader, FrameKind, ring, unix};
+use hira_protocol::{FrameHeader, FrameKind, unix};
 use log::{debug, warn};
 
 use super::{Context, GuestOut, SessionError, send_error};
@@ -42,10 +42,13 @@ pub(crate) fn resumable(
         // slot, if it had one, is checked when it is taken).
         return life.unpark(token, vm).ok_or_else(none);
     }
-    if !hello.rings || rings.len() != 1 + ring::EVENTFDS {
+    if !hello.rings || rings.len() != 1 + hira_ring::EVENTFDS {
         return Err(ResumeRefused::Descriptors);
     }
-    let region_ok = sealed_of_size(&rings[0], ring::region_len(ring::DEFAULT_CAPACITY) as u64);
+    let region_ok = sealed_of_size(
+        &rings[0],
+        hira_ring::region_len(hira_ring::DEFAULT_CAPACITY) as u64,
+    );
     if !region_ok {
         return Err(ResumeRefused::ForeignRegion);
     }
@@ -248,7 +251,7 @@ pub(crate) fn place_data_plane<'q>(
                     hello.window_offset = l.offset;
                     // The slot's last bytes hold the rings, if it has room for them
                     // beside a window of at least a mebibyte.
-                    let rings_len = ring::region_len(ring::DEFAULT_CAPACITY) as u64;
+                    let rings_len = hira_ring::region_len(hira_ring::DEFAULT_CAPACITY) as u64;
                     if hello.rings && l.len >= rings_len + (1 << 20) {
                         hello.window_len = l.len - rings_len;
                         hello.ring_offset = l.offset + hello.window_len;
@@ -360,7 +363,7 @@ pub(crate) fn introduce(
     // as they came; from then on the daemon carries no frame of this session.
     let rings = server_welcome.ring_capacity > 0;
     let fds_expected = if rings && local_rings && parked.is_none() {
-        1 + ring::EVENTFDS
+        1 + hira_ring::EVENTFDS
     } else {
         0
     };
@@ -544,7 +547,7 @@ mod tests {
             h.rings = true;
             h
         };
-        let rings_len = ring::region_len(ring::DEFAULT_CAPACITY) as u64;
+        let rings_len = hira_ring::region_len(hira_ring::DEFAULT_CAPACITY) as u64;
         let mut held = Vec::new();
         for _ in 0..2 {
             let mut h = vm_hello();

@@ -521,11 +521,11 @@ fn a_resume_without_a_parked_session_or_its_descriptors_is_refused() {
         // Eventfds the guest made itself, and a region of the right size, sealed.
         let region = hira_protocol::shm::memfd(
             c"region",
-            hira_protocol::ring::region_len(hira_protocol::ring::DEFAULT_CAPACITY) as u64,
+            hira_ring::region_len(hira_ring::DEFAULT_CAPACITY) as u64,
             hira_protocol::shm::FIXED,
         )
         .unwrap();
-        let efds = hira_protocol::ring::eventfds().unwrap();
+        let efds = hira_ring::eventfds().unwrap();
         let mut fds = vec![&window];
         if with_rings {
             fds.push(&region);

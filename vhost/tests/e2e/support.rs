@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hira_protocol::frame::HEADER_LEN;
 use hira_protocol::handshake::{Hello, Welcome};
-use hira_protocol::{FrameHeader, FrameKind, Span, ring, unix};
+use hira_protocol::{FrameHeader, FrameKind, Span, unix};
 
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -516,7 +516,7 @@ pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
 pub struct RawGuest {
     pub s: UnixStream,
     call_id: u64,
-    pub rings: Option<ring::Ends>,
+    pub rings: Option<hira_ring::Ends>,
     /// The ring region's descriptor, to corrupt the region on purpose.
     pub region_fd: Option<std::os::fd::OwnedFd>,
     /// The API server's doorbell (the submission ring's data eventfd).
@@ -588,10 +588,10 @@ impl RawGuest {
         let welcome = Welcome::decode(&p).unwrap();
         assert!(welcome.ring_capacity > 0, "the host set up rings");
         let region_fd = fds.remove(0);
-        let region = ring::Region::map(&region_fd, welcome.ring_capacity as usize).unwrap();
+        let region = hira_ring::Region::map(&region_fd, welcome.ring_capacity as usize).unwrap();
         g.doorbell = Some(fds[0].try_clone().unwrap());
         g.rings =
-            Some(ring::guest_ends(std::sync::Arc::new(region), fds, g.s.as_raw_fd()).unwrap());
+            Some(hira_ring::guest_ends(std::sync::Arc::new(region), fds, g.s.as_raw_fd()).unwrap());
         g.region_fd = Some(region_fd);
         g
     }

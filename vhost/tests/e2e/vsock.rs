@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use hira_apis_opencl::op;
 use hira_protocol::handshake::{ErrorPayload, Hello, Welcome, error_code};
-use hira_protocol::ring;
 use hira_protocol::{FrameHeader, FrameKind, Writer};
 use hira_vhost::config::Config;
 use hira_vhost::lifecycle::Lifecycle;
@@ -343,13 +342,13 @@ fn on_rings_a_vm_guest_may_only_ring_doorbells_on_its_socket() {
     hello.rings = true;
     let w = g.connect_with(hello);
     // The slot's end holds the rings; the rest is the data window.
-    let rings = ring::region_len(ring::DEFAULT_CAPACITY) as u64;
-    assert_eq!(w.ring_capacity, ring::DEFAULT_CAPACITY as u64);
+    let rings = hira_ring::region_len(hira_ring::DEFAULT_CAPACITY) as u64;
+    assert_eq!(w.ring_capacity, hira_ring::DEFAULT_CAPACITY as u64);
     assert_eq!(w.window_len, (16 << 20) - rings);
     assert_eq!(w.ring_offset, w.window_offset + w.window_len);
     let server = api_server_of(w.session);
     // A doorbell is relayed (the API server finds its ring empty and sleeps again).
-    g.send(Op::Rw, &ring::doorbell_frame());
+    g.send(Op::Rw, &hira_ring::doorbell_frame());
     // A request on the socket is not: the session ends with an error.
     let fh = FrameHeader::new(FrameKind::Request, op::clGetPlatformIDs, 1, 1, 0);
     g.send(Op::Rw, &fh.encode());
