@@ -476,7 +476,7 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
         ring_offset: if on_rings { hello.ring_offset } else { 0 },
         // The daemon gives the guest its token and keeps a relayed stream.
         token: [0; 16],
-        replay: false,
+        resend: false,
         taken: 0,
     }
     .encode();

@@ -90,10 +90,10 @@ pub struct Hello {
     /// eventfds travel with this frame again, in that order.
     pub resume: Option<Token>,
     /// The guest keeps what it sends until acknowledged and counts what it takes in
-    /// (see `replay`), so that a relayed session outlives its connection being cut.
-    pub replay: bool,
+    /// (see `resend`), so that a relayed session outlives its connection being cut.
+    pub resend: bool,
     /// A guest reconnecting after its connection was cut: the bytes of whole frames
-    /// it took in since the `Welcome` (see `replay`).
+    /// it took in since the `Welcome` (see `resend`).
     pub taken: u64,
 }
 
@@ -126,7 +126,7 @@ impl Hello {
             rings: false,
             ring_offset: 0,
             resume: None,
-            replay: false,
+            resend: false,
             taken: 0,
         }
     }
@@ -147,7 +147,7 @@ impl Hello {
             Some(t) => w.u8(1).raw(t),
             None => w.u8(0),
         };
-        w.u8(u8::from(self.replay)).u64(self.taken);
+        w.u8(u8::from(self.resend)).u64(self.taken);
         w.into_vec()
     }
 
@@ -176,7 +176,7 @@ impl Hello {
         } else {
             None
         };
-        let replay = r.flag()?;
+        let resend = r.flag()?;
         let taken = r.u64()?;
         r.finish()?;
         Ok(Hello {
@@ -191,7 +191,7 @@ impl Hello {
             rings,
             ring_offset,
             resume,
-            replay,
+            resend,
             taken,
         })
     }
@@ -229,8 +229,8 @@ pub struct Welcome {
     /// cannot be).
     pub token: Token,
     /// The session's frames are relayed and both ends keep what they send until
-    /// acknowledged (see `replay`): it outlives its connection being cut.
-    pub replay: bool,
+    /// acknowledged (see `resend`): it outlives its connection being cut.
+    pub resend: bool,
     /// To a guest reconnecting after a cut: the bytes of whole frames the host took in
     /// from it; the guest sends again what follows.
     pub taken: u64,
@@ -247,7 +247,7 @@ impl Welcome {
             .u64(self.ring_capacity)
             .u64(self.ring_offset)
             .raw(&self.token)
-            .u8(u8::from(self.replay))
+            .u8(u8::from(self.resend))
             .u64(self.taken);
         w.into_vec()
     }
@@ -262,7 +262,7 @@ impl Welcome {
         let ring_capacity = r.u64()?;
         let ring_offset = r.u64()?;
         let token = token(&mut r)?;
-        let replay = r.flag()?;
+        let resend = r.flag()?;
         let taken = r.u64()?;
         r.finish()?;
         Ok(Welcome {
@@ -274,7 +274,7 @@ impl Welcome {
             ring_capacity,
             ring_offset,
             token,
-            replay,
+            resend,
             taken,
         })
     }
@@ -396,7 +396,7 @@ mod tests {
             ring_capacity: 1 << 20,
             ring_offset: 8192,
             token: [7; 16],
-            replay: true,
+            resend: true,
             taken: 99,
         };
         assert_eq!(Welcome::decode(&w.encode()), Ok(w));

@@ -8,7 +8,7 @@
 //!   tags, object ids. The wire knows no particular API: each is a description in
 //!   `api/` and a crate of its own under `apis/` (`hira-apis-opencl`), and the daemon
 //!   sees them all through the registry (`hira-apis-registry`).
-//! - [`replay`]: relayed streams that outlive their connection being cut (bytes kept
+//! - [`resend`]: relayed streams that outlive their connection being cut (bytes kept
 //!   until acknowledged, sent again on reconnecting).
 //! - `unix` (feature `unix`): sending and receiving frames with a file descriptor
 //!   (the data window) over Unix sockets.
@@ -27,7 +27,7 @@ pub mod api;
 pub mod codec;
 pub mod frame;
 pub mod handshake;
-pub mod replay;
+pub mod resend;
 #[cfg(feature = "unix")]
 pub mod ring;
 #[cfg(feature = "unix")]

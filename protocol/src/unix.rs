@@ -117,7 +117,7 @@ pub fn send_frame_with_fds(
 }
 
 /// Whether a small frame written to socket `fd` now leaves at once: the socket is
-/// writable. An acknowledgement (see `replay`) is sent only then, so that the end
+/// writable. An acknowledgement (see `resend`) is sent only then, so that the end
 /// that reads never waits for its peer to read.
 pub fn writable_now(fd: std::os::fd::RawFd) -> bool {
     let mut p = libc::pollfd {

@@ -33,7 +33,7 @@ struct State {
 }
 
 /// A guest's new connection to its live session, and the bytes of the relayed
-/// stream it took in before the cut (see `hira_protocol::replay`).
+/// stream it took in before the cut (see `hira_protocol::resend`).
 pub type Reattached = (UnixStream, u64);
 
 /// Live sessions, ended sessions and the stop flag.

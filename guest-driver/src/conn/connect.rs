@@ -76,7 +76,7 @@ impl Connection {
                 let mut hl = Hello::new(api, std::process::id(), &process_name(), 0);
                 hl.vm_window = window_len > 0;
                 // Relayed, the stream is kept on both ends to outlive a device reset.
-                hl.replay = true;
+                hl.resend = true;
                 // Rings at the end of the window slot, woken by doorbells on vsock.
                 hl.rings = hl.vm_window
                     && crate::endpoint::rings()
@@ -162,9 +162,9 @@ impl Connection {
             };
             (Tx::Ring(ends.producer), rx)
         } else {
-            let mut tx = Replayed::plain(clone()?);
-            if welcome.replay {
-                tx.enable(replay::GUEST_KEEPS);
+            let mut tx = Resending::plain(clone()?);
+            if welcome.resend {
+                tx.enable(resend::GUEST_KEEPS);
             }
             (Tx::Stream(tx), Rx::Stream(clone()?))
         };
@@ -200,7 +200,7 @@ impl Connection {
                     vm_rings: welcome.ring_capacity > 0 && matches!(e, Endpoint::Vsock { .. }),
                 }),
             },
-            keeps: AtomicBool::new(welcome.replay),
+            keeps: AtomicBool::new(welcome.resend),
             session: AtomicU64::new(welcome.session),
             taken: AtomicU64::new(0),
             ack_sent: AtomicU64::new(0),

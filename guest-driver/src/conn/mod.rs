@@ -11,7 +11,7 @@ use hira_protocol::handshake::{
     ASYNC_FAILURE, ApiId, AsyncFailure, ErrorPayload, HOST_OUTPUT, Hello, HostOutput, OUTPUT_DONE,
     OutputDone, Token, Welcome, error_code, migrate,
 };
-use hira_protocol::replay::{self, Replayed};
+use hira_protocol::resend::{self, Resending};
 use hira_protocol::{FrameHeader, FrameKind, Span, unix};
 use log::{debug, warn};
 use thiserror::Error;
@@ -113,7 +113,7 @@ impl std::io::Write for Stream {
 /// Where requests go: the socket (kept until acknowledged where the session's stream
 /// outlives its connection), or the submission ring of the data plane.
 enum Tx {
-    Stream(Replayed<Stream>),
+    Stream(Resending<Stream>),
     Ring(hira_ring::Producer),
 }
 
@@ -247,7 +247,7 @@ pub struct Connection {
     /// What resumes the session if the host suspends it (host-local sessions on
     /// rings).
     resume: Option<Resume>,
-    /// A relayed stream kept on both ends (`Welcome::replay`): bytes of whole frames
+    /// A relayed stream kept on both ends (`Welcome::resend`): bytes of whole frames
     /// taken in since the `Welcome`, what this end last acknowledged, and what the
     /// host acknowledged of what this end sent.
     keeps: AtomicBool,

@@ -97,12 +97,12 @@ impl Connection {
                     } else {
                         // A resumed session's stream starts afresh (everything before
                         // the suspension reached the API server that was captured).
-                        ws.enable(if welcome.replay {
-                            replay::GUEST_KEEPS
+                        ws.enable(if welcome.resend {
+                            resend::GUEST_KEEPS
                         } else {
                             0
                         });
-                        self.keeps.store(welcome.replay, Ordering::Release);
+                        self.keeps.store(welcome.resend, Ordering::Release);
                         self.session.store(welcome.session, Ordering::Release);
                         self.taken.store(0, Ordering::Release);
                         self.ack_sent.store(0, Ordering::Release);
@@ -155,7 +155,7 @@ impl Connection {
     }
 
     /// Counts a frame taken in from a kept stream and acknowledges the stream every
-    /// `replay::ACK_EVERY` bytes, unless a writer holds the socket or it has no room
+    /// `resend::ACK_EVERY` bytes, unless a writer holds the socket or it has no room
     /// now (a writer acknowledges after its next frame: the reader never waits for the
     /// host to read, which may be waiting for this end to read), or the session is
     /// suspending (nothing may follow `DRAINED`).
@@ -173,7 +173,7 @@ impl Connection {
     /// Sends an acknowledgement if one is due (the caller holds the writer).
     pub(super) fn acknowledge(&self, w: &mut Tx) {
         let taken = self.taken.load(Ordering::Acquire);
-        if taken - self.ack_sent.load(Ordering::Acquire) < replay::ACK_EVERY
+        if taken - self.ack_sent.load(Ordering::Acquire) < resend::ACK_EVERY
             || self.paused.load(Ordering::Acquire)
         {
             return;
@@ -181,7 +181,7 @@ impl Connection {
         if let Tx::Stream(ws) = w
             && (ws.is_broken() || unix::writable_now(ws.get_ref().raw_fd()))
         {
-            let _ = std::io::Write::write_all(ws, &replay::ack_frame(taken));
+            let _ = std::io::Write::write_all(ws, &resend::ack_frame(taken));
             self.ack_sent.store(taken, Ordering::Release);
         }
     }
@@ -237,7 +237,7 @@ impl Connection {
                 hl.window_len = 0;
                 hl.vm_window = self.window.is_some();
                 hl.rings = kit.vm_rings;
-                hl.replay = true;
+                hl.resend = true;
                 if after_reset {
                     hl.taken = self.taken.load(Ordering::Acquire);
                 }

@@ -74,8 +74,8 @@ impl Connection {
                     self.cv.notify_all();
                     continue;
                 }
-                Ok(f) if replay::is_ack(&f.header) => {
-                    if let Some(n) = replay::ack_count(&f.payload) {
+                Ok(f) if resend::is_ack(&f.header) => {
+                    if let Some(n) = resend::ack_count(&f.payload) {
                         self.host_acked.fetch_max(n, Ordering::AcqRel);
                     }
                     d = self.demux.lock().unwrap_or_else(|e| e.into_inner());

@@ -49,7 +49,7 @@ pub(crate) struct Mover<'a> {
     pub(crate) relayed: bool,
     /// Both ends keep the relayed stream until acknowledged (a VM guest over vsock):
     /// the session outlives its connection being cut.
-    pub(crate) replay: bool,
+    pub(crate) resend: bool,
     /// Bytes of whole frames taken in from the guest since the `Welcome`.
     pub(crate) taken: u64,
     /// What this end last acknowledged to the guest.

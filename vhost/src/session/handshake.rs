@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use hira_protocol::api::Description;
 use hira_protocol::handshake::{ErrorPayload, Hello, Welcome, error_code, migrate};
-use hira_protocol::replay;
+use hira_protocol::resend;
 use hira_protocol::{FrameHeader, FrameKind, unix};
 use log::{debug, warn};
 
@@ -182,7 +182,7 @@ pub(crate) struct DataPlane<'q> {
     /// Rings at the end of the session's slot of the VM's window.
     pub vm_rings: bool,
     /// The guest asked that both ends keep the relayed stream.
-    pub asks_replay: bool,
+    pub asks_resend: bool,
 }
 
 /// Places the session's data plane and sets the hello the API server gets to match.
@@ -270,13 +270,13 @@ pub(crate) fn place_data_plane<'q>(
     }
     let vm_rings = hello.ring_offset > 0;
     hello.rings = local_rings || vm_rings;
-    let asks_replay = std::mem::take(&mut hello.replay);
+    let asks_resend = std::mem::take(&mut hello.resend);
     Ok(DataPlane {
         window,
         lease,
         local_rings,
         vm_rings,
-        asks_replay,
+        asks_resend,
     })
 }
 
@@ -309,7 +309,7 @@ pub(crate) struct Introduced {
     /// What the guest was sent.
     pub welcome: Welcome,
     /// Both ends keep the relayed stream.
-    pub replay: bool,
+    pub resend: bool,
 }
 
 /// Hands the API server the hello (after the snapshot, for a resumed session), takes
@@ -323,7 +323,7 @@ pub(crate) fn introduce(
     (header, hello): (FrameHeader, &Hello),
     window: Option<OwnedFd>,
     (parked, guest_rings): (&mut Option<crate::migrate::Parked>, &[OwnedFd]),
-    (local_rings, vm_rings, asks_replay): (bool, bool, bool),
+    (local_rings, vm_rings, asks_resend): (bool, bool, bool),
     token: hira_protocol::handshake::Token,
     ctx: &Context<'_>,
 ) -> Result<Introduced, SessionError> {
@@ -373,7 +373,7 @@ pub(crate) fn introduce(
         return Err(SessionError::Handshake(m.into()));
     }
     // A relayed guest that keeps its stream gets it kept here too.
-    let replay = asks_replay && !rings;
+    let resend = asks_resend && !rings;
     let welcome = Welcome {
         version: hira_protocol::handshake::VERSION,
         session: ctx.id,
@@ -391,7 +391,7 @@ pub(crate) fn introduce(
             0
         },
         token,
-        replay,
+        resend,
         taken: 0,
     };
     let welcome_bytes = welcome.encode();
@@ -400,8 +400,8 @@ pub(crate) fn introduce(
         let mut g = guest_w.lock().unwrap_or_else(|e| e.into_inner());
         let fds: Vec<&OwnedFd> = ring_fds.iter().collect();
         unix::send_frame_with_fds(g.get_mut(), &wh, &welcome_bytes, &fds)?;
-        if replay {
-            g.enable(replay::DAEMON_KEEPS);
+        if resend {
+            g.enable(resend::DAEMON_KEEPS);
         }
     }
     Ok(Introduced {
@@ -410,7 +410,7 @@ pub(crate) fn introduce(
         server_welcome,
         ring_fds,
         welcome,
-        replay,
+        resend,
     })
 }
 
@@ -420,7 +420,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use hira_protocol::replay::Replayed;
+    use hira_protocol::resend::Resending;
 
     use super::*;
     use crate::config::Config;
@@ -455,7 +455,7 @@ mod tests {
     /// The daemon's end of a guest connection, and the guest's.
     fn connection() -> (UnixStream, Mutex<GuestOut>, UnixStream) {
         let (ours, theirs) = UnixStream::pair().unwrap();
-        let w = Mutex::new(Replayed::plain(ours.try_clone().unwrap()));
+        let w = Mutex::new(Resending::plain(ours.try_clone().unwrap()));
         (ours, w, theirs)
     }
 

@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
 use hira_protocol::handshake::{ErrorPayload, TeardownPayload, error_code};
-use hira_protocol::replay::Replayed;
+use hira_protocol::resend::Resending;
 use hira_protocol::{FrameHeader, FrameKind};
 use log::{info, warn};
 
@@ -41,8 +41,8 @@ pub(crate) const RELAY_CHUNK: usize = 256 * 1024;
 pub(crate) const WHOLE_FRAME: usize = 16 << 20;
 
 /// The guest's end as the daemon writes it: a relayed VM session keeps what it sends
-/// until the guest acknowledges it (`hira_protocol::replay`).
-pub(crate) type GuestOut = Replayed<UnixStream>;
+/// until the guest acknowledges it (`hira_protocol::resend`).
+pub(crate) type GuestOut = Resending<UnixStream>;
 
 /// What a session's guest sent, for the log line that closes the session.
 #[derive(Debug, Default, Clone, Copy)]
@@ -128,7 +128,7 @@ pub fn run(guest: UnixStream, slot: crate::listener::ConnectionSlot, ctx: Contex
         }
     };
     registration.hold(Box::new(slot));
-    let guest_w = Arc::new(Mutex::new(Replayed::plain(guest_w)));
+    let guest_w = Arc::new(Mutex::new(Resending::plain(guest_w)));
     if let Err(e) = serve(guest, guest_w, ctx, &mut registration) {
         warn!("VM {vm:?} session {id}: {e}");
     }
@@ -165,7 +165,7 @@ pub(crate) fn serve(
     // (on rings in its window slot, or relayed with the stream kept on both ends).
     if let Some(token) = hello.resume
         && fd.is_none()
-        && (hello.vm_window && hello.rings || hello.replay)
+        && (hello.vm_window && hello.rings || hello.resend)
     {
         guest.set_read_timeout(None)?;
         match life.reattach(&token, vm, guest, hello.taken) {
@@ -184,7 +184,7 @@ pub(crate) fn serve(
         lease,
         local_rings,
         vm_rings,
-        asks_replay,
+        asks_resend,
     } = place_data_plane(&mut hello, fd, &mut parked, &guest_w, &ctx)?;
     guest.set_read_timeout(None)?;
     let _slot = admit(&guest_w, &ctx)?;
@@ -224,14 +224,14 @@ pub(crate) fn serve(
             server_welcome,
             ring_fds,
             mut welcome,
-            replay,
+            resend,
         } = introduce(
             &mut server,
             &guest_w,
             (header, &hello),
             window,
             (&mut parked, &guest_rings),
-            (local_rings, vm_rings, asks_replay),
+            (local_rings, vm_rings, asks_resend),
             token,
             &ctx,
         )?;
@@ -279,7 +279,7 @@ pub(crate) fn serve(
                 },
                 link,
                 relayed: !rings,
-                replay,
+                resend,
                 taken: 0,
                 ack_sent: 0,
                 guest_acked,

@@ -10,7 +10,7 @@ use hira_protocol::frame::{self, HEADER_LEN, SPAN_LEN};
 use hira_protocol::handshake::{
     DOORBELL, TEARDOWN_REPORT, TeardownPayload, Welcome, error_code, migrate,
 };
-use hira_protocol::replay::{self};
+use hira_protocol::resend::{self};
 use hira_protocol::{FrameHeader, FrameKind, unix};
 use log::{debug, info, warn};
 
@@ -239,12 +239,12 @@ pub(crate) fn serve_on_rings(
     }
 }
 
-/// Acknowledges the guest's stream every `replay::ACK_EVERY` bytes taken in, unless
+/// Acknowledges the guest's stream every `resend::ACK_EVERY` bytes taken in, unless
 /// the relay to the guest holds its end or it has no room now (the relay may wait
 /// for the guest to read, which may wait for this side to read): the next frame
 /// tries again.
 pub(crate) fn acknowledge(m: &mut Mover<'_>) {
-    if m.taken - m.ack_sent < replay::ACK_EVERY {
+    if m.taken - m.ack_sent < resend::ACK_EVERY {
         return;
     }
     let mut g = match m.guest_w.try_lock() {
@@ -254,7 +254,7 @@ pub(crate) fn acknowledge(m: &mut Mover<'_>) {
     };
     // Only if it leaves at once: this side must not wait for the guest to read.
     if g.is_broken() || unix::writable_now(g.get_ref().as_raw_fd()) {
-        let _ = g.write_all(&replay::ack_frame(m.taken));
+        let _ = g.write_all(&resend::ack_frame(m.taken));
         m.ack_sent = m.taken;
     }
 }
@@ -264,7 +264,7 @@ pub(crate) fn acknowledge(m: &mut Mover<'_>) {
 /// migrations asked for (a relayed session's API server gets the capture in its
 /// stream, after every frame forwarded before).
 ///
-/// A session whose stream both ends keep (`Mover::replay`) reads each frame whole
+/// A session whose stream both ends keep (`Mover::resend`) reads each frame whole
 /// before forwarding it and counts it taken; its connection failing between two
 /// frames, or within one not forwarded yet, ends this as the guest closing would (the
 /// caller tells a cut from that).
@@ -278,7 +278,7 @@ pub(crate) fn relay_to_server(
     stats: &mut SessionStats,
 ) -> Result<(), SessionError> {
     let guest_w = m.guest_w;
-    let keeps = m.replay;
+    let keeps = m.resend;
     let mut buf = vec![0u8; RELAY_CHUNK];
     let mut whole: Vec<u8> = Vec::new();
     // A read from the guest that fails: the end of its connection, or an error.
@@ -319,12 +319,12 @@ pub(crate) fn relay_to_server(
             send_error(guest_w, None, error_code::MALFORMED, m);
             return Err(SessionError::Handshake(m.into()));
         }
-        if keeps && replay::is_ack(&h) {
+        if keeps && resend::is_ack(&h) {
             let mut p = [0u8; 8];
             if let Err(e) = guest.read_exact(&mut p) {
                 return ended(e);
             }
-            if let Some(n) = replay::ack_count(&p) {
+            if let Some(n) = resend::ack_count(&p) {
                 m.guest_acked
                     .fetch_max(n, std::sync::atomic::Ordering::AcqRel);
             }
@@ -446,7 +446,7 @@ pub(crate) fn relay_until_end(
         // memory when a device reset cuts its connection (not when the
         // guest closes it), and so does a relayed one whose stream both
         // ends keep: it waits for the guest to connect again.
-        let cut = (how.vm_rings || m.replay)
+        let cut = (how.vm_rings || m.resend)
             && r.is_ok()
             && m.child.is_some()
             && queue.resets() != resets;
@@ -475,7 +475,7 @@ pub(crate) fn relay_until_end(
             let w = welcome.encode();
             let wh = FrameHeader::new(FrameKind::Welcome, 0, 0, 0, w.len());
             unix::send_frame_with_fds(g.get_mut(), &wh, &w, &[])?;
-            if m.replay {
+            if m.resend {
                 let _ = g.resume(taken);
                 info!(
                     "VM {vm:?} session {id}: relayed stream goes on: {} bytes sent again to the guest, which sends again what followed byte {}",

@@ -246,16 +246,16 @@ fn platform_ids(call: u64) -> Vec<u8> {
 
 #[test]
 fn a_relayed_session_sends_again_what_a_device_reset_lost() {
-    // The guest keeps its stream (`replay`). A request is sent and the device is
+    // The guest keeps its stream (`resend`). A request is sent and the device is
     // reset before its reply reaches the guest: the session waits, and when the guest
     // connects again saying it took nothing, the daemon says what it took (the
     // request, whole) and sends the reply again. A guest claiming more than was sent
     // is refused and the session ends.
     let mut g = Guest::new(256 * 1024);
     let mut hello = Hello::new(hira_apis_opencl::API, 42, "vsock-guest", 0);
-    hello.replay = true;
+    hello.resend = true;
     let w = g.connect_with(hello.clone());
-    assert!(w.replay);
+    assert!(w.resend);
     let server = api_server_of(w.session);
     let request = platform_ids(1);
     g.send(Op::Rw, &request);

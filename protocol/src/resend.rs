@@ -3,7 +3,7 @@
 //! A VM session whose frames the daemon relays over vsock (no shared window) loses
 //! whatever was in flight when the VM's vsock device is reset: bytes in the guest's
 //! socket buffers, bytes the daemon wrote that the guest never read. Both ends
-//! therefore keep what they sent until the peer acknowledges it ([`Replayed`]), and
+//! therefore keep what they sent until the peer acknowledges it ([`Resending`]), and
 //! count the bytes of the whole frames they took in. On reconnecting, each tells the
 //! other its count (the guest in its `Hello`, the daemon in its `Welcome`) and each
 //! sends again what the other has not taken: every frame arrives exactly once, and
@@ -65,11 +65,11 @@ pub enum ResumeError {
 
 /// A writer that keeps what it wrote until the peer acknowledges it.
 ///
-/// Until [`Replayed::enable`] it only passes writes on. Once enabled, a write never
+/// Until [`Resending::enable`] it only passes writes on. Once enabled, a write never
 /// fails: when the connection does, the bytes are kept and the writer is broken
-/// (writes only keep) until [`Replayed::resume`] on a new connection.
+/// (writes only keep) until [`Resending::resume`] on a new connection.
 #[derive(Debug)]
-pub struct Replayed<W> {
+pub struct Resending<W> {
     inner: W,
     /// Most bytes kept; 0 while not enabled.
     cap: usize,
@@ -83,10 +83,10 @@ pub struct Replayed<W> {
     scratch: Vec<u8>,
 }
 
-impl<W: Write> Replayed<W> {
+impl<W: Write> Resending<W> {
     /// A writer that only passes writes on to `inner`.
     pub fn plain(inner: W) -> Self {
-        Replayed {
+        Resending {
             inner,
             cap: 0,
             kept: VecDeque::new(),
@@ -192,7 +192,7 @@ impl<W: Write> Replayed<W> {
     }
 }
 
-impl<W: Write> Write for Replayed<W> {
+impl<W: Write> Write for Resending<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if self.cap == 0 {
             return self.inner.write(buf);
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_cut_stream_goes_on_from_what_the_peer_took() {
-        let mut w = Replayed::plain(Cut {
+        let mut w = Resending::plain(Cut {
             got: Vec::new(),
             room: 10,
         });
@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn acknowledged_bytes_are_dropped_and_cannot_be_asked_for() {
-        let mut w = Replayed::plain(Vec::new());
+        let mut w = Resending::plain(Vec::new());
         w.enable(1024);
         w.write_all(b"abcdef").unwrap();
         w.acked().store(4, Ordering::Release);
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn what_is_kept_is_bounded() {
-        let mut w = Replayed::plain(Vec::new());
+        let mut w = Resending::plain(Vec::new());
         w.enable(8);
         w.write_all(&[1; 20]).unwrap();
         assert_eq!(w.sent(), 20);
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn a_plain_writer_passes_failures_on() {
-        let mut w = Replayed::plain(Cut {
+        let mut w = Resending::plain(Cut {
             got: Vec::new(),
             room: 2,
         });
