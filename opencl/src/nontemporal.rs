@@ -36,9 +36,7 @@ pub unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) {
 unsafe fn copy_sse2(src: *const u8, dst: *mut u8, len: usize) {
     use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch, _mm_sfence};
     /// Four pages are copied together, a cache line of each in turn, as glibc's
-    /// large copies do: fewer DRAM pages open at once. On a 2-core machine, 256 MiB in
-    /// 8 MiB pieces: 10.6-11.1 GB/s so, 8.3 GB/s a line after another, 8.7-9.0 with
-    /// `memcpy` through the caches, 10.6 with glibc's own non-temporal copy.
+    /// large copies do: fewer DRAM pages open at once (measurements: docs/tuning.md).
     const PAGE: usize = 4096;
     const PAGES: usize = 4;
     // Non-temporal stores need 16-byte aligned destinations: the head up to the first

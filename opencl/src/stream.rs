@@ -45,18 +45,14 @@ static STREAM_MIN: LazyLock<usize> = LazyLock::new(|| settings().stream_min.unwr
 /// microseconds of copying) to 4 MiB, and 8 MiB for writes copied around the caches
 /// ([`NT_MIN`]), the size from which API servers copy that way too. Each chunk costs a
 /// command on the host (PoCL wakes a worker thread for it), and the first and last
-/// chunks overlap nothing, so eight chunks balance the two. Measured on a 2-core
-/// machine (blocking writes with `clFinish`, A/B runs alternated, medians of each
-/// run's share of `memcpy`): 16 MiB at 56% in 1 MiB chunks against 73% in 2 MiB; 64
-/// MiB 93% in 2 MiB, 95-98% in 4-8 MiB; 256 MiB 59% in 1 MiB, 70% in 8 MiB, 58% in 16
-/// MiB and 49% in 32 MiB (all through the caches).
+/// chunks overlap nothing, so eight chunks balance the two (measurements:
+/// docs/tuning.md).
 const WRITE_CHUNKS: usize = 8;
 const WRITE_CHUNK_MIN: usize = 1 << 20;
 const WRITE_CHUNK_MAX: usize = 4 << 20;
 const WRITE_CHUNK_NT: usize = hira_protocol::STREAM_NT_CHUNK;
 /// Chunk of a read: 2 MiB. Read chunks go without a reply (`HIRA_STREAM_DETACH`);
-/// 2 MiB did best with them (16 to 256 MiB reads at 0.94-1.09x of `memcpy`, against
-/// 0.64-0.89x with 4 MiB, medians of A/B runs alternated on a 2-core machine).
+/// 2 MiB did best with them (docs/tuning.md).
 const READ_CHUNK: usize = 2 << 20;
 
 /// Chunk size overriding both: `HIRA_STREAM_CHUNK_KB`.
@@ -75,14 +71,9 @@ const MIN_CHUNK: usize = 256 << 10;
 /// (`nontemporal.rs`) and their chunks, being 8 MiB, out of it so by API servers
 /// (`HIRA_SERVER_NT_KB`): `HIRA_STREAM_NT_MIN_KB`, by default about the size from
 /// which glibc's `memcpy` copies so ([`memcpy_nontemporal_from`]), so that a transfer
-/// goes around the caches exactly when it would natively (0: never). Measured on a
-/// 2-core machine (glibc 2.36, which goes around the caches from 181.5 MiB there;
-/// A/B alternated, 5 runs each): 256 MiB writes at 88-93% of `memcpy` against 60-62%.
-/// Below glibc's size the data stays in the caches natively, and a CPU device's
-/// kernels read it from there: with this at 128 MiB, pathfinder (a 154 MiB upload)
-/// ran at 1.07x of native against 0.98-1.00x, and reads of a 64 MiB buffer written
-/// so fell from 97% to 78% of `memcpy`. Reads copied into the application's memory
-/// around the caches gained nothing (256 MiB: 61-70% against 66-76%).
+/// goes around the caches exactly when it would natively (0: never). Below glibc's
+/// size the data stays in the caches natively, and a CPU device's kernels read it
+/// from there; reads never go around the caches (measurements: docs/tuning.md).
 static NT_MIN: LazyLock<usize> = LazyLock::new(|| {
     settings()
         .stream_nt_min
@@ -90,9 +81,8 @@ static NT_MIN: LazyLock<usize> = LazyLock::new(|| {
 });
 
 /// The size from which glibc's `memcpy` stores around the caches, as glibc 2.36
-/// computes it: three quarters of the last-level cache's share of each CPU (181.5 MiB
-/// of a 482 MiB cache shared by 2 CPUs; this gives 180). Where the cache is not known,
-/// 256 MiB.
+/// computes it: three quarters of the last-level cache's share of each CPU (an
+/// example in docs/tuning.md). Where the cache is not known, 256 MiB.
 fn memcpy_nontemporal_from() -> usize {
     #[cfg(target_env = "gnu")]
     {

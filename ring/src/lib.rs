@@ -148,8 +148,7 @@ const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
 const PICKUP: Duration = Duration::from_micros(2);
 
 /// Yields the CPU; whether another thread ran meanwhile (the yield took longer than
-/// a system call that finds nothing else to run: about 0.5 µs on virtual CPUs, a
-/// switch away and back at least 2.5 µs).
+/// one that finds nothing else to run; docs/tuning.md).
 fn give_cpu() -> bool {
     let start = Instant::now();
     std::thread::yield_now();
@@ -319,8 +318,8 @@ impl Learnt {
 const MAX_LEARNT_NS: u64 = 10_000_000;
 
 /// The spin of a probe by an end that stopped spinning, and the shortest it learns:
-/// a synchronous call's round trip on an idle host is 1-2 µs, so a quick peer
-/// answers within it.
+/// longer than a synchronous call's round trip on an idle host (docs/tuning.md), so
+/// a quick peer answers within it.
 const PROBE_NS: u64 = 4_000;
 
 /// How often an end that stopped spinning probes (one wait in this many): a probe

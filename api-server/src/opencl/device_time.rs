@@ -9,9 +9,8 @@
 //! reads each queue's oldest commands until the first not
 //! complete, and notes when that one started running (a call that waited for
 //! commands, `clFinish` or `clWaitForEvents`, sweeps before it answers, so what the
-//! guest sees complete is accounted): no host callback per command,
-//! which on a 2-core host cost a program launching thousands of short kernels a
-//! tenth of its run time. For an out-of-order queue, a completion callback reads
+//! guest sees complete is accounted): no host callback per command, which cost a
+//! program launching thousands of short kernels dearly (docs/tuning.md). For an out-of-order queue, a completion callback reads
 //! them, and a callback on `CL_RUNNING` records when each command started. Either
 //! way the device time of commands still running is known at any moment (reports and
 //! metrics move smoothly rather than in steps of whole kernels). The guest sees the queue it asked for: `CL_QUEUE_PROPERTIES`
