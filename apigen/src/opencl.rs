@@ -2,7 +2,7 @@
 //! functions and the API server's dispatch. The status is the return value or
 //! `errcode_ret`; objects are ICD handles the guest maps to ids; scalar types are
 //! OpenCL's (`wire_scalar`); the generated code calls the runtimes of
-//! `opencl/src/marshal.rs` and `api-server/src/opencl/args.rs`.
+//! `opencl/src/marshal/mod.rs` and `api-server/src/opencl/args.rs`.
 
 use std::fmt::Write as _;
 
