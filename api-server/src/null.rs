@@ -4,10 +4,12 @@
 //! session loop (framing, channels, asynchronous calls, refusals) is tested without
 //! OpenCL or CUDA.
 
-use std::sync::Mutex;
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use hira_protocol::Writer;
+use hira_protocol::frame::HEADER_LEN;
+use hira_protocol::{FrameHeader, Writer};
 
 use crate::backend::{Backend, Fail, FrameData, MigrationError, TeardownReport};
 
@@ -107,5 +109,41 @@ impl Backend for NullBackend {
     fn teardown(&self) -> TeardownReport {
         self.teardowns.fetch_add(1, Ordering::AcqRel);
         TeardownReport::default()
+    }
+}
+
+/// Where a test's [`crate::server::FrameWriter`] writes: kept for the test to read back
+/// as frames.
+#[derive(Clone, Debug, Default)]
+pub struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl Sink {
+    /// The frames written so far: header and payload each.
+    pub fn frames(&self) -> Vec<(FrameHeader, Vec<u8>)> {
+        let out = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at < out.len() {
+            let header: &[u8; HEADER_LEN] = out[at..at + HEADER_LEN].try_into().expect("a header");
+            let h = FrameHeader::decode(header).expect("a frame the session wrote");
+            let end = at + HEADER_LEN + h.len as usize;
+            frames.push((h, out[at + HEADER_LEN..end].to_vec()));
+            at = end;
+        }
+        frames
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

@@ -1057,22 +1057,8 @@ mod tests {
         }
     }
 
-    use crate::null::{ECHO, FAIL, FAILED, NullBackend, SYNC_ONLY};
+    use crate::null::{ECHO, FAIL, FAILED, NullBackend, SYNC_ONLY, Sink};
     use hira_protocol::frame::FLAG_NO_REPLY;
-
-    /// What the session writes to the guest, shared with the test.
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     fn request(opcode: u16, channel: u32, call_id: u64, body: &[u8], no_reply: bool) -> Vec<u8> {
         let mut h = FrameHeader::new(FrameKind::Request, opcode, channel, call_id, body.len());
@@ -1105,16 +1091,7 @@ mod tests {
             backend.gone.load(Ordering::Acquire),
             "guest_gone not called"
         );
-        let out = sink.0.lock().unwrap().clone();
-        let mut frames = Vec::new();
-        let mut at = 0;
-        while at < out.len() {
-            let h = FrameHeader::decode(out[at..at + HEADER_LEN].try_into().unwrap()).unwrap();
-            let end = at + HEADER_LEN + h.len as usize;
-            frames.push((h, out[at + HEADER_LEN..end].to_vec()));
-            at = end;
-        }
-        (backend, frames)
+        (backend, sink.frames())
     }
 
     fn error_code_of(body: &[u8]) -> u32 {

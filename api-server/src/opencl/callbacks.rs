@@ -191,3 +191,59 @@ impl Session<'_> {
         self.callback(id, mem_trampoline as MemFn, false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use hira_protocol::Reader;
+
+    use super::*;
+    use crate::opencl::test_backend;
+
+    #[test]
+    fn no_function_gives_the_host_none_and_data_alone_a_stand_in() {
+        let (backend, _) = test_backend();
+        let s = Session::new(&backend);
+        let (f, data) = s.callback_program(0);
+        assert!(f.is_none() && data.is_null());
+        let (f, data) = s.callback_program(CALLBACK_DATA_ONLY);
+        assert!(f.is_none());
+        assert_eq!(data, DATA_ONLY);
+        // The stand-in was never allocated: dropping it frees nothing.
+        s.drop_callback_context(data);
+        assert_eq!(
+            backend
+                .migration
+                .one_shot_callbacks()
+                .load(Ordering::Acquire),
+            0
+        );
+    }
+
+    #[test]
+    fn a_build_callback_notifies_the_guest_once_with_its_id_and_the_program() {
+        let (backend, sink) = test_backend();
+        let s = Session::new(&backend);
+        let (f, data) = s.callback_program(77);
+        let one_shot = backend.migration.one_shot_callbacks();
+        assert_eq!(
+            one_shot.load(Ordering::Acquire),
+            1,
+            "a migration would not wait for it"
+        );
+        let program = 0x5000 as cl_program;
+        // SAFETY: the host calls a build's callback once with the data it was given.
+        unsafe { f.expect("a trampoline")(program, data) };
+        assert_eq!(one_shot.load(Ordering::Acquire), 0);
+        let frames = sink.frames();
+        assert_eq!(frames.len(), 1);
+        let (h, body) = &frames[0];
+        assert_eq!((h.kind, h.opcode), (FrameKind::Notify, notify::PROGRAM));
+        let mut r = Reader::new(body);
+        assert_eq!(r.u64().unwrap(), 77);
+        let id = r.u64().unwrap();
+        r.finish().unwrap();
+        assert_eq!(s.handles().id_of(Kind::Program, program as usize), Some(id));
+    }
+}

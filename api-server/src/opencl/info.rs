@@ -189,3 +189,164 @@ impl Session<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use hira_apis_opencl::HOST_ID_BIT;
+    use hira_protocol::Reader;
+    use opencl_sys::{CL_DEVICE_PLATFORM, CL_DEVICE_TYPE_ALL};
+
+    use super::*;
+    use crate::opencl::test_backend;
+
+    /// The reply of an info query: its status and, on success, its value.
+    fn answer(w: &Writer) -> (cl_int, Option<Vec<u8>>) {
+        let mut r = Reader::new(w.as_slice());
+        let status = r.i32().unwrap();
+        let value = (status == CL_SUCCESS).then(|| r.bytes(MAX_INFO).unwrap().to_vec());
+        r.finish().unwrap();
+        (status, value)
+    }
+
+    #[test]
+    fn host_handles_in_a_value_become_the_guests_ids() {
+        let (backend, _) = test_backend();
+        let s = Session::new(&backend);
+        let rt = s.rt();
+        let mut device = std::ptr::null_mut();
+        assert_eq!(
+            rt.clGetDeviceIDs(
+                s.platform(),
+                CL_DEVICE_TYPE_ALL,
+                1,
+                &mut device,
+                std::ptr::null_mut()
+            ),
+            Some(CL_SUCCESS)
+        );
+        let mut w = Writer::new();
+        s.info_query(
+            "clGetDeviceInfo",
+            device.cast(),
+            CL_DEVICE_PLATFORM,
+            &mut w,
+            |p, n, v, r| rt.clGetDeviceInfo(device, p, n, v, r),
+        )
+        .unwrap();
+        let (status, value) = answer(&w);
+        assert_eq!(status, CL_SUCCESS);
+        let id = u64::from_le_bytes(value.unwrap().try_into().unwrap());
+        assert_ne!(
+            id,
+            s.platform() as u64,
+            "the host's handle reached the guest"
+        );
+        assert_ne!(id & HOST_ID_BIT, 0);
+        assert_eq!(
+            s.handles().id_of(Kind::Platform, s.platform() as usize),
+            Some(id)
+        );
+    }
+
+    #[test]
+    fn a_value_of_no_size_is_answered_without_asking_the_host_again() {
+        let (backend, _) = test_backend();
+        let s = Session::new(&backend);
+        let calls = Cell::new(0);
+        let mut w = Writer::new();
+        s.info_query(
+            "clGetContextInfo",
+            std::ptr::null_mut(),
+            0x1082,
+            &mut w,
+            |_, n, _, r| {
+                calls.set(calls.get() + 1);
+                assert_eq!(n, 0, "a value of no size was fetched");
+                // SAFETY: the size query passes a valid `size_ret`.
+                unsafe { *r = 0 };
+                Some(CL_SUCCESS)
+            },
+        )
+        .unwrap();
+        assert_eq!(answer(&w), (CL_SUCCESS, Some(Vec::new())));
+        assert_eq!(calls.get(), 1);
+    }
+
+    #[test]
+    fn a_failed_or_oversized_value_answers_only_a_status() {
+        let (backend, _) = test_backend();
+        let s = Session::new(&backend);
+        let mut w = Writer::new();
+        s.info_query(
+            "clGetDeviceInfo",
+            std::ptr::null_mut(),
+            0x1000,
+            &mut w,
+            |_, _, _, _| Some(CL_INVALID_VALUE),
+        )
+        .unwrap();
+        assert_eq!(answer(&w), (CL_INVALID_VALUE, None));
+        let mut w = Writer::new();
+        s.info_query(
+            "clGetDeviceInfo",
+            std::ptr::null_mut(),
+            0x1000,
+            &mut w,
+            |_, n, _, r| {
+                assert_eq!(n, 0, "an oversized value was fetched");
+                // SAFETY: the size query passes a valid `size_ret`.
+                unsafe { *r = MAX_INFO + 1 };
+                Some(CL_SUCCESS)
+            },
+        )
+        .unwrap();
+        assert_eq!(answer(&w), (CL_OUT_OF_RESOURCES, None));
+    }
+
+    #[test]
+    fn program_binaries_come_back_whole_and_in_order() {
+        let (backend, _) = test_backend();
+        let s = Session::new(&backend);
+        let bins: [&[u8]; 2] = [b"abc", b""];
+        let mut w = Writer::new();
+        s.info_query(
+            "clGetProgramInfo",
+            std::ptr::null_mut(),
+            CL_PROGRAM_BINARIES,
+            &mut w,
+            |p, n, v, r| {
+                match (p, v.is_null()) {
+                    (CL_PROGRAM_BINARY_SIZES, true) => {
+                        // SAFETY: the size query passes a valid `size_ret`.
+                        unsafe { *r = 2 * size_of::<usize>() };
+                    }
+                    (CL_PROGRAM_BINARY_SIZES, false) => {
+                        assert_eq!(n, 2 * size_of::<usize>());
+                        // SAFETY: `v` holds two sizes, as asked.
+                        unsafe { *v.cast::<[usize; 2]>() = [3, 0] };
+                    }
+                    (CL_PROGRAM_BINARIES, false) => {
+                        // SAFETY: `v` holds two pointers, to storage of the sizes given.
+                        let ptrs = unsafe { *v.cast::<[*mut u8; 2]>() };
+                        assert!(ptrs[1].is_null(), "storage for an empty binary");
+                        // SAFETY: `ptrs[0]` has room for the 3 bytes its size said.
+                        unsafe { std::ptr::copy_nonoverlapping(bins[0].as_ptr(), ptrs[0], 3) };
+                    }
+                    other => panic!("unexpected query {other:?}"),
+                }
+                Some(CL_SUCCESS)
+            },
+        )
+        .unwrap();
+        let (status, value) = answer(&w);
+        assert_eq!(status, CL_SUCCESS);
+        let value = value.unwrap();
+        let mut r = Reader::new(&value);
+        for b in bins {
+            assert_eq!(r.bytes(MAX_INFO).unwrap(), b);
+        }
+        r.finish().unwrap();
+    }
+}

@@ -350,3 +350,14 @@ impl Backend for OpenClBackend {
         report
     }
 }
+
+/// A backend on the host's OpenCL (PoCL in tests) whose frames to the guest are kept.
+#[cfg(test)]
+pub(crate) fn test_backend() -> (OpenClBackend, crate::null::Sink) {
+    let sink = crate::null::Sink::default();
+    let writer = Arc::new(FrameWriter::new(sink.clone()));
+    let account = Arc::new(crate::account::Account::new(None, None));
+    let backend = OpenClBackend::new(None, writer, account)
+        .expect("the host's OpenCL platform (PoCL in tests)");
+    (backend, sink)
+}
