@@ -567,11 +567,29 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
     }
     s.push_str(&indent(&post, pad));
     match &f.rets {
-        None => s.push_str("            Ok(status)\n        }\n    })\n}\n\n"),
+        None => {
+            if f.noted {
+                // After a success (or a call forwarded without waiting, whose checks
+                // found nothing the host would refuse) the guest notes its effect.
+                let _ = writeln!(
+                    s,
+                    "            if status == 0 {{ crate::notes::{}({}); }}",
+                    f.name,
+                    arg_names(f)
+                );
+            }
+            s.push_str("            Ok(status)\n        }\n    })\n}\n\n");
+        }
         Some(kind) => {
             let created = if f.check {
                 format!(
                     "            crate::checks::{}_created(ret__obj, {});\n",
+                    f.name,
+                    arg_names(f)
+                )
+            } else if f.noted {
+                format!(
+                    "            crate::notes::{}(ret__obj, {});\n",
                     f.name,
                     arg_names(f)
                 )

@@ -182,7 +182,8 @@ pub struct Func {
     /// its id first and the API server makes it current before the host call.
     pub current: bool,
     /// After a success the guest notes what the call made or ended
-    /// (`cuda/src/notes.rs`, one function named after the call).
+    /// (`cuda/src/notes.rs`, `opencl/src/notes.rs`: one function named after the call;
+    /// for an OpenCL call that makes an object, the object comes first).
     pub noted: bool,
     /// On a failure the call's out-values are set to zero (a null handle), as the
     /// vendor's driver does; otherwise a failure leaves them as they were.

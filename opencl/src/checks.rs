@@ -26,8 +26,8 @@ use hira_apis_opencl::kernel_args::{
 };
 use hira_apis_opencl::{ARG_INFO_FOR_SHIM, Kind};
 use opencl_sys::{
-    cl_bool, cl_command_queue, cl_context, cl_device_id, cl_event, cl_int, cl_kernel, cl_mem,
-    cl_program, cl_uint,
+    cl_bool, cl_command_buffer_khr, cl_command_queue, cl_context, cl_device_id, cl_event, cl_int,
+    cl_kernel, cl_mem, cl_program, cl_uint,
 };
 
 use crate::generated;
@@ -868,6 +868,33 @@ pub(crate) unsafe fn clEnqueueReadBuffer(
     _event: *mut cl_event,
 ) -> Result<bool, cl_int> {
     check_transfer(command_queue, buffer, offset, size, ptr.is_null(), false)
+}
+
+/// `clEnqueueCommandBufferKHR`: without waiting when the guest knows the host runs the
+/// buffer (`notes::may_enqueue`), else the host answers.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn clEnqueueCommandBufferKHR(
+    num_queues: cl_uint,
+    queues: *mut cl_command_queue,
+    command_buffer: cl_command_buffer_khr,
+    _num_events_in_wait_list: cl_uint,
+    _event_wait_list: *const cl_event,
+    _event: *mut cl_event,
+) -> Result<bool, cl_int> {
+    let buffer = id_of(command_buffer.cast(), Kind::CommandBuffer)?;
+    let queue = match (num_queues, queues.is_null()) {
+        (0, true) => None,
+        // SAFETY: `queues` holds `num_queues` handles.
+        (1, false) => Some(id_of(unsafe { *queues }.cast(), Kind::Queue)?),
+        _ => return Ok(true),
+    };
+    Ok(!crate::notes::may_enqueue(buffer, queue))
+}
+
+/// `clFinish`: always answered by the host; notes where the enqueues it waits for end.
+pub(crate) unsafe fn clFinish(command_queue: cl_command_queue) -> Result<bool, cl_int> {
+    crate::notes::finish_starts(command_queue);
+    Ok(true)
 }
 
 /// `clEnqueueCopyBuffer`.

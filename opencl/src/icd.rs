@@ -174,48 +174,59 @@ fn extension_function(name: *const c_char) -> *mut c_void {
         other => crate::generated::EXTENSION_FUNCTIONS
             .iter()
             .find(|(n, _)| n.as_bytes() == other)
-            .filter(|_| command_buffers_seen())
+            .filter(|(n, _)| {
+                hira_apis_opencl::extensions::extension_of(n).is_some_and(extension_seen)
+            })
             .map_or(std::ptr::null_mut(), |&(_, f)| f as *mut c_void),
     }
 }
 
-/// Whether a device of the host's platform reports `cl_khr_command_buffer` (the one
-/// extension whose entry points are forwarded) to this guest, after Hira's masking and
-/// the API server's (a version it does not forward is not there); asked once.
-fn command_buffers_seen() -> bool {
-    let name = hira_apis_opencl::extensions::COMMAND_BUFFER;
-    static SEEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SEEN.get_or_init(|| {
+/// Whether the host's platform or one of its devices reports extension `name` to this
+/// guest, after Hira's masking and the API server's (an extension it does not forward
+/// is not there). The lists are asked for once.
+fn extension_seen(name: &str) -> bool {
+    static SEEN: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SEEN.get_or_init(|| {
         use crate::generated as g;
+        // The value of a string query, up to 8 KiB.
+        let text = |query: &dyn Fn(usize, *mut c_void) -> cl_int| {
+            let mut text = vec![0u8; 8192];
+            (query(text.len(), text.as_mut_ptr().cast()) == 0).then(|| {
+                let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+                String::from_utf8_lossy(&text[..end]).into_owned()
+            })
+        };
         let mut platform: cl_platform_id = std::ptr::null_mut();
         let mut devices = [std::ptr::null_mut(); 16];
         let mut n: cl_uint = 0;
         // SAFETY: out-pointers to locals of the sizes given.
-        unsafe {
-            if g::clGetPlatformIDs(1, &mut platform, std::ptr::null_mut()) != 0
-                || g::clGetDeviceIDs(platform, !0, 16, devices.as_mut_ptr(), &mut n) != 0
-            {
-                return false;
-            }
+        let found = unsafe {
+            g::clGetPlatformIDs(1, &mut platform, std::ptr::null_mut()) == 0
+                && g::clGetDeviceIDs(platform, !0, 16, devices.as_mut_ptr(), &mut n) == 0
+        };
+        if !found {
+            return Vec::new();
         }
-        devices[..(n as usize).min(16)].iter().any(|&d| {
-            let mut text = vec![0u8; 8192];
-            // SAFETY: a buffer of its own length for the extension list.
-            let st = unsafe {
-                g::clGetDeviceInfo(
-                    d,
-                    0x1030,
-                    text.len(),
-                    text.as_mut_ptr().cast(),
-                    std::ptr::null_mut(),
-                )
-            };
-            st == 0
-                && String::from_utf8_lossy(text.split(|&b| b == 0).next().unwrap_or(&[]))
-                    .split(' ')
-                    .any(|e| e == name)
-        })
+        let mut lists: Vec<String> = Vec::new();
+        // SAFETY: a buffer of the length given for each string query.
+        lists.extend(text(&|len, value| unsafe {
+            g::clGetPlatformInfo(platform, 0x0904, len, value, std::ptr::null_mut())
+        }));
+        for &d in &devices[..(n as usize).min(16)] {
+            // SAFETY: as above.
+            lists.extend(text(&|len, value| unsafe {
+                g::clGetDeviceInfo(d, 0x1030, len, value, std::ptr::null_mut())
+            }));
+        }
+        lists
+            .iter()
+            .flat_map(|l| l.split(' '))
+            .filter(|e| !e.is_empty())
+            .map(str::to_string)
+            .collect()
     })
+    .iter()
+    .any(|e| e == name)
 }
 
 /// Returns the address of an extension function this ICD implements, or NULL.
@@ -242,6 +253,34 @@ pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
 #[cfg(test)]
 mod coverage {
     use super::*;
+
+    #[test]
+    fn every_extension_entry_point_belongs_to_the_one_extension_that_adds_it() {
+        let api = hira_apigen::Api::load(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../protocol/api/opencl.api"
+        ))
+        .unwrap();
+        let mut described: Vec<&str> = api
+            .funcs
+            .iter()
+            .filter(|f| f.ext)
+            .map(|f| f.name.as_str())
+            .collect();
+        let mut listed: Vec<&str> = hira_apis_opencl::extensions::ENTRY_POINTS
+            .iter()
+            .flat_map(|(_, fns)| fns.iter().copied())
+            .collect();
+        described.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(described, listed);
+        for (ext, _) in hira_apis_opencl::extensions::ENTRY_POINTS {
+            assert!(
+                hira_apis_opencl::extensions::passed_through(ext),
+                "{ext} is masked"
+            );
+        }
+    }
 
     /// The coverage table of `docs/coverage.md`: every entry point of the ICD dispatch
     /// table (all of OpenCL 3.0 and the extensions the loader dispatches) as forwarded,

@@ -95,6 +95,15 @@ pub(crate) fn completions(r: &mut ReplyReader) -> Result<(), cl_int> {
     Ok(())
 }
 
+/// Whether the host reported the command of event `id` ended (complete or failed).
+pub(crate) fn completed(id: u64) -> bool {
+    ENDED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .is_some_and(|e| e.status <= 0)
+}
+
 /// Forgets event `id` (the application released it).
 pub(crate) fn forget(id: u64) {
     ENDED.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);

@@ -35,6 +35,7 @@ mod known;
 pub mod local;
 pub mod marshal;
 mod nontemporal;
+mod notes;
 pub mod rt;
 pub mod sizes;
 pub mod stats;

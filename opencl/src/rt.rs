@@ -288,6 +288,7 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.command_type.remove(&id);
         o.out_of_order.remove(&id);
         crate::checks::forget(id);
+        crate::notes::forget(id);
         if kind == Kind::Event {
             crate::known::forget(id);
         }

@@ -173,6 +173,14 @@ int main(int argc, char **argv) {
         for (int i = 0; i < N; i++) ok &= out[i] == (2 * 3 + 1) * 3 + 1;
         printf("run %d: %s, event type %#x\n", run, ok ? "right" : "WRONG", type);
     }
+    /* Two enqueues with nothing waited for in between: whether the second finds the
+     * buffer still running is the host's answer. */
+    cl_int first = enqueue(0, NULL, b, 0, NULL, NULL);
+    cl_int second = enqueue(0, NULL, b, 0, NULL, NULL);
+    CHECK(clFinish(q));
+    CHECK(clEnqueueReadBuffer(q, b2, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
+    printf("enqueued twice: %d, %d; result %s\n", first, second,
+           out[0] == (2 * 3 + 1) * 3 + 1 ? "right" : "WRONG");
     CHECK(release(b));
     printf("a released command buffer's info: %d\n", info(NULL, CL_COMMAND_BUFFER_STATE_KHR, sizeof st, &st, NULL));
     clReleaseKernel(k);

@@ -203,8 +203,9 @@ mod tests {
 
     #[test]
     fn no_function_gives_the_host_none_and_data_alone_a_stand_in() {
-        let (backend, _) = test_backend();
-        let s = Session::new(&backend);
+        let t = test_backend();
+        let backend = &t.backend;
+        let s = Session::new(backend);
         let (f, data) = s.callback_program(0);
         assert!(f.is_none() && data.is_null());
         let (f, data) = s.callback_program(CALLBACK_DATA_ONLY);
@@ -223,8 +224,9 @@ mod tests {
 
     #[test]
     fn a_build_callback_notifies_the_guest_once_with_its_id_and_the_program() {
-        let (backend, sink) = test_backend();
-        let s = Session::new(&backend);
+        let t = test_backend();
+        let (backend, sink) = (&t.backend, &t.sink);
+        let s = Session::new(backend);
         let (f, data) = s.callback_program(77);
         let one_shot = backend.migration.one_shot_callbacks();
         assert_eq!(

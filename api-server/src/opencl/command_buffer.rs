@@ -291,29 +291,12 @@ pub fn mask_unforwarded(param: u32, buf: &mut Vec<u8>) {
     if forwarded() {
         return;
     }
-    match param {
-        CL_DEVICE_EXTENSIONS => {
-            let text =
-                String::from_utf8_lossy(buf.split(|&b| b == 0).next().unwrap_or(&[])).into_owned();
-            let kept: Vec<&str> = text.split(' ').filter(|w| *w != NAME).collect();
-            let mut out = kept.join(" ").into_bytes();
-            out.push(0);
-            *buf = out;
-        }
-        CL_DEVICE_EXTENSIONS_WITH_VERSION => {
-            let len = hira_apis_opencl::extensions::NAME_VERSION_LEN;
-            let kept: Vec<u8> = buf
-                .chunks(len)
-                .filter(|e| {
-                    e.len() < len || e[4..].split(|&b| b == 0).next() != Some(NAME.as_bytes())
-                })
-                .flatten()
-                .copied()
-                .collect();
-            *buf = kept;
-        }
-        _ => {}
-    }
+    super::info::remove_extension(
+        NAME,
+        param,
+        (CL_DEVICE_EXTENSIONS, CL_DEVICE_EXTENSIONS_WITH_VERSION),
+        buf,
+    );
 }
 
 /// Takes one more reference to a command buffer.
@@ -538,31 +521,4 @@ pub unsafe fn clGetCommandBufferInfoKHR(
     }
     // SAFETY: forwarded contract.
     fns().map(|f| unsafe { (f.info)(b, param, size, value, size_ret) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_unforwarded_extension_leaves_the_devices_lists() {
-        // Nothing was looked up in this process: not forwarded.
-        assert!(!forwarded());
-        let mut text = b"cl_khr_fp64 cl_khr_command_buffer cl_khr_spir\0".to_vec();
-        mask_unforwarded(CL_DEVICE_EXTENSIONS, &mut text);
-        assert_eq!(text, b"cl_khr_fp64 cl_khr_spir\0");
-        let entry = |name: &str, version: u32| {
-            let mut e = version.to_le_bytes().to_vec();
-            let mut n = name.as_bytes().to_vec();
-            n.resize(64, 0);
-            e.extend(n);
-            e
-        };
-        let mut array = [entry("cl_khr_fp64", 0x400000), entry(NAME, VERSION)].concat();
-        mask_unforwarded(CL_DEVICE_EXTENSIONS_WITH_VERSION, &mut array);
-        assert_eq!(array, entry("cl_khr_fp64", 0x400000));
-        let mut other = b"anything".to_vec();
-        mask_unforwarded(0x1000, &mut other);
-        assert_eq!(other, b"anything");
-    }
 }

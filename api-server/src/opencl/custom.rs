@@ -24,6 +24,7 @@ pub use super::command_buffer::{
     clCreateCommandBufferKHR, clEnqueueCommandBufferKHR, clFinalizeCommandBufferKHR,
     clGetCommandBufferInfoKHR, clReleaseCommandBufferKHR, clRetainCommandBufferKHR,
 };
+pub use super::content_size::clSetContentSizeBufferPoCL;
 use super::device_time::{CL_QUEUE_PROFILING_ENABLE, DeviceTime};
 use super::queues::info_value;
 

@@ -82,6 +82,9 @@ impl Session<'_> {
         if function == "clGetDeviceInfo" {
             super::command_buffer::mask_unforwarded(param, &mut buf);
         }
+        if function == "clGetPlatformInfo" {
+            super::content_size::mask_unforwarded(param, &mut buf);
+        }
         if function == "clGetProgramInfo" && param == CL_PROGRAM_SOURCE {
             super::builds::guest_source(&mut buf);
         }
@@ -190,6 +193,20 @@ impl Session<'_> {
     }
 }
 
+/// Takes extension `name` out of a value of query `param` if `param` is one of
+/// `lists`: the names (a space-separated string) or the name-version array.
+pub(super) fn remove_extension(name: &str, param: u32, lists: (u32, u32), buf: &mut Vec<u8>) {
+    use hira_apis_opencl::extensions::{filter_list, filter_name_versions};
+    if param == lists.0 {
+        let text =
+            String::from_utf8_lossy(buf.split(|&b| b == 0).next().unwrap_or(&[])).into_owned();
+        *buf = filter_list(&text, |e| e != name).into_bytes();
+        buf.push(0);
+    } else if param == lists.1 {
+        *buf = filter_name_versions(buf, |e| e != name);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -211,9 +228,36 @@ mod tests {
     }
 
     #[test]
+    fn an_extension_is_taken_out_of_both_lists_and_nothing_else() {
+        use opencl_sys::{CL_DEVICE_EXTENSIONS, CL_DEVICE_EXTENSIONS_WITH_VERSION};
+        let lists = (CL_DEVICE_EXTENSIONS, CL_DEVICE_EXTENSIONS_WITH_VERSION);
+        let name = "cl_khr_command_buffer";
+        let mut text = b"cl_khr_fp64 cl_khr_command_buffer cl_khr_spir\0".to_vec();
+        remove_extension(name, CL_DEVICE_EXTENSIONS, lists, &mut text);
+        assert_eq!(text, b"cl_khr_fp64 cl_khr_spir\0");
+        let entry = |name: &str, version: u32| {
+            let mut e = version.to_le_bytes().to_vec();
+            let mut n = name.as_bytes().to_vec();
+            n.resize(64, 0);
+            e.extend(n);
+            e
+        };
+        let mut array = [entry("cl_khr_fp64", 0x400000), entry(name, 9 << 12)].concat();
+        remove_extension(name, CL_DEVICE_EXTENSIONS_WITH_VERSION, lists, &mut array);
+        assert_eq!(array, entry("cl_khr_fp64", 0x400000));
+        let mut other = b"cl_khr_command_buffer".to_vec();
+        remove_extension(name, 0x1000, lists, &mut other);
+        assert_eq!(
+            other, b"cl_khr_command_buffer",
+            "another query's value changed"
+        );
+    }
+
+    #[test]
     fn host_handles_in_a_value_become_the_guests_ids() {
-        let (backend, _) = test_backend();
-        let s = Session::new(&backend);
+        let t = test_backend();
+        let backend = &t.backend;
+        let s = Session::new(backend);
         let rt = s.rt();
         let mut device = std::ptr::null_mut();
         assert_eq!(
@@ -252,8 +296,9 @@ mod tests {
 
     #[test]
     fn a_value_of_no_size_is_answered_without_asking_the_host_again() {
-        let (backend, _) = test_backend();
-        let s = Session::new(&backend);
+        let t = test_backend();
+        let backend = &t.backend;
+        let s = Session::new(backend);
         let calls = Cell::new(0);
         let mut w = Writer::new();
         s.info_query(
@@ -276,8 +321,9 @@ mod tests {
 
     #[test]
     fn a_failed_or_oversized_value_answers_only_a_status() {
-        let (backend, _) = test_backend();
-        let s = Session::new(&backend);
+        let t = test_backend();
+        let backend = &t.backend;
+        let s = Session::new(backend);
         let mut w = Writer::new();
         s.info_query(
             "clGetDeviceInfo",
@@ -307,8 +353,9 @@ mod tests {
 
     #[test]
     fn program_binaries_come_back_whole_and_in_order() {
-        let (backend, _) = test_backend();
-        let s = Session::new(&backend);
+        let t = test_backend();
+        let backend = &t.backend;
+        let s = Session::new(backend);
         let bins: [&[u8]; 2] = [b"abc", b""];
         let mut w = Writer::new();
         s.info_query(

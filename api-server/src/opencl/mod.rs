@@ -9,6 +9,8 @@
 //! - `generated`: one function per remoted call, generated from
 //!   `protocol/api/opencl.api`.
 //! - [`custom`]: host calls that need more than a direct call (platform selection).
+//! - [`command_buffer`], [`content_size`]: the extensions whose entry points are
+//!   forwarded.
 //! - [`builds`]: program builds with the headers the guest shipped.
 //! - [`deferred`]: outputs of non-blocking reads, delivered when the host completes them.
 //! - [`svm`]: coarse-grained buffer SVM allocations.
@@ -20,6 +22,7 @@ pub mod args;
 pub mod builds;
 pub mod callbacks;
 pub mod command_buffer;
+pub mod content_size;
 pub mod custom;
 pub mod deferred;
 pub mod device_time;
@@ -176,6 +179,7 @@ impl OpenClBackend {
             None => BackendError::OnlyHira,
         })?;
         info!("serving host platform {:?}", platform_name(rt, platform));
+        content_size::resolve(rt, platform);
         // The platform and its devices get the same ids in every session, in the host's
         // order, so that a guest whose API server was lost keeps using its platform
         // and device handles with the next one.
@@ -351,13 +355,30 @@ impl Backend for OpenClBackend {
     }
 }
 
-/// A backend on the host's OpenCL (PoCL in tests) whose frames to the guest are kept.
+/// A backend on the host's OpenCL (PoCL in tests) whose frames to the guest are kept,
+/// for unit tests. Tests that use the host's OpenCL run one at a time: PoCL 3.1 and the
+/// ICD loader do not expect a process to set up platforms from several threads at once
+/// (an API server does it once), and a device query made meanwhile can find none.
 #[cfg(test)]
-pub(crate) fn test_backend() -> (OpenClBackend, crate::null::Sink) {
+pub(crate) struct TestBackend {
+    // Dropped in this order: the backend before the lock.
+    pub backend: OpenClBackend,
+    pub sink: crate::null::Sink,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+#[cfg(test)]
+pub(crate) fn test_backend() -> TestBackend {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sink = crate::null::Sink::default();
     let writer = Arc::new(FrameWriter::new(sink.clone()));
     let account = Arc::new(crate::account::Account::new(None, None));
     let backend = OpenClBackend::new(None, writer, account)
         .expect("the host's OpenCL platform (PoCL in tests)");
-    (backend, sink)
+    TestBackend {
+        backend,
+        sink,
+        _serial: serial,
+    }
 }

@@ -1,8 +1,8 @@
 //! Which host extensions a guest sees.
 //!
-//! An extension that adds entry points is advertised only if Hira forwards them; today
-//! none is, so such extensions are masked from platform and device extension lists
-//! (the names, the `_WITH_VERSION` arrays). Extensions that only add kernel-language
+//! An extension that adds entry points is advertised only if Hira forwards them
+//! ([`COMMAND_BUFFER`], [`CONTENT_SIZE`]); other such extensions are masked from
+//! platform and device extension lists (the names, the `_WITH_VERSION` arrays). Extensions that only add kernel-language
 //! features, image formats or queries need nothing of Hira and pass through. Anything
 //! not known to be of the second kind is masked, so a new host extension is never
 //! advertised before Hira supports it.
@@ -58,11 +58,54 @@ pub const PASSED_THROUGH: &[&str] = &[
     "cl_intel_subgroups_char",
     "cl_intel_subgroups_long",
     "cl_intel_subgroups_short",
+    // Its one entry point is forwarded where the host gives it (the API server takes it
+    // out elsewhere).
+    "cl_pocl_content_size",
 ];
 
 /// `cl_khr_command_buffer`: passed through, its entry points forwarded, where the host
 /// reports the one version Hira knows (the API server takes it out elsewhere).
 pub const COMMAND_BUFFER: &str = "cl_khr_command_buffer";
+
+/// `cl_pocl_content_size`: passed through, `clSetContentSizeBufferPoCL` forwarded,
+/// where the host platform gives the entry point (the API server takes it out
+/// elsewhere).
+pub const CONTENT_SIZE: &str = "cl_pocl_content_size";
+
+/// The extensions whose entry points Hira forwards, and those entry points (the `ext`
+/// functions of `protocol/api/opencl.api`): a guest gets an entry point only if the
+/// host platform or one of its devices reports the extension to it.
+pub const ENTRY_POINTS: &[(&str, &[&str])] = &[
+    (
+        COMMAND_BUFFER,
+        &[
+            "clCreateCommandBufferKHR",
+            "clFinalizeCommandBufferKHR",
+            "clRetainCommandBufferKHR",
+            "clReleaseCommandBufferKHR",
+            "clEnqueueCommandBufferKHR",
+            "clCommandBarrierWithWaitListKHR",
+            "clCommandCopyBufferKHR",
+            "clCommandCopyBufferRectKHR",
+            "clCommandCopyBufferToImageKHR",
+            "clCommandCopyImageKHR",
+            "clCommandCopyImageToBufferKHR",
+            "clCommandFillBufferKHR",
+            "clCommandFillImageKHR",
+            "clCommandNDRangeKernelKHR",
+            "clGetCommandBufferInfoKHR",
+        ],
+    ),
+    (CONTENT_SIZE, &["clSetContentSizeBufferPoCL"]),
+];
+
+/// The extension that adds entry point `function`, if Hira forwards it.
+pub fn extension_of(function: &str) -> Option<&'static str> {
+    ENTRY_POINTS
+        .iter()
+        .find(|(_, fns)| fns.contains(&function))
+        .map(|&(ext, _)| ext)
+}
 
 /// Whether a guest sees host extension `name`.
 pub fn passed_through(name: &str) -> bool {
@@ -72,6 +115,12 @@ pub fn passed_through(name: &str) -> bool {
 /// A space-separated extension list without the masked names, each taken out with the
 /// white space before it; the rest is the host's string.
 pub fn mask_list(list: &str) -> String {
+    filter_list(list, passed_through)
+}
+
+/// A space-separated extension list with only the names `keep` keeps, each taken out
+/// with the white space before it; the rest is the host's string.
+pub fn filter_list(list: &str, keep: impl Fn(&str) -> bool) -> String {
     let mut out = String::with_capacity(list.len());
     let mut rest = list;
     while !rest.is_empty() {
@@ -80,7 +129,7 @@ pub fn mask_list(list: &str) -> String {
         let end = tail.find(' ').unwrap_or(tail.len());
         let (word, after) = tail.split_at(end);
         // A masked name goes with the white space before it.
-        if word.is_empty() || passed_through(word) {
+        if word.is_empty() || keep(word) {
             out.push_str(space);
             out.push_str(word);
         }
@@ -94,12 +143,18 @@ pub const NAME_VERSION_LEN: usize = 4 + 64;
 
 /// A `cl_name_version` array without the masked names.
 pub fn mask_name_versions(bytes: &[u8]) -> Vec<u8> {
+    filter_name_versions(bytes, passed_through)
+}
+
+/// A `cl_name_version` array with only the entries whose names `keep` keeps (a ragged
+/// last entry is dropped).
+pub fn filter_name_versions(bytes: &[u8], keep: impl Fn(&str) -> bool) -> Vec<u8> {
     bytes
         .chunks(NAME_VERSION_LEN)
         .filter(|entry| {
             let name = &entry[4.min(entry.len())..];
             let name = name.split(|&b| b == 0).next().unwrap_or(&[]);
-            entry.len() == NAME_VERSION_LEN && std::str::from_utf8(name).is_ok_and(passed_through)
+            entry.len() == NAME_VERSION_LEN && std::str::from_utf8(name).is_ok_and(&keep)
         })
         .flatten()
         .copied()
@@ -113,8 +168,12 @@ mod tests {
     #[test]
     fn extensions_with_entry_points_are_masked_and_spacing_kept() {
         assert_eq!(
-            mask_list("cl_khr_fp64   cl_khr_semaphore cl_khr_spir cl_pocl_content_size"),
+            mask_list("cl_khr_fp64   cl_khr_semaphore cl_khr_spir cl_khr_external_memory"),
             "cl_khr_fp64 cl_khr_spir"
+        );
+        assert_eq!(
+            filter_list("cl_khr_icd cl_pocl_content_size", |e| e != CONTENT_SIZE),
+            "cl_khr_icd"
         );
         assert_eq!(mask_list("cl_khr_semaphore cl_khr_icd"), "cl_khr_icd");
         assert_eq!(mask_list(""), "");
@@ -129,7 +188,12 @@ mod tests {
             e.extend(n);
             e
         };
-        let all = [entry("cl_khr_icd"), entry("cl_pocl_content_size")].concat();
+        let all = [entry("cl_khr_icd"), entry("cl_khr_semaphore")].concat();
         assert_eq!(mask_name_versions(&all), entry("cl_khr_icd"));
+        let all = [entry("cl_khr_icd"), entry(CONTENT_SIZE)].concat();
+        assert_eq!(
+            filter_name_versions(&all, |e| e != CONTENT_SIZE),
+            entry("cl_khr_icd")
+        );
     }
 }

@@ -265,6 +265,40 @@ fn maps_move_only_their_regions_and_read_only_unmaps_send_nothing_back() {
     }
 }
 
+#[test]
+fn an_enqueue_of_a_finalized_idle_command_buffer_goes_without_waiting() {
+    // tests/c/command_buffer.c "bench": each round enqueues the recorded buffer after
+    // the same thread's clFinish of its queue, so the guest knows the host runs it:
+    // every enqueue is forwarded without a reply (nothing received), and the kernels
+    // count as natively.
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("command_buffer");
+    let stats_dir = tempfile::tempdir().unwrap();
+    let stats = stats_dir.path().join("stats");
+    let o = run_with_timeout(
+        daemon
+            .guest(&vendors, "vm1", &exe)
+            .args(["bench", "8", "5"])
+            .env("HIRA_STATS", &stats),
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("counted right"), "{out}");
+    let table = std::fs::read_to_string(&stats).unwrap();
+    assert_eq!(
+        stats_column(&table, "clEnqueueCommandBufferKHR", 2),
+        5,
+        "{table}"
+    );
+    assert_eq!(
+        stats_column(&table, "clEnqueueCommandBufferKHR", 6),
+        0,
+        "an enqueue waited for a reply:\n{table}"
+    );
+}
+
 /// Column `at` of `function`'s row of the shim's statistics (`HIRA_STATS=PATH`):
 /// `hira-stats: NAME calls total-ms mean-us bytes-sent bytes-received data-in data-out`,
 /// the total milliseconds rounded down.

@@ -226,6 +226,11 @@ fn device_partitioning_and_sub_devices_match_native() {
 }
 
 #[test]
+fn pocls_content_size_extension_is_forwarded_as_natively() {
+    same_as_native("content_size", &[]);
+}
+
+#[test]
 fn command_buffers_record_finalize_run_and_answer_as_natively() {
     same_as_native("command_buffer", &[]);
 }
