@@ -1,5 +1,7 @@
 /* Transfers larger than Hira's frames and data window (256 MiB): a buffer created from
- * 300 MiB of host memory, written, read back blocking and non-blocking, rectangle-read. */
+ * 300 MiB of host memory, written, read back blocking and non-blocking, rectangle-read;
+ * and a 4 MiB pitched rectangle (through the window) written and read back, the gaps
+ * between its rows untouched. */
 #include "cl30.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +41,25 @@ int main(void) {
     for (size_t r = 0; r < rows; r++)
         bad += memcmp(rect + r * 1000, (unsigned char *)src + r * 1024 + 16, 1000) != 0;
     printf("rect read: %d, rows differing: %d\n", err, bad);
+    size_t hrows = 4096, hbytes = 1024 * hrows + 8;
+    size_t bo2[3] = {0, 0, 0}, ho2[3] = {8, 0, 0}, rg2[3] = {1000, hrows, 1};
+    unsigned char *h = malloc(hbytes), *back = malloc(hbytes);
+    for (size_t i = 0; i < hbytes; i++) h[i] = (unsigned char)(i * 31 + 7);
+    memset(back, 0xEE, hbytes);
+    cl_int werr2 = clEnqueueWriteBufferRect(q, m, CL_TRUE, bo2, ho2, rg2, 2048, 0, 1024, 0, h, 0,
+                                            NULL, NULL);
+    cl_int rerr2 = clEnqueueReadBufferRect(q, m, CL_TRUE, bo2, ho2, rg2, 2048, 0, 1024, 0, back,
+                                           0, NULL, NULL);
+    int rows_bad = 0, gaps_touched = back[0] != 0xEE;
+    for (size_t r = 0; r < hrows; r++) {
+        rows_bad += memcmp(back + 8 + r * 1024, h + 8 + r * 1024, 1000) != 0;
+        for (size_t g = 1000; g < 1024 && 8 + r * 1024 + g < hbytes; g++)
+            gaps_touched += back[8 + r * 1024 + g] != 0xEE;
+    }
+    printf("pitched rect write/read: %d %d, rows differing: %d, gap bytes touched: %d\n", werr2,
+           rerr2, rows_bad, gaps_touched);
+    free(h);
+    free(back);
     clReleaseEvent(done);
     clReleaseMemObject(m);
     clReleaseCommandQueue(q);

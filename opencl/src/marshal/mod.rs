@@ -362,6 +362,27 @@ impl Call {
             return Ok(());
         }
         let extent = layout.extent().ok_or(CL_INVALID_VALUE)?;
+        let len = layout.packed_len().ok_or(CL_INVALID_VALUE)?;
+        if let Some(i) = self.window_region(len) {
+            // Row by row straight into the window: no packed copy in between, whose
+            // fresh pages would each fault in.
+            let dst = self.regions[i].ptr();
+            for (k, at) in layout.rows().enumerate() {
+                // SAFETY: each row lies within `extent` of `ptr` (valid for reads per
+                // the contract), and row `k` of the packed output within the region's
+                // `len` bytes, which belong to this call alone.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        ptr.add(at),
+                        dst.add(k * layout.row_bytes),
+                        layout.row_bytes,
+                    )
+                };
+            }
+            self.window_in += len;
+            self.w.u8(tag::WINDOW).u16((self.spans.len() - 1) as u16);
+            return Ok(());
+        }
         // SAFETY: valid for `extent` reads per the contract.
         let src = unsafe { std::slice::from_raw_parts(ptr, extent) };
         let packed = layout.pack(src);

@@ -164,6 +164,26 @@ impl Reply {
         if let Some(token) = self.defer {
             return self.defer_out(token, slot, Dest::Rect(ptr as usize, *layout));
         }
+        if let OutSlot::Window(i, len) = *slot {
+            if layout.packed_len() != Some(len) {
+                return Err(CL_INVALID_VALUE);
+            }
+            // Row by row straight out of the window, as `Call::packed_in` writes.
+            let src = self.regions[i].ptr();
+            for (k, at) in layout.rows().enumerate() {
+                // SAFETY: row `k` of the packed output lies within the region's `len`
+                // bytes, which the host wrote before replying; each row of `ptr` lies
+                // within `layout.extent()`, valid for writes per the contract.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        src.add(k * layout.row_bytes),
+                        ptr.add(at),
+                        layout.row_bytes,
+                    )
+                };
+            }
+            return Ok(());
+        }
         if let Some(b) = self.take_out(slot)? {
             let extent = layout.extent().ok_or(CL_INVALID_VALUE)?;
             // SAFETY: valid for `extent` writes per the contract.
