@@ -106,7 +106,6 @@ fn deferred_read(f: &Func) -> Option<(String, String, String)> {
     ))
 }
 
-/// The name of the function's command-queue argument, if it has one.
 /// The guest code that may complete a call without sending it: a large transfer
 /// streamed (`streams`), an answer known from earlier replies (`known`).
 fn shortcuts(f: &Func) -> String {
@@ -125,6 +124,7 @@ fn shortcuts(f: &Func) -> String {
     s
 }
 
+/// The name of the function's command-queue argument, if it has one.
 fn queue_arg(f: &Func) -> Option<&str> {
     f.args.iter().find_map(|a| match &a.kind {
         Kind::Handle { kind, .. } if kind == "Queue" => Some(a.name.as_str()),

@@ -222,7 +222,6 @@ pub(crate) fn new_id() -> u64 {
     runtime().next_id.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The id and kind of a live object, if `ptr` is one.
 /// Whether the application holds event `id`.
 pub(crate) fn holds_event(id: u64) -> bool {
     let o = objects();
@@ -232,6 +231,7 @@ pub(crate) fn holds_event(id: u64) -> bool {
         .is_some_and(|&(_, kind)| kind == Kind::Event)
 }
 
+/// The id and kind of a live object, if `ptr` is one.
 pub fn lookup(ptr: *mut c_void) -> Option<(u64, Kind)> {
     if ptr.is_null() {
         return None;
@@ -289,6 +289,7 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.out_of_order.remove(&id);
         crate::checks::forget(id);
         crate::notes::forget(id);
+        crate::marshal::forget_cached(id);
         if kind == Kind::Event {
             crate::known::forget(id);
         }

@@ -18,11 +18,23 @@ use opencl_sys::{
 use super::Call;
 use crate::rt::{self, CL_INVALID_VALUE};
 
-/// Info parameters that change over an object's life and so are never cached.
-const UNCACHEABLE: &[u32] = &[0x1047];
+/// Info parameters that change over an object's life and so are never cached: the
+/// reference counts of devices and queues, a device's default queue
+/// (`clSetDefaultDeviceCommandQueue`). (Queue properties do not change: Hira does not
+/// offer the deprecated `clSetCommandQueueProperty`.)
+const UNCACHEABLE: &[u32] = &[0x1047, 0x1092, 0x1095];
 
 type InfoCache = Mutex<HashMap<(u16, Vec<u8>), Vec<u8>>>;
 static INFO_CACHE: LazyLock<InfoCache> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Drops the cached answers about object `id`, which the application released (ids are
+/// never given again, so this only bounds the cache).
+pub(crate) fn forget_cached(id: u64) {
+    INFO_CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(_, request), _| request.get(..8) != Some(&id.to_le_bytes()[..]));
+}
 
 /// Runs an info query: the host returns the whole value; the guest translates
 /// handles, applies its own view (platform identity, memory flags) and the API's
