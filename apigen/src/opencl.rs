@@ -414,7 +414,10 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     enc,
                     "let {n}__rect = crate::rt::buffer_rect({origin}, {region}, {row_pitch}, {slice_pitch})?;"
                 );
-                let _ = writeln!(enc, "let {n}__out = c.packed_out(&{n}__rect)?;");
+                let _ = writeln!(
+                    enc,
+                    "let {n}__out = c.packed_out({n} as *mut u8, &{n}__rect)?;"
+                );
                 let _ = writeln!(
                     dec,
                     "rep.unpack_out(&{n}__out, {n} as *mut u8, &{n}__rect)?;"
@@ -442,7 +445,10 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     enc,
                     "let {n}__rect = crate::rt::image_rect({image}, {region}, {row_pitch}, {slice_pitch})?;"
                 );
-                let _ = writeln!(enc, "let {n}__out = c.packed_out(&{n}__rect)?;");
+                let _ = writeln!(
+                    enc,
+                    "let {n}__out = c.packed_out({n} as *mut u8, &{n}__rect)?;"
+                );
                 let _ = writeln!(
                     dec,
                     "rep.unpack_out(&{n}__out, {n} as *mut u8, &{n}__rect)?;"

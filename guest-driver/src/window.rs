@@ -95,6 +95,18 @@ impl Window {
         self.len == 0
     }
 
+    /// Bytes not allocated now (in any number of gaps).
+    pub fn unallocated(&self) -> usize {
+        let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        self.len - used.iter().map(|&(_, l)| l).sum::<usize>()
+    }
+
+    /// The offset in this window of the `len` bytes at `ptr`, if they lie inside it.
+    pub fn offset_of(&self, ptr: *const u8, len: usize) -> Option<usize> {
+        let offset = (ptr as usize).checked_sub(self.base as usize)?;
+        (offset.checked_add(len)? <= self.len).then_some(offset)
+    }
+
     /// Allocates `len` bytes (first fit, 64-byte aligned), or `None` if no gap is big
     /// enough right now; callers then send inline.
     pub fn alloc(&self, len: usize) -> Option<WindowRegion<'_>> {
@@ -168,6 +180,19 @@ mod tests {
         let a = w.alloc(100).unwrap();
         let b = w.alloc(100).unwrap();
         assert!(a.offset + a.len <= b.offset);
+    }
+
+    #[test]
+    fn only_bytes_inside_the_window_have_an_offset() {
+        let w = Window::create(8192).unwrap();
+        let r = w.alloc(100).unwrap();
+        let p = r.ptr();
+        // SAFETY: only compared, never dereferenced.
+        let inside = unsafe { p.add(8) };
+        assert_eq!(w.offset_of(inside, 92), Some(r.offset + 8));
+        assert_eq!(w.offset_of(p, 8193 - r.offset), None, "past the end");
+        let outside = [0u8; 4];
+        assert_eq!(w.offset_of(outside.as_ptr(), 4), None);
     }
 
     #[test]

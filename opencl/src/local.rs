@@ -15,6 +15,7 @@ use opencl_sys::{cl_bool, cl_command_queue, cl_event, cl_int, cl_map_flags, cl_m
 
 use crate::generated as g;
 pub use crate::icd::{clGetExtensionFunctionAddress, clGetExtensionFunctionAddressForPlatform};
+use crate::marshal;
 use crate::rt::{self, CL_INVALID_VALUE, CL_MEM_OBJECT_IMAGE1D_ARRAY};
 use crate::stats;
 pub use crate::svm::{
@@ -22,6 +23,7 @@ pub use crate::svm::{
     clEnqueueSVMMigrateMem, clEnqueueSVMUnmap, clSVMAlloc, clSVMFree, clSetKernelArgSVMPointer,
     clSetKernelExecInfo,
 };
+use hira_guest_driver::WindowRegion;
 
 use opencl_sys::CL_COMMAND_MAP_BUFFER;
 use opencl_sys::CL_COMMAND_MAP_IMAGE;
@@ -135,10 +137,44 @@ struct Mapping {
     flags: u64,
     region: Region,
     /// The shadow allocation, when the pointer is not the application's own memory.
-    shadow: Option<Box<[u8]>>,
+    shadow: Option<Shadow>,
     /// Mapped with a blocking call: nothing of the host writes into the shadow after
     /// the unmap, so it may serve the next mapping.
     blocking: bool,
+}
+
+/// Where a mapping's data lives in the guest when it is not the application's memory.
+enum Shadow {
+    /// Process memory.
+    Heap(Box<[u8]>),
+    /// A region of the data window, for a blocking mapping: the host writes the mapped
+    /// data there and reads it back from there at the unmap, with no copy in the guest
+    /// (`marshal::in_place`). Held until the unmap.
+    Window(WindowRegion<'static>),
+}
+
+impl Shadow {
+    /// For a mapping of `len` bytes: a window region if the mapping is blocking and the
+    /// window has room for it and as much again besides (transfers need it too), else
+    /// process memory.
+    fn new(len: usize, blocking: bool) -> Shadow {
+        let region = || {
+            let window = rt::conn().ok()?.window()?;
+            let free_enough = window.unallocated() >= len.checked_mul(2)?;
+            free_enough.then(|| window.alloc(len)).flatten()
+        };
+        match blocking.then(region).flatten() {
+            Some(r) => Shadow::Window(r),
+            None => Shadow::Heap(shadow(len)),
+        }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            Shadow::Heap(b) => b.as_mut_ptr(),
+            Shadow::Window(r) => r.ptr(),
+        }
+    }
 }
 
 /// Shadows of finished blocking mappings, kept for the next ones: a fresh shadow's
@@ -216,64 +252,66 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         let (ptr, shadow) = if extra.flags & CL_MEM_USE_HOST_PTR != 0 && extra.host_ptr != 0 {
             ((extra.host_ptr + offset) as *mut u8, None)
         } else {
-            let mut b = shadow(size);
+            let mut b = Shadow::new(size, blocking_map != 0);
             (b.as_mut_ptr(), Some(b))
         };
-        // SAFETY: `ptr` covers `size` bytes (the shadow, or the application's host
-        // memory which the API requires to cover the buffer); the rest is forwarded.
-        let status = unsafe {
-            if fill == Fill::Copy {
-                let tmp = scratch(buffer, size)?;
-                let mut copied: cl_event = std::ptr::null_mut();
-                let mut st = g::clEnqueueCopyBuffer(
-                    command_queue,
-                    buffer,
-                    tmp,
-                    offset,
-                    0,
-                    size,
-                    num_events_in_wait_list,
-                    event_wait_list,
-                    &mut copied,
-                );
-                if st == 0 {
-                    st = g::clEnqueueReadBuffer(
+        let status = marshal::in_place(|| -> Result<cl_int, cl_int> {
+            // SAFETY: `ptr` covers `size` bytes (the shadow, or the application's host
+            // memory which the API requires to cover the buffer); the rest is forwarded.
+            Ok(unsafe {
+                if fill == Fill::Copy {
+                    let tmp = scratch(buffer, size)?;
+                    let mut copied: cl_event = std::ptr::null_mut();
+                    let mut st = g::clEnqueueCopyBuffer(
                         command_queue,
+                        buffer,
                         tmp,
-                        blocking_map,
+                        offset,
                         0,
                         size,
-                        ptr.cast(),
-                        1,
-                        &copied,
-                        event,
+                        num_events_in_wait_list,
+                        event_wait_list,
+                        &mut copied,
                     );
-                    g::clReleaseEvent(copied);
+                    if st == 0 {
+                        st = g::clEnqueueReadBuffer(
+                            command_queue,
+                            tmp,
+                            blocking_map,
+                            0,
+                            size,
+                            ptr.cast(),
+                            1,
+                            &copied,
+                            event,
+                        );
+                        g::clReleaseEvent(copied);
+                    }
+                    // Released now, freed once the commands using it are done.
+                    g::clReleaseMemObject(tmp);
+                    st
+                } else if fill == Fill::Read {
+                    g::clEnqueueReadBuffer(
+                        command_queue,
+                        buffer,
+                        blocking_map,
+                        offset,
+                        size,
+                        ptr.cast(),
+                        num_events_in_wait_list,
+                        event_wait_list,
+                        event,
+                    )
+                } else {
+                    g::clEnqueueMarkerWithWaitList(
+                        command_queue,
+                        num_events_in_wait_list,
+                        event_wait_list,
+                        event,
+                    )
                 }
-                // Released now, freed once the commands using it are done.
-                g::clReleaseMemObject(tmp);
-                st
-            } else if fill == Fill::Read {
-                g::clEnqueueReadBuffer(
-                    command_queue,
-                    buffer,
-                    blocking_map,
-                    offset,
-                    size,
-                    ptr.cast(),
-                    num_events_in_wait_list,
-                    event_wait_list,
-                    event,
-                )
-            } else {
-                g::clEnqueueMarkerWithWaitList(
-                    command_queue,
-                    num_events_in_wait_list,
-                    event_wait_list,
-                    event,
-                )
-            }
-        };
+            })
+        })?;
         if status != 0 {
             return Err(status);
         }
@@ -371,84 +409,87 @@ pub unsafe extern "C" fn clEnqueueMapImage(
                     .checked_mul(r[1])
                     .and_then(|v| v.checked_mul(r[2]))
                     .ok_or(CL_INVALID_VALUE)?;
-                let mut s = shadow(total);
+                let mut s = Shadow::new(total, blocking_map != 0);
                 (s.as_mut_ptr(), row, slice, Some(s))
             };
-        // SAFETY: `ptr` (the shadow, or the application's memory, which the API
-        // requires to hold the whole image) covers the region with the pitches passed.
-        let status = unsafe {
-            if fill == Fill::Copy {
-                // The region, tight, into a scratch buffer; from there into the mapping
-                // with its pitches (a 1D array's slices are rows).
-                let tight_row = r[0].checked_mul(elem).ok_or(CL_INVALID_VALUE)?;
-                let tight = tight_row
-                    .checked_mul(r[1])
-                    .and_then(|v| v.checked_mul(r[2]))
-                    .ok_or(CL_INVALID_VALUE)?;
-                let tmp = scratch(image, tight)?;
-                let mut copied: cl_event = std::ptr::null_mut();
-                let mut st = g::clEnqueueCopyImageToBuffer(
-                    command_queue,
-                    image,
-                    tmp,
-                    origin,
-                    region,
-                    0,
-                    num_events_in_wait_list,
-                    event_wait_list,
-                    &mut copied,
-                );
-                if st == 0 {
-                    let (host_row, host_slice) = if kind == CL_MEM_OBJECT_IMAGE1D_ARRAY {
-                        (slice, 0)
-                    } else {
-                        (row, slice)
-                    };
-                    let zero = [0usize; 3];
-                    let rect = [tight_row, r[1], r[2]];
-                    st = g::clEnqueueReadBufferRect(
+        let status = marshal::in_place(|| -> Result<cl_int, cl_int> {
+            // SAFETY: `ptr` (the shadow, or the application's memory, which the API
+            // requires to hold the whole image) covers the region with the pitches
+            // passed.
+            Ok(unsafe {
+                if fill == Fill::Copy {
+                    // The region, tight, into a scratch buffer; from there into the mapping
+                    // with its pitches (a 1D array's slices are rows).
+                    let tight_row = r[0].checked_mul(elem).ok_or(CL_INVALID_VALUE)?;
+                    let tight = tight_row
+                        .checked_mul(r[1])
+                        .and_then(|v| v.checked_mul(r[2]))
+                        .ok_or(CL_INVALID_VALUE)?;
+                    let tmp = scratch(image, tight)?;
+                    let mut copied: cl_event = std::ptr::null_mut();
+                    let mut st = g::clEnqueueCopyImageToBuffer(
                         command_queue,
+                        image,
                         tmp,
-                        blocking_map,
-                        zero.as_ptr(),
-                        zero.as_ptr(),
-                        rect.as_ptr(),
-                        tight_row,
-                        tight_row * r[1],
-                        host_row,
-                        host_slice,
-                        ptr.cast(),
-                        1,
-                        &copied,
-                        event,
+                        origin,
+                        region,
+                        0,
+                        num_events_in_wait_list,
+                        event_wait_list,
+                        &mut copied,
                     );
-                    g::clReleaseEvent(copied);
+                    if st == 0 {
+                        let (host_row, host_slice) = if kind == CL_MEM_OBJECT_IMAGE1D_ARRAY {
+                            (slice, 0)
+                        } else {
+                            (row, slice)
+                        };
+                        let zero = [0usize; 3];
+                        let rect = [tight_row, r[1], r[2]];
+                        st = g::clEnqueueReadBufferRect(
+                            command_queue,
+                            tmp,
+                            blocking_map,
+                            zero.as_ptr(),
+                            zero.as_ptr(),
+                            rect.as_ptr(),
+                            tight_row,
+                            tight_row * r[1],
+                            host_row,
+                            host_slice,
+                            ptr.cast(),
+                            1,
+                            &copied,
+                            event,
+                        );
+                        g::clReleaseEvent(copied);
+                    }
+                    g::clReleaseMemObject(tmp);
+                    st
+                } else if fill == Fill::Read {
+                    g::clEnqueueReadImage(
+                        command_queue,
+                        image,
+                        blocking_map,
+                        origin,
+                        region,
+                        row,
+                        slice,
+                        ptr.cast(),
+                        num_events_in_wait_list,
+                        event_wait_list,
+                        event,
+                    )
+                } else {
+                    g::clEnqueueMarkerWithWaitList(
+                        command_queue,
+                        num_events_in_wait_list,
+                        event_wait_list,
+                        event,
+                    )
                 }
-                g::clReleaseMemObject(tmp);
-                st
-            } else if fill == Fill::Read {
-                g::clEnqueueReadImage(
-                    command_queue,
-                    image,
-                    blocking_map,
-                    origin,
-                    region,
-                    row,
-                    slice,
-                    ptr.cast(),
-                    num_events_in_wait_list,
-                    event_wait_list,
-                    event,
-                )
-            } else {
-                g::clEnqueueMarkerWithWaitList(
-                    command_queue,
-                    num_events_in_wait_list,
-                    event_wait_list,
-                    event,
-                )
-            }
-        };
+            })
+        })?;
         if status != 0 {
             return Err(status);
         }
@@ -510,7 +551,7 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
         let ptr = m.ptr as *const c_void;
         // SAFETY: `ptr` is the mapping's memory, still allocated (the shadow is held
         // in `m` until after the call), covering the mapped region.
-        let status = unsafe {
+        let status = marshal::in_place(|| unsafe {
             match (&m.region, wrote) {
                 (Region::Buffer { offset, size }, true) => g::clEnqueueWriteBuffer(
                     command_queue,
@@ -551,11 +592,11 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                     event,
                 ),
             }
-        };
+        });
         match m.shadow {
             // A blocking unmap has sent what it wrote; a non-blocking one's data was
             // copied when the call was made (or is a marker's: none).
-            Some(b) if m.blocking => keep_shadow(b),
+            Some(Shadow::Heap(b)) if m.blocking => keep_shadow(b),
             other => drop(other),
         }
         if status == 0 {

@@ -160,6 +160,13 @@ impl RectLayout {
             .checked_mul(self.slices)
     }
 
+    /// Whether the region's rows follow each other with no gap, slice after slice: its
+    /// bytes from `offset` on are already packed.
+    pub fn is_tight(&self) -> bool {
+        (self.rows <= 1 || self.row_pitch == self.row_bytes)
+            && (self.slices <= 1 || self.slice_pitch == self.row_bytes * self.rows)
+    }
+
     /// One past the last byte the region touches, from the base pointer.
     pub fn extent(&self) -> Option<usize> {
         if self.packed_len()? == 0 {

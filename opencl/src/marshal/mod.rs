@@ -47,6 +47,25 @@ pub enum OutSlot {
     Window(usize, usize),
     /// Kept by the host under a token, fetched in chunks after the reply.
     Staged(u64, usize),
+    /// Written by the host where the application wants it: its destination lies in
+    /// the window (see [`in_place`]); nothing to copy.
+    InPlace(usize),
+}
+
+thread_local! {
+    /// Set while the shim's own blocking map and unmap calls run (see [`in_place`]).
+    static IN_PLACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, in which data whose application memory lies in the data window (a
+/// mapping's shadow placed there) goes to and from the host where it is, instead of
+/// being copied into a region of its own: only for the shim's blocking map and
+/// unmap calls, which hold the mapping's region until the host has read or written it.
+pub(crate) fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    let before = IN_PLACE.replace(true);
+    let out = f();
+    IN_PLACE.set(before);
+    out
 }
 
 /// Bytes per `hiraStage`/`hiraFetch` chunk: well inside a frame.
@@ -105,6 +124,9 @@ pub struct Call {
     /// Bytes placed in the window for the host, and reserved there for its results.
     window_in: usize,
     window_out: usize,
+    /// Some data goes where it is in the window (see [`in_place`]): the call waits for
+    /// its reply.
+    in_place: bool,
     /// Token of a non-blocking read, whose output arrives after the reply.
     defer: Option<u64>,
     /// Where a write's blocking flag is in the request.
@@ -121,6 +143,7 @@ impl Call {
             regions: Vec::new(),
             window_in: 0,
             window_out: 0,
+            in_place: false,
             defer: None,
             blocking_at: None,
         }
@@ -144,7 +167,7 @@ impl Call {
         let Some(at) = self.blocking_at else {
             return false;
         };
-        if !allowed || rt::force_sync() {
+        if !allowed || rt::force_sync() || self.in_place {
             return false;
         }
         if !self.spans.is_empty() && !rt::window_budget(self.window_in) {
@@ -257,6 +280,22 @@ impl Call {
         id
     }
 
+    /// The span index of `len` bytes at `ptr` sent where they are: inside
+    /// [`in_place`], when they lie in the window.
+    fn place(&mut self, ptr: *const u8, len: usize) -> Option<u16> {
+        // Only blocking calls: a non-blocking read's output arrives after its reply.
+        if !IN_PLACE.get() || len == 0 || self.defer.is_some() {
+            return None;
+        }
+        let offset = rt::conn().ok()?.window()?.offset_of(ptr, len)?;
+        self.spans.push(Span {
+            offset: offset as u64,
+            len: len as u64,
+        });
+        self.in_place = true;
+        Some((self.spans.len() - 1) as u16)
+    }
+
     fn window_region(&mut self, len: usize) -> Option<usize> {
         if len < *INLINE_MAX {
             return None;
@@ -278,6 +317,11 @@ impl Call {
     pub unsafe fn bytes_in(&mut self, ptr: *const u8, len: usize) -> Result<(), cl_int> {
         if ptr.is_null() {
             self.w.u8(tag::NULL);
+            return Ok(());
+        }
+        if let Some(span) = self.place(ptr, len) {
+            self.window_in += len;
+            self.w.u8(tag::WINDOW).u16(span);
             return Ok(());
         }
         // SAFETY: valid for len reads per the contract.
@@ -334,6 +378,11 @@ impl Call {
             self.w.u8(tag::NULL);
             return Ok(OutSlot::Null);
         }
+        if let Some(span) = self.place(ptr, len) {
+            self.window_out += len;
+            self.w.u8(tag::WINDOW).u16(span);
+            return Ok(OutSlot::InPlace(len));
+        }
         self.out_slot(len)
     }
 
@@ -363,6 +412,14 @@ impl Call {
         }
         let extent = layout.extent().ok_or(CL_INVALID_VALUE)?;
         let len = layout.packed_len().ok_or(CL_INVALID_VALUE)?;
+        if layout.is_tight()
+            // SAFETY: `offset` lies within `extent` of `ptr` (only compared).
+            && let Some(span) = self.place(unsafe { ptr.add(layout.offset) }, len)
+        {
+            self.window_in += len;
+            self.w.u8(tag::WINDOW).u16(span);
+            return Ok(());
+        }
         if let Some(i) = self.window_region(len) {
             // Row by row straight into the window: no packed copy in between, whose
             // fresh pages would each fault in.
@@ -390,8 +447,17 @@ impl Call {
     }
 
     /// Requests a packed rectangle output.
-    pub fn packed_out(&mut self, layout: &RectLayout) -> Result<OutSlot, cl_int> {
-        self.out_slot(layout.packed_len().ok_or(CL_INVALID_VALUE)?)
+    pub fn packed_out(&mut self, ptr: *mut u8, layout: &RectLayout) -> Result<OutSlot, cl_int> {
+        let len = layout.packed_len().ok_or(CL_INVALID_VALUE)?;
+        if !ptr.is_null()
+            && layout.is_tight()
+            && let Some(span) = self.place(ptr.wrapping_add(layout.offset), len)
+        {
+            self.window_out += len;
+            self.w.u8(tag::WINDOW).u16(span);
+            return Ok(OutSlot::InPlace(len));
+        }
+        self.out_slot(len)
     }
 
     /// A NUL-terminated string, or null.
@@ -667,6 +733,8 @@ impl Call {
     /// Sends the call. With `may_async` and no data in the window, it is forwarded
     /// without waiting and reported successful (errors are logged by the host).
     pub fn send(mut self, may_async: bool) -> Result<Reply, cl_int> {
+        // Data sent where it is stays the application's: the call waits for the host.
+        let may_async = may_async && !self.in_place;
         let conn = rt::conn()?;
         let kept = may_async && !rt::force_sync() && self.keep_window_data(conn);
         // A chunk of a streamed read: its output's token brings the data, or why not.

@@ -49,6 +49,8 @@ impl Reply {
                 };
             }
             OutSlot::Inline(len) | OutSlot::Window(_, len) => len,
+            // Never deferred: only blocking calls place outputs (`Call::place`).
+            OutSlot::InPlace(_) => return Err(CL_INVALID_VALUE),
         };
         let window = match *slot {
             OutSlot::Window(i, _) => Some(i),
@@ -102,7 +104,7 @@ impl Reply {
 
     fn take_out(&mut self, slot: &OutSlot) -> Result<Option<Vec<u8>>, cl_int> {
         match *slot {
-            OutSlot::Null => Ok(None),
+            OutSlot::Null | OutSlot::InPlace(_) => Ok(None),
             OutSlot::Staged(token, len) => {
                 let mut v = vec![0u8; len];
                 fetch(token, &mut v)?;
