@@ -57,6 +57,40 @@ struct Args {
     output_buffer: u64,
 }
 
+/// How `--sandbox-check` names each OpenCL platform it sees.
+const OPENCL_PLATFORM: &str = "opencl platform: ";
+
+/// The directories the operator's OpenCL setting names: `OCL_ICD_VENDORS` (a directory
+/// of `.icd` files) and the directories of the libraries those files name by path.
+fn icd_paths() -> Vec<std::path::PathBuf> {
+    let Some(vendors) = std::env::var_os("OCL_ICD_VENDORS").map(std::path::PathBuf::from) else {
+        return Vec::new();
+    };
+    if !vendors.is_dir() {
+        return Vec::new();
+    }
+    let mut paths = vec![vendors.clone()];
+    let icds = std::fs::read_dir(&vendors).into_iter().flatten().flatten();
+    for icd in icds.filter(|e| e.path().extension().is_some_and(|x| x == "icd")) {
+        let Ok(text) = std::fs::read_to_string(icd.path()) else {
+            continue;
+        };
+        let library = std::path::PathBuf::from(text.trim());
+        if !library.is_absolute() {
+            // Found on the library path, which is readable already.
+            continue;
+        }
+        // The directory named, and the one a link there leads to.
+        let real = std::fs::canonicalize(&library).ok();
+        for file in std::iter::once(library.as_path()).chain(real.as_deref()) {
+            if let Some(dir) = file.parent().filter(|d| d.is_dir()) {
+                paths.push(dir.to_path_buf());
+            }
+        }
+    }
+    paths
+}
+
 fn sandbox_config(a: &Args) -> anyhow::Result<SandboxConfig> {
     let user = match &a.sandbox_user {
         Some(s) => {
@@ -71,10 +105,18 @@ fn sandbox_config(a: &Args) -> anyhow::Result<SandboxConfig> {
         user,
         cache_dir: a.cache_dir.clone(),
         // The library path the operator gave API servers (where a driver library
-        // outside the system's directories lives) stays readable in the sandbox.
+        // outside the system's directories lives), and the ICD directory and the
+        // libraries its files name, stay readable in the sandbox.
         read_paths: std::env::var_os("LD_LIBRARY_PATH")
-            .map(|p| std::env::split_paths(&p).filter(|d| d.is_dir()).collect())
-            .unwrap_or_default(),
+            .map(|p| {
+                std::env::split_paths(&p)
+                    .filter(|d| d.is_dir())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .chain(icd_paths())
+            .collect(),
     })
 }
 
@@ -167,6 +209,13 @@ fn main() -> anyhow::Result<()> {
     if args.sandbox_check {
         for line in sandbox::enter(&sandbox_config).lines() {
             println!("{line}");
+        }
+        // What a session's API server will see of the host's OpenCL, from inside the
+        // sandbox (hira-vhost compares it with what it sees outside).
+        match hira_api_server::opencl::platform_names() {
+            Ok(names) if names.is_empty() => println!("opencl: no platform"),
+            Ok(names) => names.iter().for_each(|n| println!("{OPENCL_PLATFORM}{n}")),
+            Err(e) => println!("opencl: {e}"),
         }
         return Ok(());
     }

@@ -227,10 +227,32 @@ fn sandbox_args(cmd: &mut Command, config: &Config) {
 /// control socket).
 pub static SANDBOX_REPORT: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
+/// Why the API servers' sandbox cannot serve sessions.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot prepare the sandbox: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(
+        "inside their sandbox the API servers see no OpenCL platform ({inside}), though \
+         outside it this host has {outside}: every session would fail. The ICD files \
+         (OCL_ICD_VENDORS, or /etc/OpenCL/vendors) or the libraries they name lie where \
+         the sandbox does not let API servers read. Install the ICD under \
+         /etc/OpenCL/vendors and its library in a system library directory, or name its \
+         directories in OCL_ICD_VENDORS and LD_LIBRARY_PATH of hira-vhost (the sandbox \
+         keeps those readable)"
+    )]
+    HidesPlatforms { inside: String, outside: String },
+}
+
+/// How `hira-api-server --sandbox-check` names each OpenCL platform it sees.
+const OPENCL_PLATFORM: &str = "opencl platform: ";
+
 /// Creates the API servers' kernel cache (owned by their user, private to it), then
 /// asks the API-server executable to enter its sandbox once and logs, once, how each
-/// layer went: a layer this machine cannot apply is reported with its reason.
-pub fn prepare_sandbox(config: &Config) -> std::io::Result<()> {
+/// layer went (a layer this machine cannot apply is reported with its reason) and which
+/// OpenCL platforms it sees from there. Fails when the host has OpenCL platforms and
+/// the sandbox hides all of them: sessions could then never be served.
+pub fn prepare_sandbox(config: &Config) -> Result<(), SandboxError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = &config.sandbox.cache_dir;
     std::fs::create_dir_all(dir)?;
@@ -253,12 +275,86 @@ pub fn prepare_sandbox(config: &Config) -> std::io::Result<()> {
             log::info!("API-server sandbox: {line}");
         }
     }
-    let _ = SANDBOX_REPORT.set(report);
     if !out.status.success() {
         warn!(
             "API-server sandbox check failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
+    } else {
+        platforms_visible(&report, || {
+            let out = Command::new(&config.api_server)
+                .arg("--list-platforms")
+                .output()?;
+            Ok(if out.status.success() {
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(str::to_string)
+                    .collect()
+            } else {
+                Vec::new()
+            })
+        })?;
     }
+    let _ = SANDBOX_REPORT.set(report);
     Ok(())
+}
+
+/// Fails when the sandbox check's `report` names no OpenCL platform while `outside`
+/// (the platforms an API server lists outside the sandbox, asked only then) has some.
+fn platforms_visible(
+    report: &[String],
+    outside: impl FnOnce() -> std::io::Result<Vec<String>>,
+) -> Result<(), SandboxError> {
+    if report.iter().any(|l| l.starts_with(OPENCL_PLATFORM)) {
+        return Ok(());
+    }
+    let names = outside()?;
+    if names.is_empty() {
+        // No OpenCL on this host at all (a CUDA-only host): nothing is hidden.
+        return Ok(());
+    }
+    let inside = report
+        .iter()
+        .find_map(|l| l.strip_prefix("opencl: "))
+        .unwrap_or("no platform")
+        .to_string();
+    Err(SandboxError::HidesPlatforms {
+        inside,
+        outside: names
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(l: &[&str]) -> Vec<String> {
+        l.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_sandbox_that_hides_every_platform_the_host_has_is_refused_with_the_cause() {
+        let report = lines(&["landlock: applied", "opencl: no platform"]);
+        let err =
+            platforms_visible(&report, || Ok(lines(&["Portable Computing Language"]))).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("no platform"), "{text}");
+        assert!(text.contains("\"Portable Computing Language\""), "{text}");
+        assert!(text.contains("OCL_ICD_VENDORS"), "the fix is named: {text}");
+    }
+
+    #[test]
+    fn platforms_seen_inside_or_none_anywhere_pass() {
+        let seen = lines(&["opencl platform: Portable Computing Language"]);
+        assert!(platforms_visible(&seen, || panic!("asked outside although seen inside")).is_ok());
+        let none = lines(&["opencl: no platform"]);
+        assert!(
+            platforms_visible(&none, || Ok(Vec::new())).is_ok(),
+            "a CUDA-only host"
+        );
+    }
 }

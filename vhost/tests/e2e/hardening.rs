@@ -42,6 +42,23 @@ fn vecadd_runs(daemon: &Daemon) {
 }
 
 #[test]
+fn a_daemon_whose_icd_directory_is_outside_the_system_serves_from_its_sandbox() {
+    // The operator's OCL_ICD_VENDORS names a directory under /tmp (a copy of the host's
+    // ICD files): the API servers' sandbox keeps it readable, the start-up check made
+    // inside the sandbox sees the platform, and sessions are served.
+    let vendors = Vendors::native();
+    let dir = vendors.dir.path().to_str().unwrap().to_string();
+    let daemon = Daemon::start_with_env(&["vm1"], &[("OCL_ICD_VENDORS", &dir)]);
+    vecadd_runs(&daemon);
+    let status = daemon.control(serde_json::json!({"cmd": "status"}));
+    let sandbox = status["sandbox"].to_string();
+    assert!(
+        sandbox.contains("opencl platform: "),
+        "the sandbox check reports what API servers see: {sandbox}"
+    );
+}
+
+#[test]
 fn a_guest_that_stops_reading_slows_only_itself() {
     let daemon = Daemon::start(&["vm1"]);
     let mut g = RawGuest::session(&daemon.socket("vm1"));
