@@ -174,12 +174,15 @@ int main(int argc, char **argv) {
         printf("run %d: %s, event type %#x\n", run, ok ? "right" : "WRONG", type);
     }
     /* Two enqueues with nothing waited for in between: whether the second finds the
-     * buffer still running is the host's answer. */
+     * buffer still running depends on timing, natively as through Hira (the host
+     * answers; PoCL refuses an enqueue while pending), so only that it is one of the two
+     * answers is printed. */
     cl_int first = enqueue(0, NULL, b, 0, NULL, NULL);
     cl_int second = enqueue(0, NULL, b, 0, NULL, NULL);
     CHECK(clFinish(q));
     CHECK(clEnqueueReadBuffer(q, b2, CL_TRUE, 0, sizeof out, out, 0, NULL, NULL));
-    printf("enqueued twice: %d, %d; result %s\n", first, second,
+    printf("enqueued twice: %d, %s; result %s\n", first,
+           second == CL_SUCCESS || second == CL_INVALID_OPERATION ? "ran or pending" : "OTHER",
            out[0] == (2 * 3 + 1) * 3 + 1 ? "right" : "WRONG");
     CHECK(release(b));
     printf("a released command buffer's info: %d\n", info(NULL, CL_COMMAND_BUFFER_STATE_KHR, sizeof st, &st, NULL));
