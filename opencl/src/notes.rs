@@ -221,7 +221,7 @@ pub(crate) fn forget(id: u64) {
     let mut st = state();
     st.buffers.remove(&id);
     st.finished.retain(|&(queue, _), _| queue != id);
-    if crate::known::completed(id) {
+    if !st.buffers.is_empty() && crate::known::completed(id) {
         for b in st.buffers.values_mut() {
             if b.last_run.is_some_and(|r| r.event == Some(id)) {
                 b.last_run = None;

@@ -288,8 +288,14 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.command_type.remove(&id);
         o.out_of_order.remove(&id);
         crate::checks::forget(id);
-        crate::notes::forget(id);
-        crate::marshal::forget_cached(id);
+        // Only the kinds each table holds: an event's release (one per launch in
+        // many programs) scans no cache.
+        if matches!(kind, Kind::CommandBuffer | Kind::Queue | Kind::Event) {
+            crate::notes::forget(id);
+        }
+        if matches!(kind, Kind::Queue | Kind::Device) {
+            crate::marshal::forget_cached(id);
+        }
         if kind == Kind::Event {
             crate::known::forget(id);
         }
