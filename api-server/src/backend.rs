@@ -180,7 +180,12 @@ pub trait Backend: Send + Sync {
     /// Restores a snapshot into this fresh session, on the host's device of index
     /// `device` if given (else on the devices it used); returns the guest's input to
     /// execute first.
-    fn restore(&self, snapshot: &[u8], device: Option<u32>) -> Result<Vec<u8>, MigrationError>;
+    fn restore(
+        &self,
+        snapshot: &[u8],
+        device: Option<u32>,
+        window: Option<&WindowMap>,
+    ) -> Result<Vec<u8>, MigrationError>;
 
     /// The guest is gone (its connection ended; the session is not moving): nothing
     /// may wait for it, or for a scheduling decision on its behalf, any more. Called

@@ -96,7 +96,12 @@ impl Backend for NullBackend {
         ))
     }
 
-    fn restore(&self, _snapshot: &[u8], _device: Option<u32>) -> Result<Vec<u8>, MigrationError> {
+    fn restore(
+        &self,
+        _snapshot: &[u8],
+        _device: Option<u32>,
+        _window: Option<&crate::window::WindowMap>,
+    ) -> Result<Vec<u8>, MigrationError> {
         Err(MigrationError::Inconsistent(
             "the null backend has no state",
         ))

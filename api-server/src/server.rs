@@ -432,7 +432,9 @@ pub fn run(config: Config) -> Result<Outcome, ServerError> {
     // A migrated session: its objects come back before anything of the guest runs.
     let restoring = std::time::Instant::now();
     let pending = match adopt {
-        Some(a) => match read_snapshot(a.snapshot).and_then(|b| backend.restore(&b, a.device)) {
+        Some(a) => match read_snapshot(a.snapshot)
+            .and_then(|b| backend.restore(&b, a.device, window.as_ref()))
+        {
             Ok(p) => {
                 info!(
                     "session {}: restored from a snapshot in {:?} ({:?} after this process started)",

@@ -276,6 +276,26 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                         );
                     }
                 }
+                if let Kind::HostPtr { flags, buffer, .. } = &a.kind {
+                    // Storage in the data window (`zero_copy`) for a buffer, or an
+                    // image described with no layout of its own; not for the 1.1
+                    // image calls.
+                    let layout = if *buffer {
+                        "true"
+                    } else if f.args.iter().any(|a| a.name == "image_desc") {
+                        "crate::zero_copy::plain_desc(image_desc)"
+                    } else {
+                        "false"
+                    };
+                    let _ = writeln!(
+                        enc,
+                        "let {n}__zc = crate::zero_copy::place(&mut c, context, {flags} as u64, {n} as *const u8, {layout}, || Ok(({size}) as usize));"
+                    );
+                    let _ = writeln!(
+                        dec,
+                        "if let Some(zc) = {n}__zc {{ crate::zero_copy::made(ret__id, zc); }}"
+                    );
+                }
                 match &a.kind {
                     // A buffer over SVM memory aliases the host allocation (the host
                     // gets CL_MEM_USE_HOST_PTR with the SVM address), as natively.
@@ -288,11 +308,17 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
                     } => {
                         let _ = writeln!(
                             enc,
-                            "let {n}__streamed = if let Some((svm_id, svm_off)) = crate::svm::aliased({flags} as u64, {n} as *const c_void) {{ c.svm_ref(svm_id, svm_off); false }} else if {cond} {{ c.initial_data({n} as *const u8, ({size}) as usize, {flags} as u64)? }} else {{ c.bytes_in(std::ptr::null(), 0)?; false }};"
+                            "let {n}__streamed = if {n}__zc.is_some() {{ false }} else if let Some((svm_id, svm_off)) = crate::svm::aliased({flags} as u64, {n} as *const c_void) {{ c.svm_ref(svm_id, svm_off); false }} else if {cond} {{ c.initial_data({n} as *const u8, ({size}) as usize, {flags} as u64)? }} else {{ c.bytes_in(std::ptr::null(), 0)?; false }};"
                         );
                         let _ = writeln!(
                             dec,
                             "if {n}__streamed {{ crate::stream::fill(ret__id, {n} as *const u8, ({size}) as usize)?; }}"
+                        );
+                    }
+                    Kind::HostPtr { .. } => {
+                        let _ = writeln!(
+                            enc,
+                            "if {n}__zc.is_some() {{ }} else if {cond} {{ c.bytes_in({n} as *const u8, ({size}) as usize)?; }} else {{ c.bytes_in(std::ptr::null(), 0)?; }}"
                         );
                     }
                     _ => {
@@ -756,9 +782,14 @@ fn server_fn(s: &mut String, f: &Func) -> Result<(), String> {
                 if let Kind::HostPtr { flags, .. } = &a.kind {
                     // An SVM host pointer is the host's own memory: used, not copied.
                     // Streamed contents arrive after the call, written by the host.
+                    // Storage in the window is used in place (`zero_copy`).
                     let _ = writeln!(
                         chk,
-                        "let {flags} = if {n}__b.is_svm() {{ {flags}__guest as _ }} else if {n}__b.is_streamed() {{ {flags} & !(CL_MEM_COPY_HOST_PTR as cl_mem_flags) }} else {{ {flags} }};"
+                        "let {flags} = if {n}__b.is_svm() {{ {flags}__guest as _ }} else if {n}__b.is_window_mem() {{ Session::window_mem_flags({flags}__guest) as _ }} else if {n}__b.is_streamed() {{ {flags} & !(CL_MEM_COPY_HOST_PTR as cl_mem_flags) }} else {{ {flags} }};"
+                    );
+                    let _ = writeln!(
+                        post,
+                        "if status == 0 {{ s.window_mem_made(ret__id, ret as *mut c_void, &{n}__b); }}"
                     );
                 }
             }

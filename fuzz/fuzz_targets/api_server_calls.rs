@@ -1,7 +1,8 @@
 //! Decoded calls against the real OpenCL backend (PoCL here), as an API server runs
 //! them: any opcode, any payload, spans into a real shared window, after a fixed
 //! prelude that creates objects for the calls to name (context 1, queue 2, program 3,
-//! kernel 4 with a `__global` pointer, an int and a `__local` pointer, buffer 5).
+//! kernel 4 with a `__global` pointer, an int and a `__local` pointer, buffer 5, and
+//! buffer 6 on the window).
 //! Nothing a guest sends may crash the server or make the host read outside what the
 //! guest sent; a host crash found here is a guard to add. Run it with
 //! `ASAN_OPTIONS=detect_leaks=0 cargo fuzz run api_server_calls -- -detect_leaks=0`:
@@ -117,6 +118,10 @@ fn fixture() -> &'static Fixture {
         assert_eq!(call(b, &window, op::clCreateKernel, w.as_slice()), 0);
         let mut w = Writer::new();
         w.u64(5).u64(1).u64(1).u64(4096).u8(tag::NULL);
+        assert_eq!(call(b, &window, op::clCreateBuffer, w.as_slice()), 0);
+        // Buffer 6 lives in the window (`zero_copy`): maps of it are the host's own.
+        let mut w = Writer::new();
+        w.u64(6).u64(1).u64(1).u64(65536).u8(tag::WINDOW_MEM).u64(WINDOW / 2).u64(65536);
         assert_eq!(call(b, &window, op::clCreateBuffer, w.as_slice()), 0);
         Fixture {
             backend,

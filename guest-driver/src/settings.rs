@@ -48,6 +48,9 @@ pub struct Settings {
     pub stream_detach: bool,
     /// `HIRA_CUDA_CHUNK_KB` in bytes.
     pub cuda_chunk: Option<usize>,
+    /// `HIRA_ZERO_COPY`, default on; `0`: memory objects never live in the window, so
+    /// every map copies its region (the OpenCL shim's `zero_copy`).
+    pub zero_copy: bool,
     /// The values that did not read, for the log.
     pub problems: Vec<String>,
 }
@@ -104,6 +107,7 @@ pub fn from_env(get: impl Fn(&str) -> Option<OsString>) -> Settings {
     let stream_nt_min = text("HIRA_STREAM_NT_MIN_KB");
     let stream_detach = text("HIRA_STREAM_DETACH");
     let cuda_chunk = text("HIRA_CUDA_CHUNK_KB");
+    let zero_copy = text("HIRA_ZERO_COPY");
     let p = &mut problems;
     let kib = |n: usize| n.saturating_mul(1024);
     Settings {
@@ -132,6 +136,7 @@ pub fn from_env(get: impl Fn(&str) -> Option<OsString>) -> Settings {
             .map(|kb| (kb != 0).then(|| kib(kb))),
         stream_detach: stream_detach.as_ref().is_none_or(|v| v != "0"),
         cuda_chunk: number(p, "HIRA_CUDA_CHUNK_KB", cuda_chunk).map(kib),
+        zero_copy: zero_copy.as_ref().is_none_or(|v| v != "0"),
         problems,
     }
 }
@@ -153,7 +158,7 @@ mod tests {
     #[test]
     fn defaults_hold_when_nothing_is_set() {
         let s = with(&[]);
-        assert!(!s.disabled && !s.sync && s.rings && s.stream_detach);
+        assert!(!s.disabled && !s.sync && s.rings && s.stream_detach && s.zero_copy);
         assert_eq!(s.window_len, 256 << 20);
         assert_eq!(s.inline_max, 64 << 10);
         assert_eq!(s.spin, Duration::from_millis(1));
@@ -175,7 +180,9 @@ mod tests {
             ("HIRA_STREAM_NT_MIN_KB", "0"),
             ("HIRA_CUDA_CHUNK_KB", "18446744073709551615"),
             ("HIRA_INLINE_MAX", "lots"),
+            ("HIRA_ZERO_COPY", "0"),
         ]);
+        assert!(!s.zero_copy);
         assert_eq!(s.window_len, 4096 << 20);
         assert_eq!(s.spin, Duration::from_millis(10));
         assert!(!s.rings && !s.sync && s.disabled);

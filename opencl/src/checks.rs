@@ -364,6 +364,7 @@ pub(crate) unsafe fn clCreateSubBuffer_created(
     let (Ok(parent), Ok(id)) = (id_of(buffer.cast(), Kind::Mem), id_of(sub, Kind::Mem)) else {
         return;
     };
+    crate::zero_copy::sub_buffer(id, parent);
     let Some(p) = rt::mem_extra(parent) else {
         return;
     };

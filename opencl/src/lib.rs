@@ -41,6 +41,7 @@ pub mod sizes;
 pub mod stats;
 mod stream;
 pub mod svm;
+mod zero_copy;
 
 /// The remoted functions, generated from the API description.
 #[allow(clippy::missing_safety_doc)]

@@ -23,6 +23,7 @@ pub use crate::svm::{
     clEnqueueSVMMigrateMem, clEnqueueSVMUnmap, clSVMAlloc, clSVMFree, clSetKernelArgSVMPointer,
     clSetKernelExecInfo,
 };
+use crate::zero_copy;
 use hira_guest_driver::WindowRegion;
 
 use opencl_sys::CL_COMMAND_MAP_BUFFER;
@@ -30,6 +31,7 @@ use opencl_sys::CL_COMMAND_MAP_IMAGE;
 use opencl_sys::CL_COMMAND_UNMAP_MEM_OBJECT;
 use opencl_sys::CL_INVALID_MEM_OBJECT;
 use opencl_sys::CL_INVALID_OPERATION;
+use opencl_sys::CL_MAP_FAILURE;
 use opencl_sys::CL_MAP_READ;
 use opencl_sys::CL_MAP_WRITE;
 use opencl_sys::CL_MAP_WRITE_INVALIDATE_REGION;
@@ -141,6 +143,9 @@ struct Mapping {
     /// Mapped with a blocking call: nothing of the host writes into the shadow after
     /// the unmap, so it may serve the next mapping.
     blocking: bool,
+    /// For an object in the data window (`zero_copy`): the host's own mapping, at
+    /// this window offset.
+    window: Option<u64>,
 }
 
 /// Where a mapping's data lives in the guest when it is not the application's memory.
@@ -247,6 +252,32 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
 ) -> *mut c_void {
     rt::handle_call("clEnqueueMapBuffer", errcode_ret, || {
         let id = mem_id(buffer)?;
+        if zero_copy::in_window(id) {
+            let (ptr, off, ..) = map_window(
+                command_queue,
+                buffer,
+                id,
+                blocking_map,
+                map_flags,
+                [offset, 0, 0],
+                [size, 1, 1],
+                (num_events_in_wait_list, event_wait_list, event),
+            )?;
+            rt::note_command_type(event, CL_COMMAND_MAP_BUFFER);
+            MAPPINGS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Mapping {
+                    mem: buffer as usize,
+                    ptr: ptr as usize,
+                    flags: map_flags,
+                    region: Region::Buffer { offset, size },
+                    shadow: None,
+                    blocking: blocking_map != 0,
+                    window: Some(off),
+                });
+            return Ok(ptr);
+        }
         let fill = map_access(id, map_flags)?;
         let extra = rt::mem_extra(id).unwrap_or_default();
         let (ptr, shadow) = if extra.flags & CL_MEM_USE_HOST_PTR != 0 && extra.host_ptr != 0 {
@@ -328,6 +359,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 region: Region::Buffer { offset, size },
                 shadow,
                 blocking: blocking_map != 0,
+                window: None,
             });
         Ok(ptr.cast())
     })
@@ -357,8 +389,6 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         if origin.is_null() || region.is_null() || image_row_pitch.is_null() {
             return Err(CL_INVALID_VALUE);
         }
-        let fill = map_access(id, map_flags)?;
-        let kind = rt::image_type(image)?;
         // SAFETY: both point to three size_t per the API.
         let (o, r) = unsafe {
             (
@@ -366,6 +396,46 @@ pub unsafe extern "C" fn clEnqueueMapImage(
                 *(region as *const [usize; 3]),
             )
         };
+        if zero_copy::in_window(id) {
+            let (ptr, off, row, slice) = map_window(
+                command_queue,
+                image,
+                id,
+                blocking_map,
+                map_flags,
+                o,
+                r,
+                (num_events_in_wait_list, event_wait_list, event),
+            )?;
+            rt::note_command_type(event, CL_COMMAND_MAP_IMAGE);
+            // SAFETY: checked non-null above / optional per the API.
+            unsafe {
+                *image_row_pitch = row;
+                if !image_slice_pitch.is_null() {
+                    *image_slice_pitch = slice;
+                }
+            }
+            MAPPINGS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Mapping {
+                    mem: image as usize,
+                    ptr: ptr as usize,
+                    flags: map_flags,
+                    region: Region::Image {
+                        origin: o,
+                        region: r,
+                        row_pitch: row,
+                        slice_pitch: slice,
+                    },
+                    shadow: None,
+                    blocking: blocking_map != 0,
+                    window: Some(off),
+                });
+            return Ok(ptr);
+        }
+        let fill = map_access(id, map_flags)?;
+        let kind = rt::image_type(image)?;
         let elem = rt::image_elem_size(image)?;
         let extra = rt::mem_extra(id).unwrap_or_default();
         let arrayed = matches!(
@@ -520,9 +590,51 @@ pub unsafe extern "C" fn clEnqueueMapImage(
                 },
                 shadow,
                 blocking: blocking_map != 0,
+                window: None,
             });
         Ok(ptr.cast())
     })
+}
+
+/// Maps `region` at `origin` of object `id`, which lives in the data window, with the
+/// host's own map (a buffer's offset and size are the first of each); returns the
+/// guest pointer, its window offset, and an image's row and slice pitches.
+#[allow(clippy::too_many_arguments)]
+fn map_window(
+    queue: cl_command_queue,
+    mem: cl_mem,
+    id: u64,
+    blocking: cl_bool,
+    flags: cl_map_flags,
+    origin: [usize; 3],
+    region: [usize; 3],
+    (n, list, event): (cl_uint, *const cl_event, *mut cl_event),
+) -> Result<(*mut c_void, u64, usize, usize), cl_int> {
+    let (mut off, mut row, mut slice) = (0u64, 0usize, 0usize);
+    // SAFETY: `origin` and `region` hold three values each; the outputs are locals;
+    // the wait list and event follow the API's contract, checked by the call.
+    let status = unsafe {
+        g::hiraMapWindow(
+            queue,
+            mem,
+            blocking,
+            flags,
+            origin.as_ptr(),
+            region.as_ptr(),
+            n,
+            list,
+            event,
+            &mut off,
+            &mut row,
+            &mut slice,
+        )
+    };
+    if status != 0 {
+        return Err(status);
+    }
+    // The host's pointer lies in the object's region (it checked); so must the guest's.
+    let ptr = zero_copy::address(id, off, 1).ok_or(CL_MAP_FAILURE)?;
+    Ok((ptr, off, row, slice))
 }
 
 /// Unmaps a region mapped by one of the functions above, sending written data back.
@@ -547,6 +659,23 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                 .ok_or(CL_INVALID_VALUE)?;
             maps.swap_remove(i)
         };
+        if let Some(off) = m.window {
+            // SAFETY: the wait list and event follow the API's contract.
+            let status = unsafe {
+                g::hiraUnmapWindow(
+                    command_queue,
+                    memobj,
+                    off,
+                    num_events_in_wait_list,
+                    event_wait_list,
+                    event,
+                )
+            };
+            if status == 0 {
+                rt::note_command_type(event, CL_COMMAND_UNMAP_MEM_OBJECT);
+            }
+            return Ok(status);
+        }
         let wrote = m.flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
         let ptr = m.ptr as *const c_void;
         // SAFETY: `ptr` is the mapping's memory, still allocated (the shadow is held

@@ -284,6 +284,9 @@ pub(crate) fn released(ptr: *mut c_void) {
         o.by_ptr.remove(&(ptr as usize));
         o.by_id.remove(&id);
         o.mem.remove(&id);
+        if kind == Kind::Mem {
+            crate::zero_copy::released(id);
+        }
         o.context_of.remove(&id);
         o.command_type.remove(&id);
         o.out_of_order.remove(&id);

@@ -91,6 +91,10 @@ pub mod tag {
     /// the data window: `u64` length. The host makes the object without them and
     /// writes each chunk as it comes.
     pub const STREAMED: u8 = 6;
+    /// A memory object's storage in the data window, at `u64` offset for `u64`
+    /// length: the host makes the object on that memory (`CL_MEM_USE_HOST_PTR`), so
+    /// the guest maps it where it is, with no copy either way.
+    pub const WINDOW_MEM: u8 = 7;
 }
 
 #[cfg(test)]

@@ -21,7 +21,9 @@
  *   go         launches scale(a) behind that event, completes the event, waits
  *              -> "go SUM"
  *   unmap      unmaps a buffer mapped for writing at start (filled then) and reads
- *              it back -> "unmap SUM"
+ *              it back; likewise a 256 KiB buffer and a 128 KiB image mapped at start
+ *              (objects this large live in Hira's data window, where a map is the
+ *              host's own) -> "unmap SUM WIDE IMAGE"
  *   devices    where the context's device is in the platform's device list now
  *              -> "devices INDEX of COUNT"
  *   split      partitions the device equally and releases those sub-devices, then
@@ -155,6 +157,26 @@ int main(void) {
                                      1024 * sizeof(float), 0, NULL, NULL, &err);
     CHECK(err);
     for (int i = 0; i < 1024; i++) view[i] = (float)(i * 3 % 17);
+    enum { WIDE = 65536, IW = 256, IH = 128 };
+    cl_mem wide = clCreateBuffer(ctx, CL_MEM_READ_WRITE, WIDE * sizeof(float), NULL, &err);
+    CHECK(err);
+    CHECK(clEnqueueFillBuffer(q, wide, &(float){0.5f}, sizeof(float), 0, WIDE * sizeof(float), 0,
+                              NULL, NULL));
+    float *wide_view = clEnqueueMapBuffer(q, wide, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
+                                          WIDE * sizeof(float), 0, NULL, NULL, &err);
+    CHECK(err);
+    for (int i = 0; i < WIDE; i += 7) wide_view[i] += (float)(i % 13);
+    static unsigned char big_pixels[IW * IH * 4];
+    for (int i = 0; i < IW * IH * 4; i++) big_pixels[i] = (unsigned char)(i * 7 % 251);
+    cl_image_format rgba = {CL_RGBA, CL_UNSIGNED_INT8};
+    cl_image_desc big_desc = {.image_type = CL_MEM_OBJECT_IMAGE2D, .image_width = IW, .image_height = IH};
+    cl_mem big = clCreateImage(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, &rgba, &big_desc, big_pixels, &err);
+    CHECK(err);
+    size_t big_origin[3] = {16, 8, 0}, big_region[3] = {64, 32, 1}, big_pitch;
+    unsigned char *big_view = clEnqueueMapImage(q, big, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, big_origin,
+                                                 big_region, &big_pitch, NULL, 0, NULL, NULL, &err);
+    CHECK(err);
+    for (int y = 0; y < 32; y++) big_view[y * big_pitch + y] ^= 0x5a;
     cl_event pend = NULL;
 
     cl_event user = clCreateUserEvent(ctx, &err);
@@ -280,7 +302,16 @@ int main(void) {
         } else if (!strcmp(cmd, "unmap")) {
             CHECK(clEnqueueUnmapMemObject(q, mapped, view, 0, NULL, NULL));
             CHECK(clEnqueueReadBuffer(q, mapped, CL_TRUE, 0, 1024 * sizeof(float), out, 0, NULL, NULL));
-            printf("unmap %.6e\n", sum(out, 1024));
+            CHECK(clEnqueueUnmapMemObject(q, wide, wide_view, 0, NULL, NULL));
+            CHECK(clEnqueueUnmapMemObject(q, big, big_view, 0, NULL, NULL));
+            static float wide_out[WIDE];
+            CHECK(clEnqueueReadBuffer(q, wide, CL_TRUE, 0, sizeof wide_out, wide_out, 0, NULL, NULL));
+            size_t all[3] = {IW, IH, 1}, zero[3] = {0, 0, 0};
+            CHECK(clEnqueueReadImage(q, big, CL_TRUE, zero, all, 0, 0, big_pixels, 0, NULL, NULL));
+            unsigned long image_sum = 0;
+            for (int i = 0; i < IW * IH * 4; i++)
+                image_sum += (unsigned long)big_pixels[i] * (unsigned long)(i % 31 + 1);
+            printf("unmap %.6e %.6e %lu\n", sum(out, 1024), sum(wide_out, WIDE), image_sum);
         } else if (!strcmp(cmd, "check")) {
             cl_int status, user_status;
             cl_command_type type;

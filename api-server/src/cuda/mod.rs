@@ -598,7 +598,12 @@ impl Backend for CudaBackend {
         Err(MigrationError::Unsupported("CUDA"))
     }
 
-    fn restore(&self, _snapshot: &[u8], _device: Option<u32>) -> Result<Vec<u8>, MigrationError> {
+    fn restore(
+        &self,
+        _snapshot: &[u8],
+        _device: Option<u32>,
+        _window: Option<&crate::window::WindowMap>,
+    ) -> Result<Vec<u8>, MigrationError> {
         Err(MigrationError::Unsupported("CUDA"))
     }
 

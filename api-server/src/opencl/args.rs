@@ -39,6 +39,9 @@ pub enum BytesIn<'a> {
     /// A buffer's initial contents of this many bytes, written by `hiraFill` calls
     /// after the buffer is made.
     Streamed(usize),
+    /// A memory object's storage: this many bytes of the data window, at this window
+    /// offset (`zero_copy`).
+    WindowMem(*mut u8, usize, u64),
 }
 
 impl BytesIn<'_> {
@@ -47,8 +50,13 @@ impl BytesIn<'_> {
             BytesIn::Null | BytesIn::Streamed(_) => std::ptr::null_mut(),
             BytesIn::Slice(s) => s.as_ptr() as *mut c_void,
             BytesIn::Aligned(v, _) => v.as_ptr() as *mut c_void,
-            BytesIn::Window(p, _) | BytesIn::Svm(p, _) => p.cast(),
+            BytesIn::Window(p, _) | BytesIn::Svm(p, _) | BytesIn::WindowMem(p, ..) => p.cast(),
         }
+    }
+
+    /// Whether this is a memory object's storage in the window (used in place).
+    pub fn is_window_mem(&self) -> bool {
+        matches!(self, BytesIn::WindowMem(..))
     }
 
     /// Whether this is the host's own SVM memory (used in place, never copied).
@@ -66,7 +74,10 @@ impl BytesIn<'_> {
         let len = match self {
             BytesIn::Null => return Ok(()),
             BytesIn::Slice(s) => s.len(),
-            BytesIn::Aligned(_, l) | BytesIn::Window(_, l) | BytesIn::Streamed(l) => *l,
+            BytesIn::Aligned(_, l)
+            | BytesIn::Window(_, l)
+            | BytesIn::Streamed(l)
+            | BytesIn::WindowMem(_, l, _) => *l,
             BytesIn::Svm(_, avail) if n <= *avail => return Ok(()),
             BytesIn::Svm(..) => return Err(Fail::Status(CL_INVALID_BUFFER_SIZE)),
         };
@@ -526,6 +537,17 @@ impl Session<'_> {
                 let len = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
                 Ok(BytesIn::Streamed(len))
             }
+            tag::WINDOW_MEM if opaque => {
+                let (offset, len) = (r.u64()?, r.u64()?);
+                let w = frame
+                    .window
+                    .ok_or_else(|| Fail::Protocol("window memory without a data window".into()))?;
+                let p = w
+                    .at(offset, len)
+                    .filter(|_| len > 0)
+                    .ok_or_else(|| Fail::Protocol("window memory outside the window".into()))?;
+                Ok(BytesIn::WindowMem(p, len as usize, offset))
+            }
             tag::STAGED => {
                 let token = r.u64()?;
                 let len = usize::try_from(r.u64()?).map_err(|_| Fail::Status(CL_INVALID_VALUE))?;
@@ -807,7 +829,9 @@ impl Session<'_> {
             BytesIn::Null | BytesIn::Streamed(_) => return (std::ptr::null_mut(), None),
             BytesIn::Slice(s) => (s.as_ptr(), s.len()),
             BytesIn::Aligned(v, len) => (v.as_ptr().cast(), *len),
-            BytesIn::Window(p, len) | BytesIn::Svm(p, len) => (*p, *len),
+            BytesIn::Window(p, len) | BytesIn::Svm(p, len) | BytesIn::WindowMem(p, len, _) => {
+                (*p, *len)
+            }
         };
         let mut owned: Box<[u8]> = vec![0u8; len].into_boxed_slice();
         // SAFETY: `src` is valid for `len` reads (a private buffer, or a span checked to

@@ -27,6 +27,7 @@ pub use super::command_buffer::{
 pub use super::content_size::clSetContentSizeBufferPoCL;
 use super::device_time::{CL_QUEUE_PROFILING_ENABLE, DeviceTime};
 use super::queues::info_value;
+pub use super::zero_copy::{hiraMapWindow, hiraUnmapWindow, hiraWindowReleased};
 
 use opencl_sys::CL_INVALID_ARG_VALUE;
 use opencl_sys::CL_INVALID_PLATFORM;

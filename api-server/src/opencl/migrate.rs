@@ -372,6 +372,12 @@ struct Layout {
 }
 
 use opencl_sys::CL_MEM_FLAGS;
+use opencl_sys::CL_TRUE;
+
+use super::zero_copy::Mapped;
+/// The kind of a stand-in that is a mapping of an object on the window
+/// (`zero_copy::Mapped`), not an object: no handle kind has this number.
+const WINDOW_MAPPING: u8 = 0xF0;
 /// `CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS`.
 const HOST_ACCESS_LIMITS: u64 = (1 << 7) | (1 << 8) | (1 << 9);
 
@@ -726,12 +732,79 @@ impl OpenClBackend {
             }
         }
         drop(handles);
+        // Mappings of objects on the window that the guest will unmap on the target.
+        for mapped in self.window_objects.mapped() {
+            standins.push(StandIn {
+                id: mapped.mem,
+                kind: WINDOW_MAPPING,
+                owner: 0,
+                refs: 1,
+                state: mapped.encode(),
+            });
+        }
         contents.sort_unstable_by_key(|c| c.0);
         standins.sort_unstable_by_key(|s| s.id);
         let mut snap = Snapshot::of(u16::from(hira_apis_opencl::API.0), &log, contents);
         snap.standins = standins;
         snap.pending = pending;
         Ok(snap.encode())
+    }
+
+    /// Maps an object on the window as the guest had it mapped on the source: the same
+    /// region of the same object memory, so the same window offset.
+    fn map_again(
+        &self,
+        qs: &mut Queues<'_>,
+        m: cl_mem,
+        mapped: Mapped,
+    ) -> Result<(), MigrationError> {
+        let rt = self.rt;
+        let ctx: cl_context = mem_info(rt, m, CL_MEM_CONTEXT)
+            .ok_or(MigrationError::Query("a memory object's context"))?;
+        let ty: u32 =
+            mem_info(rt, m, CL_MEM_TYPE).ok_or(MigrationError::Query("a memory object's type"))?;
+        let q = qs.for_context(ctx)?;
+        let mut err = CL_SUCCESS;
+        let (o, r) = (mapped.origin, mapped.region);
+        let p = if ty == CL_MEM_OBJECT_BUFFER {
+            rt.clEnqueueMapBuffer(
+                q,
+                m,
+                CL_TRUE,
+                mapped.flags,
+                o[0],
+                r[0],
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                &mut err,
+            )
+        } else {
+            let (mut row, mut slice) = (0usize, 0usize);
+            rt.clEnqueueMapImage(
+                q,
+                m,
+                CL_TRUE,
+                mapped.flags,
+                o.as_ptr(),
+                r.as_ptr(),
+                &mut row,
+                &mut slice,
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                &mut err,
+            )
+        };
+        check(p.map(|_| err), "mapping an object on the window again")?;
+        let at = p.and_then(|p| self.window_objects.offset_of(p as usize));
+        if at != Some(mapped.offset) {
+            return Err(MigrationError::Inconsistent(
+                "an object on the window maps elsewhere on the target",
+            ));
+        }
+        self.window_objects.remapped(mapped);
+        Ok(())
     }
 
     /// Restores a snapshot into this fresh session: replays the log, makes the
@@ -743,6 +816,7 @@ impl OpenClBackend {
         &self,
         bytes: &[u8],
         device: Option<u32>,
+        window: Option<&crate::window::WindowMap>,
     ) -> Result<Vec<u8>, MigrationError> {
         let snap = Snapshot::decode(bytes)?;
         if snap.api != u16::from(hira_apis_opencl::API.0) {
@@ -755,9 +829,10 @@ impl OpenClBackend {
         }
         m.replaying.store(true, Ordering::Release);
         let replayed = (|| {
+            // Objects made on the window are made again on the same regions.
             let frame = FrameData {
                 spans: &[],
-                window: None,
+                window,
                 no_reply: false,
             };
             let mut w = Writer::new();
@@ -789,7 +864,14 @@ impl OpenClBackend {
         m.replaying.store(false, Ordering::Release);
         replayed?;
         let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mappings = Vec::new();
         for si in &snap.standins {
+            if si.kind == WINDOW_MAPPING {
+                mappings.push(Mapped::decode(si.id, &si.state).ok_or(
+                    MigrationError::Inconsistent("a mapping the snapshot holds does not read"),
+                )?);
+                continue;
+            }
             if si.kind != Kind::Event as u8 || si.refs == 0 {
                 return Err(MigrationError::Inconsistent(
                     "the snapshot holds a stand-in this build cannot make",
@@ -839,6 +921,15 @@ impl OpenClBackend {
                     "contents for an object the log did not make",
                 ))?;
             write_contents(rt, &mut qs, host as cl_mem, data)?;
+        }
+        for mapped in mappings {
+            let host =
+                handles
+                    .host_of(mapped.mem, Kind::Mem)
+                    .ok_or(MigrationError::Inconsistent(
+                        "a mapping of an object the log did not make",
+                    ))?;
+            self.map_again(&mut qs, host as cl_mem, mapped)?;
         }
         drop(qs);
         // Every object the log made holds one reference; the guest's count goes back

@@ -34,6 +34,7 @@ pub mod session;
 pub(crate) mod sizes;
 pub mod staging;
 pub mod svm;
+pub mod zero_copy;
 
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -102,6 +103,8 @@ pub struct OpenClBackend {
     /// Kernels a command buffer recorded (by id): a later change of their arguments
     /// would not be what a replay records, so it keeps the session from moving.
     pub(crate) recorded_kernels: Mutex<std::collections::HashSet<u64>>,
+    /// Memory objects made on the guest's data window, until the host destroys them.
+    pub(crate) window_objects: zero_copy::WindowObjects,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -224,6 +227,7 @@ impl OpenClBackend {
             fills: Mutex::new(queues::Queues::new(rt)),
             unreported: Mutex::default(),
             recorded_kernels: Mutex::default(),
+            window_objects: zero_copy::WindowObjects::default(),
             writer,
         })
     }
@@ -313,8 +317,13 @@ impl Backend for OpenClBackend {
         self.capture_session(pending)
     }
 
-    fn restore(&self, snapshot: &[u8], device: Option<u32>) -> Result<Vec<u8>, MigrationError> {
-        self.restore_session(snapshot, device)
+    fn restore(
+        &self,
+        snapshot: &[u8],
+        device: Option<u32>,
+        window: Option<&crate::window::WindowMap>,
+    ) -> Result<Vec<u8>, MigrationError> {
+        self.restore_session(snapshot, device, window)
     }
 
     fn guest_gone(&self) {

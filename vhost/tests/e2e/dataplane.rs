@@ -138,7 +138,9 @@ fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
     // The output must be the native one with the default window, a window of 4 MiB
     // (chunks of 512 KiB), writes from 16 MiB copied around the caches by the guest
     // and the API server (8 MiB chunks: `nontemporal.rs`, at odd offsets of the
-    // application's memory), every call synchronous, and frames relayed.
+    // application's memory), every call synchronous, and frames relayed. The
+    // buffers' storage is in the window by default (`zero_copy`); the pages touched are
+    // measured with it off, where every transfer streams.
     let daemon = Daemon::start(&["vm1"]);
     let vendors = Vendors::hira();
     let exe = c_program("stream");
@@ -148,6 +150,7 @@ fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
     assert!(native.contains("same 1 flags"), "{native}");
     for env in [
         None,
+        Some(("HIRA_ZERO_COPY", "0")),
         Some(("HIRA_WINDOW_MB", "4")),
         Some(("HIRA_STREAM_NT_MIN_KB", "16384")),
         Some(("HIRA_SYNC", "1")),
@@ -162,7 +165,7 @@ fn large_transfers_stream_through_a_few_window_pages_and_match_native() {
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{env:?}: {stderr}");
         assert_eq!(String::from_utf8_lossy(&o.stdout), native, "{env:?}");
-        if env.is_none() {
+        if env == Some(("HIRA_ZERO_COPY", "0")) {
             // Streamed, a 40 MiB transfer uses four 4 MiB chunks of the window again
             // and again; whole, it would touch 40 MiB of window pages.
             let kib: u64 = stderr
@@ -236,12 +239,16 @@ fn maps_move_only_their_regions_and_read_only_unmaps_send_nothing_back() {
         .unwrap_or_else(|| panic!("no data line: {expected}"));
     assert!(!expected.contains("WRONG"), "{expected}");
     let stats_dir = tempfile::tempdir().unwrap();
-    for rings in ["1", "0"] {
-        let stats = stats_dir.path().join(format!("stats-{rings}"));
+    // With the objects in the data window (the default on PoCL, a device sharing
+    // memory with the host), every map is the host's own and nothing is copied: all
+    // four objects are at least the 64 KiB that go there. Without, the regions cross.
+    for (rings, zero_copy) in [("1", "1"), ("1", "0"), ("0", "0")] {
+        let stats = stats_dir.path().join(format!("stats-{rings}-{zero_copy}"));
         let o = run_with_timeout(
             daemon
                 .guest(&vendors, "vm1", &exe)
                 .env("HIRA_RINGS", rings)
+                .env("HIRA_ZERO_COPY", zero_copy)
                 .env("HIRA_STATS", &stats),
             Duration::from_secs(120),
         );
@@ -249,6 +256,20 @@ fn maps_move_only_their_regions_and_read_only_unmaps_send_nothing_back() {
         assert_eq!(String::from_utf8_lossy(&o.stdout), expected);
         let table = std::fs::read_to_string(&stats).unwrap();
         let column = |function: &str, at: usize| stats_column(&table, function, at);
+        if zero_copy == "1" {
+            for (function, at) in [
+                ("clEnqueueMapBuffer", 7),
+                ("clEnqueueMapImage", 7),
+                ("clEnqueueUnmapMemObject", 8),
+            ] {
+                assert_eq!(column(function, at), 0, "{function}: {table}");
+            }
+            let crossed = column("clEnqueueMapBuffer", 6)
+                + column("clEnqueueMapImage", 6)
+                + column("clEnqueueUnmapMemObject", 5);
+            assert!(crossed < 64 * 1024, "{table}");
+            continue;
+        }
         assert_eq!(
             column("clEnqueueMapBuffer", 7) + column("clEnqueueMapImage", 7),
             map_in,
@@ -262,6 +283,53 @@ fn maps_move_only_their_regions_and_read_only_unmaps_send_nothing_back() {
         assert!(received < map_in + 64 * 1024, "{table}");
         let sent = column("clEnqueueUnmapMemObject", 5);
         assert!(sent < unmap_out + 64 * 1024, "{table}");
+    }
+}
+
+#[test]
+fn objects_in_the_window_are_mapped_in_place_and_their_regions_serve_again() {
+    // tests/c/window_objects.c: 24 rounds of an 8 MiB buffer (mapped, a sub-buffer of
+    // it mapped, a kernel on it), a 2 MiB image array (a region mapped), released
+    // while a read of the buffer still waits behind a user event. In a 40 MiB window
+    // (20 MiB for objects) every object still lives in the window, so no map copies
+    // anything: regions come back once the host has destroyed their objects. In a
+    // 24 MiB one a new buffer finds the region of the one its read still waits on
+    // taken (the late reads give their round's data), and goes elsewhere. Off, the
+    // same output.
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let exe = c_program("window_objects");
+    let native = run_native(&exe, &[]);
+    assert!(native.status.success());
+    let expected = String::from_utf8_lossy(&native.stdout).into_owned();
+    assert_eq!(expected.lines().count(), 48, "{expected}");
+    let stats_dir = tempfile::tempdir().unwrap();
+    for (window, zero_copy) in [("40", "1"), ("24", "1"), ("40", "0")] {
+        let stats = stats_dir.path().join(format!("stats-{window}-{zero_copy}"));
+        let o = run_with_timeout(
+            daemon
+                .guest(&vendors, "vm1", &exe)
+                .env("HIRA_WINDOW_MB", window)
+                .env("HIRA_ZERO_COPY", zero_copy)
+                .env("HIRA_STATS", &stats),
+            Duration::from_secs(180),
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            expected,
+            "HIRA_WINDOW_MB={window} HIRA_ZERO_COPY={zero_copy}"
+        );
+        let table = std::fs::read_to_string(&stats).unwrap();
+        let column = |function: &str, at: usize| stats_column(&table, function, at);
+        let moved = column("clEnqueueMapBuffer", 7)
+            + column("clEnqueueMapImage", 7)
+            + column("clEnqueueUnmapMemObject", 8);
+        if window == "40" && zero_copy == "1" {
+            assert_eq!(moved, 0, "{table}");
+        } else if zero_copy == "0" {
+            assert!(moved > 24 * (8 << 20), "{table}");
+        }
     }
 }
 
