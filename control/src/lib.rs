@@ -76,6 +76,19 @@ pub enum Request {
         #[serde(default)]
         slot: Option<VmSlot>,
     },
+    /// Starts serving a VM: `spec` has the keys `--vm` takes, `name=` first
+    /// ([`VmAddedAnswer`]). Kept across restarts where the daemon has a state
+    /// directory.
+    VmAdd { spec: String },
+    /// Stops serving a VM added at run time: its sessions end, its sockets and window
+    /// go ([`VmRemovedAnswer`]); within `timeout_ms` (10 s by default).
+    VmRemove {
+        vm: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+    /// The VMs the daemon serves ([`VmList`]).
+    VmList,
 }
 
 impl Request {
@@ -89,6 +102,9 @@ impl Request {
             Request::Migrate { .. } => "migrate",
             Request::Checkpoint { .. } => "checkpoint",
             Request::Restore { .. } => "restore",
+            Request::VmAdd { .. } => "vm_add",
+            Request::VmRemove { .. } => "vm_remove",
+            Request::VmList => "vm_list",
         }
     }
 }
@@ -354,6 +370,45 @@ pub struct Waited {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SetAnswer {
     pub vm: VmStatus,
+}
+
+/// A VM the daemon serves, as `vm_list` and `vm_add` show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VmEntry {
+    pub name: String,
+    /// `vhost-user` (QEMU), `hybrid` (cloud-hypervisor, Firecracker) or `local` (a
+    /// host-local listener).
+    pub transport: String,
+    /// The socket the VMM (or local guests) connect to.
+    pub socket: String,
+    pub cid: Option<u32>,
+    /// The VM's shared data window file, if it has one.
+    pub window: Option<String>,
+    /// Added at run time (`vm_add`), not from the daemon's configuration.
+    pub added: bool,
+    /// Kept across restarts (added at run time with a state directory).
+    pub persistent: bool,
+    pub sessions: usize,
+}
+
+/// What `vm_list` answers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VmList {
+    pub vms: Vec<VmEntry>,
+}
+
+/// What `vm_add` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmAddedAnswer {
+    pub added: VmEntry,
+}
+
+/// What `vm_remove` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmRemovedAnswer {
+    pub removed: String,
+    /// Its sessions that were live and ended.
+    pub sessions_ended: usize,
 }
 
 /// What one migration did.

@@ -11,6 +11,9 @@
 //! - `hira-ctl migrate SESSION|VM [--to CONTROL_SOCKET]`: moves a session (or each
 //!   of a VM's sessions) to a new API server, of this daemon or of another one, with
 //!   its objects and their contents; the application sees a pause.
+//! - `hira-ctl vm add NAME KEY=VALUE[,KEY=VALUE...]` (the keys `--vm` takes after
+//!   `name=`), `hira-ctl vm remove NAME`, `hira-ctl vm list`: VMs served from now
+//!   on, and no longer (a libvirt hook's calls).
 //! - `hira-ctl checkpoint SESSION FILE` / `hira-ctl restore FILE`: suspends a session
 //!   into a file, and lets a daemon (this one, a restarted one, another one) resume
 //!   it when its guest reconnects; `checkpoint all DIR` / `restore DIR` for every
@@ -26,7 +29,7 @@ use hira_control::session_file;
 use hira_control::settings::{parse_max_sessions, parse_share, parse_size};
 use hira_control::{
     Client, MovedAnswer, Request, SessionStatus, SetAnswer, SetVm, Status, SuspendedAnswer,
-    VmStatus,
+    VmAddedAnswer, VmEntry, VmList, VmRemovedAnswer, VmStatus,
 };
 
 /// The control socket the packaged configuration uses.
@@ -89,6 +92,9 @@ enum Cmd {
     /// Hands a session suspended with `checkpoint` to the daemon, which resumes it
     /// when its guest reconnects; with a directory, each `*.hira` file in it.
     Restore { file: PathBuf },
+    /// VMs served from now on, and no longer, without restarting the daemon.
+    #[command(subcommand)]
+    Vm(VmCmd),
     /// A refreshing view of each VM's share of device time, calls per second, data
     /// rate and memory.
     Top {
@@ -99,6 +105,90 @@ enum Cmd {
         #[arg(long)]
         iterations: Option<u64>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum VmCmd {
+    /// Serves VM NAME: SPEC has the keys `--vm` takes after `name=`, separated by
+    /// commas: `socket=PATH` (QEMU vhost-user) or `hybrid=PATH` (cloud-hypervisor,
+    /// Firecracker), `cid=N`, and optionally `window=FILE`, `window-mb=M`,
+    /// `window-slots=S`, `share=N`, `mem-quota=SIZE`, `max-sessions=N`,
+    /// `host-mem=SIZE`. Kept across restarts where the daemon has a state directory.
+    Add { name: String, spec: String },
+    /// Stops serving VM NAME (added with `vm add`): its sessions end, their memory
+    /// goes back, its sockets and window file go.
+    Remove {
+        name: String,
+        /// How long its sessions may take to end, in milliseconds.
+        #[arg(long, default_value_t = 10_000)]
+        timeout_ms: u64,
+    },
+    /// The VMs served: transport, socket, CID, window, sessions.
+    List {
+        /// Print the daemon's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn print_vm(v: &VmEntry) {
+    println!(
+        "{:<16} {:<10} {:>6} {:>8} {:<9} {} {}",
+        v.name,
+        v.transport,
+        v.cid.map_or_else(|| "-".into(), |c| c.to_string()),
+        v.sessions,
+        match (v.added, v.persistent) {
+            (false, _) => "config",
+            (true, true) => "added",
+            (true, false) => "added(*)",
+        },
+        v.socket,
+        v.window.as_deref().unwrap_or("")
+    );
+}
+
+fn vm(c: &mut Client, cmd: VmCmd) -> anyhow::Result<()> {
+    match cmd {
+        VmCmd::Add { name, spec } => {
+            anyhow::ensure!(
+                !spec.split(',').any(|kv| kv.starts_with("name=")),
+                "give the name once, as NAME"
+            );
+            let VmAddedAnswer { added } = c.ask(&Request::VmAdd {
+                spec: format!("name={name},{spec}"),
+            })?;
+            print_vm(&added);
+            if !added.persistent {
+                println!("(*) the daemon has no state directory: gone at its next start");
+            }
+        }
+        VmCmd::Remove { name, timeout_ms } => {
+            let VmRemovedAnswer {
+                removed,
+                sessions_ended,
+            } = c.ask(&Request::VmRemove {
+                vm: name,
+                timeout_ms: Some(timeout_ms),
+            })?;
+            println!("VM {removed} removed; {sessions_ended} sessions ended");
+        }
+        VmCmd::List { json } => {
+            let list: VmList = c.ask(&Request::VmList)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            println!(
+                "{:<16} {:<10} {:>6} {:>8} {:<9} SOCKET WINDOW",
+                "VM", "TRANSPORT", "CID", "SESSIONS", "FROM"
+            );
+            for v in &list.vms {
+                print_vm(v);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `1536` → `1.5 KiB`.
@@ -509,6 +599,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Restore { file } => restore(&socket, &file)?,
+        Cmd::Vm(cmd) => vm(&mut c, cmd)?,
         Cmd::Top {
             interval_ms,
             iterations,

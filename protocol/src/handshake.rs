@@ -10,7 +10,7 @@ use crate::codec::{DecodeError, Reader, Writer};
 /// "HIRA" in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIRA");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 /// Longest process name a guest may report.
 pub const MAX_PROCESS_NAME: usize = 256;
 

@@ -117,6 +117,9 @@ pub struct LocalListener {
     pub path: PathBuf,
     /// The VM's settings this listener gives.
     pub settings: VmSettings,
+    /// For a hybrid-vsock VM's listener (`VmSpec::listener`), the VM's CID; `None`
+    /// for a host-local listener.
+    pub hybrid_cid: Option<u32>,
 }
 
 impl Default for LocalListener {
@@ -125,6 +128,7 @@ impl Default for LocalListener {
             vm: "local".into(),
             path: PathBuf::from(DEFAULT_LOCAL_SOCKET),
             settings: VmSettings::default(),
+            hybrid_cid: None,
         }
     }
 }
@@ -165,6 +169,7 @@ impl FromStr for LocalListener {
             vm,
             path: PathBuf::from(path),
             settings,
+            hybrid_cid: None,
         })
     }
 }
@@ -209,6 +214,7 @@ impl VmSpec {
             vm: self.name.clone(),
             path: PathBuf::from(p),
             settings: self.settings,
+            hybrid_cid: Some(self.cid),
         })
     }
 }

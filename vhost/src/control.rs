@@ -9,7 +9,6 @@
 //!
 //! The socket gets the same owner and mode as the guest sockets.
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -19,7 +18,7 @@ use std::time::Duration;
 
 use hira_control::{
     MovedAnswer, Parked, ParkedAnswer, Request, SendBytes, SetAnswer, SetError, SetVm, Stored,
-    Suspended, SuspendedAnswer, TokenHex, VmSlot, Waited,
+    Suspended, SuspendedAnswer, TokenHex, VmAddedAnswer, VmList, VmRemovedAnswer, VmSlot, Waited,
 };
 use log::{debug, info, warn};
 use serde::Serialize;
@@ -27,6 +26,7 @@ use serde_json::{Value, json};
 
 use crate::lifecycle::Lifecycle;
 use crate::migrate::{MigrateError, PlaceError};
+use crate::served::Served;
 use crate::vms::{Vm, Vms};
 /// Longest `wait_idle` timeout.
 const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -133,6 +133,10 @@ pub enum Refused {
     NeedsDescriptors,
     #[error("{0}")]
     Migration(#[from] MigrateError),
+    #[error(transparent)]
+    Vm(#[from] crate::served::VmError),
+    #[error("VMs are added and removed on the daemon's control socket")]
+    NoServed,
 }
 
 /// An answer on the wire: the command's object, or `{"error": ...}`.
@@ -208,6 +212,9 @@ fn answer_request(req: &Request, life: &Lifecycle, vms: &Vms) -> Value {
         Request::Migrate { to: Some(_), .. }
         | Request::Checkpoint { .. }
         | Request::Restore { .. } => reply::<()>(Err(Refused::NeedsDescriptors)),
+        Request::VmAdd { .. } | Request::VmRemove { .. } | Request::VmList => {
+            reply::<()>(Err(Refused::NoServed))
+        }
         Request::Migrate {
             session,
             timeout_ms,
@@ -259,7 +266,7 @@ fn serve_client(
     stream: UnixStream,
     life: &Lifecycle,
     vms: &Vms,
-    endpoints: &HashMap<String, PathBuf>,
+    served: &Served,
 ) -> std::io::Result<()> {
     let mut w = stream.try_clone()?;
     let mut r = BufReader::new(stream);
@@ -295,7 +302,7 @@ fn serve_client(
                 let parked = restore(
                     life,
                     vms,
-                    endpoints,
+                    served,
                     (&vm, token.0, bytes, slot),
                     &mut r,
                     &mut w,
@@ -307,6 +314,25 @@ fn serve_client(
                 to: Some(to),
                 ..
             }) => reply(migrate_to(life, session, PathBuf::from(to))),
+            Ok(Request::VmAdd { spec }) => reply(
+                served
+                    .add(&spec)
+                    .map(|added| VmAddedAnswer { added })
+                    .map_err(Refused::from),
+            ),
+            Ok(Request::VmRemove { vm, timeout_ms }) => {
+                let timeout = Duration::from_millis(timeout_ms.unwrap_or(10_000)).min(MAX_WAIT);
+                reply(
+                    served
+                        .remove(&vm, timeout)
+                        .map(|sessions_ended| VmRemovedAnswer {
+                            removed: vm,
+                            sessions_ended,
+                        })
+                        .map_err(Refused::from),
+                )
+            }
+            Ok(Request::VmList) => json!(VmList { vms: served.list() }),
             Ok(req) => answer_request(&req, life, vms),
         };
         writeln!(w, "{answer}")?;
@@ -400,7 +426,7 @@ fn checkpoint(
 fn restore(
     life: &Lifecycle,
     vms: &Vms,
-    endpoints: &HashMap<String, PathBuf>,
+    served: &Served,
     (vm, token, bytes, slot): (&str, hira_protocol::handshake::Token, u64, Option<VmSlot>),
     r: &mut BufReader<UnixStream>,
     w: &mut UnixStream,
@@ -424,8 +450,8 @@ fn restore(
     if let Err(e) = crate::migrate::park_from(life, vm, token, parked_slot, bytes, r) {
         return Ok(Err(e.into()));
     }
-    let endpoint = endpoints
-        .get(vm)
+    let endpoint = served
+        .endpoint(vm)
         .map_or_else(String::new, |p| p.display().to_string());
     info!("a suspended session of VM {vm:?} waits for its guest");
     Ok(Ok(ParkedAnswer {
@@ -471,14 +497,9 @@ fn migrate_to(life: &Lifecycle, id: u64, to: PathBuf) -> Result<SuspendedAnswer,
 }
 
 /// Serves the control socket until the daemon exits; each client on its own thread.
-/// `endpoints`: each VM's local guest socket, where a restored session's guest
-/// reconnects.
-pub fn serve(
-    listener: UnixListener,
-    life: Arc<Lifecycle>,
-    vms: Arc<Vms>,
-    endpoints: Arc<HashMap<String, PathBuf>>,
-) {
+/// `served`: the VMs served (each one's guest socket, where a restored session's
+/// guest reconnects), which VMs are added to and removed from.
+pub fn serve(listener: UnixListener, life: Arc<Lifecycle>, vms: Arc<Vms>, served: Arc<Served>) {
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -487,11 +508,11 @@ pub fn serve(
                 continue;
             }
         };
-        let (life, vms, endpoints) = (life.clone(), vms.clone(), endpoints.clone());
+        let (life, vms, served) = (life.clone(), vms.clone(), served.clone());
         let spawned = std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                if let Err(e) = serve_client(stream, &life, &vms, &endpoints) {
+                if let Err(e) = serve_client(stream, &life, &vms, &served) {
                     debug!("control client: {e}");
                 }
             });

@@ -11,6 +11,8 @@
 //!   write) summed with what ended sessions left, its quota, share and session cap.
 //! - [`scheduler`]: the thread that runs the sharing policy over the VMs' usage and
 //!   publishes each VM's decision in its VM page, where its API servers apply it.
+//! - [`served`]: what serves each VM (its listener or vhost-user device, its window),
+//!   for the configured VMs and those added and removed at run time.
 //! - [`control`]: the control socket (status, live settings, waiting for events,
 //!   moving sessions), on the typed protocol of `hira-control`.
 //! - [`metrics`]: the same figures for Prometheus.
@@ -35,6 +37,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod restart;
 pub mod scheduler;
+pub mod served;
 pub mod session;
 pub mod spawn;
 pub mod vms;
@@ -85,21 +88,11 @@ pub enum StartError {
     },
     #[error("cannot start the scheduler thread: {0}")]
     Scheduler(#[source] std::io::Error),
-    #[error("cannot listen for the VMM on {}: {source}", path.display())]
-    VhostUser {
-        path: PathBuf,
-        #[source]
-        source: vhost::vhost_user::Error,
-    },
+    #[error(transparent)]
+    Vm(#[from] served::VmError),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
         addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot make the data window {}: {source}", path.display())]
-    Window {
-        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -138,7 +131,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         info!("VM {vm:?}: at most {max} sessions");
     }
     let host_mems = config.host_mems()?;
-    match &config.cgroup {
+    let cgroups = match &config.cgroup {
         Some(root) => {
             let cgroups = cgroup::Cgroups::open(root).map_err(|source| StartError::Cgroups {
                 path: root.clone(),
@@ -152,10 +145,11 @@ pub fn run(config: Config) -> Result<(), StartError> {
                 info!("VM {name:?}: API servers in cgroup {}", c.path().display());
                 let _ = queue.cgroup.set(c);
             }
+            Some(cgroups)
         }
         None if !host_mems.is_empty() => return Err(StartError::HostMemNeedsCgroup),
-        None => {}
-    }
+        None => None,
+    };
     for (vm, cap) in host_mems {
         vms.vm(&vm)
             .set_host_mem(Some(cap))
@@ -176,30 +170,23 @@ pub fn run(config: Config) -> Result<(), StartError> {
             .spawn(move || scheduler::run(vms, kind))
             .map_err(StartError::Scheduler)?;
     }
-    let mut created: Vec<PathBuf> = Vec::new();
+    let served = Arc::new(served::Served::new(
+        config.clone(),
+        vms.clone(),
+        life.clone(),
+        cgroups,
+    ));
     let mut listeners = Vec::new();
     for l in &config.listeners {
-        listeners.push((listener::bind(&l.path, &config.access)?, l.vm.clone()));
-        created.push(l.path.clone());
+        listeners.push((listener::bind(&l.path, &config.access)?, l));
         info!("VM {:?}: listening on {}", l.vm, l.path.display());
     }
-    // Each vhost-user VM's socket is bound now, so it exists with its access before
-    // the daemon reports readiness.
-    let mut devices = Vec::new();
+    // Each vhost-user VM's socket (and window) is made now, so it exists with its
+    // access before the daemon reports readiness.
     for vm in &config.vhost_user_vms {
-        if let config::VmTransport::VhostUser(socket) = &vm.transport {
-            listener::claim(socket)?;
-            let l = vhost::vhost_user::Listener::new(socket, false).map_err(|source| {
-                StartError::VhostUser {
-                    path: socket.clone(),
-                    source,
-                }
-            })?;
-            listener::apply_access(socket, &config.access)?;
-            created.push(socket.clone());
-            devices.push((vm.clone(), socket.clone(), l));
-        }
+        served.serve_configured(vm)?;
     }
+    let mut created: Vec<PathBuf> = Vec::new();
     if let Some(addr) = &config.metrics {
         let l = std::net::TcpListener::bind(addr).map_err(|source| StartError::Metrics {
             addr: addr.clone(),
@@ -216,58 +203,16 @@ pub fn run(config: Config) -> Result<(), StartError> {
         let l = listener::bind(path, &config.access)?;
         created.push(path.clone());
         info!("control socket on {}", path.display());
-        let (life, vms) = (life.clone(), vms.clone());
-        let endpoints: std::collections::HashMap<String, PathBuf> = config
-            .listeners
-            .iter()
-            .map(|l| (l.vm.clone(), l.path.clone()))
-            .collect();
-        let endpoints = Arc::new(endpoints);
-        std::thread::spawn(move || control::serve(l, life, vms, endpoints));
+        let (life, vms, served) = (life.clone(), vms.clone(), served.clone());
+        std::thread::spawn(move || control::serve(l, life, vms, served));
     }
-    for (l, vm) in listeners {
-        let (config, vms, life) = (config.clone(), vms.clone(), life.clone());
-        std::thread::spawn(move || listener::accept_loop(l, vm, config, vms, life));
+    for (l, spec) in listeners {
+        served.serve_listener(spec, l);
     }
-    for (vm, socket, vhost_listener) in devices {
-        let (config, queue, life) = (config.clone(), vms.vm(&vm.name), life.clone());
-        if let Some((path, size)) = &vm.window {
-            let w = window::VmWindow::create(path, *size, vm.window_slots).map_err(|source| {
-                StartError::Window {
-                    path: path.clone(),
-                    source,
-                }
-            })?;
-            listener::apply_access(path, &config.access)?;
-            info!(
-                "VM {:?}: data window {} ({} MiB, {} slots)",
-                vm.name,
-                path.display(),
-                size >> 20,
-                vm.window_slots
-            );
-            let _ = queue.window.set(w);
-        }
-        info!(
-            "VM {:?} (CID {}): vhost-user vsock device on {}",
-            vm.name,
-            vm.cid,
-            socket.display()
-        );
-        std::thread::spawn(move || {
-            let make = || {
-                vsock::device::VsockDevice::new(
-                    vm.cid.into(),
-                    &vm.name,
-                    config.clone(),
-                    queue.clone(),
-                    life.clone(),
-                )
-            };
-            if let Err(e) = vsock::backend::serve(vhost_listener, vm.cid.into(), make) {
-                log::error!("VM {:?}: vsock device failed: {e}", vm.name);
-            }
-        });
+    // VMs added at run time before the last stop are served again.
+    let kept = served.add_kept();
+    if kept > 0 {
+        info!("{kept} VMs added at run time are served again");
     }
     // Sessions the last daemon suspended into the state directory wait for their
     // guests from the first moment guests can reach this one.
@@ -282,7 +227,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
     let signal = signals.wait();
     info!("signal {signal}: stopping");
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-    for path in &created {
+    for path in created.iter().chain(&served.files()) {
         let _ = std::fs::remove_file(path);
     }
     // No guest reaches this daemon any more: the sessions it can suspend wait in the

@@ -354,6 +354,38 @@ impl Lifecycle {
         }
     }
 
+    /// Ends every session of VM `vm` (removed at run time): cuts their guests'
+    /// connections, so each ends its API server as on any disconnect, drops its
+    /// suspended sessions and stops its sessions waiting for a guest to come back,
+    /// and waits up to `timeout` for them to end. Returns how many were live and how
+    /// many are still.
+    pub fn end_vm(&self, vm: &str, timeout: Duration) -> (usize, usize) {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.lock();
+        s.parked.retain(|_, (p, _)| p.vm != vm);
+        // A session waiting for its guest to reconnect stops waiting (its sender goes).
+        s.detached.retain(|_, (v, _)| v != vm);
+        let mut live = 0;
+        for (guest, l) in s.live.values() {
+            if l.vm == vm {
+                let _ = guest.shutdown(std::net::Shutdown::Both);
+                live += 1;
+            }
+        }
+        loop {
+            let left = s.live.values().filter(|(_, l)| l.vm == vm).count();
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if left == 0 || wait.is_zero() {
+                return (live, left);
+            }
+            s = self
+                .changed
+                .wait_timeout(s, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// Stops accepting and ends every session; returns whether all ended within
     /// `timeout`.
     pub fn stop(&self, timeout: Duration) -> bool {

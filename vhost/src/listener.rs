@@ -104,6 +104,10 @@ pub fn start_session(
     queue: &Arc<Vm>,
     life: &Arc<Lifecycle>,
 ) {
+    if queue.removed() {
+        refuse(&stream, error_code::SERVER_GONE, "the VM was removed");
+        return;
+    }
     let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
     let (config, queue, vm, life) = (config.clone(), queue.clone(), vm.to_string(), life.clone());
     let spawned = std::thread::Builder::new()
@@ -163,7 +167,7 @@ fn is_exhaustion(e: &std::io::Error) -> bool {
     )
 }
 
-/// Accepts connections for `vm` until the daemon stops; each session runs on its
+/// Accepts connections for `vm` until the daemon stops or the VM is removed; each session runs on its
 /// own thread. Over the listener's cap, a connection gets an `Error` frame and is
 /// closed. When descriptors run out it backs off instead of spinning.
 pub fn accept_loop(
@@ -182,7 +186,12 @@ pub fn accept_loop(
         held: 0,
     };
     loop {
-        let stream = match listener.accept() {
+        let accepted = listener.accept();
+        if queue.removed() {
+            // The VM was removed (which shut this listener down to wake us).
+            return;
+        }
+        let stream = match accepted {
             Ok((s, _)) => {
                 backoff = Duration::ZERO;
                 s

@@ -51,6 +51,8 @@ pub struct Vm {
     live: Mutex<HashMap<u64, Arc<UsagePage>>>,
     /// How many times the VM's vsock device was reset (its connections all cut).
     resets: AtomicU64,
+    /// Removed at run time (`vm_remove`): no new session starts.
+    removed: std::sync::atomic::AtomicBool,
 }
 
 /// A live session's usage, counted into its VM until this drops; then its final
@@ -99,6 +101,16 @@ impl Drop for SessionSlot {
 }
 
 impl Vm {
+    /// The VM is being removed: its new guests are refused from now on.
+    pub fn remove(&self) {
+        self.removed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the VM was removed.
+    pub fn removed(&self) -> bool {
+        self.removed.load(Ordering::SeqCst)
+    }
+
     /// The VM's vsock device was reset: every connection of it is about to be cut.
     pub fn device_reset(&self) {
         self.resets.fetch_add(1, Ordering::SeqCst);
@@ -327,6 +339,15 @@ impl Vms {
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .cloned()
+    }
+
+    /// Forgets VM `name` (removed at run time): a VM of that name added later starts
+    /// afresh.
+    pub fn forget(&self, name: &str) {
+        self.vms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
     }
 
     /// Every VM's queue, by name.

@@ -311,8 +311,12 @@ pub fn serve(
     mut listener: vhost::vhost_user::Listener,
     cid: u64,
     make_device: impl Fn() -> VsockDevice,
+    removed: impl Fn() -> bool,
 ) -> Result<(), ServeError> {
     loop {
+        if removed() {
+            return Ok(());
+        }
         let backend = Arc::new(VsockBackend::new(cid, make_device()).map_err(ServeError::Backend)?);
         let mut daemon = vhost_user_backend::VhostUserDaemon::new(
             format!("hira-vsock-{cid}"),
@@ -329,6 +333,11 @@ pub fn serve(
         // The worker threads of this connection end with it.
         for h in &handlers {
             h.send_exit_event();
+        }
+        if removed() {
+            // Removed: its listener was shut down (or its VMM left after).
+            backend.reset_device();
+            return Ok(());
         }
         match result {
             Ok(())

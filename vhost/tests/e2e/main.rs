@@ -21,4 +21,5 @@ mod scheduling;
 mod shim;
 mod support;
 mod vm;
+mod vms;
 mod vsock;

@@ -808,6 +808,11 @@ impl LineProgram {
         self.send(cmd);
         self.line()
     }
+
+    /// Waits for the program to end.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
 }
 
 impl Drop for LineProgram {

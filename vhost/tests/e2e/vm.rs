@@ -997,3 +997,69 @@ fn vm_live_migrates(window: bool) {
     // The session ran on at b: resumed there, from its parked snapshot.
     assert!(b.log_text().contains("resuming"), "{}", b.log_text());
 }
+
+#[test]
+fn a_vm_added_at_run_time_runs_its_guests_programs_and_goes_without_a_trace() {
+    // As a libvirt hook does: the VM is added when its domain is prepared (after the
+    // daemon started, with its vhost-user device and ivshmem window), its guest runs
+    // OpenCL programs (identical to native, on shared-memory rings), the domain is
+    // destroyed (QEMU killed), and the VM removed: nothing of it stays.
+    ensure_built();
+    let daemon = Daemon::start(&["local"]);
+    let shm = crate::support::shm_dir();
+    let window = shm
+        .as_ref()
+        .map_or(daemon.dir.path(), |d| d.path())
+        .join("late.window");
+    let socket = daemon.dir.path().join("late.vhost");
+    daemon.ctl_ok(&[
+        "vm",
+        "add",
+        "late",
+        &format!(
+            "socket={},cid=3,window={},window-mb=64,share=2",
+            socket.display(),
+            window.display()
+        ),
+    ]);
+    let programs = ["vecadd", "events"];
+    let script: String = programs
+        .iter()
+        .map(|p| format!("echo '=== {p}'\n/hira/{p} 2>/dev/null\necho \"=== exit $?\"\n"))
+        .collect();
+    let image = image_with("late", &script, &programs);
+    let mut q = qemu_with_window(&image, &socket, &window);
+    let out = run_with_timeout(&mut q, Duration::from_secs(300));
+    let console = guest_output(&String::from_utf8_lossy(&out.stdout));
+    let native_vendors = Vendors::native();
+    let expected: String = programs
+        .iter()
+        .map(|p| {
+            let mut cmd = Command::new(c_program(p));
+            cmd.env("OCL_ICD_VENDORS", native_vendors.dir.path());
+            let o = run_with_timeout(&mut cmd, Duration::from_secs(120));
+            format!(
+                "=== {p}\n{}=== exit {}\n",
+                String::from_utf8_lossy(&o.stdout),
+                o.status.code().unwrap_or(-1)
+            )
+        })
+        .collect();
+    assert_eq!(console, expected, "{}", daemon.log_text());
+    let ended = daemon.wait_idle(Duration::from_secs(60));
+    let ours: Vec<_> = ended.iter().filter(|e| e["vm"] == "late").collect();
+    assert_eq!(ours.len(), 2, "{ended:?}");
+    assert!(ours.iter().all(|e| e["data_plane"] == "rings"), "{ours:?}");
+    let removed = daemon.control(serde_json::json!({"cmd": "vm_remove", "vm": "late"}));
+    assert_eq!(removed["removed"], "late", "{removed}");
+    assert!(!socket.exists() && !window.exists());
+    let status = daemon.status();
+    assert!(
+        status["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["name"] != "late"),
+        "{status}"
+    );
+}
