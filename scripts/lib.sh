@@ -66,6 +66,17 @@ ensure_qemu() {
     fi
 }
 
+# Installs libvirt for the libvirt test (vhost/tests/e2e/libvirt.rs): Debian's
+# libvirtd with its QEMU driver, which drives the QEMU ensure_qemu installs. The test
+# starts libvirtd and virtlogd itself (no systemd here), with Hira's hook installed.
+ensure_libvirt() {
+    command -v virsh >/dev/null 2>&1 && [ -x /usr/sbin/libvirtd ] && return 0
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo=sudo
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients >/dev/null
+}
+
 # Installs what the CUDA tests build with, from PyPI, under target/cuda-sdk: cuda.h
 # (nvidia-cuda-runtime-cu12) and NVRTC (nvidia-cuda-nvrtc-cu12), which compiles the
 # test kernels to PTX without a GPU. No driver comes with them: without a GPU the

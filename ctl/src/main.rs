@@ -14,6 +14,8 @@
 //! - `hira-ctl vm add NAME KEY=VALUE[,KEY=VALUE...]` (the keys `--vm` takes after
 //!   `name=`), `hira-ctl vm remove NAME`, `hira-ctl vm list`: VMs served from now
 //!   on, and no longer (a libvirt hook's calls).
+//! - `hira-ctl libvirt-hook DOMAIN OPERATION ...`: libvirt's QEMU hook
+//!   (`ctl/src/libvirt.rs`).
 //! - `hira-ctl checkpoint SESSION FILE` / `hira-ctl restore FILE`: suspends a session
 //!   into a file, and lets a daemon (this one, a restarted one, another one) resume
 //!   it when its guest reconnects; `checkpoint all DIR` / `restore DIR` for every
@@ -21,6 +23,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+mod libvirt;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -95,6 +99,14 @@ enum Cmd {
     /// VMs served from now on, and no longer, without restarting the daemon.
     #[command(subcommand)]
     Vm(VmCmd),
+    /// libvirt's QEMU hook (`/etc/libvirt/hooks/qemu` execs it with its arguments):
+    /// adds a domain's VM when it is prepared and removes it when it is released, for
+    /// domains whose metadata has Hira's `<vm spec=...>` element
+    /// (`deploy/libvirt/domain.xml`).
+    LibvirtHook {
+        #[arg(num_args = 0.., allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// A refreshing view of each VM's share of device time, calls per second, data
     /// rate and memory.
     Top {
@@ -545,8 +557,13 @@ fn main() -> anyhow::Result<()> {
         .socket
         .or_else(|| std::env::var_os("HIRA_CONTROL_SOCKET").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+    if let Cmd::LibvirtHook { args } = &args.cmd {
+        // Connects only for a domain that uses Hira.
+        return libvirt::hook(args, socket);
+    }
     let mut c = Client::connect(&socket)?;
     match args.cmd {
+        Cmd::LibvirtHook { .. } => unreachable!("answered above"),
         Cmd::List { json } => {
             let status = c.status()?;
             if json {

@@ -10,6 +10,7 @@ mod hardening;
 mod host_memory;
 mod isolation;
 mod kernel_args;
+mod libvirt;
 mod malformed;
 mod migration;
 mod output;

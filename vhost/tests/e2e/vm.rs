@@ -85,7 +85,7 @@ fn linux_guest_boots_with_vsock_and_its_loader_finds_the_hira_icd() {
 }
 
 /// The guest image with `programs` in /hira and a `run` script for `script`.
-fn image_with(name: &str, script: &str, programs: &[&str]) -> std::path::PathBuf {
+pub(crate) fn image_with(name: &str, script: &str, programs: &[&str]) -> std::path::PathBuf {
     let dir = bin_dir().join(format!("hira-vm-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     let run = dir.join("run");
@@ -160,7 +160,7 @@ fn qemu_without_vsock(image: &std::path::Path, vhost: &std::path::Path) -> Comma
 }
 
 /// What the guest printed between its start and end markers, with serial line ends.
-fn guest_output(console: &str) -> String {
+pub(crate) fn guest_output(console: &str) -> String {
     let start = console
         .find("HIRA-GUEST-UP")
         .map_or(0, |i| i + "HIRA-GUEST-UP".len());
