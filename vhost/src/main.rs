@@ -15,7 +15,7 @@ use hira_vhost::config::{
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Read settings from this TOML file (see the README); flags add listeners and VMs
+    /// Read settings from this TOML file (see docs/operating.md); flags add listeners and VMs
     /// to it and override its other settings.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
