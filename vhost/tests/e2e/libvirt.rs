@@ -262,10 +262,12 @@ fn libvirt_domains_get_hira_through_the_hook_and_leave_no_trace() {
     assert!(!a.window.exists() && !d.dir.path().join("lva.vhost").exists());
 
     // Two at once, with different shares; destroyed, they leave nothing.
+    // Each guest holds a session open without using the CPU (the program waits for
+    // commands that never come), so that the two domains do not starve other tests.
     let long = crate::vm::image_with(
-        "libvirt-long",
-        "/hira/stencil 100000000 2>&1\n",
-        &["stencil"],
+        "libvirt-idle",
+        "sleep 600 | /hira/migrate 2>&1\n",
+        &["migrate"],
     );
     let b = Domain::define(&d, &format!("hira-e2e-{pid}-b"), "lvb", 6, 1, &long);
     let c = Domain::define(&d, &format!("hira-e2e-{pid}-c"), "lvc", 7, 3, &long);
