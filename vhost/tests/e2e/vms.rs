@@ -117,6 +117,7 @@ fn a_vm_added_at_run_time_serves_its_guests_and_leaves_no_trace_when_removed() {
 fn a_refused_vm_add_or_remove_changes_nothing_and_says_why() {
     let d = Daemon::start(&["vm0"]);
     let dir = d.dir.path();
+    std::fs::write(dir.join("plain-file"), b"").unwrap();
     let a = dir.join("a.vsock");
     d.ctl_ok(&["vm", "add", "a", &format!("hybrid={},cid=5", a.display())]);
     let cases = [
@@ -161,6 +162,20 @@ fn a_refused_vm_add_or_remove_changes_nothing_and_says_why() {
                 dir.join("c.vsock").display()
             ),
             "--cgroup",
+        ),
+        // A name with a path in it; a socket whose directory cannot be made.
+        (
+            "../c",
+            format!("hybrid={},cid=11", dir.join("c.vsock").display()),
+            "1-64 characters",
+        ),
+        (
+            "c",
+            format!(
+                "hybrid={},cid=12",
+                dir.join("plain-file").join("c.vsock").display()
+            ),
+            "directory",
         ),
     ];
     for (name, spec, why) in &cases {
