@@ -148,6 +148,16 @@ struct Mapping {
     window: Option<u64>,
 }
 
+impl Mapping {
+    /// Keeps the mapping until its unmap.
+    fn keep(self) {
+        MAPPINGS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self);
+    }
+}
+
 /// Where a mapping's data lives in the guest when it is not the application's memory.
 enum Shadow {
     /// Process memory.
@@ -264,18 +274,16 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 (num_events_in_wait_list, event_wait_list, event),
             )?;
             rt::note_command_type(event, CL_COMMAND_MAP_BUFFER);
-            MAPPINGS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Mapping {
-                    mem: buffer as usize,
-                    ptr: ptr as usize,
-                    flags: map_flags,
-                    region: Region::Buffer { offset, size },
-                    shadow: None,
-                    blocking: blocking_map != 0,
-                    window: Some(off),
-                });
+            Mapping {
+                mem: buffer as usize,
+                ptr: ptr as usize,
+                flags: map_flags,
+                region: Region::Buffer { offset, size },
+                shadow: None,
+                blocking: blocking_map != 0,
+                window: Some(off),
+            }
+            .keep();
             return Ok(ptr);
         }
         let fill = map_access(id, map_flags)?;
@@ -349,18 +357,16 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         rt::note_command_type(event, CL_COMMAND_MAP_BUFFER);
         // What the mapping brought from the device: the region, or nothing.
         stats::data(if fill == Fill::None { 0 } else { size }, 0);
-        MAPPINGS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Mapping {
-                mem: buffer as usize,
-                ptr: ptr as usize,
-                flags: map_flags,
-                region: Region::Buffer { offset, size },
-                shadow,
-                blocking: blocking_map != 0,
-                window: None,
-            });
+        Mapping {
+            mem: buffer as usize,
+            ptr: ptr as usize,
+            flags: map_flags,
+            region: Region::Buffer { offset, size },
+            shadow,
+            blocking: blocking_map != 0,
+            window: None,
+        }
+        .keep();
         Ok(ptr.cast())
     })
 }
@@ -409,29 +415,22 @@ pub unsafe extern "C" fn clEnqueueMapImage(
             )?;
             rt::note_command_type(event, CL_COMMAND_MAP_IMAGE);
             // SAFETY: checked non-null above / optional per the API.
-            unsafe {
-                *image_row_pitch = row;
-                if !image_slice_pitch.is_null() {
-                    *image_slice_pitch = slice;
-                }
+            unsafe { write_pitches(image_row_pitch, image_slice_pitch, row, slice) };
+            Mapping {
+                mem: image as usize,
+                ptr: ptr as usize,
+                flags: map_flags,
+                region: Region::Image {
+                    origin: o,
+                    region: r,
+                    row_pitch: row,
+                    slice_pitch: slice,
+                },
+                shadow: None,
+                blocking: blocking_map != 0,
+                window: Some(off),
             }
-            MAPPINGS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Mapping {
-                    mem: image as usize,
-                    ptr: ptr as usize,
-                    flags: map_flags,
-                    region: Region::Image {
-                        origin: o,
-                        region: r,
-                        row_pitch: row,
-                        slice_pitch: slice,
-                    },
-                    shadow: None,
-                    blocking: blocking_map != 0,
-                    window: Some(off),
-                });
+            .keep();
             return Ok(ptr);
         }
         let fill = map_access(id, map_flags)?;
@@ -570,30 +569,44 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         }
         // SAFETY: checked non-null above / optional per the API.
         unsafe {
-            *image_row_pitch = row;
-            if !image_slice_pitch.is_null() {
-                *image_slice_pitch = if arrayed { slice } else { 0 };
-            }
+            write_pitches(
+                image_row_pitch,
+                image_slice_pitch,
+                row,
+                if arrayed { slice } else { 0 },
+            )
+        };
+        Mapping {
+            mem: image as usize,
+            ptr: ptr as usize,
+            flags: map_flags,
+            region: Region::Image {
+                origin: o,
+                region: r,
+                row_pitch: row,
+                slice_pitch: slice,
+            },
+            shadow,
+            blocking: blocking_map != 0,
+            window: None,
         }
-        MAPPINGS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Mapping {
-                mem: image as usize,
-                ptr: ptr as usize,
-                flags: map_flags,
-                region: Region::Image {
-                    origin: o,
-                    region: r,
-                    row_pitch: row,
-                    slice_pitch: slice,
-                },
-                shadow,
-                blocking: blocking_map != 0,
-                window: None,
-            });
+        .keep();
         Ok(ptr.cast())
     })
+}
+
+/// Gives the application a mapped image's pitches.
+///
+/// # Safety
+/// `row_out` must be valid for a write; `slice_out` null or valid for a write.
+unsafe fn write_pitches(row_out: *mut usize, slice_out: *mut usize, row: usize, slice: usize) {
+    // SAFETY: per the contract.
+    unsafe {
+        *row_out = row;
+        if !slice_out.is_null() {
+            *slice_out = slice;
+        }
+    }
 }
 
 /// Maps `region` at `origin` of object `id`, which lives in the data window, with the

@@ -119,10 +119,31 @@ impl Served {
         self.cgroups.as_ref()
     }
 
-    /// Serves host-local or hybrid-vsock listener `l` (bound already as `listener`).
+    /// Serves host-local or hybrid-vsock listener `l` of the configuration (bound
+    /// already as `listener`); a VM may have several.
     pub fn serve_listener(&self, l: &LocalListener, listener: std::os::unix::net::UnixListener) {
+        let entry = self.accept_on(l, listener);
+        match self.entries().entry(l.vm.clone()) {
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                o.get_mut().files.extend(entry.files)
+            }
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(entry);
+            }
+        }
+    }
+
+    /// Accepts `l`'s guests on `listener` until the VM is removed.
+    fn accept_on(&self, l: &LocalListener, listener: std::os::unix::net::UnixListener) -> Entry {
         let wake = listener.try_clone().ok().map(OwnedFd::from);
-        self.entries().entry(l.vm.clone()).or_insert(Entry {
+        let (config, vms, life, vm) = (
+            self.config.clone(),
+            self.vms.clone(),
+            self.life.clone(),
+            l.vm.clone(),
+        );
+        std::thread::spawn(move || crate::listener::accept_loop(listener, vm, config, vms, life));
+        Entry {
             info: VmEntry {
                 name: l.vm.clone(),
                 transport: if l.hybrid_cid.is_some() {
@@ -137,14 +158,7 @@ impl Served {
             },
             wake,
             files: vec![l.path.clone()],
-        });
-        let (config, vms, life, vm) = (
-            self.config.clone(),
-            self.vms.clone(),
-            self.life.clone(),
-            l.vm.clone(),
-        );
-        std::thread::spawn(move || crate::listener::accept_loop(listener, vm, config, vms, life));
+        }
     }
 
     /// Serves vhost-user VM `vm` on `socket`, with its window, until it is removed.
@@ -260,27 +274,7 @@ impl Served {
             VmTransport::Hybrid(_) => {
                 let l = vm.listener().expect("a hybrid VM has a listener");
                 let listener = crate::listener::bind(&l.path, &self.config.access)?;
-                let wake = listener.try_clone().ok().map(OwnedFd::from);
-                let (config, vms, life, name) = (
-                    self.config.clone(),
-                    self.vms.clone(),
-                    self.life.clone(),
-                    vm.name.clone(),
-                );
-                std::thread::spawn(move || {
-                    crate::listener::accept_loop(listener, name, config, vms, life)
-                });
-                Ok(Entry {
-                    info: VmEntry {
-                        name: vm.name.clone(),
-                        transport: "hybrid".into(),
-                        socket: l.path.display().to_string(),
-                        cid: Some(vm.cid),
-                        ..VmEntry::default()
-                    },
-                    wake,
-                    files: vec![l.path],
-                })
+                Ok(self.accept_on(&l, listener))
             }
         }?;
         entry.info.added = true;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Daemon, Vendors, bin_dir, c_program, ensure_built, run_with_timeout};
+use crate::support::{Daemon, bin_dir, ensure_built};
 
 const HOOK: &str = "/etc/libvirt/hooks/qemu";
 
@@ -221,10 +221,7 @@ fn libvirt_domains_get_hira_through_the_hook_and_leave_no_trace() {
 
     // One domain runs OpenCL programs, as natively, and is gone with its VM after.
     let programs = ["vecadd", "events"];
-    let script: String = programs
-        .iter()
-        .map(|p| format!("echo '=== {p}'\n/hira/{p} 2>/dev/null\necho \"=== exit $?\"\n"))
-        .collect();
+    let script = crate::vm::marked_script(&programs);
     let image = crate::vm::image_with("libvirt", &script, &programs);
     let a = Domain::define(&d, &format!("hira-e2e-{pid}-a"), "lva", 5, 1, &image);
     virsh_ok(&["start", &a.name]);
@@ -232,20 +229,7 @@ fn libvirt_domains_get_hira_through_the_hook_and_leave_no_trace() {
         a.state() == "shut off"
     });
     let console = std::fs::read_to_string(&a.console).unwrap();
-    let native = Vendors::native();
-    let expected: String = programs
-        .iter()
-        .map(|p| {
-            let mut cmd = Command::new(c_program(p));
-            cmd.env("OCL_ICD_VENDORS", native.dir.path());
-            let o = run_with_timeout(&mut cmd, Duration::from_secs(120));
-            format!(
-                "=== {p}\n{}=== exit {}\n",
-                String::from_utf8_lossy(&o.stdout),
-                o.status.code().unwrap_or(-1)
-            )
-        })
-        .collect();
+    let expected = crate::vm::marked_native(&programs);
     assert_eq!(
         crate::vm::guest_output(&console),
         expected,

@@ -105,6 +105,33 @@ pub(crate) fn image_with(name: &str, script: &str, programs: &[&str]) -> std::pa
     dir
 }
 
+/// A guest script running each of `programs` between markers with its exit status
+/// (standard error left out).
+pub(crate) fn marked_script(programs: &[&str]) -> String {
+    programs
+        .iter()
+        .map(|p| format!("echo '=== {p}'\n/hira/{p} 2>/dev/null\necho \"=== exit $?\"\n"))
+        .collect()
+}
+
+/// What [`marked_script`] prints for `programs` run natively.
+pub(crate) fn marked_native(programs: &[&str]) -> String {
+    let native_vendors = Vendors::native();
+    programs
+        .iter()
+        .map(|p| {
+            let mut cmd = Command::new(c_program(p));
+            cmd.env("OCL_ICD_VENDORS", native_vendors.dir.path());
+            let o = run_with_timeout(&mut cmd, Duration::from_secs(120));
+            format!(
+                "=== {p}\n{}=== exit {}\n",
+                String::from_utf8_lossy(&o.stdout),
+                o.status.code().unwrap_or(-1)
+            )
+        })
+        .collect()
+}
+
 /// QEMU booting `image` with Hira's vhost-user vsock device on `vhost`, and the
 /// daemon's window file as an ivshmem device.
 fn qemu_with_window(
@@ -1023,28 +1050,12 @@ fn a_vm_added_at_run_time_runs_its_guests_programs_and_goes_without_a_trace() {
         ),
     ]);
     let programs = ["vecadd", "events"];
-    let script: String = programs
-        .iter()
-        .map(|p| format!("echo '=== {p}'\n/hira/{p} 2>/dev/null\necho \"=== exit $?\"\n"))
-        .collect();
+    let script = marked_script(&programs);
     let image = image_with("late", &script, &programs);
     let mut q = qemu_with_window(&image, &socket, &window);
     let out = run_with_timeout(&mut q, Duration::from_secs(300));
     let console = guest_output(&String::from_utf8_lossy(&out.stdout));
-    let native_vendors = Vendors::native();
-    let expected: String = programs
-        .iter()
-        .map(|p| {
-            let mut cmd = Command::new(c_program(p));
-            cmd.env("OCL_ICD_VENDORS", native_vendors.dir.path());
-            let o = run_with_timeout(&mut cmd, Duration::from_secs(120));
-            format!(
-                "=== {p}\n{}=== exit {}\n",
-                String::from_utf8_lossy(&o.stdout),
-                o.status.code().unwrap_or(-1)
-            )
-        })
-        .collect();
+    let expected = marked_native(&programs);
     assert_eq!(console, expected, "{}", daemon.log_text());
     let ended = daemon.wait_idle(Duration::from_secs(60));
     let ours: Vec<_> = ended.iter().filter(|e| e["vm"] == "late").collect();
