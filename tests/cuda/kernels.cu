@@ -74,3 +74,24 @@ extern "C" __global__ void say(int n, int *returned) {
                              -10000000000L * (i + 1), 3.14159 * (i + 1));
     }
 }
+
+// A list whose nodes live in separate allocations and point at each other with raw
+// device addresses (migration's test: they must stay where they were). `visits` is
+// written only by kernels.
+struct node {
+    struct node *next;
+    unsigned long long value;
+};
+__device__ unsigned long long visits;
+
+extern "C" __global__ void walk(struct node *head, unsigned long long add) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    for (struct node *n = head; n; n = n->next) {
+        n->value += add;
+        visits++;
+    }
+}
+
+extern "C" __global__ void read_visits(unsigned long long *out) {
+    *out = visits;
+}

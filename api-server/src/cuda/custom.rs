@@ -137,9 +137,10 @@ pub(crate) fn cuDevicePrimaryCtxRetain<'a>(
     let st = unsafe { f(out.cast(), dev) };
     w.i32(st);
     if st == 0 {
-        s.retained_primary(dev, 1);
-        if want {
-            w.u64(s.found(Kind::Context, h));
+        let id = want.then(|| s.found(Kind::Context, h));
+        s.retained_primary(dev, 1, id);
+        if let Some(id) = id {
+            w.u64(id);
         }
     }
     Ok(())
@@ -161,7 +162,7 @@ pub(crate) fn cuDevicePrimaryCtxRelease_v2<'a>(
     let st = unsafe { f(dev) };
     w.i32(st);
     if st == 0 {
-        s.retained_primary(dev, -1);
+        s.retained_primary(dev, -1, None);
     }
     Ok(())
 }
@@ -572,6 +573,8 @@ pub(crate) fn hiraErrorText<'a>(
 
 /// Allocates device memory charged to the VM's quota: an allocation the quota
 /// does not allow fails with `CUDA_ERROR_OUT_OF_MEMORY`, as a full device would.
+/// Hira places it at addresses it reserved (`placement`), or, without the driver's
+/// virtual-memory-management calls, the driver's `cuMemAlloc` does.
 pub(crate) fn cuMemAlloc_v2<'a>(
     s: &Session,
     r: &mut Reader<'a>,
@@ -590,22 +593,78 @@ pub(crate) fn cuMemAlloc_v2<'a>(
         w.i32(status::OUT_OF_MEMORY);
         return Ok(());
     }
-    let mut p = 0u64;
-    let out = out_ptr(want, &mut p);
-    // SAFETY: an out-pointer to a device address, or NULL as the guest passed.
-    let st = unsafe { alloc(out, size as usize) };
-    w.i32(st);
-    if st == 0 {
-        s.allocated(p, ctx_id, size);
-        if want {
-            w.u64(p);
+    let placed = match s.vmm.as_ref().filter(|_| charged) {
+        Some(v) => place(s, v, ctx_id, size).transpose(),
+        None => None,
+    };
+    let st = match placed {
+        Some(Ok(p)) => {
+            w.i32(0).u64(p);
+            return Ok(());
         }
-    } else if charged {
+        Some(Err(st)) => st,
+        None => {
+            let mut p = 0u64;
+            let out = out_ptr(want, &mut p);
+            // SAFETY: an out-pointer to a device address, or NULL as the guest passed.
+            let st = unsafe { alloc(out, size as usize) };
+            if st == 0 {
+                if charged {
+                    s.placement().driver_allocated(p, ctx_id, size);
+                }
+                w.i32(0);
+                if want {
+                    w.u64(p);
+                }
+                return Ok(());
+            }
+            st
+        }
+    };
+    w.i32(st);
+    if charged {
         s.quota.uncharge(size);
     }
     Ok(())
 }
 
+/// Places `size` bytes in the current context `ctx_id`'s device; `None` where the
+/// device does not support virtual memory management (the driver allocates then).
+/// A context that failed (a kernel's fault sticks to it) fails the allocation with
+/// its error, as `cuMemAlloc` does there.
+fn place(
+    s: &Session,
+    v: &super::placement::VmmCalls,
+    ctx_id: u64,
+    size: u64,
+) -> Result<Option<u64>, c_int> {
+    let query = s.driver.cuStreamQuery.ok_or(status::NOT_SUPPORTED)?;
+    // SAFETY: the legacy stream of the current context.
+    match unsafe { query(std::ptr::null_mut()) } {
+        0 | status::NOT_READY => {}
+        st => return Err(st),
+    }
+    let get_dev = s.driver.cuCtxGetDevice.ok_or(status::NOT_SUPPORTED)?;
+    let mut dev: c_int = 0;
+    // SAFETY: an out-pointer; the context is current.
+    let st = unsafe { get_dev(&mut dev) };
+    if st != 0 {
+        return Err(st);
+    }
+    let attr = s.driver.cuDeviceGetAttribute.ok_or(status::NOT_SUPPORTED)?;
+    let supported = s.placement().supported(dev, || {
+        let mut v: c_int = 0;
+        // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED.
+        // SAFETY: an out-pointer, an attribute and the context's device.
+        unsafe { attr(&mut v, 102, dev) == 0 && v != 0 }
+    });
+    if !supported {
+        return Ok(None);
+    }
+    s.placement().alloc(v, dev, ctx_id, size).map(Some)
+}
+
+/// Frees an allocation: Hira's own, or the driver's (which checks the address).
 pub(crate) fn cuMemFree_v2<'a>(
     s: &Session,
     r: &mut Reader<'a>,
@@ -618,11 +677,66 @@ pub(crate) fn cuMemFree_v2<'a>(
     let free = s.driver.cuMemFree_v2.ok_or_else(unsupported)?;
     let ctx = s.lookup(Kind::Context, ctx, true)?;
     s.make_current(ctx)?;
-    // SAFETY: a device address; the driver checks it is an allocation.
-    let st = unsafe { free(p) };
+    let ours = s.placement().get(p).is_some_and(|a| a.chunk.is_some());
+    let st = if ours {
+        // A context that failed refuses it, as the driver's cuMemFree does.
+        let query = s.driver.cuStreamQuery.ok_or_else(unsupported)?;
+        // SAFETY: the legacy stream of the current context.
+        match unsafe { query(std::ptr::null_mut()) } {
+            0 | status::NOT_READY => 0,
+            st => st,
+        }
+    } else {
+        // SAFETY: a device address; the driver checks it is an allocation.
+        unsafe { free(p) }
+    };
     w.i32(st);
     if st == 0 {
         s.freed(p);
+    }
+    Ok(())
+}
+
+/// The allocation holding an address: Hira's answer for memory it placed, as the
+/// driver's for an allocation of `cuMemAlloc`; the driver's for any other address.
+pub(crate) fn cuMemGetAddressRange_v2<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
+    let ctx = r.u64()?;
+    let want_base = r.u8()? != 0;
+    let want_size = r.u8()? != 0;
+    let p = r.u64()?;
+    r.finish()?;
+    let range = s.driver.cuMemGetAddressRange_v2.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx, true)?;
+    s.make_current(ctx)?;
+    let held = s.placement().holding(p).filter(|(_, a)| a.chunk.is_some());
+    let (st, base, size) = match held {
+        Some((at, a)) => (0, at, a.size),
+        None => {
+            let (mut base, mut size) = (0u64, 0usize);
+            // SAFETY: two out-pointers (or NULL, as the guest passed) and a value.
+            let st = unsafe {
+                range(
+                    out_ptr(want_base, &mut base),
+                    out_ptr(want_size, &mut size),
+                    p,
+                )
+            };
+            (st, base, size as u64)
+        }
+    };
+    w.i32(st);
+    if st == 0 {
+        if want_base {
+            w.u64(base);
+        }
+        if want_size {
+            w.u64(size);
+        }
     }
     Ok(())
 }
@@ -770,11 +884,23 @@ pub(crate) fn hiraPointerGetAttributes<'a>(
     if st != 0 {
         return Ok(());
     }
+    // Memory Hira placed is described as the allocation the guest made, as the
+    // driver describes an allocation of `cuMemAlloc`.
+    let held = s
+        .placement()
+        .holding(ptr)
+        .filter(|(_, a)| a.chunk.is_some());
     for (a, v) in attrs.iter().zip(values.iter_mut()) {
         let host = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
-        let guest = match *a {
-            pointer::CONTEXT if host != 0 => s.id_of(Kind::Context, host as usize as *mut c_void),
-            pointer::MEMPOOL_HANDLE => 0,
+        let guest = match (*a, held) {
+            (pointer::CONTEXT, Some((_, al))) => al.ctx,
+            (pointer::BUFFER_ID, Some((_, al))) => al.buffer_id,
+            (pointer::RANGE_START_ADDR, Some((at, _))) => at,
+            (pointer::RANGE_SIZE, Some((_, al))) => al.size,
+            (pointer::CONTEXT, None) if host != 0 => {
+                s.id_of(Kind::Context, host as usize as *mut c_void)
+            }
+            (pointer::MEMPOOL_HANDLE, _) => 0,
             _ => continue,
         };
         v[..8].copy_from_slice(&guest.to_le_bytes());

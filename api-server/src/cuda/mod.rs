@@ -14,7 +14,9 @@
 
 pub mod custom;
 pub mod device_time;
+pub mod migrate;
 pub mod params;
+pub mod placement;
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -136,8 +138,8 @@ struct Handles {
     layouts: HashMap<u64, Option<Layout>>,
     /// Primary-context retains per device, released at teardown.
     primary: HashMap<c_int, u32>,
-    /// Device memory charged to the VM: address -> (context id, bytes).
-    allocations: HashMap<u64, (u64, u64)>,
+    /// The guest's id of each device's primary context, once it was handed out.
+    primary_ids: HashMap<c_int, u64>,
     /// The PTX text of modules loaded from PTX, for parameter layouts where the
     /// driver cannot give them (`params.rs`).
     module_ptx: HashMap<u64, Arc<str>>,
@@ -156,6 +158,13 @@ pub struct Session {
     pub(crate) quota: Arc<Account>,
     /// Kernels' device time, and the VM's scheduling decision applied to launches.
     pub(crate) device_time: device_time::DeviceTime,
+    /// Where the guest's device memory lives (`placement`).
+    pub(crate) placement: Mutex<placement::Placement>,
+    /// The driver's virtual-memory-management calls, `None` where allocations are
+    /// the driver's own (`HIRA_CUDA_PLACEMENT=driver`, or a driver without them).
+    pub(crate) vmm: Option<placement::VmmCalls>,
+    /// What migration needs of the session (`migrate`).
+    pub(crate) log: Mutex<migrate::CudaLog>,
 }
 
 impl Session {
@@ -315,6 +324,17 @@ impl Session {
         if n == 0 {
             return Ok(());
         }
+        // Memory Hira placed: the bytes must lie in one of the guest's allocations.
+        {
+            let placed = self.placement();
+            if let Some(in_one) = placed.within_allocation(p, n) {
+                return if in_one {
+                    Ok(())
+                } else {
+                    Err(Fail::Status(status::INVALID_VALUE))
+                };
+            }
+        }
         let range = self
             .driver
             .cuMemGetAddressRange_v2
@@ -337,32 +357,29 @@ impl Session {
         self.handles().layouts.get(&f).cloned()
     }
 
-    /// An allocation of `size` bytes at `p` in context `ctx`, charged.
-    pub(crate) fn allocated(&self, p: u64, ctx: u64, size: u64) {
-        self.handles().allocations.insert(p, (ctx, size));
+    pub(crate) fn placement(&self) -> std::sync::MutexGuard<'_, placement::Placement> {
+        self.placement.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn log(&self) -> std::sync::MutexGuard<'_, migrate::CudaLog> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// An allocation freed: its charge is given back.
     pub(crate) fn freed(&self, p: u64) {
-        let gone = self.handles().allocations.remove(&p);
-        if let Some((_, size)) = gone {
-            self.quota.uncharge(size);
+        let gone = self.placement().free(self.vmm.as_ref(), p);
+        if let Some(a) = gone {
+            self.quota.uncharge(a.size);
         }
     }
 
-    /// A context destroyed, and the memory allocated in it with it.
+    /// A context destroyed (or a primary context reset, or released for the last
+    /// time), and the memory allocated in it with it: the driver frees what it
+    /// placed, Hira what it placed.
     pub(crate) fn context_destroyed(&self, ctx: u64) {
-        let mut hs = self.handles();
-        let mut total = 0;
-        hs.allocations.retain(|_, (c, size)| {
-            let keep = *c != ctx;
-            if !keep {
-                total += *size;
-            }
-            keep
-        });
-        drop(hs);
+        let total = self.placement().free_context(self.vmm.as_ref(), ctx);
         self.quota.uncharge(total);
+        self.log().context_ended(ctx);
     }
 
     /// Keeps the PTX text of module `id` (images that are not text are skipped).
@@ -382,10 +399,78 @@ impl Session {
         params::layout(&text, name)
     }
 
-    pub(crate) fn retained_primary(&self, dev: c_int, delta: i32) {
+    /// The primary context of `dev` retained (`delta` 1) or released (-1); `id`
+    /// is the guest's id of it where the guest was given one. Released for the last
+    /// time, it is destroyed with what was made in it.
+    pub(crate) fn retained_primary(&self, dev: c_int, delta: i32, id: Option<u64>) {
         let mut hs = self.handles();
+        if let Some(id) = id {
+            hs.primary_ids.insert(dev, id);
+        }
         let n = hs.primary.entry(dev).or_insert(0);
         *n = n.saturating_add_signed(delta);
+        let ended = (*n == 0)
+            .then(|| hs.primary_ids.get(&dev).copied())
+            .flatten();
+        drop(hs);
+        if let Some(id) = ended {
+            self.context_destroyed(id);
+        }
+    }
+
+    /// The primary context of `dev` was reset: what was made in it is gone.
+    pub(crate) fn primary_reset(&self, dev: c_int) {
+        let id = self.handles().primary_ids.get(&dev).copied();
+        if let Some(id) = id {
+            self.context_destroyed(id);
+        }
+    }
+}
+
+impl Session {
+    /// What follows a call that succeeded (as it ran, or replayed by a restore):
+    /// contexts' ends, modules' PTX, migration's log.
+    pub(crate) fn after_call(&self, opcode: u16, payload: &[u8], frame: &FrameData<'_>) {
+        use hira_apis_cuda::op;
+        if [
+            op::cuCtxDestroy_v2,
+            op::cuDevicePrimaryCtxRelease_v2,
+            op::cuDevicePrimaryCtxReset_v2,
+        ]
+        .contains(&opcode)
+        {
+            self.device_time.contexts_changed();
+        }
+        let mut r = Reader::new(payload);
+        match opcode {
+            op::cuCtxDestroy_v2 => {
+                if let Ok(id) = r.u64() {
+                    self.context_destroyed(id);
+                }
+            }
+            op::cuDevicePrimaryCtxReset_v2 => {
+                if let Ok(dev) = r.i32() {
+                    self.primary_reset(dev);
+                }
+            }
+            op::cuModuleLoadData => {
+                // What the call decoded: the current context, the module's id, the image.
+                let module = r.u64().and_then(|_| r.u8()).and_then(|present| {
+                    let id = if present != 0 { Some(r.u64()?) } else { None };
+                    let image = if r.u8()? == tag::INLINE {
+                        Some(r.bytes(usize::MAX)?)
+                    } else {
+                        None
+                    };
+                    Ok(id.zip(image))
+                });
+                if let Ok(Some((id, image))) = module {
+                    self.loaded_module(id, image);
+                }
+            }
+            _ => {}
+        }
+        self.record(opcode, payload, frame);
     }
 }
 
@@ -502,7 +587,16 @@ impl CudaBackend {
         if let Some((name, _)) = missing.iter().find(|(_, m)| *m) {
             return Err(BackendError::CudaEntryPoint(name));
         }
-        info!("CUDA backend on the host's driver");
+        let by_driver = std::env::var("HIRA_CUDA_PLACEMENT").is_ok_and(|v| v == "driver");
+        let vmm = if by_driver {
+            None
+        } else {
+            placement::VmmCalls::load(&lib)
+        };
+        info!(
+            "CUDA backend on the host's driver; device memory placed by {}",
+            if vmm.is_some() { "Hira" } else { "the driver" }
+        );
         Ok(CudaBackend {
             session: Session {
                 driver,
@@ -510,6 +604,9 @@ impl CudaBackend {
                 handles: Mutex::new(Handles::default()),
                 device_time: device_time::DeviceTime::new(quota.clone()),
                 quota,
+                placement: Mutex::new(placement::Placement::default()),
+                vmm,
+                log: Mutex::new(migrate::CudaLog::default()),
             },
         })
     }
@@ -529,37 +626,8 @@ impl Backend for CudaBackend {
         // waited for) are accounted before the guest sees the reply.
         self.session.device_time.sweep(&self.session.driver, false);
         let succeeded = res.is_ok() && w.as_slice().get(..4) == Some(&[0, 0, 0, 0]);
-        if succeeded
-            && [
-                hira_apis_cuda::op::cuCtxDestroy_v2,
-                hira_apis_cuda::op::cuDevicePrimaryCtxRelease_v2,
-                hira_apis_cuda::op::cuDevicePrimaryCtxReset_v2,
-            ]
-            .contains(&opcode)
-        {
-            self.session.device_time.contexts_changed();
-        }
-        if succeeded && opcode == hira_apis_cuda::op::cuCtxDestroy_v2 {
-            let mut r = Reader::new(payload);
-            if let Ok(id) = r.u64() {
-                self.session.context_destroyed(id);
-            }
-        }
-        if succeeded && opcode == hira_apis_cuda::op::cuModuleLoadData {
-            // What the call decoded: the current context, the module's id, the image.
-            let mut r = Reader::new(payload);
-            let module = r.u64().and_then(|_| r.u8()).and_then(|present| {
-                let id = if present != 0 { Some(r.u64()?) } else { None };
-                let image = if r.u8()? == tag::INLINE {
-                    Some(r.bytes(usize::MAX)?)
-                } else {
-                    None
-                };
-                Ok(id.zip(image))
-            });
-            if let Ok(Some((id, image))) = module {
-                self.session.loaded_module(id, image);
-            }
+        if succeeded {
+            self.session.after_call(opcode, payload, frame);
         }
         res
     }
@@ -594,17 +662,17 @@ impl Backend for CudaBackend {
         self.session.device_time.close();
     }
 
-    fn capture(&self, _pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
-        Err(MigrationError::Unsupported("CUDA"))
+    fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
+        self.session.capture(pending)
     }
 
     fn restore(
         &self,
-        _snapshot: &[u8],
-        _device: Option<u32>,
+        snapshot: &[u8],
+        device: Option<u32>,
         _window: Option<&crate::window::WindowMap>,
     ) -> Result<Vec<u8>, MigrationError> {
-        Err(MigrationError::Unsupported("CUDA"))
+        self.session.restore(snapshot, device)
     }
 
     fn teardown(&self) -> TeardownReport {
@@ -622,6 +690,10 @@ impl Backend for CudaBackend {
             )
         };
         let mut report = TeardownReport::default();
+        // Memory Hira placed goes back first: no context holds it.
+        let (released, failed) = s.placement().release_all(s.vmm.as_ref());
+        report.released += released;
+        report.failed += failed;
         // Libraries belong to no context: each is unloaded.
         let libraries: Vec<usize> = s
             .handles()

@@ -7,7 +7,9 @@
 //! - [`export`]: the private tables of `cuGetExportTable`, integrity check included;
 //! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes;
 //! - [`capture`]: stream capture as a driver without graphs answers it;
-//! - [`pointer`]: the values of `cuPointerGetAttribute(s)`.
+//! - [`pointer`]: the values of `cuPointerGetAttribute(s)`;
+//! - [`vmm`]: the virtual-memory-management calls' structures and signatures;
+//! - [`variables`]: the names of a module's variables, from its PTX.
 
 pub mod capture;
 pub mod export;
@@ -15,6 +17,8 @@ pub mod fatbin;
 pub mod launch;
 pub mod pointer;
 pub mod procs;
+pub mod variables;
+pub mod vmm;
 
 unsafe extern "C" {
     static stdout: *mut libc::FILE;

@@ -44,6 +44,7 @@ pub mod status {
     pub const INVALID_CONTEXT: i32 = 201;
     pub const INVALID_HANDLE: i32 = 400;
     pub const NOT_FOUND: i32 = 500;
+    pub const NOT_READY: i32 = 600;
     pub const NOT_SUPPORTED: i32 = 801;
     pub const UNKNOWN: i32 = 999;
 }

@@ -27,6 +27,7 @@
 mod library;
 pub mod nvrtc;
 pub mod ptx;
+mod vmm;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -142,11 +143,18 @@ struct Memory {
     allocs: BTreeMap<u64, Vec<u8>>,
     next: u64,
     used: u64,
+    /// Bases of ranges mapped by `cuMemMap` (which `cuMemFree` does not free).
+    mapped: std::collections::HashSet<u64>,
+    /// Mapped ranges no device may access yet (`cuMemSetAccess` not called).
+    no_access: std::collections::HashSet<u64>,
 }
 
 impl Memory {
     fn find(&self, addr: u64, len: usize) -> Option<(u64, usize)> {
         let (&base, buf) = self.allocs.range(..=addr).next_back()?;
+        if self.no_access.contains(&base) {
+            return None;
+        }
         let off = usize::try_from(addr - base).ok()?;
         (off.checked_add(len)? <= buf.len()).then_some((base, off))
     }
@@ -167,6 +175,9 @@ impl Memory {
     }
 
     fn free(&mut self, at: u64) -> bool {
+        if self.mapped.contains(&at) {
+            return false;
+        }
         match self.allocs.remove(&at) {
             Some(b) => {
                 self.used -= b.len() as u64;
@@ -275,6 +286,8 @@ struct State {
     /// Contexts ended by the current call, whose context-local storage ends once
     /// the state is unlocked.
     ended: Vec<usize>,
+    /// Virtual memory management: reservations, physical allocations, mappings.
+    vmm: vmm::Vmm,
 }
 
 impl State {
@@ -506,6 +519,8 @@ fn attribute(a: c_int) -> Option<c_int> {
         81 => 64 * 1024,
         82 => 65536,
         97 => 1,
+        // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (`vmm.rs`).
+        102 => 1,
         // MEMORY_POOLS_SUPPORTED, as GPUs since Pascal report: libraries then use
         // cuMemAllocAsync, which this executor has (allocating at once).
         115 => 1,

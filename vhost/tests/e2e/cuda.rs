@@ -30,7 +30,7 @@ pub(crate) const PROGRAMS: &[&str] = &[
     "printf",
 ];
 /// Programs that run through Hira only, or that other tests drive.
-const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error"];
+const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error", "migrate"];
 
 /// Whether the tests use the machine's real CUDA driver.
 pub(crate) fn real_gpu() -> bool {
@@ -660,32 +660,119 @@ fn launches_go_without_waiting_and_their_failures_come_back_at_the_next_synchron
     );
 }
 
-/// A CUDA session cannot move yet: `migrate` is refused with the reason, and the
-/// session goes on where it was, its objects intact.
-#[test]
-fn moving_a_cuda_session_is_refused_and_the_program_goes_on() {
-    let d = daemon(&[]);
-    let mut cuda = busy_guest(&d, "vm1");
-    assert_eq!(cuda.ask("once 1000"), "ok");
+/// `tests/cuda/migrate.c`, natively (`d` None) or through Hira as a guest of `vm1`.
+fn migrate_program(d: Option<&Daemon>) -> LineProgram {
+    let k = kit();
+    let mut c = Command::new(k.exe("migrate"));
+    c.arg(&k.ptx);
+    match (d, k.driver_dir()) {
+        (Some(d), _) => c
+            .env("LD_LIBRARY_PATH", k.shim_dir())
+            .env("HIRA_SOCKET", d.socket("vm1")),
+        (None, Some(dir)) => c.env("LD_LIBRARY_PATH", dir),
+        (None, None) => c.env_remove("LD_LIBRARY_PATH"),
+    };
+    LineProgram::start(c)
+}
+
+/// Lists, frees, kernel-only and host-written variables, address ranges.
+const MIGRATE_SCRIPT: &[&str] = &[
+    "build 7", "walk 3", "sum", "drop 2", "walk 5", "sum", "set 100", "walk 1", "sum", "range 5",
+    "range 0", "build 4", "drop 0", "walk 2", "sum", "end",
+];
+
+/// The one live session's id and API-server pid.
+fn the_cuda_session(d: &Daemon) -> (u64, u64) {
     let s = d.status();
-    let id = s["sessions"][0]["id"].as_u64().unwrap();
-    let before = s["sessions"][0]["api_server_pid"].as_u64().unwrap();
-    assert_eq!(s["sessions"][0]["api"], "CUDA", "{s}");
+    let x = &s["sessions"][0];
+    assert_eq!(x["api"], "CUDA", "{s}");
+    (
+        x["id"].as_u64().unwrap(),
+        x["api_server_pid"].as_u64().unwrap(),
+    )
+}
+
+/// A CUDA session moves to a new API server after every command of a program
+/// whose device data holds device addresses: every allocation is found where it
+/// was, with its contents, and so are the module's variables (one written only by
+/// kernels), the function, the stream and the event; each answer is the native one.
+#[test]
+fn a_cuda_session_moves_with_its_memory_at_the_same_addresses() {
+    let mut native = migrate_program(None);
+    let expected: Vec<String> = MIGRATE_SCRIPT.iter().map(|c| native.ask(c)).collect();
+    assert_eq!(expected.last().map(String::as_str), Some("bye"));
+    let d = daemon(&[]);
+    let mut p = migrate_program(Some(&d));
+    let mut pids = Vec::new();
+    let got: Vec<String> = MIGRATE_SCRIPT
+        .iter()
+        .map(|cmd| {
+            let answer = p.ask(cmd);
+            if *cmd != "end" {
+                let (id, pid) = the_cuda_session(&d);
+                pids.push(pid);
+                let a = d.control(serde_json::json!({"cmd": "migrate", "session": id}));
+                assert!(a["moved"].is_object(), "after {cmd}: {a}");
+            }
+            answer
+        })
+        .collect();
+    assert_eq!(got, expected);
+    pids.dedup();
+    assert_eq!(
+        pids.len(),
+        MIGRATE_SCRIPT.len() - 1,
+        "a new API server each time"
+    );
+}
+
+/// Runs `cmd` (a guest of `d`'s VM `vm1`) while its session is moved to a new API
+/// server as often as it can be (each time it has made calls since the last move),
+/// and checks that it prints what it printed natively (`expected`). Returns the
+/// moves.
+pub(crate) fn moves_while_running(d: &Daemon, mut cmd: Command, expected: &Output) -> usize {
+    let (got, moves) = run_moving(d, &mut cmd);
+    assert_eq!(text(&got), text(expected), "{cmd:?} moving as it ran");
+    moves
+}
+
+/// Each driver-API program prints what it prints natively while its session moves
+/// between API servers wherever the moves land (usually several times per program).
+#[test]
+fn cuda_programs_print_what_they_print_natively_while_they_move_again_and_again() {
+    let k = kit();
+    let d = daemon(&[]);
+    let mut total = 0;
+    for p in PROGRAMS.iter().filter(|&&p| p != "fault") {
+        let n = native(p);
+        let mut c = Command::new(k.exe(p));
+        c.arg(&k.ptx)
+            .env("LD_LIBRARY_PATH", k.shim_dir())
+            .env("HIRA_SOCKET", d.socket("vm1"));
+        let moves = moves_while_running(&d, c, &n);
+        eprintln!("{p}: moved {moves} times");
+        total += moves;
+    }
+    assert!(total > 0, "no program moved");
+}
+
+/// With the driver placing device memory (`HIRA_CUDA_PLACEMENT=driver`), a CUDA
+/// session holding some cannot keep its addresses: `migrate` is refused with the
+/// reason, and the session goes on where it was.
+#[test]
+fn a_cuda_session_whose_memory_the_driver_placed_is_not_moved_and_goes_on() {
+    let d = daemon(&[("HIRA_CUDA_PLACEMENT", "driver")]);
+    let mut p = migrate_program(Some(&d));
+    assert_eq!(p.ask("build 3"), "ok 3");
+    let (id, before) = the_cuda_session(&d);
     let answer = d.control(serde_json::json!({"cmd": "migrate", "session": id}));
     assert!(answer["moved"].is_null(), "{answer}");
     assert!(
-        answer
-            .to_string()
-            .contains("CUDA sessions cannot be migrated yet"),
+        answer.to_string().contains("placed by the driver"),
         "the refusal gives the reason: {answer}"
     );
-    assert_eq!(cuda.ask("once 2000"), "ok", "the program goes on");
-    let s = d.status();
-    assert_eq!(
-        s["sessions"][0]["api_server_pid"].as_u64().unwrap(),
-        before,
-        "{s}"
-    );
+    assert_eq!(p.ask("walk 2"), "ok", "the program goes on");
+    assert_eq!(the_cuda_session(&d).1, before);
 }
 
 /// A guest that goes away while its launch is held: the held launch is let through

@@ -155,3 +155,27 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
         "{ended:?}"
     );
 }
+
+/// nvcc-built programs (NVIDIA's runtime, static and shared: its primary context,
+/// its libraries and their variables, its private tables) print what they print
+/// natively while their sessions move between API servers wherever the moves land.
+#[test]
+fn nvcc_built_programs_print_what_they_print_natively_while_they_move() {
+    let k = kit();
+    let d = crate::cuda::daemon_for_tests(&[]);
+    let shim = lib_path(Some(k.shim_dir()));
+    let mut total = 0;
+    for (p, args) in PROGRAMS {
+        for program in [p.to_string(), format!("{p}-shared")] {
+            let n = native(&program, args);
+            let mut c = Command::new(built().join(&program));
+            c.args(*args)
+                .env("LD_LIBRARY_PATH", &shim)
+                .env("HIRA_SOCKET", d.socket("vm1"));
+            let moves = crate::cuda::moves_while_running(&d, c, &n);
+            eprintln!("{program}: moved {moves} times");
+            total += moves;
+        }
+    }
+    assert!(total > 0, "no program moved");
+}

@@ -597,38 +597,7 @@ fn moves_while_running(program: &str, args: &[&str], env: &[(&str, &str)]) -> us
     let hira = Vendors::hira();
     let mut cmd = d.guest(&hira, "vm0", &c_program(program));
     cmd.args(args).envs(env.iter().copied());
-    let child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let out = std::thread::spawn(move || child.wait_with_output().unwrap());
-    let mut moves = 0;
-    let mut last_commands = 0;
-    while !out.is_finished() {
-        let s = d.status();
-        let session = s["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["guest_pid"] == json!(pid) && x["serving"] == json!(true))
-            .cloned();
-        match session {
-            Some(x) if x["commands"].as_u64().unwrap_or(0) > last_commands => {
-                last_commands = x["commands"].as_u64().unwrap_or(0);
-                let a = migrate(&d, x["id"].as_u64().unwrap());
-                if a.get("moved").is_some() {
-                    moves += 1;
-                    // The new API server counts from zero.
-                    last_commands = 0;
-                }
-            }
-            // Wait for the program to make progress (or end) before the next move.
-            _ => std::thread::yield_now(),
-        }
-    }
-    let got = out.join().unwrap();
+    let (got, moves) = run_moving(&d, &mut cmd);
     assert_eq!(
         String::from_utf8_lossy(&got.stdout),
         String::from_utf8_lossy(&expected.stdout),

@@ -490,6 +490,43 @@ pub fn run_native(exe: &std::path::Path, args: &[&str]) -> Output {
     )
 }
 
+/// Runs `cmd` (a guest of `d`) while its session is moved to a new API server as
+/// often as it can be: each time the program has made calls since the last move.
+/// Returns its output and the moves.
+pub fn run_moving(d: &Daemon, cmd: &mut Command) -> (Output, usize) {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let (mut moves, mut last_commands) = (0, 0);
+    while !out.is_finished() {
+        let s = d.status();
+        let session = s["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["guest_pid"] == serde_json::json!(pid) && x["serving"] == true)
+            .cloned();
+        match session {
+            Some(x) if x["commands"].as_u64().unwrap_or(0) > last_commands => {
+                last_commands = x["commands"].as_u64().unwrap_or(0);
+                let a = d.control(serde_json::json!({"cmd": "migrate", "session": x["id"]}));
+                if a.get("moved").is_some() {
+                    moves += 1;
+                    // The new API server counts from zero.
+                    last_commands = 0;
+                }
+            }
+            // Wait for the program to make progress (or end) before the next move.
+            _ => std::thread::yield_now(),
+        }
+    }
+    (out.join().unwrap(), moves)
+}
+
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
     let child = cmd
         .stdout(Stdio::piped())
