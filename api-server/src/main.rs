@@ -47,6 +47,11 @@ struct Args {
     /// once at start to report what the machine allows).
     #[arg(long)]
     sandbox_check: bool,
+    /// Print what this process sees of the host's OpenCL and CUDA (platforms,
+    /// devices, the driver), as `--sandbox-check` does from inside the sandbox, and
+    /// exit (hira-vhost compares the two).
+    #[arg(long)]
+    probe: bool,
     /// Bytes per second of the host library's output (a kernel's `printf`) the
     /// session may send its guest; the excess is dropped and counted.
     #[arg(long, value_name = "BYTES", default_value_t = output::DEFAULT_RATE)]
@@ -57,8 +62,15 @@ struct Args {
     output_buffer: u64,
 }
 
-/// How `--sandbox-check` names each OpenCL platform it sees.
-const OPENCL_PLATFORM: &str = "opencl platform: ";
+/// Prints what this process sees of the host's OpenCL and CUDA, a line each.
+fn probe() {
+    for line in hira_api_server::opencl::probe()
+        .into_iter()
+        .chain(hira_api_server::cuda::probe())
+    {
+        println!("{line}");
+    }
+}
 
 /// The directories the operator's OpenCL setting names: `OCL_ICD_VENDORS` (a directory
 /// of `.icd` files) and the directories of the libraries those files name by path.
@@ -205,18 +217,18 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if args.probe {
+        probe();
+        return Ok(());
+    }
     let sandbox_config = sandbox_config(&args)?;
     if args.sandbox_check {
         for line in sandbox::enter(&sandbox_config).lines() {
             println!("{line}");
         }
-        // What a session's API server will see of the host's OpenCL, from inside the
-        // sandbox (hira-vhost compares it with what it sees outside).
-        match hira_api_server::opencl::platform_names() {
-            Ok(names) if names.is_empty() => println!("opencl: no platform"),
-            Ok(names) => names.iter().for_each(|n| println!("{OPENCL_PLATFORM}{n}")),
-            Err(e) => println!("opencl: {e}"),
-        }
+        // What a session's API server will see of the host's OpenCL and CUDA, from
+        // inside the sandbox (hira-vhost compares it with what it sees outside).
+        probe();
         return Ok(());
     }
     let bound = Bound {

@@ -341,7 +341,9 @@ pub struct Status {
     pub ended: Vec<EndedSession>,
     pub vms: Vec<VmStatus>,
     pub api_server_crashes: u64,
-    /// How each layer of the API servers' sandbox went on this machine.
+    /// How each layer of the API servers' sandbox went on this machine, and what an
+    /// API server sees from inside it (OpenCL platforms and devices, the CUDA driver
+    /// and devices), as the latest probe found them (at start and at each `vm add`).
     pub sandbox: Vec<String>,
     /// Where the Prometheus endpoint listens, if it does.
     pub metrics_address: Option<String>,

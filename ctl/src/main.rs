@@ -53,6 +53,15 @@ struct Args {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// The daemon's state: what its API servers see from inside their sandbox (each
+    /// layer, the host's OpenCL platforms and devices, the CUDA driver and devices,
+    /// as the latest probe found them: at start and at each `vm add`), its VMs and
+    /// sessions, and its counters.
+    Status {
+        /// Print the daemon's whole answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Lists VMs with their sessions, API servers, calls and memory.
     List {
         /// Print the daemon's whole answer as JSON.
@@ -221,6 +230,29 @@ fn size(bytes: u64) -> String {
 
 fn quota(v: Option<u64>) -> String {
     v.map_or_else(|| "none".into(), size)
+}
+
+/// `hira-ctl status`: the probe's view, then the daemon's counts.
+fn print_status(s: &hira_control::Status) {
+    println!("API servers' sandbox and what they see from it (the latest probe):");
+    for line in &s.sandbox {
+        println!("  {line}");
+    }
+    let live = s.sessions.iter().filter(|x| x.session.serving).count();
+    println!(
+        "VMs {}, sessions {} ({live} serving), parked {}, detached {}",
+        s.vms.len(),
+        s.sessions.len(),
+        s.parked.len(),
+        s.detached
+    );
+    println!(
+        "migrations {}, suspensions {}, resumptions {}, reconnections {}, API-server crashes {}",
+        s.migrations, s.suspensions, s.resumptions, s.reconnections, s.api_server_crashes
+    );
+    if let Some(a) = &s.metrics_address {
+        println!("metrics: http://{a}/metrics");
+    }
 }
 
 fn print_list(status: &Status) {
@@ -564,6 +596,14 @@ fn main() -> anyhow::Result<()> {
     let mut c = Client::connect(&socket)?;
     match args.cmd {
         Cmd::LibvirtHook { .. } => unreachable!("answered above"),
+        Cmd::Status { json } => {
+            let status = c.status()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print_status(&status);
+            }
+        }
         Cmd::List { json } => {
             let status = c.status()?;
             if json {

@@ -64,10 +64,7 @@ pub fn status(life: &Lifecycle, vms: &Vms) -> Status {
         ended,
         vms,
         api_server_crashes: life.api_server_crashes.load(Ordering::Relaxed),
-        sandbox: crate::spawn::SANDBOX_REPORT
-            .get()
-            .cloned()
-            .unwrap_or_default(),
+        sandbox: crate::spawn::sandbox_report(),
         metrics_address: crate::metrics::ADDRESS.get().map(ToString::to_string),
         migrations: life.migrations.load(Ordering::Relaxed),
         suspensions: life.suspensions.load(Ordering::Relaxed),

@@ -45,6 +45,8 @@ pub enum VmError {
     HostMemNeedsCgroup,
     #[error("the daemon is stopping")]
     Stopping,
+    #[error(transparent)]
+    Sandbox(#[from] crate::spawn::SandboxError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -256,6 +258,9 @@ impl Served {
     /// Adds VM `spec` (the `--vm` syntax); returns how it is served.
     pub fn add(&self, spec: &str) -> Result<VmEntry, VmError> {
         let vm: VmSpec = spec.parse()?;
+        // What the VM's API servers will see, checked again now: the host may have
+        // changed since the daemon started (a driver installed, ICD files moved).
+        crate::spawn::prepare_sandbox(&self.config)?;
         self.add_spec(&vm, spec, true)
     }
 

@@ -223,9 +223,18 @@ fn sandbox_args(cmd: &mut Command, config: &Config) {
     cmd.arg("--cache-dir").arg(&config.sandbox.cache_dir);
 }
 
-/// How each sandbox layer went on this machine, from the probe at start (shown on the
-/// control socket).
-pub static SANDBOX_REPORT: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+/// How each sandbox layer went on this machine and what API servers see from inside
+/// it, from the latest probe (at start, and at each `vm add`; shown on the control
+/// socket).
+static SANDBOX_REPORT: std::sync::RwLock<Vec<String>> = std::sync::RwLock::new(Vec::new());
+
+/// The latest probe's report.
+pub fn sandbox_report() -> Vec<String> {
+    SANDBOX_REPORT
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
 
 /// Why the API servers' sandbox cannot serve sessions.
 #[derive(Debug, thiserror::Error)]
@@ -233,25 +242,33 @@ pub enum SandboxError {
     #[error("cannot prepare the sandbox: {0}")]
     Io(#[from] std::io::Error),
     #[error(
-        "inside their sandbox the API servers see no OpenCL platform ({inside}), though \
-         outside it this host has {outside}: every session would fail. The ICD files \
+        "inside their sandbox the API servers do not see {hidden} (they see: {inside}), \
+         though outside it this host has them: their sessions would fail. The ICD files \
          (OCL_ICD_VENDORS, or /etc/OpenCL/vendors) or the libraries they name lie where \
          the sandbox does not let API servers read. Install the ICD under \
          /etc/OpenCL/vendors and its library in a system library directory, or name its \
          directories in OCL_ICD_VENDORS and LD_LIBRARY_PATH of hira-vhost (the sandbox \
          keeps those readable)"
     )]
-    HidesPlatforms { inside: String, outside: String },
+    HidesOpenCl { hidden: String, inside: String },
+    #[error(
+        "inside their sandbox the API servers do not see {hidden} (they see: {inside}), \
+         though outside it this host has them: their CUDA sessions would fail. The CUDA \
+         driver (libcuda.so.1) is found where the sandbox does not let API servers read, \
+         or through a link that leads there (Landlock allows a directory, not where its \
+         links lead). Install the driver in a system library directory, or copy it (not \
+         a link) into a directory named in hira-vhost's LD_LIBRARY_PATH"
+    )]
+    HidesCuda { hidden: String, inside: String },
 }
 
-/// How `hira-api-server --sandbox-check` names each OpenCL platform it sees.
-const OPENCL_PLATFORM: &str = "opencl platform: ";
-
 /// Creates the API servers' kernel cache (owned by their user, private to it), then
-/// asks the API-server executable to enter its sandbox once and logs, once, how each
-/// layer went (a layer this machine cannot apply is reported with its reason) and which
-/// OpenCL platforms it sees from there. Fails when the host has OpenCL platforms and
-/// the sandbox hides all of them: sessions could then never be served.
+/// asks the API-server executable to enter its sandbox once and report how each layer
+/// went (a layer this machine cannot apply is reported with its reason) and what it
+/// sees from there of the host's OpenCL platforms and devices and CUDA driver and
+/// devices, and compares that with what an API server sees outside the sandbox. Fails,
+/// naming the cause, when the sandbox hides any of them: sessions could never use it.
+/// Logs the report when it changed and keeps it for the control socket.
 pub fn prepare_sandbox(config: &Config) -> Result<(), SandboxError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = &config.sandbox.cache_dir;
@@ -268,64 +285,77 @@ pub fn prepare_sandbox(config: &Config) -> Result<(), SandboxError> {
         .lines()
         .map(str::to_string)
         .collect();
-    for line in &report {
-        if line.contains("NOT applied") {
-            warn!("API-server sandbox: {line}");
-        } else {
-            log::info!("API-server sandbox: {line}");
-        }
-    }
     if !out.status.success() {
         warn!(
             "API-server sandbox check failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     } else {
-        platforms_visible(&report, || {
-            let out = Command::new(&config.api_server)
-                .arg("--list-platforms")
-                .output()?;
-            Ok(if out.status.success() {
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .map(str::to_string)
-                    .collect()
-            } else {
-                Vec::new()
-            })
-        })?;
+        let out = Command::new(&config.api_server).arg("--probe").output()?;
+        let outside: Vec<String> = if out.status.success() {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        sees_the_same(&report, &outside)?;
     }
-    let _ = SANDBOX_REPORT.set(report);
+    let mut kept = SANDBOX_REPORT.write().unwrap_or_else(|e| e.into_inner());
+    if *kept != report {
+        for line in &report {
+            if line.contains("NOT applied") {
+                warn!("API-server sandbox: {line}");
+            } else {
+                log::info!("API-server sandbox: {line}");
+            }
+        }
+        *kept = report;
+    }
     Ok(())
 }
 
-/// Fails when the sandbox check's `report` names no OpenCL platform while `outside`
-/// (the platforms an API server lists outside the sandbox, asked only then) has some.
-fn platforms_visible(
-    report: &[String],
-    outside: impl FnOnce() -> std::io::Result<Vec<String>>,
-) -> Result<(), SandboxError> {
-    if report.iter().any(|l| l.starts_with(OPENCL_PLATFORM)) {
-        return Ok(());
-    }
-    let names = outside()?;
-    if names.is_empty() {
-        // No OpenCL on this host at all (a CUDA-only host): nothing is hidden.
-        return Ok(());
-    }
-    let inside = report
-        .iter()
-        .find_map(|l| l.strip_prefix("opencl: "))
-        .unwrap_or("no platform")
-        .to_string();
-    Err(SandboxError::HidesPlatforms {
-        inside,
-        outside: names
+/// Fails when an OpenCL platform or device, or a CUDA device, that an API server
+/// sees `outside` the sandbox is missing from what the sandbox check `report`ed.
+fn sees_the_same(report: &[String], outside: &[String]) -> Result<(), SandboxError> {
+    let missing = |prefix: &str| -> Vec<String> {
+        outside
             .iter()
-            .map(|n| format!("{n:?}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-    })
+            .filter(|l| l.starts_with(prefix) && !report.contains(l))
+            .map(|l| format!("{l:?}"))
+            .collect()
+    };
+    let seen = |api: &str| -> String {
+        let v: Vec<&str> = report
+            .iter()
+            .filter(|l| l.starts_with(api))
+            .map(String::as_str)
+            .collect();
+        if v.is_empty() {
+            "nothing".into()
+        } else {
+            v.join("; ")
+        }
+    };
+    let hidden: Vec<String> = missing("opencl platform: ")
+        .into_iter()
+        .chain(missing("opencl device: "))
+        .collect();
+    if !hidden.is_empty() {
+        return Err(SandboxError::HidesOpenCl {
+            hidden: hidden.join(", "),
+            inside: seen("opencl"),
+        });
+    }
+    let hidden = missing("cuda device: ");
+    if !hidden.is_empty() {
+        return Err(SandboxError::HidesCuda {
+            hidden: hidden.join(", "),
+            inside: seen("cuda"),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -337,24 +367,55 @@ mod tests {
     }
 
     #[test]
-    fn a_sandbox_that_hides_every_platform_the_host_has_is_refused_with_the_cause() {
-        let report = lines(&["landlock: applied", "opencl: no platform"]);
-        let err =
-            platforms_visible(&report, || Ok(lines(&["Portable Computing Language"]))).unwrap_err();
-        let text = err.to_string();
-        assert!(text.contains("no platform"), "{text}");
-        assert!(text.contains("\"Portable Computing Language\""), "{text}");
+    fn a_sandbox_that_hides_a_platform_or_device_the_host_has_is_refused_with_the_cause() {
+        let pocl = "opencl platform: Portable Computing Language";
+        let cpu = "opencl device: Portable Computing Language: cpu";
+        let report = lines(&[
+            "landlock: applied",
+            "opencl: no platform",
+            "cuda: no driver",
+        ]);
+        let text = sees_the_same(&report, &lines(&[pocl, cpu]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("\"opencl platform: Portable Computing Language\""),
+            "{text}"
+        );
+        assert!(text.contains("they see: opencl: no platform"), "{text}");
         assert!(text.contains("OCL_ICD_VENDORS"), "the fix is named: {text}");
+        // A device the sandbox hides (its library unreadable) is refused too.
+        let text = sees_the_same(&lines(&[pocl]), &lines(&[pocl, cpu]))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("cpu"), "{text}");
+        let gpu = "cuda device: 0: NVIDIA H100";
+        let text = sees_the_same(
+            &lines(&[pocl, "cuda: cuInit failed with 304"]),
+            &lines(&[pocl, "cuda driver: 13000", gpu]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            text.contains("NVIDIA H100") && text.contains("cuInit failed with 304"),
+            "{text}"
+        );
+        assert!(text.contains("LD_LIBRARY_PATH"), "the fix is named: {text}");
     }
 
     #[test]
-    fn platforms_seen_inside_or_none_anywhere_pass() {
-        let seen = lines(&["opencl platform: Portable Computing Language"]);
-        assert!(platforms_visible(&seen, || panic!("asked outside although seen inside")).is_ok());
-        let none = lines(&["opencl: no platform"]);
+    fn what_is_seen_inside_or_nowhere_passes() {
+        let seen = lines(&[
+            "opencl platform: P",
+            "opencl device: P: d",
+            "cuda device: 0: g",
+        ]);
+        assert!(sees_the_same(&seen, &seen).is_ok());
+        let none = lines(&["opencl: no platform", "cuda: no driver"]);
+        assert!(sees_the_same(&none, &none).is_ok(), "a host without either");
         assert!(
-            platforms_visible(&none, || Ok(Vec::new())).is_ok(),
-            "a CUDA-only host"
+            sees_the_same(&none, &[]).is_ok(),
+            "a probe outside that failed reports nothing hidden"
         );
     }
 }

@@ -736,6 +736,57 @@ impl Backend for CudaBackend {
     }
 }
 
+/// What an API server sees of the host's CUDA, one line each: the driver's version
+/// (`cuda driver: VERSION`) and each device (`cuda device: ORDINAL: NAME`); or why it
+/// sees none (`cuda: ...`).
+pub fn probe() -> Vec<String> {
+    type Init = unsafe extern "C" fn(c_uint) -> c_int;
+    type Int = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type Name = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+    let Some(lib) = Lib::open() else {
+        return vec![format!("cuda: {}", BackendError::NoCudaDriver)];
+    };
+    // SAFETY: the signatures of cuda.h.
+    let (init, version, count, name) = unsafe {
+        (
+            lib.get::<Init>(c"cuInit"),
+            lib.get::<Int>(c"cuDriverGetVersion"),
+            lib.get::<Int>(c"cuDeviceGetCount"),
+            lib.get::<Name>(c"cuDeviceGetName"),
+        )
+    };
+    let (Some(init), Some(version), Some(count), Some(name)) = (init, version, count, name) else {
+        return vec!["cuda: the driver lacks cuInit, cuDriverGetVersion or cuDeviceGet*".into()];
+    };
+    // SAFETY: flags 0, as the API requires.
+    let st = unsafe { init(0) };
+    if st != 0 {
+        return vec![format!("cuda: cuInit failed with {st}")];
+    }
+    let (mut v, mut n) = (0, 0);
+    // SAFETY: out-pointers.
+    unsafe {
+        version(&mut v);
+        count(&mut n);
+    }
+    let mut lines = vec![format!("cuda driver: {v}")];
+    for d in 0..n {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: a buffer of the length passed.
+        let st = unsafe { name(buf.as_mut_ptr(), buf.len() as c_int, d) };
+        let device = if st == 0 {
+            // SAFETY: the driver wrote a NUL-terminated name.
+            unsafe { CStr::from_ptr(buf.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            String::new()
+        };
+        lines.push(format!("cuda device: {d}: {device}"));
+    }
+    lines
+}
+
 /// The driver's text for an error (`which` 0: its name, 1: its description).
 pub(crate) fn error_text(d: &Driver, error: c_int, which: c_int) -> Result<String, c_int> {
     let f = match which {

@@ -152,6 +152,67 @@ pub fn platform_names() -> Result<Vec<String>, BackendError> {
         .collect())
 }
 
+/// What an API server sees of the host's OpenCL, one line each: its platforms
+/// (`opencl platform: NAME`) and each one's devices (`opencl device: PLATFORM: NAME`),
+/// Hira's own platform excluded; or why it sees none (`opencl: ...`).
+pub fn probe() -> Vec<String> {
+    let rt = match cl3::load_library().as_ref() {
+        Ok(rt) => rt,
+        Err(e) => return vec![format!("opencl: {}", BackendError::NoOpenCl(e.to_string()))],
+    };
+    let mut n: cl_uint = 0;
+    if rt.clGetPlatformIDs(0, std::ptr::null_mut(), &mut n) != Some(0) || n == 0 {
+        return vec!["opencl: no platform".into()];
+    }
+    let mut ids = vec![std::ptr::null_mut(); n as usize];
+    rt.clGetPlatformIDs(n, ids.as_mut_ptr(), std::ptr::null_mut());
+    let mut lines = Vec::new();
+    for &p in &ids {
+        let name = platform_name(rt, p);
+        if name.starts_with("Hira") {
+            continue;
+        }
+        lines.push(format!("opencl platform: {name}"));
+        let mut count: cl_uint = 0;
+        // CL_DEVICE_TYPE_ALL.
+        if rt.clGetDeviceIDs(p, 0xFFFF_FFFF, 0, std::ptr::null_mut(), &mut count) != Some(0) {
+            continue;
+        }
+        let mut devices = vec![std::ptr::null_mut(); count as usize];
+        rt.clGetDeviceIDs(
+            p,
+            0xFFFF_FFFF,
+            count,
+            devices.as_mut_ptr(),
+            std::ptr::null_mut(),
+        );
+        for d in devices {
+            let mut buf = vec![0u8; 1024];
+            // CL_DEVICE_NAME.
+            // SAFETY: `buf` has 1024 writable bytes.
+            let st = rt.clGetDeviceInfo(
+                d,
+                0x102B,
+                buf.len(),
+                buf.as_mut_ptr().cast(),
+                std::ptr::null_mut(),
+            );
+            let device = if st == Some(0) {
+                CStr::from_bytes_until_nul(&buf)
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            };
+            lines.push(format!("opencl device: {name}: {}", device.trim()));
+        }
+    }
+    if lines.is_empty() {
+        lines.push("opencl: no platform".into());
+    }
+    lines
+}
+
 impl OpenClBackend {
     /// Loads the host OpenCL library and picks the platform to expose: the first
     /// whose name contains `wanted`, or the first that is not Hira itself.

@@ -756,6 +756,35 @@ fn cuda_programs_print_what_they_print_natively_while_they_move_again_and_again(
     assert!(total > 0, "no program moved");
 }
 
+/// A CUDA session moves to another daemon (its control socket reached through a
+/// byte-only forwarder, as from another host) in the middle of the program, and then
+/// again to a new API server there: every answer is the native one, and the first
+/// daemon keeps nothing of it.
+#[test]
+fn a_cuda_session_moves_to_another_daemon_with_its_memory() {
+    let mut native = migrate_program(None);
+    let expected: Vec<String> = MIGRATE_SCRIPT.iter().map(|c| native.ask(c)).collect();
+    let a = daemon(&[]);
+    let b = daemon(&[]);
+    let mut p = migrate_program(Some(&a));
+    let mut got = Vec::new();
+    let (first, rest) = MIGRATE_SCRIPT.split_at(5);
+    got.extend(first.iter().map(|c| p.ask(c)));
+    let (id, _) = the_cuda_session(&a);
+    let to = a.dir.path().join("forwarded-b.sock");
+    crate::migration::forward(&to, b.dir.path().join("control.sock"), 1);
+    let out = a.ctl_ok(&["migrate", &id.to_string(), "--to", to.to_str().unwrap()]);
+    assert!(out.contains("waiting at"), "{out}");
+    let (then, last) = rest.split_at(4);
+    got.extend(then.iter().map(|c| p.ask(c)));
+    assert!(a.status()["sessions"].as_array().unwrap().is_empty());
+    let (id, _) = the_cuda_session(&b);
+    let moved = b.control(serde_json::json!({"cmd": "migrate", "session": id}));
+    assert!(moved["moved"].is_object(), "{moved}");
+    got.extend(last.iter().map(|c| p.ask(c)));
+    assert_eq!(got, expected);
+}
+
 /// With the driver placing device memory (`HIRA_CUDA_PLACEMENT=driver`), a CUDA
 /// session holding some cannot keep its addresses: `migrate` is refused with the
 /// reason, and the session goes on where it was.
@@ -814,4 +843,103 @@ fn a_cuda_guest_that_goes_while_its_launch_is_held_ends_cleanly() {
     };
     assert_eq!(ended["api_server_end"], "exit status 0", "{ended}");
     assert_eq!(behind.ask("open"), "ok");
+}
+
+/// The sandbox probe's report, as the daemon's status shows it.
+fn sandbox_report(d: &Daemon) -> Vec<String> {
+    d.status()["sandbox"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The start-up probe runs an API server in the real sandbox: the daemon's status
+/// shows the CUDA driver and devices it sees from there, beside the OpenCL platforms
+/// and devices, and `hira-ctl status` prints them.
+#[test]
+fn the_daemon_shows_what_its_sandboxed_api_servers_see_of_cuda() {
+    let d = daemon(&[]);
+    let report = sandbox_report(&d);
+    for prefix in [
+        "cuda driver: ",
+        "cuda device: 0: ",
+        "opencl platform: ",
+        "opencl device: ",
+    ] {
+        assert!(
+            report.iter().any(|l| l.starts_with(prefix)),
+            "{prefix}: {report:?}"
+        );
+    }
+    let out = d.ctl_ok(&["status"]);
+    assert!(out.contains("  cuda device: 0: "), "{out}");
+}
+
+/// A CUDA driver the sandbox hides (found through a link leading out of the
+/// directories API servers may read, which the daemon's own process follows) stops
+/// the daemon at start, and refuses a `vm add` once the host changed so under a
+/// running daemon; each time the error names what is hidden and the fix.
+#[test]
+fn a_cuda_driver_the_sandbox_hides_is_named_at_start_and_at_vm_add() {
+    let Some(driver) = kit().driver_dir() else {
+        eprintln!("skipped: with the system's driver there is no copy to hide");
+        return;
+    };
+    // Directories API servers may not read (Landlock), where the machine applies it.
+    let shown = tempfile::tempdir().unwrap();
+    let hidden = tempfile::tempdir().unwrap();
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        std::fs::copy(driver.join("libcuda.so.1"), shown.path().join(name)).unwrap();
+    }
+    std::fs::copy(
+        driver.join("libcuda.so.1"),
+        hidden.path().join("libcuda.so.1"),
+    )
+    .unwrap();
+    let lib_path = shown.path().to_str().unwrap().to_string();
+    let d = Daemon::start_with_env(&["vm1"], &[("LD_LIBRARY_PATH", &lib_path)]);
+    let before = sandbox_report(&d);
+    if !before.iter().any(|l| l.starts_with("landlock: applied")) {
+        eprintln!("skipped: this machine does not apply Landlock: {before:?}");
+        return;
+    }
+    assert!(
+        before.iter().any(|l| l.starts_with("cuda device: 0: ")),
+        "{before:?}"
+    );
+    // The driver becomes a link to the copy the sandbox hides.
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        std::fs::remove_file(shown.path().join(name)).unwrap();
+        std::os::unix::fs::symlink(hidden.path().join("libcuda.so.1"), shown.path().join(name))
+            .unwrap();
+    }
+    let spec = format!("hybrid={},cid=9", d.dir.path().join("vm9.vsock").display());
+    let out = d.ctl(&["vm", "add", "vm9", &spec]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "vm add refused");
+    assert!(
+        err.contains("\"cuda device: 0: "),
+        "names the device: {err}"
+    );
+    assert!(err.contains("LD_LIBRARY_PATH"), "names the fix: {err}");
+    assert!(
+        d.ctl_ok(&["vm", "list"])
+            .lines()
+            .all(|l| !l.contains("vm9")),
+        "nothing added"
+    );
+    // A daemon started so refuses to start, with the same cause.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    cmd.arg("--local-socket")
+        .arg(format!("vm1={}", dir.path().join("vm1.sock").display()))
+        .arg("--control-socket")
+        .arg(dir.path().join("control.sock"))
+        .env("LD_LIBRARY_PATH", &lib_path);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("do not see \"cuda device: 0: "), "{err}");
 }

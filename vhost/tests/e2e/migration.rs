@@ -417,7 +417,7 @@ fn a_daemon_with_a_state_dir_is_restarted_under_running_applications() {
 /// A forwarder of one Unix socket to another that carries bytes and nothing else
 /// (no descriptors), as `ssh -L` between two hosts does; serves its first `n`
 /// connections.
-fn forward(listen: &std::path::Path, to: std::path::PathBuf, n: usize) {
+pub(crate) fn forward(listen: &std::path::Path, to: std::path::PathBuf, n: usize) {
     let l = std::os::unix::net::UnixListener::bind(listen).unwrap();
     std::thread::spawn(move || {
         for c in l.incoming().take(n) {
