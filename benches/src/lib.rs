@@ -23,6 +23,7 @@ pub mod measure;
 pub mod migrate;
 pub mod overhead;
 pub mod report;
+pub mod results;
 pub mod rodinia;
 pub mod samples;
 pub mod soak;

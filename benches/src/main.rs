@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, ensure};
 use clap::{Parser, Subcommand};
-use hira_benches::{cuda, env, fairness, measure, overhead, report, rodinia, suite};
+use hira_benches::{cuda, env, fairness, measure, overhead, report, results, rodinia, suite};
 
 /// Hira's benchmark harness: every figure is a ratio against native runs made in the
 /// same invocation, alternating native and Hira so that machine noise hits both.
@@ -168,6 +168,17 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/cuda")]
         out: PathBuf,
     },
+    /// Gathers the stamped `results.md` of benchmark runs (their output directories)
+    /// into one page, each under its directory's name with the machine, date,
+    /// commit and command that produced it: how `docs/results.md` is made.
+    Results {
+        /// The page to write (default: print it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Output directories of runs (`--out` of suite, cuda, fairness, rodinia, ...).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+    },
     /// Call round trip, asynchronous call cost and a launch-and-wait loop.
     Overhead {
         /// Measured repeats, native and remote alternating.
@@ -214,7 +225,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 fn write_reports(out: &std::path::Path, ms: &[measure::Measurement]) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("results.json"), report::json(ms))?;
-    std::fs::write(out.join("results.md"), report::markdown(ms))?;
+    results::write(out, &report::markdown(ms))?;
     std::fs::write(out.join("results.svg"), report::svg(ms))?;
     print!("{}", report::markdown(ms));
     eprintln!("wrote {}/results.{{json,md,svg}}", out.display());
@@ -293,6 +304,17 @@ fn main() -> Result<()> {
             calls,
             json,
         } => overhead::overhead(repeats, iterations, calls, &json),
+        Cmd::Results { out, dirs } => {
+            let page = results::gather(&dirs)?;
+            match out {
+                Some(f) => {
+                    std::fs::write(&f, page)?;
+                    eprintln!("wrote {}", f.display());
+                }
+                None => print!("{page}"),
+            }
+            Ok(())
+        }
         Cmd::Fairness {
             seconds,
             repeat,
@@ -302,7 +324,7 @@ fn main() -> Result<()> {
             let runs = fairness::run(&bin, &out, seconds.max(3.0), repeat)?;
             let md = fairness::markdown(&runs);
             println!("{md}");
-            std::fs::write(out.join("results.md"), &md)?;
+            results::write(&out, &md)?;
             std::fs::write(
                 out.join("results.json"),
                 serde_json::to_string_pretty(&fairness::json(&runs))?,
@@ -444,7 +466,7 @@ fn programs(
         std::time::Duration::from_secs(timeout),
     )?;
     let md = rodinia::markdown(&rows);
-    std::fs::write(out.join("results.md"), &md)?;
+    results::write(&out, &md)?;
     std::fs::write(
         out.join("results.json"),
         serde_json::to_string_pretty(&rodinia::json(&rows))?,

@@ -18,7 +18,12 @@ pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str
         .unwrap();
     let results = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(st.success(), "{results}");
-    let got: Vec<&str> = results.lines().skip(2).collect();
+    // The table, after the stamp saying what produced it.
+    let got: Vec<&str> = results
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .skip(2)
+        .collect();
     assert_eq!(got.len(), rows, "{results}");
     assert!(
         got.iter()

@@ -18,6 +18,7 @@ mod piglit;
 mod programs;
 mod pyopencl;
 mod quota;
+mod readme;
 mod scheduling;
 mod shim;
 mod support;
