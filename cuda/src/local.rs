@@ -632,6 +632,201 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     unified_copy(dst, src, byte_count, Some(h_stream))
 }
 
+/// A 2D copy (`cuMemcpy2D`), made of the copies Hira remotes: row by row to device
+/// memory (one copy where the rows are contiguous, as each row may lie between bytes
+/// the copy must not touch), and from device memory one copy of the rows' whole span
+/// (bytes between rows are read, never written) scattered into the destination's
+/// rows. Every device row is checked against the allocations the guest knows first,
+/// so a copy the driver would refuse fails before any row is copied.
+///
+/// # Safety
+/// `copy` points to a `CUDA_MEMCPY2D` whose host sides are valid for the rows it
+/// names, as the API requires.
+unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
+    use hira_apis_cuda_private::copy2d::{Memcpy2D, Refused};
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if copy.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: the caller's description, 128 bytes.
+    let c = unsafe { copy.cast::<Memcpy2D>().read_unaligned() };
+    let (w, h) = (c.width_in_bytes, c.height);
+    if w == 0 || h == 0 {
+        return status::SUCCESS;
+    }
+    let (src, dst) = match c.sides(|p| rt::is_device(p, 1)) {
+        Ok(s) => s,
+        Err(Refused::Array) => return unsupported("cuMemcpy2D with a CUDA array"),
+        Err(Refused::Invalid) => return status::INVALID_VALUE,
+    };
+    let (Some(src_span), Some(dst_span)) = (src.span(w, h), dst.span(w, h)) else {
+        return status::INVALID_VALUE;
+    };
+    if (src.device && !rt::is_device(src.at, src_span))
+        || (dst.device && !rt::is_device(dst.at, dst_span))
+    {
+        return status::INVALID_VALUE;
+    }
+    let contiguous = src.pitch == w && dst.pitch == w;
+    let rows = if contiguous { 1 } else { h };
+    let n = if contiguous { w * h } else { w };
+    // SAFETY: each row lies in memory the application described (checked above for
+    // device memory; the API's promise for host memory).
+    unsafe {
+        match (dst.device, src.device) {
+            (true, false) | (true, true) => {
+                for r in 0..rows {
+                    let (d, s) = (dst.row(r), src.row(r));
+                    let st = match (src.device, stream) {
+                        (false, None) => {
+                            crate::generated::cuMemcpyHtoD_v2(d, s as usize as *const c_void, n)
+                        }
+                        (false, Some(hs)) => crate::generated::cuMemcpyHtoDAsync_v2(
+                            d,
+                            s as usize as *const c_void,
+                            n,
+                            hs,
+                        ),
+                        (true, None) => crate::generated::cuMemcpyDtoD_v2(d, s, n),
+                        (true, Some(hs)) => crate::generated::cuMemcpyDtoDAsync_v2(d, s, n, hs),
+                    };
+                    if st != status::SUCCESS {
+                        return st;
+                    }
+                }
+                status::SUCCESS
+            }
+            (false, true) => {
+                let mut span = vec![0u8; src_span as usize];
+                let into = span.as_mut_ptr().cast::<c_void>();
+                let st = match stream {
+                    None => crate::generated::cuMemcpyDtoH_v2(into, src.at, span.len()),
+                    Some(hs) => {
+                        crate::generated::cuMemcpyDtoHAsync_v2(into, src.at, span.len(), hs)
+                    }
+                };
+                if st != status::SUCCESS {
+                    return st;
+                }
+                for r in 0..h {
+                    std::ptr::copy_nonoverlapping(
+                        span.as_ptr().add(r * src.pitch),
+                        dst.row(r) as usize as *mut u8,
+                        w,
+                    );
+                }
+                status::SUCCESS
+            }
+            (false, false) => {
+                if let Some(hs) = stream {
+                    // Ordered after the stream's work, as the driver orders it.
+                    let st = crate::generated::cuStreamSynchronize(hs);
+                    if st != status::SUCCESS {
+                        return st;
+                    }
+                }
+                for r in 0..h {
+                    std::ptr::copy(
+                        src.row(r) as usize as *const u8,
+                        dst.row(r) as usize as *mut u8,
+                        w,
+                    );
+                }
+                status::SUCCESS
+            }
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2D_v2(copy: *const c_void) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_2d(copy, None) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(copy: *const c_void) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_2d(copy, None) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(copy: *const c_void, h_stream: CUstream) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_2d(copy, Some(h_stream)) }
+}
+
+/// A 2D memset (`width` elements of `size` bytes in each of `height` rows `pitch`
+/// bytes apart), made of one memset per row (one in all where the rows are
+/// contiguous), checked against the guest's allocations first.
+fn memset_2d(
+    dst: u64,
+    pitch: usize,
+    width: usize,
+    height: usize,
+    size: usize,
+    row: impl Fn(u64, usize) -> CUresult,
+) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if width == 0 || height == 0 {
+        return status::SUCCESS;
+    }
+    let Some(bytes) = width.checked_mul(size) else {
+        return status::INVALID_VALUE;
+    };
+    let span = (height - 1)
+        .checked_mul(pitch)
+        .and_then(|s| s.checked_add(bytes));
+    match span {
+        Some(span) if (height == 1 || pitch >= bytes) && rt::is_device(dst, span as u64) => {}
+        _ => return status::INVALID_VALUE,
+    }
+    if pitch == bytes {
+        return row(dst, width * height);
+    }
+    for r in 0..height {
+        let st = row(dst + (r * pitch) as u64, width);
+        if st != status::SUCCESS {
+            return st;
+        }
+    }
+    status::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D8_v2(dst: u64, pitch: usize, v: u8, w: usize, h: usize) -> CUresult {
+    // SAFETY: each row checked to lie in an allocation of the guest's.
+    memset_2d(dst, pitch, w, h, 1, |p, n| unsafe {
+        crate::generated::cuMemsetD8_v2(p, v, n)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D16_v2(dst: u64, pitch: usize, v: u16, w: usize, h: usize) -> CUresult {
+    // SAFETY: each row checked to lie in an allocation of the guest's.
+    memset_2d(dst, pitch, w, h, 2, |p, n| unsafe {
+        crate::generated::cuMemsetD16_v2(p, v, n)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D32_v2(
+    dst: u64,
+    pitch: usize,
+    v: c_uint,
+    w: usize,
+    h: usize,
+) -> CUresult {
+    // SAFETY: each row checked to lie in an allocation of the guest's.
+    memset_2d(dst, pitch, w, h, 4, |p, n| unsafe {
+        crate::generated::cuMemsetD32_v2(p, v, n)
+    })
+}
+
 /// What an entry point Hira does not remote returns; the first call of each is
 /// logged.
 pub fn unsupported(name: &'static str) -> CUresult {

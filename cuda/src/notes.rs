@@ -17,6 +17,20 @@ pub(crate) fn cuMemAlloc_v2(dptr: *mut u64, bytesize: usize) {
     }
 }
 
+pub(crate) fn cuMemAllocPitch_v2(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    _width: usize,
+    height: usize,
+    _element_size: std::ffi::c_uint,
+) {
+    if !dptr.is_null() && !pitch.is_null() {
+        // SAFETY: the call wrote both (it succeeded).
+        let (base, pitch) = unsafe { (*dptr, *pitch) };
+        rt::note_allocation(base, (pitch as u64).saturating_mul(height as u64), None);
+    }
+}
+
 pub(crate) fn cuMemFree_v2(dptr: u64) {
     rt::forget_allocation(dptr);
 }

@@ -95,3 +95,13 @@ extern "C" __global__ void walk(struct node *head, unsigned long long add) {
 extern "C" __global__ void read_visits(unsigned long long *out) {
     *out = visits;
 }
+
+// Adds k to each element of a w x h matrix of floats whose rows are `pitch` bytes apart.
+extern "C" __global__ void add_pitched(float *m, unsigned long pitch, int w, int h, float k) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x;
+    int y = blockIdx.y;
+    if (x < w && y < h) {
+        float *row = (float *)((char *)m + y * pitch);
+        row[x] += k;
+    }
+}

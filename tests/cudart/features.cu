@@ -183,6 +183,25 @@ int main() {
     CHECK(cudaMalloc(&d_elapsed, sizeof *d_elapsed));
     CHECK(cudaMemset(d_wrap, 0, sizeof *d_wrap));
     ticks<<<1, 4>>>(d_wrap, d_elapsed);
+    // Pitched memory, 2D memsets and 2D copies through the runtime.
+    {
+        static float h2[8][20], r2[8][20];
+        for (int y = 0; y < 8; y++)
+            for (int x = 0; x < 20; x++) h2[y][x] = (float)(y * 100 + x);
+        float *d2 = nullptr;
+        size_t pitch = 0;
+        CHECK(cudaMallocPitch((void **)&d2, &pitch, 16 * sizeof(float), 8));
+        CHECK(cudaMemset2D(d2, pitch, 0, 16 * sizeof(float), 8));
+        CHECK(cudaMemcpy2D(d2, pitch, h2, sizeof h2[0], 16 * sizeof(float), 8,
+                           cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy2D(r2, sizeof r2[0], d2, pitch, 16 * sizeof(float), 8,
+                           cudaMemcpyDeviceToHost));
+        int same = 0;
+        for (int y = 0; y < 8; y++)
+            for (int x = 0; x < 16; x++) same += r2[y][x] == h2[y][x];
+        printf("pitched 2D copies: pitch %zu, %d of 128 values back\n", pitch, same);
+        CHECK(cudaFree(d2));
+    }
     unsigned wrap = 0;
     long long elapsed = -1;
     CHECK(cudaMemcpy(&wrap, d_wrap, sizeof wrap, cudaMemcpyDeviceToHost));

@@ -664,6 +664,78 @@ fn place(
     s.placement().alloc(v, dev, ctx_id, size).map(Some)
 }
 
+/// `cuMemAllocPitch`: the host's driver validates the request and picks the pitch
+/// (its own rule for the device); Hira then places `pitch * height` bytes as
+/// `cuMemAlloc`'s are placed, giving the driver's allocation back, so that pitched
+/// memory moves with the session too.
+pub(crate) fn cuMemAllocPitch_v2<'a>(
+    s: &Session,
+    r: &mut Reader<'a>,
+    _frame: &FrameData<'a>,
+    w: &mut Writer,
+) -> Result<(), Fail> {
+    let ctx_id = r.u64()?;
+    let want_ptr = r.u8()? != 0;
+    let want_pitch = r.u8()? != 0;
+    let width = r.u64()?;
+    let height = r.u64()?;
+    let element = r.u32()?;
+    r.finish()?;
+    let f = s.driver.cuMemAllocPitch_v2.ok_or_else(unsupported)?;
+    let free = s.driver.cuMemFree_v2.ok_or_else(unsupported)?;
+    let ctx = s.lookup(Kind::Context, ctx_id, true)?;
+    s.make_current(ctx)?;
+    let (mut p, mut pitch) = (0u64, 0usize);
+    // SAFETY: two out-pointers (or NULL, as the guest passed) and values.
+    let st = unsafe {
+        f(
+            out_ptr(want_ptr, &mut p),
+            out_ptr(want_pitch, &mut pitch),
+            width as usize,
+            height as usize,
+            element,
+        )
+    };
+    if st != 0 || !want_ptr {
+        w.i32(st);
+        return Ok(());
+    }
+    let size = (pitch as u64).saturating_mul(height);
+    if s.quota.charge(size).is_err() {
+        // SAFETY: the allocation the driver just made.
+        unsafe { free(p) };
+        w.i32(status::OUT_OF_MEMORY);
+        return Ok(());
+    }
+    let placed = match s.vmm.as_ref() {
+        Some(v) => place(s, v, ctx_id, size),
+        None => Ok(None),
+    };
+    let at = match placed {
+        Ok(Some(at)) => {
+            // SAFETY: the driver's allocation, replaced by Hira's.
+            unsafe { free(p) };
+            at
+        }
+        Ok(None) => {
+            s.placement().driver_allocated(p, ctx_id, size);
+            p
+        }
+        Err(st) => {
+            // SAFETY: the driver's allocation, not handed out.
+            unsafe { free(p) };
+            s.quota.uncharge(size);
+            w.i32(st);
+            return Ok(());
+        }
+    };
+    w.i32(0).u64(at);
+    if want_pitch {
+        w.u64(pitch as u64);
+    }
+    Ok(())
+}
+
 /// Frees an allocation: Hira's own, or the driver's (which checks the address).
 pub(crate) fn cuMemFree_v2<'a>(
     s: &Session,

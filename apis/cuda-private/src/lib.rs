@@ -7,11 +7,13 @@
 //! - [`export`]: the private tables of `cuGetExportTable`, integrity check included;
 //! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes;
 //! - [`capture`]: stream capture as a driver without graphs answers it;
+//! - [`copy2d`]: `cuMemcpy2D`'s description of a copy;
 //! - [`pointer`]: the values of `cuPointerGetAttribute(s)`;
 //! - [`vmm`]: the virtual-memory-management calls' structures and signatures;
 //! - [`variables`]: the names of a module's variables, from its PTX.
 
 pub mod capture;
+pub mod copy2d;
 pub mod export;
 pub mod fatbin;
 pub mod launch;

@@ -26,6 +26,7 @@
 
 mod library;
 pub mod nvrtc;
+mod pitched;
 pub mod ptx;
 mod vmm;
 
@@ -1938,6 +1939,13 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuCtxSynchronize" => cuCtxSynchronize,
         "cuCtxSynchronize_v2" => library::cuCtxSynchronize_v2,
         "cuDeviceCanAccessPeer" => cuDeviceCanAccessPeer,
+        "cuMemAllocPitch_v2" => pitched::cuMemAllocPitch_v2,
+        "cuMemcpy2D_v2" => pitched::cuMemcpy2D_v2,
+        "cuMemcpy2DUnaligned_v2" => pitched::cuMemcpy2DUnaligned_v2,
+        "cuMemcpy2DAsync_v2" => pitched::cuMemcpy2DAsync_v2,
+        "cuMemsetD2D8_v2" => pitched::cuMemsetD2D8_v2,
+        "cuMemsetD2D16_v2" => pitched::cuMemsetD2D16_v2,
+        "cuMemsetD2D32_v2" => pitched::cuMemsetD2D32_v2,
         "cuLaunchKernelEx" => library::cuLaunchKernelEx,
         "cuLaunchHostFunc" => library::cuLaunchHostFunc,
         "cuStreamAddCallback" => library::cuStreamAddCallback,

@@ -28,6 +28,7 @@ pub(crate) const PROGRAMS: &[&str] = &[
     "launches",
     "misc",
     "printf",
+    "pitch",
 ];
 /// Programs that run through Hira only, or that other tests drive.
 const HIRA_ONLY: &[&str] = &["entry_points", "busy", "launch_error", "migrate"];

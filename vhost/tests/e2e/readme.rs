@@ -93,14 +93,17 @@ fn start_daemon(words: &[String], dir: &Path) -> Started {
     socket
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
-    let child = Command::new(&words[0])
-        .args(&words[1..])
-        .env("NOTIFY_SOCKET", &ready)
-        .env_remove("OCL_ICD_VENDORS")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap())
-        .spawn()
-        .unwrap();
+    // Killed and reaped when dropped, also if it never gets ready.
+    let started = Started(
+        Command::new(&words[0])
+            .args(&words[1..])
+            .env("NOTIFY_SOCKET", &ready)
+            .env_remove("OCL_ICD_VENDORS")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let mut buf = [0u8; 512];
     loop {
         let n = socket.recv(&mut buf).unwrap_or_else(|e| {
@@ -110,7 +113,7 @@ fn start_daemon(words: &[String], dir: &Path) -> Started {
             )
         });
         if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-            return Started(child);
+            return started;
         }
     }
 }

@@ -1,0 +1,186 @@
+//! Pitched memory and 2D copies and memsets (`cuMemAllocPitch`, `cuMemcpy2D`,
+//! `cuMemsetD2D*`) between host and device memory, as the driver API documents them;
+//! CUDA arrays are not in this executor (`CUDA_ERROR_NOT_SUPPORTED`).
+
+use std::ffi::{c_uint, c_void};
+
+use hira_apis_cuda_private::copy2d::{Memcpy2D, Refused, Side};
+
+use super::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+    CUdeviceptr, CUresult, Handle, State, copy_from_device, copy_on_device, copy_to_device, put,
+    stream_ok, with_ctx, with_ctx_flushing,
+};
+
+/// The pitch rows get: a multiple of 512 bytes, as NVIDIA's driver gives on GPUs of
+/// this compute capability.
+const PITCH_ALIGN: usize = 512;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    with_ctx(|s, _| {
+        if dptr.is_null() || pitch.is_null() || width == 0 || height == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if ![4, 8, 16].contains(&element_size) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Some(p) = width.checked_next_multiple_of(PITCH_ALIGN) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let Some(size) = p.checked_mul(height) else {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        match s.mem.alloc(size) {
+            // SAFETY: both checked not null.
+            Some(a) => unsafe {
+                put(pitch, p);
+                put(dptr, a)
+            },
+            None => CUDA_ERROR_OUT_OF_MEMORY,
+        }
+    })
+}
+
+/// Copies `w` bytes of each of `h` rows from `src` to `dst`.
+fn copy_rows(s: &mut State, src: Side, dst: Side, w: usize, h: usize) -> CUresult {
+    let mut row = vec![0u8; w];
+    for r in 0..h {
+        let (from, to) = (src.row(r), dst.row(r));
+        let st = match (src.device, dst.device) {
+            (true, true) => copy_on_device(s, to, from, w),
+            (false, true) => copy_to_device(s, to, from as usize as *const c_void, w),
+            (true, false) => copy_from_device(s, to as usize as *mut c_void, from, w),
+            (false, false) => {
+                // SAFETY: host rows the application described.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(from as usize as *const u8, row.as_mut_ptr(), w);
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), to as usize as *mut u8, w);
+                }
+                CUDA_SUCCESS
+            }
+        };
+        if st != CUDA_SUCCESS {
+            return st;
+        }
+    }
+    CUDA_SUCCESS
+}
+
+/// A 2D copy: every device row is checked before any is copied.
+unsafe fn copy_2d(copy: *const Memcpy2D, stream: Option<Handle>) -> CUresult {
+    with_ctx_flushing(|s, _| {
+        if copy.is_null() || stream.is_some_and(|h| !stream_ok(s, h)) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: the caller's description.
+        let c = unsafe { copy.read_unaligned() };
+        let (w, h) = (c.width_in_bytes, c.height);
+        if w == 0 || h == 0 {
+            return CUDA_SUCCESS;
+        }
+        let (src, dst) = match c.sides(|p| s.mem.find(p, 1).is_some()) {
+            Ok(sides) => sides,
+            Err(Refused::Array) => return CUDA_ERROR_NOT_SUPPORTED,
+            Err(Refused::Invalid) => return CUDA_ERROR_INVALID_VALUE,
+        };
+        for side in [src, dst] {
+            let span = side.span(w, h).and_then(|n| usize::try_from(n).ok());
+            match span {
+                Some(n) if !side.device || s.mem.find(side.at, n).is_some() => {}
+                _ => return CUDA_ERROR_INVALID_VALUE,
+            }
+        }
+        copy_rows(s, src, dst, w, h)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2D_v2(copy: *const Memcpy2D) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_2d(copy, None) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(copy: *const Memcpy2D) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_2d(copy, None) }
+}
+
+/// Work runs when it is enqueued here, so an asynchronous copy is done on return.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(copy: *const Memcpy2D, stream: Handle) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_2d(copy, Some(stream)) }
+}
+
+/// A 2D memset of `width` elements (`pattern`) in each of `height` rows.
+fn memset_2d(
+    dst: CUdeviceptr,
+    pitch: usize,
+    pattern: &[u8],
+    width: usize,
+    height: usize,
+) -> CUresult {
+    with_ctx(|s, _| {
+        if width == 0 || height == 0 {
+            return CUDA_SUCCESS;
+        }
+        let Some(bytes) = width.checked_mul(pattern.len()) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let span = (height - 1)
+            .checked_mul(pitch)
+            .and_then(|n| n.checked_add(bytes));
+        let fits = span.is_some_and(|n| s.mem.find(dst, n).is_some());
+        if !fits || (height > 1 && pitch < bytes) || !dst.is_multiple_of(pattern.len() as u64) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let data: Vec<u8> = pattern.iter().copied().cycle().take(bytes).collect();
+        for r in 0..height {
+            if !super::ptx::DeviceMemory::write(&mut s.mem, dst + (r * pitch) as u64, &data) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+        }
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D8_v2(
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u8,
+    w: usize,
+    h: usize,
+) -> CUresult {
+    memset_2d(dst, pitch, &[v], w, h)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D16_v2(
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u16,
+    w: usize,
+    h: usize,
+) -> CUresult {
+    memset_2d(dst, pitch, &v.to_le_bytes(), w, h)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D32_v2(
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: c_uint,
+    w: usize,
+    h: usize,
+) -> CUresult {
+    memset_2d(dst, pitch, &v.to_le_bytes(), w, h)
+}

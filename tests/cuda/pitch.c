@@ -1,0 +1,137 @@
+/* Pitched memory and 2D copies and memsets: host matrices with their own pitches
+ * into and out of pitched device memory, a device-to-device copy of a
+ * sub-rectangle, an asynchronous copy, a copy whose rows are contiguous, memory
+ * types told apart by address (UNIFIED), and the driver's errors. */
+#include "common.h"
+
+#define W 100
+#define H 37
+
+static double sum(const float *m, size_t pitch_floats, int w, int h) {
+    double s = 0;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) s += m[y * pitch_floats + x] * (1 + (x + 3 * y) % 7);
+    return s;
+}
+
+static CUDA_MEMCPY2D plain(size_t w, size_t h) {
+    CUDA_MEMCPY2D c;
+    memset(&c, 0, sizeof c);
+    c.WidthInBytes = w;
+    c.Height = h;
+    return c;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    CUcontext ctx;
+    CUmodule mod = setup(argv[1], &ctx);
+    CUfunction add;
+    CHECK(cuModuleGetFunction(&add, mod, "add_pitched"));
+    CUdeviceptr a, b;
+    size_t pa, pb;
+    CHECK(cuMemAllocPitch(&a, &pa, W * sizeof(float), H, 4));
+    CHECK(cuMemAllocPitch(&b, &pb, W * sizeof(float), H, 4));
+    printf("pitches %zu %zu\n", pa, pb);
+
+    static float host[H][120], back[H][130];
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < 120; x++) host[y][x] = (float)(y * 1000 + x);
+    CUDA_MEMCPY2D up = plain(W * sizeof(float), H);
+    up.srcMemoryType = CU_MEMORYTYPE_HOST;
+    up.srcHost = host;
+    up.srcPitch = sizeof host[0];
+    up.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    up.dstDevice = a;
+    up.dstPitch = pa;
+    CHECK(cuMemcpy2D(&up));
+    CHECK(cuMemsetD2D32(b, pb, 0, W, H));
+
+    unsigned long pitch = pa;
+    int w = W, h = H;
+    float k = 0.5f;
+    void *args[] = {&a, &pitch, &w, &h, &k};
+    CHECK(cuLaunchKernel(add, 4, H, 1, 32, 1, 1, 0, NULL, args, NULL));
+
+    /* Rows 3..22, columns 2..61 of a into b at column 5, row 10. */
+    CUDA_MEMCPY2D dd = plain(60 * sizeof(float), 20);
+    dd.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    dd.srcDevice = a;
+    dd.srcPitch = pa;
+    dd.srcXInBytes = 2 * sizeof(float);
+    dd.srcY = 3;
+    dd.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+    dd.dstDevice = b;
+    dd.dstPitch = pb;
+    dd.dstXInBytes = 5 * sizeof(float);
+    dd.dstY = 10;
+    CHECK(cuMemcpy2D(&dd));
+    /* A rectangle of b set to 7, by a 2D memset at an offset. */
+    CHECK(cuMemsetD2D32(b + 2 * pb + 40 * sizeof(float), pb, 0x40e00000u, 10, 4));
+
+    CUstream st;
+    CHECK(cuStreamCreate(&st, 0));
+    CUDA_MEMCPY2D down = plain(W * sizeof(float), H);
+    down.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    down.srcDevice = b;
+    down.srcPitch = pb;
+    down.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+    down.dstDevice = (CUdeviceptr)(uintptr_t)back;
+    down.dstPitch = sizeof back[0];
+    CHECK(cuMemcpy2DAsync(&down, st));
+    CHECK(cuStreamSynchronize(st));
+    printf("b: sum %.1f, [10][5] %.1f, [2][40] %.1f, [36][99] %.1f\n",
+           sum(&back[0][0], 130, W, H), back[10][5], back[2][40], back[36][99]);
+    CUDA_MEMCPY2D da = down;
+    da.srcDevice = a;
+    da.srcPitch = pa;
+    da.srcY = 1;
+    da.Height = H - 1;
+    CHECK(cuMemcpy2DUnaligned(&da));
+    printf("a from row 1: sum %.1f, [0][0] %.1f\n", sum(&back[0][0], 130, W, H - 1), back[0][0]);
+
+    /* Contiguous rows: one copy each way. */
+    CUdeviceptr flat;
+    CHECK(cuMemAlloc(&flat, 16 * 64));
+    static unsigned char in[16][64], out[16][64];
+    for (int i = 0; i < 16 * 64; i++) in[i / 64][i % 64] = (unsigned char)(i * 7);
+    CUDA_MEMCPY2D c = plain(64, 16);
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcHost = in;
+    c.srcPitch = 64;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = flat;
+    c.dstPitch = 64;
+    CHECK(cuMemcpy2D(&c));
+    CHECK(cuMemsetD2D8(flat + 64 * 3, 64, 0xab, 8, 2));
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = flat;
+    c.dstMemoryType = CU_MEMORYTYPE_HOST;
+    c.dstHost = out;
+    CHECK(cuMemcpy2D(&c));
+    int same = 0;
+    for (int i = 0; i < 16 * 64; i++) same += in[i / 64][i % 64] == out[i / 64][i % 64];
+    printf("contiguous: %d of 1024 bytes as sent, [3][0] %x [4][7] %x\n", same, out[3][0], out[4][7]);
+
+    /* The driver's errors. */
+    CUDA_MEMCPY2D bad = up;
+    bad.srcPitch = 8;
+    CUresult short_pitch = cuMemcpy2D(&bad);
+    bad = up;
+    bad.Height = H + 1;
+    CUresult past_end = cuMemcpy2D(&bad);
+    bad = up;
+    bad.dstMemoryType = 9;
+    CUresult bad_type = cuMemcpy2D(&bad);
+    size_t p2;
+    CUdeviceptr d2;
+    CUresult bad_element = cuMemAllocPitch(&d2, &p2, 64, 4, 3);
+    printf("errors: short pitch %d, past the end %d, bad type %d, element size 3 %d\n",
+           (int)short_pitch, (int)past_end, (int)bad_type, (int)bad_element);
+    CHECK(cuMemFree(a));
+    CHECK(cuMemFree(b));
+    CHECK(cuMemFree(flat));
+    CHECK(cuStreamDestroy(st));
+    CHECK(cuCtxDestroy(ctx));
+    return 0;
+}
