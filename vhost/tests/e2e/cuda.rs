@@ -663,9 +663,14 @@ fn launches_go_without_waiting_and_their_failures_come_back_at_the_next_synchron
 
 /// `tests/cuda/migrate.c`, natively (`d` None) or through Hira as a guest of `vm1`.
 fn migrate_program(d: Option<&Daemon>) -> LineProgram {
+    migrate_program_with(d, &[])
+}
+
+/// As [`migrate_program`], with `env` for the guest.
+fn migrate_program_with(d: Option<&Daemon>, env: &[(&str, &str)]) -> LineProgram {
     let k = kit();
     let mut c = Command::new(k.exe("migrate"));
-    c.arg(&k.ptx);
+    c.arg(&k.ptx).envs(env.iter().copied());
     match (d, k.driver_dir()) {
         (Some(d), _) => c
             .env("LD_LIBRARY_PATH", k.shim_dir())
@@ -702,8 +707,15 @@ fn a_cuda_session_moves_with_its_memory_at_the_same_addresses() {
     let mut native = migrate_program(None);
     let expected: Vec<String> = MIGRATE_SCRIPT.iter().map(|c| native.ask(c)).collect();
     assert_eq!(expected.last().map(String::as_str), Some("bye"));
+    // On shared-memory rings, and relayed by the daemon (HIRA_RINGS=0).
+    for env in [&[][..], &[("HIRA_RINGS", "0")]] {
+        moves_after_every_command(&expected, env);
+    }
+}
+
+fn moves_after_every_command(expected: &[String], env: &[(&str, &str)]) {
     let d = daemon(&[]);
-    let mut p = migrate_program(Some(&d));
+    let mut p = migrate_program_with(Some(&d), env);
     let mut pids = Vec::new();
     let got: Vec<String> = MIGRATE_SCRIPT
         .iter()
@@ -718,7 +730,7 @@ fn a_cuda_session_moves_with_its_memory_at_the_same_addresses() {
             answer
         })
         .collect();
-    assert_eq!(got, expected);
+    assert_eq!(got, expected, "{env:?}");
     pids.dedup();
     assert_eq!(
         pids.len(),
