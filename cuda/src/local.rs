@@ -11,7 +11,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Mutex;
 
 use hira_apis_cuda::status;
-use hira_apis_cuda_private::capture;
+use hira_apis_cuda_private::{capture, copy2d};
 
 use crate::rt::{self, CUcontext, CUfunction, CUmodule, CUresult, CUstream};
 
@@ -632,36 +632,31 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     unified_copy(dst, src, byte_count, Some(h_stream))
 }
 
-/// A 2D copy (`cuMemcpy2D`), made of the copies Hira remotes: row by row to device
-/// memory (one copy where the rows are contiguous, as each row may lie between bytes
-/// the copy must not touch), and from device memory one copy of the rows' whole span
-/// (bytes between rows are read, never written) scattered into the destination's
-/// rows. Every device row is checked against the allocations the guest knows first,
-/// so a copy the driver would refuse fails before any row is copied.
+/// A 2D or 3D copy (`cuMemcpy2D`, `cuMemcpy3D`), made of the copies Hira remotes:
+/// row by row to device memory (one copy where the rows are contiguous, as each row
+/// may lie between bytes the copy must not touch), and from device memory one copy
+/// of the rows' whole span (bytes between rows are read, never written) scattered
+/// into the destination's rows. Every device row is checked against the allocations
+/// the guest knows first, so a copy the driver would refuse fails before any row is
+/// copied.
 ///
 /// # Safety
-/// `copy` points to a `CUDA_MEMCPY2D` whose host sides are valid for the rows it
-/// names, as the API requires.
-unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
-    use hira_apis_cuda_private::copy2d::{Memcpy2D, Refused};
-    if !rt::initialized() {
-        return status::NOT_INITIALIZED;
-    }
-    if copy.is_null() {
-        return status::INVALID_VALUE;
-    }
-    // SAFETY: the caller's description, 128 bytes.
-    let c = unsafe { copy.cast::<Memcpy2D>().read_unaligned() };
-    let (w, h) = (c.width_in_bytes, c.height);
-    if w == 0 || h == 0 {
+/// The host sides are valid for the rows they name, as the API requires.
+unsafe fn copy_rows(
+    sides: Result<(copy2d::Side, copy2d::Side), copy2d::Refused>,
+    (w, h, d): (usize, usize, usize),
+    stream: Option<CUstream>,
+) -> CUresult {
+    use copy2d::Refused;
+    if w == 0 || h == 0 || d == 0 {
         return status::SUCCESS;
     }
-    let (src, dst) = match c.sides(|p| rt::is_device(p, 1)) {
+    let (src, dst) = match sides {
         Ok(s) => s,
-        Err(Refused::Array) => return unsupported("cuMemcpy2D with a CUDA array"),
+        Err(Refused::Array) => return unsupported("cuMemcpy2D/3D with a CUDA array"),
         Err(Refused::Invalid) => return status::INVALID_VALUE,
     };
-    let (Some(src_span), Some(dst_span)) = (src.span(w, h), dst.span(w, h)) else {
+    let (Some(src_span), Some(dst_span)) = (src.span(w, h, d), dst.span(w, h, d)) else {
         return status::INVALID_VALUE;
     };
     if (src.device && !rt::is_device(src.at, src_span))
@@ -669,28 +664,27 @@ unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
     {
         return status::INVALID_VALUE;
     }
-    let contiguous = src.pitch == w && dst.pitch == w;
-    let rows = if contiguous { 1 } else { h };
-    let n = if contiguous { w * h } else { w };
+    let contiguous = src.contiguous(w, h) && dst.contiguous(w, h);
+    let (rows, n) = if contiguous {
+        (1, w * h * d)
+    } else {
+        (h * d, w)
+    };
     // SAFETY: each row lies in memory the application described (checked above for
     // device memory; the API's promise for host memory).
     unsafe {
         match (dst.device, src.device) {
-            (true, false) | (true, true) => {
-                for r in 0..rows {
-                    let (d, s) = (dst.row(r), src.row(r));
+            (true, _) => {
+                for k in 0..rows {
+                    let (to, from) = (dst.row(k, h), src.row(k, h));
+                    let host_from = from as usize as *const c_void;
                     let st = match (src.device, stream) {
-                        (false, None) => {
-                            crate::generated::cuMemcpyHtoD_v2(d, s as usize as *const c_void, n)
+                        (false, None) => crate::generated::cuMemcpyHtoD_v2(to, host_from, n),
+                        (false, Some(hs)) => {
+                            crate::generated::cuMemcpyHtoDAsync_v2(to, host_from, n, hs)
                         }
-                        (false, Some(hs)) => crate::generated::cuMemcpyHtoDAsync_v2(
-                            d,
-                            s as usize as *const c_void,
-                            n,
-                            hs,
-                        ),
-                        (true, None) => crate::generated::cuMemcpyDtoD_v2(d, s, n),
-                        (true, Some(hs)) => crate::generated::cuMemcpyDtoDAsync_v2(d, s, n, hs),
+                        (true, None) => crate::generated::cuMemcpyDtoD_v2(to, from, n),
+                        (true, Some(hs)) => crate::generated::cuMemcpyDtoDAsync_v2(to, from, n, hs),
                     };
                     if st != status::SUCCESS {
                         return st;
@@ -710,10 +704,11 @@ unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
                 if st != status::SUCCESS {
                     return st;
                 }
-                for r in 0..h {
+                for k in 0..h * d {
+                    let off = (src.row(k, h) - src.at) as usize;
                     std::ptr::copy_nonoverlapping(
-                        span.as_ptr().add(r * src.pitch),
-                        dst.row(r) as usize as *mut u8,
+                        span.as_ptr().add(off),
+                        dst.row(k, h) as usize as *mut u8,
                         w,
                     );
                 }
@@ -727,10 +722,10 @@ unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
                         return st;
                     }
                 }
-                for r in 0..h {
+                for k in 0..h * d {
                     std::ptr::copy(
-                        src.row(r) as usize as *const u8,
-                        dst.row(r) as usize as *mut u8,
+                        src.row(k, h) as usize as *const u8,
+                        dst.row(k, h) as usize as *mut u8,
                         w,
                     );
                 }
@@ -738,6 +733,51 @@ unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
             }
         }
     }
+}
+
+/// # Safety
+/// `copy` points to a `CUDA_MEMCPY2D` whose host sides are valid, as the API requires.
+unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if copy.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: the caller's description, 128 bytes.
+    let c = unsafe { copy.cast::<copy2d::Memcpy2D>().read_unaligned() };
+    let sides = c.sides(|p| rt::is_device(p, 1));
+    // SAFETY: the caller's promise.
+    unsafe { copy_rows(sides, (c.width_in_bytes, c.height, 1), stream) }
+}
+
+/// # Safety
+/// `copy` points to a `CUDA_MEMCPY3D` whose host sides are valid, as the API requires.
+unsafe fn copy_3d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if copy.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: the caller's description, 200 bytes.
+    let c = unsafe { copy.cast::<copy2d::Memcpy3D>().read_unaligned() };
+    let sides = c.sides(|p| rt::is_device(p, 1));
+    let size = (c.width_in_bytes, c.height, c.depth);
+    // SAFETY: the caller's promise.
+    unsafe { copy_rows(sides, size, stream) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3D_v2(copy: *const c_void) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_3d(copy, None) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const c_void, h_stream: CUstream) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_3d(copy, Some(h_stream)) }
 }
 
 #[unsafe(no_mangle)]

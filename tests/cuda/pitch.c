@@ -1,7 +1,8 @@
 /* Pitched memory and 2D copies and memsets: host matrices with their own pitches
  * into and out of pitched device memory, a device-to-device copy of a
  * sub-rectangle, an asynchronous copy, a copy whose rows are contiguous, memory
- * types told apart by address (UNIFIED), and the driver's errors. */
+ * types told apart by address (UNIFIED), a 3D copy of a box of a volume, and the
+ * driver's errors. */
 #include "common.h"
 
 #define W 100
@@ -112,6 +113,56 @@ int main(int argc, char **argv) {
     int same = 0;
     for (int i = 0; i < 16 * 64; i++) same += in[i / 64][i % 64] == out[i / 64][i % 64];
     printf("contiguous: %d of 1024 bytes as sent, [3][0] %x [4][7] %x\n", same, out[3][0], out[4][7]);
+
+    /* A volume of 4 slices of 6 rows of 16 floats in pitched memory, and a box of it
+     * (slices 1-3, rows 1-5, columns 2-15) back into a host volume of its own shape. */
+    static float vol[4][6][20], box[3][5][18];
+    for (int z = 0; z < 4; z++)
+        for (int y = 0; y < 6; y++)
+            for (int x = 0; x < 20; x++) vol[z][y][x] = (float)(z * 10000 + y * 100 + x);
+    CUdeviceptr v;
+    size_t pv;
+    CHECK(cuMemAllocPitch(&v, &pv, 16 * sizeof(float), 6 * 4, 4));
+    CUDA_MEMCPY3D c3;
+    memset(&c3, 0, sizeof c3);
+    c3.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c3.srcHost = vol;
+    c3.srcPitch = sizeof vol[0][0];
+    c3.srcHeight = 6;
+    c3.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c3.dstDevice = v;
+    c3.dstPitch = pv;
+    c3.dstHeight = 6;
+    c3.WidthInBytes = 16 * sizeof(float);
+    c3.Height = 6;
+    c3.Depth = 4;
+    CHECK(cuMemcpy3D(&c3));
+    memset(&c3, 0, sizeof c3);
+    c3.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c3.srcDevice = v;
+    c3.srcPitch = pv;
+    c3.srcHeight = 6;
+    c3.srcXInBytes = 2 * sizeof(float);
+    c3.srcY = 1;
+    c3.srcZ = 1;
+    c3.dstMemoryType = CU_MEMORYTYPE_HOST;
+    c3.dstHost = box;
+    c3.dstPitch = sizeof box[0][0];
+    c3.dstHeight = 5;
+    c3.WidthInBytes = 14 * sizeof(float);
+    c3.Height = 5;
+    c3.Depth = 3;
+    CHECK(cuMemcpy3DAsync(&c3, st));
+    CHECK(cuStreamSynchronize(st));
+    double vs = 0;
+    for (int z = 0; z < 3; z++)
+        for (int y = 0; y < 5; y++)
+            for (int x = 0; x < 14; x++) vs += box[z][y][x];
+    printf("3D box: sum %.1f, [0][0][0] %.1f, [2][4][13] %.1f\n", vs, box[0][0][0], box[2][4][13]);
+    c3.srcHeight = 4;
+    CUresult overlapping = cuMemcpy3D(&c3);
+    printf("3D with slices shorter than the copy: %d\n", (int)overlapping);
+    CHECK(cuMemFree(v));
 
     /* The driver's errors. */
     CUDA_MEMCPY2D bad = up;

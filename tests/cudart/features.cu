@@ -201,6 +201,30 @@ int main() {
             for (int x = 0; x < 16; x++) same += r2[y][x] == h2[y][x];
         printf("pitched 2D copies: pitch %zu, %d of 128 values back\n", pitch, same);
         CHECK(cudaFree(d2));
+        // A volume through cudaMalloc3D and cudaMemcpy3D, there and back.
+        static float vol[3][4][20], got[3][4][20];
+        for (int i = 0; i < 3 * 4 * 20; i++) (&vol[0][0][0])[i] = (float)i;
+        cudaExtent ext = make_cudaExtent(16 * sizeof(float), 4, 3);
+        cudaPitchedPtr dv;
+        CHECK(cudaMalloc3D(&dv, ext));
+        cudaMemcpy3DParms p3 = {};
+        p3.srcPtr = make_cudaPitchedPtr(vol, 20 * sizeof(float), 20, 4);
+        p3.dstPtr = dv;
+        p3.extent = ext;
+        p3.kind = cudaMemcpyHostToDevice;
+        CHECK(cudaMemcpy3D(&p3));
+        cudaMemcpy3DParms q3 = {};
+        q3.srcPtr = dv;
+        q3.dstPtr = make_cudaPitchedPtr(got, 20 * sizeof(float), 20, 4);
+        q3.extent = ext;
+        q3.kind = cudaMemcpyDeviceToHost;
+        CHECK(cudaMemcpy3D(&q3));
+        int same3 = 0;
+        for (int z = 0; z < 3; z++)
+            for (int y = 0; y < 4; y++)
+                for (int x = 0; x < 16; x++) same3 += got[z][y][x] == vol[z][y][x];
+        printf("3D copies: %d of 192 values back\n", same3);
+        CHECK(cudaFree(dv.ptr));
     }
     unsigned wrap = 0;
     long long elapsed = -1;

@@ -1943,6 +1943,8 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuMemcpy2D_v2" => pitched::cuMemcpy2D_v2,
         "cuMemcpy2DUnaligned_v2" => pitched::cuMemcpy2DUnaligned_v2,
         "cuMemcpy2DAsync_v2" => pitched::cuMemcpy2DAsync_v2,
+        "cuMemcpy3D_v2" => pitched::cuMemcpy3D_v2,
+        "cuMemcpy3DAsync_v2" => pitched::cuMemcpy3DAsync_v2,
         "cuMemsetD2D8_v2" => pitched::cuMemsetD2D8_v2,
         "cuMemsetD2D16_v2" => pitched::cuMemsetD2D16_v2,
         "cuMemsetD2D32_v2" => pitched::cuMemsetD2D32_v2,

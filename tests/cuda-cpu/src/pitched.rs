@@ -1,10 +1,10 @@
-//! Pitched memory and 2D copies and memsets (`cuMemAllocPitch`, `cuMemcpy2D`,
-//! `cuMemsetD2D*`) between host and device memory, as the driver API documents them;
+//! Pitched memory, 2D and 3D copies and 2D memsets (`cuMemAllocPitch`, `cuMemcpy2D`,
+//! `cuMemcpy3D`, `cuMemsetD2D*`) between host and device memory, as the driver API documents them;
 //! CUDA arrays are not in this executor (`CUDA_ERROR_NOT_SUPPORTED`).
 
 use std::ffi::{c_uint, c_void};
 
-use hira_apis_cuda_private::copy2d::{Memcpy2D, Refused, Side};
+use hira_apis_cuda_private::copy2d::{Memcpy2D, Memcpy3D, Refused, Side};
 
 use super::{
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
@@ -48,11 +48,11 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
-/// Copies `w` bytes of each of `h` rows from `src` to `dst`.
-fn copy_rows(s: &mut State, src: Side, dst: Side, w: usize, h: usize) -> CUresult {
+/// Copies `w` bytes of each of `h` rows of each of `d` slices from `src` to `dst`.
+fn copy_rows(s: &mut State, src: Side, dst: Side, (w, h, d): (usize, usize, usize)) -> CUresult {
     let mut row = vec![0u8; w];
-    for r in 0..h {
-        let (from, to) = (src.row(r), dst.row(r));
+    for k in 0..h * d {
+        let (from, to) = (src.row(k, h), dst.row(k, h));
         let st = match (src.device, dst.device) {
             (true, true) => copy_on_device(s, to, from, w),
             (false, true) => copy_to_device(s, to, from as usize as *const c_void, w),
@@ -73,7 +73,33 @@ fn copy_rows(s: &mut State, src: Side, dst: Side, w: usize, h: usize) -> CUresul
     CUDA_SUCCESS
 }
 
-/// A 2D copy: every device row is checked before any is copied.
+/// A copy of `size` (width in bytes, height, depth) between `sides`: every device
+/// row is checked before any is copied.
+fn copy_checked(
+    s: &mut State,
+    sides: Result<(Side, Side), Refused>,
+    size: (usize, usize, usize),
+) -> CUresult {
+    let (w, h, d) = size;
+    if w == 0 || h == 0 || d == 0 {
+        return CUDA_SUCCESS;
+    }
+    let (src, dst) = match sides {
+        Ok(sides) => sides,
+        Err(Refused::Array) => return CUDA_ERROR_NOT_SUPPORTED,
+        Err(Refused::Invalid) => return CUDA_ERROR_INVALID_VALUE,
+    };
+    for side in [src, dst] {
+        let span = side.span(w, h, d).and_then(|n| usize::try_from(n).ok());
+        match span {
+            Some(n) if !side.device || s.mem.find(side.at, n).is_some() => {}
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        }
+    }
+    copy_rows(s, src, dst, size)
+}
+
+/// A 2D copy.
 unsafe fn copy_2d(copy: *const Memcpy2D, stream: Option<Handle>) -> CUresult {
     with_ctx_flushing(|s, _| {
         if copy.is_null() || stream.is_some_and(|h| !stream_ok(s, h)) {
@@ -81,24 +107,35 @@ unsafe fn copy_2d(copy: *const Memcpy2D, stream: Option<Handle>) -> CUresult {
         }
         // SAFETY: the caller's description.
         let c = unsafe { copy.read_unaligned() };
-        let (w, h) = (c.width_in_bytes, c.height);
-        if w == 0 || h == 0 {
-            return CUDA_SUCCESS;
-        }
-        let (src, dst) = match c.sides(|p| s.mem.find(p, 1).is_some()) {
-            Ok(sides) => sides,
-            Err(Refused::Array) => return CUDA_ERROR_NOT_SUPPORTED,
-            Err(Refused::Invalid) => return CUDA_ERROR_INVALID_VALUE,
-        };
-        for side in [src, dst] {
-            let span = side.span(w, h).and_then(|n| usize::try_from(n).ok());
-            match span {
-                Some(n) if !side.device || s.mem.find(side.at, n).is_some() => {}
-                _ => return CUDA_ERROR_INVALID_VALUE,
-            }
-        }
-        copy_rows(s, src, dst, w, h)
+        let sides = c.sides(|p| s.mem.find(p, 1).is_some());
+        copy_checked(s, sides, (c.width_in_bytes, c.height, 1))
     })
+}
+
+/// A 3D copy.
+unsafe fn copy_3d(copy: *const Memcpy3D, stream: Option<Handle>) -> CUresult {
+    with_ctx_flushing(|s, _| {
+        if copy.is_null() || stream.is_some_and(|h| !stream_ok(s, h)) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: the caller's description.
+        let c = unsafe { copy.read_unaligned() };
+        let sides = c.sides(|p| s.mem.find(p, 1).is_some());
+        copy_checked(s, sides, (c.width_in_bytes, c.height, c.depth))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3D_v2(copy: *const Memcpy3D) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_3d(copy, None) }
+}
+
+/// Work runs when it is enqueued here, so an asynchronous copy is done on return.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: Handle) -> CUresult {
+    // SAFETY: the caller's promise.
+    unsafe { copy_3d(copy, Some(stream)) }
 }
 
 #[unsafe(no_mangle)]

@@ -147,7 +147,8 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
         o.contains("device pointer: type device, device 0, same address yes\n")
             && o.contains("capturing: no, capture mode was 0 then 2\n")
             && o.contains("host work on the stream: 11\n")
-            && o.contains("pitched 2D copies: pitch 512, 128 of 128 values back\n"),
+            && o.contains("pitched 2D copies: pitch 512, 128 of 128 values back\n")
+            && o.contains("3D copies: 192 of 192 values back\n"),
         "{o}"
     );
     let ended = d.wait_idle(Duration::from_secs(30));
