@@ -867,6 +867,57 @@ pub extern "C" fn cuMemsetD2D32_v2(
     })
 }
 
+/// # Safety
+/// `stream` is a stream of the application's, or NULL, as the API requires.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemsetD2D8Async(
+    dst: u64,
+    pitch: usize,
+    v: u8,
+    w: usize,
+    h: usize,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: each row checked to lie in an allocation of the guest's.
+    memset_2d(dst, pitch, w, h, 1, |p, n| unsafe {
+        crate::generated::cuMemsetD8Async(p, v, n, stream)
+    })
+}
+
+/// # Safety
+/// `stream` is a stream of the application's, or NULL, as the API requires.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemsetD2D16Async(
+    dst: u64,
+    pitch: usize,
+    v: u16,
+    w: usize,
+    h: usize,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: each row checked to lie in an allocation of the guest's.
+    memset_2d(dst, pitch, w, h, 2, |p, n| unsafe {
+        crate::generated::cuMemsetD16Async(p, v, n, stream)
+    })
+}
+
+/// # Safety
+/// `stream` is a stream of the application's, or NULL, as the API requires.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemsetD2D32Async(
+    dst: u64,
+    pitch: usize,
+    v: c_uint,
+    w: usize,
+    h: usize,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: each row checked to lie in an allocation of the guest's.
+    memset_2d(dst, pitch, w, h, 4, |p, n| unsafe {
+        crate::generated::cuMemsetD32Async(p, v, n, stream)
+    })
+}
+
 /// What an entry point Hira does not remote returns; the first call of each is
 /// logged.
 pub fn unsupported(name: &'static str) -> CUresult {

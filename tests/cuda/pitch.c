@@ -72,6 +72,8 @@ int main(int argc, char **argv) {
 
     CUstream st;
     CHECK(cuStreamCreate(&st, 0));
+    /* Rows 30-31, columns 0-2 of b set to 8 on the stream, before the copy back. */
+    CHECK(cuMemsetD2D32Async(b + 30 * pb, pb, 0x41000000u, 3, 2, st));
     CUDA_MEMCPY2D down = plain(W * sizeof(float), H);
     down.srcMemoryType = CU_MEMORYTYPE_DEVICE;
     down.srcDevice = b;
@@ -81,8 +83,8 @@ int main(int argc, char **argv) {
     down.dstPitch = sizeof back[0];
     CHECK(cuMemcpy2DAsync(&down, st));
     CHECK(cuStreamSynchronize(st));
-    printf("b: sum %.1f, [10][5] %.1f, [2][40] %.1f, [36][99] %.1f\n",
-           sum(&back[0][0], 130, W, H), back[10][5], back[2][40], back[36][99]);
+    printf("b: sum %.1f, [10][5] %.1f, [2][40] %.1f, [31][2] %.1f, [36][99] %.1f\n",
+           sum(&back[0][0], 130, W, H), back[10][5], back[2][40], back[31][2], back[36][99]);
     CUDA_MEMCPY2D da = down;
     da.srcDevice = a;
     da.srcPitch = pa;

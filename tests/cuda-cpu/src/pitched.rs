@@ -221,3 +221,40 @@ pub extern "C" fn cuMemsetD2D32_v2(
 ) -> CUresult {
     memset_2d(dst, pitch, &v.to_le_bytes(), w, h)
 }
+
+/// Work runs when it is enqueued here, so an asynchronous memset is done on return.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D8Async(
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u8,
+    w: usize,
+    h: usize,
+    _stream: Handle,
+) -> CUresult {
+    memset_2d(dst, pitch, &[v], w, h)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D16Async(
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u16,
+    w: usize,
+    h: usize,
+    _stream: Handle,
+) -> CUresult {
+    memset_2d(dst, pitch, &v.to_le_bytes(), w, h)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD2D32Async(
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: c_uint,
+    w: usize,
+    h: usize,
+    _stream: Handle,
+) -> CUresult {
+    memset_2d(dst, pitch, &v.to_le_bytes(), w, h)
+}
