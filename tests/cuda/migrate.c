@@ -10,6 +10,9 @@
  *   drop I    unlinks node I and frees it
  *   set V     writes `visits` from the host
  *   range I   the allocation holding a byte inside node I
+ *   say       launches a kernel that can print (and prints nothing): from then on
+ *             the context's printf FIFO size is fixed
+ *   fifo      sets the printf FIFO size; answers the status
  *   end       frees everything */
 #include "common.h"
 
@@ -42,8 +45,9 @@ int main(int argc, char **argv) {
     if (argc < 2) return 2;
     CUcontext ctx;
     CUmodule mod = setup(argv[1], &ctx);
-    CUfunction walk, read_visits;
+    CUfunction walk, read_visits, say;
     CHECK(cuModuleGetFunction(&walk, mod, "walk"));
+    CHECK(cuModuleGetFunction(&say, mod, "say"));
     CHECK(cuModuleGetFunction(&read_visits, mod, "read_visits"));
     CUstream stream;
     CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
@@ -105,6 +109,15 @@ int main(int argc, char **argv) {
             size_t size;
             CHECK(cuMemGetAddressRange(&base, &size, nodes[arg] + 8));
             printf("base %s size %zu\n", base == nodes[arg] ? "same" : "other", size);
+        } else if (!strcmp(cmd, "say")) {
+            int none = 0;
+            void *args[] = {&none, &result};
+            CHECK(cuLaunchKernel(say, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+            CHECK(cuCtxSynchronize());
+            printf("ok\n");
+        } else if (!strcmp(cmd, "fifo")) {
+            CUresult r = cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, (size_t)1 << 20);
+            printf("fifo %d\n", (int)r);
         } else if (!strcmp(cmd, "end")) {
             for (int i = 0; i < count; i++)
                 if (nodes[i]) CHECK(cuMemFree(nodes[i]));

@@ -32,6 +32,10 @@ const CHUNK: u8 = 2;
 const ALLOCATION: u8 = 3;
 const VARIABLE: u8 = 4;
 const RECORDED: u8 = 5;
+/// A context whose `printf` FIFO size can no longer be set.
+const FIFO_FIXED: u8 = 6;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
 
 /// Keys of settings that have no number of their own.
 const CACHE_CONFIG: u64 = 1 << 40;
@@ -178,6 +182,40 @@ fn i32_at(payload: &[u8], at: usize) -> Option<i32> {
 }
 
 impl Session {
+    /// Whether `opcode` sets the `printf` FIFO size of a context where it was fixed
+    /// before the session moved here (the driver here would allow it; the guest's
+    /// program saw it refused, and sees that still).
+    pub(crate) fn fifo_still_fixed(&self, opcode: u16, payload: &[u8]) -> bool {
+        opcode == op::cuCtxSetLimit
+            && i32_at(payload, 8) == Some(LIMIT_PRINTF_FIFO_SIZE)
+            && u64_at(payload, 0).is_some_and(|ctx| {
+                self.fifo_fixed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&ctx)
+            })
+    }
+
+    /// Whether context `id` (current) can no longer have its `printf` FIFO size set:
+    /// setting it to what it is fails once a kernel that prints has run.
+    fn fifo_fixed_here(&self, id: u64) -> bool {
+        let moved = self
+            .fifo_fixed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id);
+        let (Some(get), Some(set)) = (self.driver.cuCtxGetLimit, self.driver.cuCtxSetLimit) else {
+            return moved;
+        };
+        let mut size = 0usize;
+        // SAFETY: an out-pointer and a limit; the context is current.
+        if unsafe { get(&mut size, LIMIT_PRINTF_FIFO_SIZE) } != 0 {
+            return moved;
+        }
+        // SAFETY: the same size again: nothing changes where it is allowed.
+        moved || unsafe { set(LIMIT_PRINTF_FIFO_SIZE, size) } != 0
+    }
+
     /// Keeps what migration needs of a call that succeeded: the calls that make
     /// objects and change their settings, the releases, the events recorded.
     pub(crate) fn record(&self, opcode: u16, payload: &[u8], frame: &FrameData<'_>) {
@@ -519,6 +557,19 @@ impl Session {
                 state: v.state(),
             });
         }
+        for (id, h) in self.contexts() {
+            self.make_current(h)
+                .map_err(|_| missing("making a context current"))?;
+            if self.fifo_fixed_here(id) {
+                standins.push(StandIn {
+                    id,
+                    kind: FIFO_FIXED,
+                    owner: id,
+                    refs: 0,
+                    state: Vec::new(),
+                });
+            }
+        }
         let log = self.log();
         for &ev in &log.recorded {
             standins.push(StandIn {
@@ -737,6 +788,12 @@ impl Session {
                 record(ev, std::ptr::null_mut())
             })?;
             self.log().recorded.insert(si.id);
+        }
+        for si in by_kind(FIFO_FIXED) {
+            self.fifo_fixed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(si.id);
         }
         Ok(snap.pending)
     }

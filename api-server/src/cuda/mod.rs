@@ -165,6 +165,9 @@ pub struct Session {
     pub(crate) vmm: Option<placement::VmmCalls>,
     /// What migration needs of the session (`migrate`).
     pub(crate) log: Mutex<migrate::CudaLog>,
+    /// Contexts whose `printf` FIFO size was fixed on the API server the session
+    /// moved from (a kernel that prints had run there): setting it fails, as it did.
+    pub(crate) fifo_fixed: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Session {
@@ -607,6 +610,7 @@ impl CudaBackend {
                 placement: Mutex::new(placement::Placement::default()),
                 vmm,
                 log: Mutex::new(migrate::CudaLog::default()),
+                fifo_fixed: Mutex::new(Default::default()),
             },
         })
     }
@@ -620,6 +624,10 @@ impl Backend for CudaBackend {
         frame: &FrameData<'_>,
         w: &mut Writer,
     ) -> Result<(), Fail> {
+        if self.session.fifo_still_fixed(opcode, payload) {
+            w.i32(status::INVALID_VALUE);
+            return Ok(());
+        }
         let mut r = Reader::new(payload);
         let res = generated::dispatch(&self.session, opcode, &mut r, frame, w);
         // Launches that completed meanwhile (after a synchronising call: all it

@@ -681,10 +681,11 @@ fn migrate_program_with(d: Option<&Daemon>, env: &[(&str, &str)]) -> LineProgram
     LineProgram::start(c)
 }
 
-/// Lists, frees, kernel-only and host-written variables, address ranges.
+/// Lists, frees, kernel-only and host-written variables, address ranges, and a
+/// printf FIFO whose size a printing kernel fixed.
 const MIGRATE_SCRIPT: &[&str] = &[
-    "build 7", "walk 3", "sum", "drop 2", "walk 5", "sum", "set 100", "walk 1", "sum", "range 5",
-    "range 0", "build 4", "drop 0", "walk 2", "sum", "end",
+    "build 7", "fifo", "say", "fifo", "walk 3", "sum", "drop 2", "walk 5", "sum", "set 100",
+    "walk 1", "sum", "range 5", "range 0", "build 4", "drop 0", "walk 2", "sum", "end",
 ];
 
 /// The one live session's id and API-server pid.
