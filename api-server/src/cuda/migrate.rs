@@ -52,8 +52,11 @@ pub(crate) struct CudaLog {
     owner: HashMap<u64, u64>,
     /// The entry holding each setting of an object.
     settings: HashMap<(u64, u64), u64>,
-    /// Events recorded at least once.
-    recorded: HashSet<u64>,
+    /// Events recorded at least once, with the order of their latest record (a
+    /// restore records them again in that order, so that elapsed times between them
+    /// keep their sign).
+    recorded: HashMap<u64, u64>,
+    records: u64,
 }
 
 impl CudaLog {
@@ -278,7 +281,10 @@ impl Session {
                     log.configured(opcode, payload.to_vec(), k, key);
                 }
                 op::cuEventRecord => {
-                    log.recorded.insert(u64_at(payload, 8)?);
+                    let ev = u64_at(payload, 8)?;
+                    log.records += 1;
+                    let n = log.records;
+                    log.recorded.insert(ev, n);
                 }
                 _ => {}
             }
@@ -571,13 +577,15 @@ impl Session {
             }
         }
         let log = self.log();
-        for &ev in &log.recorded {
+        let mut recorded: Vec<(u64, u64)> = log.recorded.iter().map(|(&e, &n)| (n, e)).collect();
+        recorded.sort_unstable();
+        for (n, ev) in recorded {
             standins.push(StandIn {
                 id: ev,
                 kind: RECORDED,
                 owner: log.owner_of(ev).unwrap_or(0),
                 refs: 0,
-                state: Vec::new(),
+                state: n.to_le_bytes().to_vec(),
             });
         }
         let snap = Snapshot {
@@ -770,9 +778,12 @@ impl Session {
             }
             self.write_device(v.at, data)?;
         }
-        // Events recorded before read as complete.
+        // Events recorded before read as complete, recorded again in the order of
+        // their latest records there.
         let record = self.driver.cuEventRecord.ok_or(missing("cuEventRecord"))?;
-        for si in by_kind(RECORDED) {
+        let mut events: Vec<&StandIn> = by_kind(RECORDED).collect();
+        events.sort_by_key(|si| u64_at(&si.state, 0).unwrap_or(0));
+        for si in events {
             let (_, ctx) = self
                 .contexts()
                 .into_iter()
@@ -787,7 +798,10 @@ impl Session {
             check("recording an event", unsafe {
                 record(ev, std::ptr::null_mut())
             })?;
-            self.log().recorded.insert(si.id);
+            let mut log = self.log();
+            log.records += 1;
+            let n = log.records;
+            log.recorded.insert(si.id, n);
         }
         for si in by_kind(FIFO_FIXED) {
             self.fifo_fixed
