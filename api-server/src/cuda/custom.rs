@@ -638,12 +638,7 @@ fn place(
     ctx_id: u64,
     size: u64,
 ) -> Result<Option<u64>, c_int> {
-    let query = s.driver.cuStreamQuery.ok_or(status::NOT_SUPPORTED)?;
-    // SAFETY: the legacy stream of the current context.
-    match unsafe { query(std::ptr::null_mut()) } {
-        0 | status::NOT_READY => {}
-        st => return Err(st),
-    }
+    context_intact(s)?;
     let get_dev = s.driver.cuCtxGetDevice.ok_or(status::NOT_SUPPORTED)?;
     let mut dev: c_int = 0;
     // SAFETY: an out-pointer; the context is current.
@@ -736,6 +731,18 @@ pub(crate) fn cuMemAllocPitch_v2<'a>(
     Ok(())
 }
 
+/// The current context's sticky error, if a kernel's fault broke it (its legacy
+/// stream's query says so without waiting): memory calls Hira answers itself fail
+/// with it, as the driver's do in such a context.
+fn context_intact(s: &Session) -> Result<(), c_int> {
+    let query = s.driver.cuStreamQuery.ok_or(status::NOT_SUPPORTED)?;
+    // SAFETY: the legacy stream of the current context.
+    match unsafe { query(std::ptr::null_mut()) } {
+        0 | status::NOT_READY => Ok(()),
+        st => Err(st),
+    }
+}
+
 /// Frees an allocation: Hira's own, or the driver's (which checks the address).
 pub(crate) fn cuMemFree_v2<'a>(
     s: &Session,
@@ -752,12 +759,7 @@ pub(crate) fn cuMemFree_v2<'a>(
     let ours = s.placement().get(p).is_some_and(|a| a.chunk.is_some());
     let st = if ours {
         // A context that failed refuses it, as the driver's cuMemFree does.
-        let query = s.driver.cuStreamQuery.ok_or_else(unsupported)?;
-        // SAFETY: the legacy stream of the current context.
-        match unsafe { query(std::ptr::null_mut()) } {
-            0 | status::NOT_READY => 0,
-            st => st,
-        }
+        context_intact(s).err().unwrap_or(0)
     } else {
         // SAFETY: a device address; the driver checks it is an allocation.
         unsafe { free(p) }

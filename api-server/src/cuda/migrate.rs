@@ -348,6 +348,12 @@ impl Variable {
 }
 
 impl Session {
+    /// Makes context `h` current for a capture's or restore's own calls.
+    fn enter(&self, h: *mut c_void) -> Result<(), MigrationError> {
+        self.make_current(h)
+            .map_err(|_| missing("making a context current"))
+    }
+
     /// The live contexts: (guest id, host handle).
     fn contexts(&self) -> Vec<(u64, *mut c_void)> {
         let hs = self.handles();
@@ -368,8 +374,7 @@ impl Session {
             .cuCtxGetDevice
             .ok_or(missing("cuCtxGetDevice"))?;
         for (_, h) in self.contexts() {
-            self.make_current(h)
-                .map_err(|_| missing("making a context current"))?;
+            self.enter(h)?;
             let mut d: c_int = -1;
             // SAFETY: an out-pointer; the context is current.
             if unsafe { get_dev(&mut d) } == 0 && d == dev {
@@ -452,8 +457,7 @@ impl Session {
                 None => self.contexts(),
             };
             for (cid, h) in contexts {
-                self.make_current(h)
-                    .map_err(|_| missing("making a context current"))?;
+                self.enter(h)?;
                 for name in &names {
                     if let Some((at, size)) = self.variable(owner, name)
                         && seen.insert(at)
@@ -487,8 +491,7 @@ impl Session {
             .cuCtxSynchronize
             .ok_or(missing("cuCtxSynchronize"))?;
         for (_, h) in self.contexts() {
-            self.make_current(h)
-                .map_err(|_| missing("making a context current"))?;
+            self.enter(h)?;
             // SAFETY: the context is current.
             check("synchronizing a context", unsafe { sync() })?;
         }
@@ -552,8 +555,7 @@ impl Session {
                 .into_iter()
                 .find(|&(id, _)| id == v.ctx)
                 .ok_or(MigrationError::Inconsistent("a variable's context"))?;
-            self.make_current(h)
-                .map_err(|_| missing("making a context current"))?;
+            self.enter(h)?;
             contents.push((v.at, self.read_device(v.at, v.size)?));
             standins.push(StandIn {
                 id: v.at,
@@ -564,8 +566,7 @@ impl Session {
             });
         }
         for (id, h) in self.contexts() {
-            self.make_current(h)
-                .map_err(|_| missing("making a context current"))?;
+            self.enter(h)?;
             if self.fifo_fixed_here(id) {
                 standins.push(StandIn {
                     id,
@@ -761,8 +762,7 @@ impl Session {
                 .into_iter()
                 .find(|&(id, _)| id == v.ctx)
                 .ok_or(MigrationError::Inconsistent("a variable's context"))?;
-            self.make_current(h)
-                .map_err(|_| missing("making a context current"))?;
+            self.enter(h)?;
             match self.variable(v.owner, &v.name) {
                 Some((at, size)) if at == v.at && size == v.size => {}
                 _ => return Err(MigrationError::ReplayDiffers("a module's variable")),
@@ -792,8 +792,7 @@ impl Session {
             let ev = self
                 .lookup(Kind::Event, si.id, false)
                 .map_err(|_| MigrationError::Inconsistent("a recorded event"))?;
-            self.make_current(ctx)
-                .map_err(|_| missing("making a context current"))?;
+            self.enter(ctx)?;
             // SAFETY: an event of this session and the legacy stream.
             check("recording an event", unsafe {
                 record(ev, std::ptr::null_mut())
