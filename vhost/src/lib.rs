@@ -200,7 +200,14 @@ pub fn run(config: Config) -> Result<(), StartError> {
         std::thread::spawn(move || metrics::serve(l, life, vms));
     }
     if let Some(path) = &config.control {
-        let l = listener::bind(path, &config.access)?;
+        // The control socket adds VMs and moves sessions: the daemon's user's alone,
+        // whatever access the guests' sockets get (QEMU's group must not reach it).
+        let owner_only = config::SocketAccess {
+            mode: 0o600,
+            uid: None,
+            gid: None,
+        };
+        let l = listener::bind(path, &owner_only)?;
         created.push(path.clone());
         info!("control socket on {}", path.display());
         let (life, vms, served) = (life.clone(), vms.clone(), served.clone());

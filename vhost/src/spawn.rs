@@ -248,7 +248,8 @@ pub enum SandboxError {
          the sandbox does not let API servers read. Install the ICD under \
          /etc/OpenCL/vendors and its library in a system library directory, or name its \
          directories in OCL_ICD_VENDORS and LD_LIBRARY_PATH of hira-vhost (the sandbox \
-         keeps those readable)"
+         keeps those readable). A driver that lists no devices may also be failing to \
+         write its kernel cache in api_server_cache_dir"
     )]
     HidesOpenCl { hidden: String, inside: String },
     #[error(
@@ -275,6 +276,10 @@ pub fn prepare_sandbox(config: &Config) -> Result<(), SandboxError> {
     std::fs::create_dir_all(dir)?;
     if let Some((uid, gid)) = config.sandbox.user {
         std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+        // What another sandbox user cached here (before `api_server_user` changed)
+        // would make the drivers fail to write their caches, and with that to list
+        // their devices.
+        give_cache(dir, uid, gid)?;
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     let mut cmd = Command::new(&config.api_server);
@@ -312,6 +317,88 @@ pub fn prepare_sandbox(config: &Config) -> Result<(), SandboxError> {
             }
         }
         *kept = report;
+    }
+    Ok(())
+}
+
+/// Gives everything under the cache directory `dir` that another user owns to the
+/// sandbox user `uid`:`gid`.
+///
+/// API servers write into this directory while the daemon walks it (at a `vm add`), so
+/// the walk goes by descriptors: each directory is opened relative to its parent
+/// without following links, and each entry is changed without following links, so a
+/// name an API server swaps for a link cannot lead the daemon out of the directory.
+/// Entries that vanish or change kind meanwhile are left alone, and the walk stops
+/// [`CACHE_DEPTH`] levels down (the drivers' caches are a few levels deep).
+fn give_cache(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
+    let top = nix::dir::Dir::open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    give_entries(
+        top,
+        nix::unistd::Uid::from_raw(uid),
+        nix::unistd::Gid::from_raw(gid),
+        CACHE_DEPTH,
+    )?;
+    Ok(())
+}
+
+/// How deep [`give_cache`] goes.
+const CACHE_DEPTH: u32 = 16;
+
+fn give_entries(
+    mut dir: nix::dir::Dir,
+    uid: nix::unistd::Uid,
+    gid: nix::unistd::Gid,
+    depth: u32,
+) -> nix::Result<()> {
+    use nix::errno::Errno;
+    use nix::fcntl::{AtFlags, OFlag};
+    use nix::sys::stat::{Mode, SFlag};
+    let names: Vec<std::ffi::CString> = dir
+        .iter()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    // Gone, or no longer a directory: an API server changed it meanwhile.
+    let changed = |e: Errno| matches!(e, Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP);
+    for name in names {
+        let st = match nix::sys::stat::fstatat(&dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+        {
+            Ok(st) => st,
+            Err(e) if changed(e) => continue,
+            Err(e) => return Err(e),
+        };
+        if st.st_uid != uid.as_raw() || st.st_gid != gid.as_raw() {
+            match nix::unistd::fchownat(
+                &dir,
+                name.as_c_str(),
+                Some(uid),
+                Some(gid),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(()) => {}
+                Err(e) if changed(e) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFDIR.bits() && depth > 0 {
+            match nix::dir::Dir::openat(
+                &dir,
+                name.as_c_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(sub) => give_entries(sub, uid, gid, depth - 1)?,
+                Err(e) if changed(e) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
     Ok(())
 }
@@ -361,6 +448,47 @@ fn sees_the_same(report: &[String], outside: &[String]) -> Result<(), SandboxErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_another_user_left_goes_to_the_sandbox_user_and_links_are_not_followed() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: changing owners needs root (CI runs as root)");
+            return;
+        }
+        let cache = tempfile::tempdir().unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        let deep = cache.path().join("pocl/kcache/ab");
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("program.so"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), cache.path().join("pocl/link")).unwrap();
+        for p in [
+            "pocl",
+            "pocl/kcache",
+            "pocl/kcache/ab",
+            "pocl/kcache/ab/program.so",
+        ] {
+            std::os::unix::fs::chown(cache.path().join(p), Some(65534), Some(65534)).unwrap();
+        }
+        give_cache(cache.path(), 4321, 4322).unwrap();
+        for p in [
+            "pocl",
+            "pocl/kcache",
+            "pocl/kcache/ab",
+            "pocl/kcache/ab/program.so",
+            "pocl/link",
+        ] {
+            let m = cache.path().join(p).symlink_metadata().unwrap();
+            assert_eq!((m.uid(), m.gid()), (4321, 4322), "{p}");
+        }
+        let m = outside.path().metadata().unwrap();
+        assert_eq!(
+            (m.uid(), m.gid()),
+            (0, 0),
+            "the link's target is not changed"
+        );
+    }
 
     fn lines(l: &[&str]) -> Vec<String> {
         l.iter().map(|s| s.to_string()).collect()

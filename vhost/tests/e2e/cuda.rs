@@ -946,7 +946,7 @@ fn a_cuda_driver_the_sandbox_hides_is_named_at_start_and_at_vm_add() {
     );
     // A daemon started so refuses to start, with the same cause.
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    let mut cmd = crate::support::hira_vhost();
     cmd.arg("--local-socket")
         .arg(format!("vm1={}", dir.path().join("vm1.sock").display()))
         .arg("--control-socket")

@@ -201,7 +201,7 @@ fn a_vms_own_session_cap_is_applied_and_changed_live() {
 #[test]
 fn a_second_daemon_does_not_take_over_a_live_socket() {
     let daemon = Daemon::start(&["vm1"]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+    let out = crate::support::hira_vhost()
         .arg("--local-socket")
         .arg(format!("vm1={}", daemon.socket("vm1").display()))
         .output()

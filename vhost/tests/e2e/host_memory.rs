@@ -8,7 +8,6 @@
 //! naming one); without one it says why and skips.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -161,7 +160,7 @@ fn host_memory_caps_need_a_cgroup() {
     // At startup: a clear error, not a cap silently ignored.
     let dir = tempfile::tempdir().unwrap();
     let o = run_with_timeout(
-        Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+        crate::support::hira_vhost()
             .arg("--local-socket")
             .arg(format!(
                 "v={},host-mem=64M",

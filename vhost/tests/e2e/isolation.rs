@@ -171,7 +171,7 @@ fn hybrid_vsock_connections_belong_to_their_vm() {
     let vsock = dir.path().join("ch.vsock");
     let log = dir.path().join("daemon.log");
     let ready = Readiness::new(dir.path());
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    let mut cmd = crate::support::hira_vhost();
     cmd.arg("--vm")
         .arg(format!("name=chvm,hybrid={},cid=5", vsock.display()))
         .env("RUST_LOG", "info")
@@ -214,7 +214,7 @@ fn bad_vm_specs_are_refused_with_a_clear_error() {
         ),
         ("name=a,socket=/tmp/x,hybrid=/tmp/y,cid=3", "exactly one of"),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+        let out = crate::support::hira_vhost()
             .args(["--vm", spec])
             .output()
             .unwrap();
@@ -239,7 +239,7 @@ fn config_file_sets_up_listeners_and_bad_files_are_refused() {
     .unwrap();
     let log = dir.path().join("log");
     let ready = Readiness::new(dir.path());
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    let mut cmd = crate::support::hira_vhost();
     cmd.arg("--config")
         .arg(&good)
         .env("RUST_LOG", "info")
@@ -266,7 +266,7 @@ fn config_file_sets_up_listeners_and_bad_files_are_refused() {
         "[[vm]]\nname = \"a\"\nsocket = \"/x\"\ncid = 3\nweight = 2\n",
     )
     .unwrap();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_hira-vhost"))
+    let o = crate::support::hira_vhost()
         .arg("--config")
         .arg(&bad)
         .output()

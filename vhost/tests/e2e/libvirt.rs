@@ -13,6 +13,21 @@ use crate::support::{Daemon, bin_dir, ensure_built};
 
 const HOOK: &str = "/etc/libvirt/hooks/qemu";
 
+/// One test at a time owns libvirtd and its hook.
+static LIBVIRTD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether this machine can run these tests, with the reason when not.
+fn assert_can_run() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let have = Command::new("virsh").arg("--version").output().is_ok()
+        && Path::new("/usr/sbin/libvirtd").exists();
+    assert!(
+        root && have,
+        "needs root and libvirt (scripts/test installs libvirt-daemon-system and libvirt-daemon-driver-qemu)"
+    );
+}
+
 fn virsh(args: &[&str]) -> std::process::Output {
     Command::new("virsh")
         .arg("-c")
@@ -207,15 +222,22 @@ fn vm_names(d: &Daemon) -> Vec<String> {
 #[test]
 fn libvirt_domains_get_hira_through_the_hook_and_leave_no_trace() {
     ensure_built();
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let have = Command::new("virsh").arg("--version").output().is_ok()
-        && Path::new("/usr/sbin/libvirtd").exists();
-    assert!(
-        root && have,
-        "needs root and libvirt (scripts/test installs libvirt-daemon-system and libvirt-daemon-driver-qemu)"
-    );
+    assert_can_run();
+    let _libvirtd = LIBVIRTD.lock().unwrap_or_else(|e| e.into_inner());
     let d = Daemon::start_with(&["local"], &[], &["--socket-group", "libvirt-qemu"]);
+    // QEMU's group reaches the guests' sockets, never the control socket.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let qemu_gid = nix::unistd::Group::from_name("libvirt-qemu")
+            .unwrap()
+            .unwrap()
+            .gid
+            .as_raw();
+        let local = d.dir.path().join("local.sock").metadata().unwrap();
+        assert_eq!((local.gid(), local.mode() & 0o777), (qemu_gid, 0o660));
+        let control = d.dir.path().join("control.sock").metadata().unwrap();
+        assert_eq!((control.gid(), control.mode() & 0o777), (0, 0o600));
+    }
     let _hook = Hook::install();
     let pid = std::process::id();
 
@@ -300,4 +322,105 @@ fn libvirt_domains_get_hira_through_the_hook_and_leave_no_trace() {
         assert!(!d.dir.path().join(format!("{vm}.vhost")).exists());
     }
     assert!(!b.window.exists() && !c.window.exists());
+}
+
+/// `scripts/quickstart --remove` when dropped: the quick start leaves nothing behind.
+struct QuickStart;
+
+impl QuickStart {
+    fn remove() -> std::process::Output {
+        Command::new(crate::support::workspace().join("scripts/quickstart"))
+            .arg("--remove")
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for QuickStart {
+    fn drop(&mut self) {
+        let _ = Self::remove();
+    }
+}
+
+/// The README's operator quick start, written down as `scripts/quickstart` (the README
+/// test checks they agree), run on this machine: libvirt and the host's OpenCL, the
+/// packages built and `hira-host` installed, its daemon started as its unit starts it,
+/// libvirt's hook installed, a guest with the `hira-guest` package defined and started
+/// with `virsh`. The guest's programs print what they print natively, and
+/// `scripts/quickstart --remove` leaves no trace of any of it.
+#[test]
+fn the_operators_quick_start_runs_an_opencl_program_in_a_libvirt_domain() {
+    ensure_built();
+    assert_can_run();
+    let _libvirtd = LIBVIRTD.lock().unwrap_or_else(|e| e.into_inner());
+    // From nothing: what an interrupted run left goes first.
+    let removed = QuickStart::remove();
+    assert!(removed.status.success(), "{removed:?}");
+    let quick = QuickStart;
+    let out = Command::new(crate::support::workspace().join("scripts/quickstart"))
+        // The guest kernel's packages, downloaded once for every VM test.
+        .env("HIRA_VM_DEBS", bin_dir().join("hira-vm-debs"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string("/var/log/hira-vhost.log").unwrap_or_default()
+    );
+    // `hira-ctl status`: the packaged daemon's API servers see the device.
+    assert!(stdout.contains("  opencl device: "), "{stdout}");
+    // `hira-ctl list`, once the domain started: its VM, from the hook.
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("hira-demo")),
+        "{stdout}"
+    );
+
+    // What the guest ran (`clinfo -l; /hira/vecadd`), natively.
+    let vendors = crate::support::Vendors::native();
+    let native = |program: &Path, args: &[&str]| {
+        let o = Command::new(program)
+            .args(args)
+            .env("OCL_ICD_VENDORS", vendors.dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{program:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let expected =
+        native(Path::new("clinfo"), &["-l"]) + &native(&crate::support::c_program("vecadd"), &[]);
+    assert_eq!(crate::vm::guest_output(&stdout), expected);
+
+    drop(quick);
+    assert!(
+        !Command::new("dpkg")
+            .args(["-s", "hira-host"])
+            .output()
+            .unwrap()
+            .status
+            .success(),
+        "hira-host is purged"
+    );
+    assert!(!virsh(&["dominfo", "hira-demo"]).status.success());
+    for gone in [
+        HOOK,
+        "/run/hira",
+        "/dev/shm/hira-demo",
+        "/var/lib/libvirt/images/hira-demo",
+        "/etc/hira",
+        "/usr/libexec/hira",
+    ] {
+        assert!(!Path::new(gone).exists(), "{gone} is left");
+    }
+    let packaged = Command::new("pgrep")
+        .args(["-f", "^/usr/libexec/hira/hira-vhost"])
+        .output()
+        .unwrap();
+    assert!(
+        !packaged.status.success(),
+        "the quick start's daemon stopped"
+    );
 }

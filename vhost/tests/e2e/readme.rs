@@ -1,44 +1,48 @@
 //! The README's commands run as written, so the page cannot rot. Its shell blocks
-//! are read from `README.md`, and every command in them is run here, with two
-//! substitutions an operator's machine does not need: the paths it names under
-//! `/run/hira` and `/dev/shm` go to a private directory, and `target/release/` is this
-//! build's binaries. `scripts/test` is what CI runs (this test is part of it) and
-//! `scripts/demo` runs in CI right after it (`.ci/run`); `cargo build` lines are this
-//! build; `hira-ctl top` runs one refresh. A command this test does not know fails
-//! it: a new line in the README needs a way to run here.
+//! are read from `README.md`. The operator's quick start is `scripts/quickstart`
+//! line for line (checked here), which the libvirt test runs
+//! (`libvirt::the_operators_quick_start_runs_an_opencl_program_in_a_libvirt_domain`).
+//! Every other command is run here, against a daemon this test starts: `scripts/test`
+//! is what CI runs (this test is part of it) and `scripts/demo` runs in CI right after
+//! it (`.ci/run`); `cargo build` lines are this build; `target/release/` is this
+//! build's binaries. A command this test does not know fails it: a new line in the
+//! README needs a way to run here.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use super::support::*;
 
-/// The README's shell commands: continuation lines joined, comments dropped.
-fn readme_commands() -> Vec<String> {
+/// The README's shell commands, each with the heading it is under: continuation
+/// lines joined, comments dropped.
+fn readme_commands() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(workspace().join("README.md")).unwrap();
     let mut commands = Vec::new();
     let mut in_sh = false;
+    let mut heading = String::new();
     let mut pending = String::new();
     for line in text.lines() {
         if line.starts_with("```") {
             in_sh = line == "```sh";
             continue;
         }
-        if !in_sh || line.trim_start().starts_with('#') {
+        if !in_sh {
+            if let Some(h) = line.strip_prefix("## ") {
+                heading = h.to_string();
+            }
             continue;
         }
-        // A comment after the command: two spaces or more, then `#`.
-        let code = match line.find("  #") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        let code = code.trim();
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        let code = comment_cut(line).trim();
         match code.strip_suffix('\\') {
             Some(head) => pending.push_str(head),
             None => {
                 pending.push_str(code);
                 if !pending.trim().is_empty() {
-                    commands.push(pending.split_whitespace().collect::<Vec<_>>().join(" "));
+                    let command = pending.split_whitespace().collect::<Vec<_>>().join(" ");
+                    commands.push((heading.clone(), command));
                 }
                 pending.clear();
             }
@@ -47,12 +51,32 @@ fn readme_commands() -> Vec<String> {
     commands
 }
 
-/// A command's words, with the operator's paths under `dir` and this build's binaries.
-fn words(command: &str, dir: &Path) -> Vec<String> {
-    let d = dir.display().to_string();
+/// A line without the comment after its command: two spaces or more, then `#`.
+fn comment_cut(line: &str) -> &str {
+    match line.find("  #") {
+        Some(i) => &line[..i],
+        None => line,
+    }
+}
+
+/// The commands of `scripts/quickstart`, normalised as [`readme_commands`] does.
+fn quickstart_lines() -> Vec<String> {
+    std::fs::read_to_string(workspace().join("scripts/quickstart"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            comment_cut(l)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect()
+}
+
+/// A command's words, with this build's binaries.
+fn words(command: &str) -> Vec<String> {
     command
-        .replace("/run/hira/", &format!("{d}/run-"))
-        .replace("/dev/shm/", &format!("{d}/shm-"))
         .split_whitespace()
         .map(|w| match w.strip_prefix("target/release/") {
             Some(file) => bin_dir().join(file).display().to_string(),
@@ -77,58 +101,29 @@ fn run(words: &[String], env: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The daemon the operator's quick start starts (`... &`), ready (sd_notify).
-struct Started(Child);
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_daemon(words: &[String], dir: &Path) -> Started {
-    let ready = dir.join("notify.sock");
-    let socket = std::os::unix::net::UnixDatagram::bind(&ready).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    // Killed and reaped when dropped, also if it never gets ready.
-    let started = Started(
-        Command::new(&words[0])
-            .args(&words[1..])
-            .env("NOTIFY_SOCKET", &ready)
-            .env_remove("OCL_ICD_VENDORS")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("daemon.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let mut buf = [0u8; 512];
-    loop {
-        let n = socket.recv(&mut buf).unwrap_or_else(|e| {
-            panic!(
-                "no readiness from {words:?} ({e}): {}",
-                std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
-            )
-        });
-        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-            return started;
-        }
-    }
-}
-
 #[test]
 fn every_command_in_the_readme_runs() {
     ensure_built();
     let dir = tempfile::tempdir().unwrap();
     let guest = dir.path().join("guest");
-    let control = dir.path().join("run-control.sock");
-    let control = control.to_str().unwrap();
-    let mut daemon = None;
+    let quickstart = quickstart_lines();
+    let mut next_line = 0;
+    let mut daemon: Option<Daemon> = None;
     let mut ran = Vec::new();
-    for command in readme_commands() {
-        let w = words(&command, dir.path());
+    for (heading, command) in readme_commands() {
+        if heading == "Quick start: an operator" {
+            // scripts/quickstart, line for line and in order.
+            let at = quickstart[next_line..]
+                .iter()
+                .position(|l| *l == command)
+                .unwrap_or_else(|| {
+                    panic!("scripts/quickstart runs {command:?} (after line {next_line})")
+                });
+            next_line += at + 1;
+            ran.push(command);
+            continue;
+        }
+        let w = words(&command);
         match w[0].as_str() {
             // What CI runs: scripts/test is the run this test is part of; .ci/run
             // runs scripts/demo after it.
@@ -158,14 +153,16 @@ fn every_command_in_the_readme_runs() {
                 assert!(guest.join("etc/OpenCL/vendors/hira.icd").exists());
             }
             "clinfo" => {
-                // The guest's ICD file names its library in the guest's root.
+                // The guest's ICD file names its library in the guest's root; the
+                // daemon is an operator's, serving host-local applications.
                 let vendors = dir.path().join("vendors");
                 std::fs::create_dir_all(&vendors).unwrap();
                 let lib =
                     std::fs::read_to_string(guest.join("etc/OpenCL/vendors/hira.icd")).unwrap();
                 let lib = guest.join(lib.trim().trim_start_matches('/'));
                 std::fs::write(vendors.join("hira.icd"), lib.display().to_string()).unwrap();
-                let socket = dir.path().join("run-local.sock");
+                let d = daemon.get_or_insert_with(|| Daemon::start(&["local"]));
+                let socket = d.dir.path().join("local.sock");
                 let out = run(
                     &w,
                     &[
@@ -175,29 +172,14 @@ fn every_command_in_the_readme_runs() {
                 );
                 assert!(out.contains("Platform #0"), "{out}");
             }
-            bin if bin.ends_with("/hira-vhost") => {
-                assert_eq!(w.last().map(String::as_str), Some("&"), "{command}");
-                daemon = Some(start_daemon(&w[..w.len() - 1], dir.path()));
-            }
-            bin if bin.ends_with("/hira-ctl") => {
-                assert!(daemon.is_some(), "{command}: the daemon runs first");
-                let mut w = w.clone();
-                w.insert(1, "--socket".into());
-                w.insert(2, control.to_string());
-                if w[3] == "top" {
-                    w.extend(["--iterations".into(), "1".into()]);
-                }
-                let out = run(&w, &[]);
-                if w[3] == "status" {
-                    assert!(out.contains("opencl platform: "), "{out}");
-                }
-                if w[3] == "list" {
-                    assert!(out.contains("vm1"), "{out}");
-                }
-            }
             _ => panic!("a README command this test cannot run yet: {command}"),
         }
         ran.push(command);
     }
-    assert!(ran.len() >= 10, "{ran:?}");
+    let libvirt = std::fs::read_to_string(workspace().join("vhost/tests/e2e/libvirt.rs")).unwrap();
+    assert!(
+        libvirt.contains("scripts/quickstart"),
+        "a test runs the quick start"
+    );
+    assert!(ran.len() >= 15, "{ran:?}");
 }

@@ -27,6 +27,20 @@ pub fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The API servers' kernel cache of every daemon these tests start: not the packaged
+/// default (`/var/cache/hira`), which the operator's quick start installs, gives to
+/// its own sandbox user and purges while other tests run.
+pub fn api_server_cache() -> PathBuf {
+    PathBuf::from("/var/tmp/hira-e2e-cache")
+}
+
+/// `hira-vhost` as these tests start it (with their own kernel cache).
+pub fn hira_vhost() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+    cmd.arg("--api-server-cache-dir").arg(api_server_cache());
+    cmd
+}
+
 /// Builds the guest shim and the API server (cargo builds only this package's
 /// binaries for its tests).
 pub fn ensure_built() {
@@ -237,7 +251,7 @@ impl Daemon {
     ) -> Daemon {
         ensure_built();
         let log = dir.path().join("daemon.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+        let mut cmd = hira_vhost();
         for vm in vms {
             let (name, options) = vm
                 .split_once(',')
@@ -288,7 +302,7 @@ impl Daemon {
         let shm = shm_dir();
         let windows_in = shm.as_ref().map_or(dir.path(), |d| d.path()).to_path_buf();
         let log = dir.path().join("daemon.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hira-vhost"));
+        let mut cmd = hira_vhost();
         for (name, cid) in vms {
             let mut spec = format!(
                 "name={name},socket={},cid={cid}",
