@@ -184,6 +184,47 @@ pub const SAMPLES: &[Program] = &[
         "vectorAdd.cu",
         Some("Test PASSED")
     ),
+    // Arrays, texture objects and surface objects.
+    sample!(
+        "0_Introduction/simpleTexture",
+        "simpleTexture",
+        "",
+        "simpleTexture.cu",
+        Some("simpleTexture completed, returned OK")
+    ),
+    sample!(
+        "0_Introduction/simpleSurfaceWrite",
+        "simpleSurfaceWrite",
+        "",
+        "simpleSurfaceWrite.cu",
+        Some("simpleSurfaceWrite completed, returned OK")
+    ),
+    Program {
+        edits: &[
+            (
+                "simplePitchLinearTexture.cu",
+                "const int nx = 2048;",
+                "const int nx = 256;",
+            ),
+            (
+                "simplePitchLinearTexture.cu",
+                "const int ny = 2048;",
+                "const int ny = 256;",
+            ),
+            (
+                "simplePitchLinearTexture.cu",
+                "#define NUM_REPS 100",
+                "#define NUM_REPS 2",
+            ),
+        ],
+        ..sample!(
+            "0_Introduction/simplePitchLinearTexture",
+            "simplePitchLinearTexture",
+            "",
+            "simplePitchLinearTexture.cu",
+            Some("simplePitchLinearTexture completed, returned OK")
+        )
+    },
     // 1_Utilities
     sample!(
         "1_Utilities/deviceQuery",
@@ -219,6 +260,20 @@ pub const SAMPLES: &[Program] = &[
             "convolutionSeparable",
             "",
             "convolutionSeparable.cu convolutionSeparable_gold.cpp main.cpp",
+            Some("Test passed")
+        )
+    },
+    Program {
+        edits: &[(
+            "main.cpp",
+            "const int          imageW     = 3072;\n    const int          imageH     = 3072 / 2;\n    const unsigned int iterations = 10;",
+            "const int          imageW     = 384;\n    const int          imageH     = 192;\n    const unsigned int iterations = 1;",
+        )],
+        ..sample!(
+            "2_Concepts_and_Techniques/convolutionTexture",
+            "convolutionTexture",
+            "",
+            "convolutionTexture.cu convolutionTexture_gold.cpp main.cpp",
             Some("Test passed")
         )
     },

@@ -34,7 +34,7 @@ pub mod generated {
     use hira_apis_cuda::{Kind, op};
 
     use crate::rt::{
-        CUcontext, CUevent, CUfunction, CUlibrary, CUmodule, CUresult, CUstream, Call,
+        CUarray, CUcontext, CUevent, CUfunction, CUlibrary, CUmodule, CUresult, CUstream, Call,
     };
 
     include!(concat!(env!("OUT_DIR"), "/cuda_guest.rs"));

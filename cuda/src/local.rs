@@ -653,7 +653,8 @@ unsafe fn copy_rows(
     }
     let (src, dst) = match sides {
         Ok(s) => s,
-        Err(Refused::Array) => return unsupported("cuMemcpy2D/3D with a CUDA array"),
+        // Copies with an array side went to `array_copy`.
+        Err(Refused::Array) => return status::INVALID_VALUE,
         Err(Refused::Invalid) => return status::INVALID_VALUE,
     };
     let (Some(src_span), Some(dst_span)) = (src.span(w, h, d), dst.span(w, h, d)) else {
@@ -735,6 +736,193 @@ unsafe fn copy_rows(
     }
 }
 
+/// A 2D or 3D copy with a CUDA array on one side or both, made by the host's driver:
+/// a host side's rows go packed in pieces of whole rows (each piece one call, within
+/// what a call carries), device and array sides as they are. Unified addresses are
+/// told apart here, as the host must never take a guest's address for one of its own.
+/// Asynchronous copies wait for their stream first and are done on return.
+///
+/// # Safety
+/// A host side is valid for the rows it names, as the API requires.
+unsafe fn array_copy(mut c: copy2d::Memcpy3D, stream: Option<CUstream>) -> CUresult {
+    use copy2d::{DEVICE, HOST, UNIFIED};
+    let (w, h, d) = (c.width_in_bytes, c.height, c.depth);
+    if w == 0 || h == 0 || d == 0 {
+        return status::SUCCESS;
+    }
+    for (ty, dev) in [
+        (&mut c.src_memory_type, c.src_device),
+        (&mut c.dst_memory_type, c.dst_device),
+    ] {
+        if *ty == UNIFIED {
+            *ty = if rt::is_device(dev, 1) { DEVICE } else { HOST };
+        }
+    }
+    if c.src_memory_type == UNIFIED || c.dst_memory_type == UNIFIED {
+        return status::INVALID_VALUE;
+    }
+    if let Some(hs) = stream {
+        // SAFETY: a stream handle the application passed.
+        let st = unsafe { crate::generated::cuStreamSynchronize(hs) };
+        if st != status::SUCCESS {
+            return st;
+        }
+    }
+    let src_host = c.src_memory_type == HOST;
+    let dst_host = c.dst_memory_type == HOST;
+    if !src_host && !dst_host {
+        // SAFETY: a description of 200 bytes and no data.
+        return unsafe {
+            crate::generated::hiraMemcpy3DIn((&raw const c).cast(), std::ptr::null(), 0)
+        };
+    }
+    let piece = match rt::window_chunk() {
+        0 => rt::MAX_BYTES,
+        n => n.min(rt::MAX_BYTES),
+    };
+    let rows_per_piece = (piece / w).max(1);
+    // The host side: where its rows start, its pitch and rows per slice.
+    let (base, x, y, z, pitch, rows) = if src_host {
+        (
+            c.src_host as u64,
+            c.src_x_in_bytes,
+            c.src_y,
+            c.src_z,
+            c.src_pitch,
+            c.src_height,
+        )
+    } else {
+        (
+            c.dst_host as u64,
+            c.dst_x_in_bytes,
+            c.dst_y,
+            c.dst_z,
+            c.dst_pitch,
+            c.dst_height,
+        )
+    };
+    if base == 0 || (h > 1 && pitch < w) || (d > 1 && rows < h) {
+        return status::INVALID_VALUE;
+    }
+    let row_at = |slice: usize, row: usize| -> Option<u64> {
+        let off = (z.checked_add(slice)?)
+            .checked_mul(pitch.checked_mul(rows)?)?
+            .checked_add((y.checked_add(row)?).checked_mul(pitch)?)?
+            .checked_add(x)?;
+        base.checked_add(off as u64)
+    };
+    let mut buf = Vec::new();
+    for slice in 0..d {
+        let mut row = 0;
+        while row < h {
+            let n = rows_per_piece.min(h - row);
+            let mut one = c;
+            one.height = n;
+            one.depth = 1;
+            if src_host {
+                (one.src_host, one.src_x_in_bytes, one.src_y, one.src_z) =
+                    (std::ptr::null(), 0, 0, 0);
+                (one.src_pitch, one.src_height) = (w, n);
+                one.dst_y = c.dst_y + row;
+                one.dst_z = c.dst_z + slice;
+            } else {
+                (one.dst_host, one.dst_x_in_bytes, one.dst_y, one.dst_z) =
+                    (std::ptr::null_mut(), 0, 0, 0);
+                (one.dst_pitch, one.dst_height) = (w, n);
+                one.src_y = c.src_y + row;
+                one.src_z = c.src_z + slice;
+            }
+            buf.clear();
+            buf.resize(w * n, 0);
+            let mut starts = Vec::with_capacity(n);
+            for k in 0..n {
+                match row_at(slice, row + k) {
+                    Some(p) => starts.push(p),
+                    None => return status::INVALID_VALUE,
+                }
+            }
+            let st = if src_host {
+                for (k, p) in starts.iter().enumerate() {
+                    // SAFETY: a host row the application described.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            *p as usize as *const u8,
+                            buf.as_mut_ptr().add(k * w),
+                            w,
+                        );
+                    }
+                }
+                // SAFETY: the piece's description and its packed rows.
+                unsafe {
+                    crate::generated::hiraMemcpy3DIn(
+                        (&raw const one).cast(),
+                        buf.as_ptr().cast(),
+                        buf.len(),
+                    )
+                }
+            } else {
+                // SAFETY: the piece's description and room for its packed rows.
+                let st = unsafe {
+                    crate::generated::hiraMemcpy3DOut(
+                        (&raw const one).cast(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    )
+                };
+                if st == status::SUCCESS {
+                    for (k, p) in starts.iter().enumerate() {
+                        // SAFETY: a host row the application described.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                buf.as_ptr().add(k * w),
+                                *p as usize as *mut u8,
+                                w,
+                            );
+                        }
+                    }
+                }
+                st
+            };
+            if st != status::SUCCESS {
+                return st;
+            }
+            row += n;
+        }
+    }
+    status::SUCCESS
+}
+
+/// `cuMemcpy2D`'s description as `cuMemcpy3D`'s, one slice deep.
+fn as_3d(c: &copy2d::Memcpy2D) -> copy2d::Memcpy3D {
+    copy2d::Memcpy3D {
+        src_x_in_bytes: c.src_x_in_bytes,
+        src_y: c.src_y,
+        src_z: 0,
+        src_lod: 0,
+        src_memory_type: c.src_memory_type,
+        src_host: c.src_host,
+        src_device: c.src_device,
+        src_array: c.src_array,
+        reserved0: std::ptr::null_mut(),
+        src_pitch: c.src_pitch,
+        src_height: c.height,
+        dst_x_in_bytes: c.dst_x_in_bytes,
+        dst_y: c.dst_y,
+        dst_z: 0,
+        dst_lod: 0,
+        dst_memory_type: c.dst_memory_type,
+        dst_host: c.dst_host,
+        dst_device: c.dst_device,
+        dst_array: c.dst_array,
+        reserved1: std::ptr::null_mut(),
+        dst_pitch: c.dst_pitch,
+        dst_height: c.height,
+        width_in_bytes: c.width_in_bytes,
+        height: c.height,
+        depth: 1,
+    }
+}
+
 /// # Safety
 /// `copy` points to a `CUDA_MEMCPY2D` whose host sides are valid, as the API requires.
 unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
@@ -746,6 +934,10 @@ unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
     }
     // SAFETY: the caller's description, 128 bytes.
     let c = unsafe { copy.cast::<copy2d::Memcpy2D>().read_unaligned() };
+    if c.src_memory_type == copy2d::ARRAY || c.dst_memory_type == copy2d::ARRAY {
+        // SAFETY: the caller's promise.
+        return unsafe { array_copy(as_3d(&c), stream) };
+    }
     let sides = c.sides(|p| rt::is_device(p, 1));
     // SAFETY: the caller's promise.
     unsafe { copy_rows(sides, (c.width_in_bytes, c.height, 1), stream) }
@@ -762,6 +954,13 @@ unsafe fn copy_3d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
     }
     // SAFETY: the caller's description, 200 bytes.
     let c = unsafe { copy.cast::<copy2d::Memcpy3D>().read_unaligned() };
+    if c.src_memory_type == copy2d::ARRAY || c.dst_memory_type == copy2d::ARRAY {
+        if c.src_lod != 0 || c.dst_lod != 0 {
+            return status::INVALID_VALUE;
+        }
+        // SAFETY: the caller's promise.
+        return unsafe { array_copy(c, stream) };
+    }
     let sides = c.sides(|p| rt::is_device(p, 1));
     let size = (c.width_in_bytes, c.height, c.depth);
     // SAFETY: the caller's promise.

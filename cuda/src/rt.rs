@@ -27,6 +27,7 @@ pub type CUlibrary = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
+pub type CUarray = *mut c_void;
 
 /// Largest byte argument or result one call carries (a frame, less room for the
 /// rest of the call).

@@ -12,6 +12,12 @@ use hira_protocol::{Reader, Writer};
 use super::{Bytes, Session};
 use crate::backend::{Fail, FrameData};
 
+pub(crate) use super::arrays::{
+    cuArray3DCreate_v2, cuArrayCreate_v2, cuArrayDestroy, cuSurfObjectCreate, cuSurfObjectDestroy,
+    cuSurfObjectGetResourceDesc, cuTexObjectCreate, cuTexObjectDestroy, cuTexObjectGetResourceDesc,
+    hiraMemcpy3DIn, hiraMemcpy3DOut,
+};
+
 fn unsupported() -> Fail {
     Fail::Status(status::NOT_SUPPORTED)
 }

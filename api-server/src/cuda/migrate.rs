@@ -478,6 +478,16 @@ impl Session {
 
     /// Captures the quiesced session.
     pub(crate) fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
+        {
+            let t = self.textures();
+            if !t.arrays.is_empty() || !t.objects.is_empty() {
+                return Err(MigrationError::Unmigratable(
+                    "it holds CUDA arrays or texture or surface objects, which a snapshot \
+                     does not carry yet"
+                        .into(),
+                ));
+            }
+        }
         if self.placement().driver_placed() {
             return Err(MigrationError::Unmigratable(
                 "its device memory was placed by the driver (HIRA_CUDA_PLACEMENT=driver, or \

@@ -12,6 +12,7 @@
 //! the status as a plain `c_int`: `cudarc`'s bindings type it as a Rust enum, and a
 //! driver newer than the bindings may return a code the enum lacks.
 
+mod arrays;
 pub mod custom;
 pub mod device_time;
 pub mod migrate;
@@ -49,6 +50,7 @@ mod generated {
     type CUfunction = *mut c_void;
     type CUstream = *mut c_void;
     type CUevent = *mut c_void;
+    type CUarray = *mut c_void;
 
     include!(concat!(env!("OUT_DIR"), "/cuda_server.rs"));
 }
@@ -92,6 +94,8 @@ pub(crate) struct Extra {
     pub(crate) cuPointerGetAttributes:
         Option<unsafe extern "C" fn(c_uint, *const c_int, *mut *mut c_void, u64) -> c_int>,
     pub(crate) cuLaunchKernelEx: Option<LaunchKernelEx>,
+    pub(crate) cuMemcpy3D_v2:
+        Option<unsafe extern "C" fn(*const hira_apis_cuda_private::copy2d::Memcpy3D) -> c_int>,
 }
 
 /// The loaded driver library.
@@ -168,11 +172,17 @@ pub struct Session {
     /// Contexts whose `printf` FIFO size was fixed on the API server the session
     /// moved from (a kernel that prints had run there): setting it fails, as it did.
     pub(crate) fifo_fixed: Mutex<std::collections::HashSet<u64>>,
+    /// Arrays and texture and surface objects (`arrays`).
+    textures: Mutex<arrays::Textures>,
 }
 
 impl Session {
     fn handles(&self) -> std::sync::MutexGuard<'_, Handles> {
         self.handles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn textures(&self) -> std::sync::MutexGuard<'_, arrays::Textures> {
+        self.textures.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The host object id `id` names. 0 passes as NULL, for the host to answer as
@@ -382,6 +392,20 @@ impl Session {
     pub(crate) fn context_destroyed(&self, ctx: u64) {
         let total = self.placement().free_context(self.vmm.as_ref(), ctx);
         self.quota.uncharge(total);
+        let (arrays, bytes) = {
+            let mut t = self.textures();
+            let ids: Vec<u64> = t
+                .arrays
+                .iter()
+                .filter(|(_, (c, _))| *c == ctx)
+                .map(|(&id, _)| id)
+                .collect();
+            (ids, t.context_ended(ctx))
+        };
+        for id in arrays {
+            self.unbind(Kind::Array, id);
+        }
+        self.quota.uncharge(bytes);
         self.log().context_ended(ctx);
     }
 
@@ -581,6 +605,7 @@ impl CudaBackend {
                 cuLaunchKernelEx: lib.get(c"cuLaunchKernelEx"),
                 cuPointerGetAttribute: lib.get(c"cuPointerGetAttribute"),
                 cuPointerGetAttributes: lib.get(c"cuPointerGetAttributes"),
+                cuMemcpy3D_v2: lib.get(c"cuMemcpy3D_v2"),
             }
         };
         let missing = [
@@ -611,6 +636,7 @@ impl CudaBackend {
                 vmm,
                 log: Mutex::new(migrate::CudaLog::default()),
                 fifo_fixed: Mutex::new(Default::default()),
+                textures: Mutex::new(Default::default()),
             },
         })
     }

@@ -8,6 +8,7 @@
 //! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes;
 //! - [`capture`]: stream capture as a driver without graphs answers it;
 //! - [`copy2d`]: `cuMemcpy2D`'s description of a copy;
+//! - [`texture`]: CUDA arrays', texture objects' and surface objects' descriptions;
 //! - [`pointer`]: the values of `cuPointerGetAttribute(s)`;
 //! - [`vmm`]: the virtual-memory-management calls' structures and signatures;
 //! - [`variables`]: the names of a module's variables, from its PTX.
@@ -19,6 +20,7 @@ pub mod fatbin;
 pub mod launch;
 pub mod pointer;
 pub mod procs;
+pub mod texture;
 pub mod variables;
 pub mod vmm;
 

@@ -1,10 +1,12 @@
 //! The CUDA driver API on Hira's wire: object kinds and opcodes (generated from
 //! `protocol/api/cuda.api`).
 //!
-//! Objects (contexts, modules, functions, streams, events, libraries) are named by 64-bit
+//! Objects (contexts, modules, functions, streams, events, libraries, arrays) are named by 64-bit
 //! session ids (`hira_protocol::api::HOST_ID_BIT`); a guest application sees the id
 //! as the handle's value. Device pointers are not objects: they are the host's
-//! device addresses, which only the session's own contexts can reach.
+//! device addresses, which only the session's own contexts can reach. Nor are texture
+//! and surface objects: kernels take them as arguments, so they are the host's
+//! values too.
 
 pub use hira_protocol::api::{HOST_ID_BIT, Replay};
 
@@ -22,6 +24,9 @@ pub enum Kind {
     Event = 5,
     /// A library (`cuLibraryLoadData`): code loaded for every context.
     Library = 6,
+    /// A CUDA array (`cuArrayCreate`, `cuArray3DCreate`): texels laid out as the
+    /// device likes, reached by copies and by texture and surface objects.
+    Array = 7,
 }
 
 impl Kind {

@@ -28,6 +28,7 @@ mod library;
 pub mod nvrtc;
 mod pitched;
 pub mod ptx;
+mod texture;
 mod vmm;
 
 use std::cell::RefCell;
@@ -148,6 +149,8 @@ struct Memory {
     mapped: std::collections::HashSet<u64>,
     /// Mapped ranges no device may access yet (`cuMemSetAccess` not called).
     no_access: std::collections::HashSet<u64>,
+    /// Texture and surface objects, which kernels reach through this memory.
+    objects: texture::Objects,
 }
 
 impl Memory {
@@ -209,6 +212,14 @@ impl ptx::DeviceMemory for Memory {
             }
             None => false,
         }
+    }
+
+    fn texture(&self, handle: u64) -> Option<ptx::tex::Texture> {
+        self.objects.textures.get(&handle).map(|t| t.0)
+    }
+
+    fn surface(&self, handle: u64) -> Option<ptx::tex::Surface> {
+        self.objects.surfaces.get(&handle).map(|t| t.0)
     }
 }
 
@@ -289,6 +300,8 @@ struct State {
     ended: Vec<usize>,
     /// Virtual memory management: reservations, physical allocations, mappings.
     vmm: vmm::Vmm,
+    /// CUDA arrays.
+    arrays: HashMap<usize, texture::Array>,
 }
 
 impl State {
@@ -1940,6 +1953,18 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuCtxSynchronize_v2" => library::cuCtxSynchronize_v2,
         "cuDeviceCanAccessPeer" => cuDeviceCanAccessPeer,
         "cuMemAllocPitch_v2" => pitched::cuMemAllocPitch_v2,
+        "cuArrayCreate_v2" => texture::cuArrayCreate_v2,
+        "cuArray3DCreate_v2" => texture::cuArray3DCreate_v2,
+        "cuArrayDestroy" => texture::cuArrayDestroy,
+        "cuArrayGetDescriptor_v2" => texture::cuArrayGetDescriptor_v2,
+        "cuArray3DGetDescriptor_v2" => texture::cuArray3DGetDescriptor_v2,
+        "cuTexObjectCreate" => texture::cuTexObjectCreate,
+        "cuTexObjectDestroy" => texture::cuTexObjectDestroy,
+        "cuTexObjectGetResourceDesc" => texture::cuTexObjectGetResourceDesc,
+        "cuTexObjectGetTextureDesc" => texture::cuTexObjectGetTextureDesc,
+        "cuSurfObjectCreate" => texture::cuSurfObjectCreate,
+        "cuSurfObjectDestroy" => texture::cuSurfObjectDestroy,
+        "cuSurfObjectGetResourceDesc" => texture::cuSurfObjectGetResourceDesc,
         "cuMemcpy2D_v2" => pitched::cuMemcpy2D_v2,
         "cuMemcpy2DUnaligned_v2" => pitched::cuMemcpy2DUnaligned_v2,
         "cuMemcpy2DAsync_v2" => pitched::cuMemcpy2DAsync_v2,

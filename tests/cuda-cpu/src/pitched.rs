@@ -1,10 +1,11 @@
 //! Pitched memory, 2D and 3D copies and 2D memsets (`cuMemAllocPitch`, `cuMemcpy2D`,
-//! `cuMemcpy3D`, `cuMemsetD2D*`) between host and device memory, as the driver API documents them;
-//! CUDA arrays are not in this executor (`CUDA_ERROR_NOT_SUPPORTED`).
+//! `cuMemcpy3D`, `cuMemsetD2D*`) between host and device memory and CUDA arrays, as
+//! the driver API documents them. An array's side of a copy is its device memory,
+//! row after row ([`crate::texture`]), the copy checked against the array's extent.
 
 use std::ffi::{c_uint, c_void};
 
-use hira_apis_cuda_private::copy2d::{Memcpy2D, Memcpy3D, Refused, Side};
+use hira_apis_cuda_private::copy2d::{ARRAY, DEVICE, Memcpy2D, Memcpy3D, Refused, Side};
 
 use super::{
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
@@ -99,6 +100,24 @@ fn copy_checked(
     copy_rows(s, src, dst, size)
 }
 
+/// An array's side of a copy of `size` from texel row `y` of slice `z`, byte `x`:
+/// the array's memory, its row bytes and rows per slice, if the copy stays inside.
+fn array_side(
+    s: &State,
+    array: *mut c_void,
+    (x, y, z): (usize, usize, usize),
+    (w, h, d): (usize, usize, usize),
+) -> Result<(u64, usize, usize), CUresult> {
+    let a = crate::texture::array(s, array).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let row = a.row_bytes();
+    let (rows, slices) = a.rows();
+    let inside = |at: usize, n: usize, limit: usize| at.checked_add(n).is_some_and(|e| e <= limit);
+    if !(inside(x, w, row) && inside(y, h, rows) && inside(z, d, slices)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok((a.base, row, rows))
+}
+
 /// A 2D copy.
 unsafe fn copy_2d(copy: *const Memcpy2D, stream: Option<Handle>) -> CUresult {
     with_ctx_flushing(|s, _| {
@@ -106,7 +125,24 @@ unsafe fn copy_2d(copy: *const Memcpy2D, stream: Option<Handle>) -> CUresult {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: the caller's description.
-        let c = unsafe { copy.read_unaligned() };
+        let mut c = unsafe { copy.read_unaligned() };
+        let size = (c.width_in_bytes, c.height, 1);
+        if c.src_memory_type == ARRAY {
+            match array_side(s, c.src_array, (c.src_x_in_bytes, c.src_y, 0), size) {
+                Ok((base, pitch, _)) => {
+                    (c.src_memory_type, c.src_device, c.src_pitch) = (DEVICE, base, pitch);
+                }
+                Err(e) => return e,
+            }
+        }
+        if c.dst_memory_type == ARRAY {
+            match array_side(s, c.dst_array, (c.dst_x_in_bytes, c.dst_y, 0), size) {
+                Ok((base, pitch, _)) => {
+                    (c.dst_memory_type, c.dst_device, c.dst_pitch) = (DEVICE, base, pitch);
+                }
+                Err(e) => return e,
+            }
+        }
         let sides = c.sides(|p| s.mem.find(p, 1).is_some());
         copy_checked(s, sides, (c.width_in_bytes, c.height, 1))
     })
@@ -119,9 +155,30 @@ unsafe fn copy_3d(copy: *const Memcpy3D, stream: Option<Handle>) -> CUresult {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: the caller's description.
-        let c = unsafe { copy.read_unaligned() };
+        let mut c = unsafe { copy.read_unaligned() };
+        let size = (c.width_in_bytes, c.height, c.depth);
+        if c.src_memory_type == ARRAY {
+            let at = (c.src_x_in_bytes, c.src_y, c.src_z);
+            match array_side(s, c.src_array, at, size) {
+                Ok((base, pitch, rows)) => {
+                    (c.src_memory_type, c.src_device) = (DEVICE, base);
+                    (c.src_pitch, c.src_height) = (pitch, rows);
+                }
+                Err(e) => return e,
+            }
+        }
+        if c.dst_memory_type == ARRAY {
+            let at = (c.dst_x_in_bytes, c.dst_y, c.dst_z);
+            match array_side(s, c.dst_array, at, size) {
+                Ok((base, pitch, rows)) => {
+                    (c.dst_memory_type, c.dst_device) = (DEVICE, base);
+                    (c.dst_pitch, c.dst_height) = (pitch, rows);
+                }
+                Err(e) => return e,
+            }
+        }
         let sides = c.sides(|p| s.mem.find(p, 1).is_some());
-        copy_checked(s, sides, (c.width_in_bytes, c.height, c.depth))
+        copy_checked(s, sides, size)
     })
 }
 

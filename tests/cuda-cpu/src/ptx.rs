@@ -24,6 +24,12 @@
 //! flushes ([`format_vprintf`]). A call of a function the module only declares, or
 //! through a function pointer, is refused when the module loads, with the callee
 //! named.
+//!
+//! Texture fetches (`tex.1d`, `.2d`, `.3d`) and surface loads and stores (`suld.b`,
+//! `sust.b`) go to the objects the driver API made, through
+//! [`DeviceMemory::texture`] and [`DeviceMemory::surface`] ([`tex`]).
+
+pub mod tex;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, c_char, c_int, c_long, c_void};
@@ -283,6 +289,22 @@ enum Op {
     // `call vprintf`: operands are the format's and the arguments' call parameters,
     // then the return value's if the call has one (`true`).
     Call(bool),
+    /// `tex.GEOM.v4.DTYPE.CTYPE d, [t, c]` of `dims` dimensions (`ints`: integer
+    /// coordinates); operands `[d, t, c]`.
+    Tex {
+        dims: usize,
+        ints: bool,
+    },
+    /// `suld.b.GEOM.VEC.BTYPE.CLAMP d, [s, c]`; operands `[d, s, c]`.
+    Suld {
+        dims: usize,
+        clamp: tex::Clamp,
+    },
+    /// `sust.b.GEOM.VEC.BTYPE.CLAMP [s, c], a`; operands `[a, s, c]`.
+    Sust {
+        dims: usize,
+        clamp: tex::Clamp,
+    },
 }
 
 /// The warp-wide instructions. A lane that reaches one waits until every lane it
@@ -453,6 +475,14 @@ pub trait DeviceMemory {
     fn read(&self, addr: u64, out: &mut [u8]) -> bool;
     /// Writes `data` at `addr`; `false` if the bytes are not all allocated.
     fn write(&mut self, addr: u64, data: &[u8]) -> bool;
+    /// The texture object `handle` names, if it is one.
+    fn texture(&self, _handle: u64) -> Option<tex::Texture> {
+        None
+    }
+    /// The surface object `handle` names, if it is one.
+    fn surface(&self, _handle: u64) -> Option<tex::Surface> {
+        None
+    }
 }
 
 /// Generic addresses of the shared and local windows (global addresses are below).
@@ -1657,6 +1687,9 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
     if base == "call" {
         return parse_call(f, guard, operands, s);
     }
+    if matches!(base, "tex" | "suld" | "sust") {
+        return parse_texture_op(f, guard, opcode, operands, s);
+    }
     let has = |m: &str| mods.contains(&m);
     let ty = types.first().copied().unwrap_or(Ty::B(64));
     let mut ty2 = types.get(1).copied().unwrap_or(ty);
@@ -1964,6 +1997,109 @@ fn parse_inst(f: &FuncBuilder<'_>, s: &str) -> Result<Inst, PtxError> {
         round,
         ops,
         text: s.to_string(),
+    })
+}
+
+/// `tex`, `suld.b` and `sust.b` on an object in a 64-bit register: the vector of
+/// results or values, and `[object, {coordinates}]`.
+fn parse_texture_op(
+    f: &FuncBuilder<'_>,
+    guard: Option<(usize, bool)>,
+    opcode: &str,
+    operands: &str,
+    text: &str,
+) -> Result<Inst, PtxError> {
+    let unsupported = || {
+        PtxError(format!(
+            "the CPU test executor does not implement `{opcode}`"
+        ))
+    };
+    let parts: Vec<&str> = opcode.split('.').collect();
+    let (base, mods) = (parts[0], &parts[1..]);
+    let has = |m: &str| mods.contains(&m);
+    let dims = if has("1d") {
+        1
+    } else if has("2d") {
+        2
+    } else if has("3d") {
+        3
+    } else {
+        return Err(unsupported());
+    };
+    let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
+    let vec = if has("v4") {
+        4
+    } else if has("v2") {
+        2
+    } else {
+        1
+    };
+    let clamp = if has("clamp") {
+        tex::Clamp::Clamp
+    } else if has("zero") {
+        tex::Clamp::Zero
+    } else {
+        tex::Clamp::Trap
+    };
+    let (op, ty, cty) = match base {
+        "tex" if vec == 4 && types.len() == 2 && !has("level") && !has("grad") => {
+            let (d, c) = (types[0], types[1]);
+            if !matches!(d, Ty::F32 | Ty::S(32) | Ty::U(32)) || !matches!(c, Ty::F32 | Ty::S(32)) {
+                return Err(unsupported());
+            }
+            (
+                Op::Tex {
+                    dims,
+                    ints: c == Ty::S(32),
+                },
+                d,
+                c,
+            )
+        }
+        "suld" | "sust" if has("b") && types.len() == 1 && matches!(types[0], Ty::B(_)) => {
+            let op = if base == "suld" {
+                Op::Suld { dims, clamp }
+            } else {
+                Op::Sust { dims, clamp }
+            };
+            (op, types[0], Ty::S(32))
+        }
+        _ => return Err(unsupported()),
+    };
+    let top = split_top(operands, ',');
+    let (value, place) = match top.as_slice() {
+        [place, value] if base == "sust" => (value.as_str(), place.as_str()),
+        [value, place] => (value.as_str(), place.as_str()),
+        _ => return err(format!("`{opcode}` takes two operands")),
+    };
+    let inner = place
+        .trim()
+        .strip_prefix('[')
+        .and_then(|p| p.strip_suffix(']'))
+        .ok_or_else(|| PtxError(format!("`{opcode}`: no [object, coordinates] in {place}")))?;
+    let inside = split_top(inner, ',');
+    let [object, coords] = inside.as_slice() else {
+        return err(format!(
+            "`{opcode}`: [object, coordinates] expected, found {place}"
+        ));
+    };
+    let object = parse_operand(f, object, Ty::B(64))?;
+    if !matches!(object, Operand::Reg(_)) {
+        // Texture references (`.texref` names) went with CUDA 12.
+        return Err(unsupported());
+    }
+    let coords = parse_operand(f, coords, cty)?;
+    let value = parse_operand(f, value, ty)?;
+    Ok(Inst {
+        guard,
+        op,
+        ty,
+        ty2: cty,
+        vec,
+        sat: false,
+        round: Round::Nearest,
+        ops: vec![value, object, coords],
+        text: text.to_string(),
     })
 }
 
@@ -2584,6 +2720,21 @@ impl Ctx<'_> {
     }
 }
 
+/// The first `n` values of a vector operand (coordinates), the rest 0.
+fn vector_values(ctx: &Ctx<'_>, t: &Thread, o: &Operand, n: usize) -> Result<[u64; 3], PtxError> {
+    let Operand::Vec(items) = o else {
+        return err("coordinates are not a vector");
+    };
+    if items.len() < n {
+        return err("too few coordinates");
+    }
+    let mut out = [0u64; 3];
+    for (slot, item) in out.iter_mut().zip(items).take(n) {
+        *slot = ctx.value(t, item)?;
+    }
+    Ok(out)
+}
+
 fn set(t: &mut Thread, o: &Operand, v: u64) -> Result<(), PtxError> {
     match o {
         Operand::Reg(r) => {
@@ -2941,6 +3092,57 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
                 set(t, d, x)?;
             }
         },
+        Op::Tex { dims, ints } => {
+            let h = v(ctx, t, 1)?;
+            let tex = ctx
+                .mem
+                .texture(h)
+                .ok_or_else(|| PtxError(format!("illegal address: no texture object {h:#x}")))?;
+            let coords = vector_values(ctx, t, &o[2], dims)?;
+            let r =
+                tex::fetch(&*ctx.mem, &tex, dims, coords, ints, ty.float()).map_err(PtxError)?;
+            if let Operand::Vec(dsts) = &o[0] {
+                for (d, x) in dsts.iter().zip(r) {
+                    if matches!(d, Operand::Reg(_)) {
+                        set(t, d, x)?;
+                    }
+                }
+            }
+        }
+        Op::Suld { dims, clamp } | Op::Sust { dims, clamp } => {
+            let h = v(ctx, t, 1)?;
+            let surf = ctx
+                .mem
+                .surface(h)
+                .ok_or_else(|| PtxError(format!("illegal address: no surface object {h:#x}")))?;
+            let coords = vector_values(ctx, t, &o[2], dims)?;
+            let n = ty.size();
+            let values: Vec<Operand> = match &o[0] {
+                Operand::Vec(v) => v.clone(),
+                other => vec![other.clone()],
+            };
+            if values.len() != inst.vec {
+                return err("vector width and operands disagree");
+            }
+            let at = tex::surface_at(&surf, dims, coords, n * inst.vec, clamp).map_err(PtxError)?;
+            for (i, d) in values.iter().enumerate() {
+                let addr = at.map(|a| a + (i * n) as u64);
+                if let Op::Suld { .. } = inst.op {
+                    let mut buf = [0u8; 8];
+                    if let Some(a) = addr
+                        && !ctx.mem.read(a, &mut buf[..n])
+                    {
+                        return err(format!("illegal address {a:#x} in a surface"));
+                    }
+                    set(t, d, u64::from_le_bytes(buf))?;
+                } else if let Some(a) = addr {
+                    let x = ctx.value(t, d)?;
+                    if !ctx.mem.write(a, &x.to_le_bytes()[..n]) {
+                        return err(format!("illegal address {a:#x} in a surface"));
+                    }
+                }
+            }
+        }
         Op::Ld(space) => {
             let addr = ctx.address(t, &o[1])?;
             let n = ty.size();

@@ -457,6 +457,7 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     );
     let (h, _) = pointer_query(&mut g, &[2], 8);
     assert_eq!(h.kind, FrameKind::Error);
+    forged_array_calls(&mut g, &status_of);
     // An opcode CUDA's description does not have.
     let (h, _) = g.call(999, &[]);
     assert_eq!(h.kind, FrameKind::Error);
@@ -466,6 +467,152 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     let (h, p) = g.call(op::cuDriverGetVersion, w.as_slice());
     assert_eq!(h.kind, FrameKind::Reply);
     assert_eq!(status(&p), 0);
+}
+
+/// Arrays, copies with an array side and texture objects, forged, in context 7 of
+/// [`forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on`]'s session:
+/// no description makes the host's driver touch the API server's own memory.
+fn forged_array_calls(g: &mut RawGuest, status_of: &dyn Fn((FrameHeader, Vec<u8>)) -> i32) {
+    use hira_apis_cuda::op;
+    use hira_apis_cuda_private::copy2d::{ARRAY, HOST, Memcpy3D, UNIFIED};
+    use hira_protocol::Writer;
+    use hira_protocol::api::tag;
+    // An 8 x 4 array of floats, id 20.
+    let mut desc = Vec::new();
+    for v in [8u64, 4, 0] {
+        desc.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [0x20u32, 1, 0, 0] {
+        desc.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut w = Writer::new();
+    w.u64(7).u8(1).u64(20).u8(tag::INLINE).bytes(&desc);
+    assert_eq!(status_of(g.call(op::cuArray3DCreate_v2, w.as_slice())), 0);
+    let copy = |c: &Memcpy3D| {
+        // SAFETY: a plain C structure, read as its bytes.
+        unsafe { std::slice::from_raw_parts((c as *const Memcpy3D).cast::<u8>(), 200).to_vec() }
+    };
+    let into_array = Memcpy3D {
+        src_x_in_bytes: 0,
+        src_y: 0,
+        src_z: 0,
+        src_lod: 0,
+        src_memory_type: HOST,
+        src_host: std::ptr::null(),
+        src_device: 0,
+        src_array: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        src_pitch: 32,
+        src_height: 4,
+        dst_x_in_bytes: 0,
+        dst_y: 0,
+        dst_z: 0,
+        dst_lod: 0,
+        dst_memory_type: ARRAY,
+        dst_host: std::ptr::null_mut(),
+        dst_device: 0,
+        dst_array: 20 as *mut std::ffi::c_void,
+        reserved1: std::ptr::null_mut(),
+        dst_pitch: 0,
+        dst_height: 0,
+        width_in_bytes: 32,
+        height: 4,
+        depth: 1,
+    };
+    let copy_in = |g: &mut RawGuest, c: &Memcpy3D, data: &[u8]| {
+        let mut w = Writer::new();
+        w.u64(7).u8(tag::INLINE).bytes(&copy(c));
+        if data.is_empty() {
+            w.u8(tag::NULL);
+        } else {
+            w.u8(tag::INLINE).bytes(data);
+        }
+        w.u64(data.len() as u64);
+        g.call(op::hiraMemcpy3DIn, w.as_slice())
+    };
+    let texels: Vec<u8> = (0..128u8).collect();
+    assert_eq!(status_of(copy_in(g, &into_array, &texels)), 0);
+    // The rows come back as they went.
+    let mut out_of = into_array;
+    (out_of.src_memory_type, out_of.src_array) = (ARRAY, 20 as *mut std::ffi::c_void);
+    (out_of.dst_memory_type, out_of.dst_array) = (HOST, std::ptr::null_mut());
+    (out_of.dst_pitch, out_of.dst_height) = (32, 4);
+    let mut w = Writer::new();
+    w.u64(7)
+        .u8(tag::INLINE)
+        .bytes(&copy(&out_of))
+        .u8(tag::INLINE)
+        .u64(128);
+    let (h, p) = g.call(op::hiraMemcpy3DOut, w.as_slice());
+    assert_eq!(h.kind, FrameKind::Reply);
+    assert_eq!(status(&p), 0);
+    assert!(
+        p.windows(128).any(|w| w == texels.as_slice()),
+        "the texels back"
+    );
+    // A host address of the guest's own naming (here: one of the API server's
+    // pages, were it taken as the host's) without the data: refused.
+    let mut forged = into_array;
+    forged.src_host = 0x1000 as *const std::ffi::c_void;
+    assert_eq!(status_of(copy_in(g, &forged, &[])), 1, "INVALID_VALUE");
+    // A unified address the guest left for the host to resolve: refused.
+    let mut unified = into_array;
+    (unified.src_memory_type, unified.src_device) = (UNIFIED, 0x1000);
+    assert_eq!(status_of(copy_in(g, &unified, &[])), 1, "INVALID_VALUE");
+    // An array id the session never made.
+    let mut stranger = into_array;
+    stranger.dst_array = 0xbad as *mut std::ffi::c_void;
+    assert_eq!(
+        status_of(copy_in(g, &stranger, &texels)),
+        1,
+        "INVALID_VALUE"
+    );
+    // Data that is not the copy's packed rows breaks the protocol.
+    let (h, _) = copy_in(g, &into_array, &texels[..100]);
+    assert_eq!(h.kind, FrameKind::Error);
+    // A texture over an array the session never made, and the destruction of an
+    // object it never made.
+    let mut res = [0u8; 144];
+    res[8..16].copy_from_slice(&0xbadu64.to_le_bytes());
+    let mut w = Writer::new();
+    w.u64(7)
+        .u8(1)
+        .u8(tag::INLINE)
+        .bytes(&res)
+        .u8(tag::INLINE)
+        .bytes(&[0u8; 104])
+        .u8(tag::NULL);
+    assert_eq!(
+        status_of(g.call(op::cuTexObjectCreate, w.as_slice())),
+        400,
+        "INVALID_HANDLE"
+    );
+    let mut w = Writer::new();
+    w.u64(7).u64(0x77);
+    assert_eq!(
+        status_of(g.call(op::cuTexObjectDestroy, w.as_slice())),
+        1,
+        "INVALID_VALUE"
+    );
+    // A texture over the array, then destroyed.
+    res[8..16].copy_from_slice(&20u64.to_le_bytes());
+    let mut w = Writer::new();
+    w.u64(7)
+        .u8(1)
+        .u8(tag::INLINE)
+        .bytes(&res)
+        .u8(tag::INLINE)
+        .bytes(&[0u8; 104])
+        .u8(tag::NULL);
+    let (h, p) = g.call(op::cuTexObjectCreate, w.as_slice());
+    assert_eq!((h.kind, status(&p)), (FrameKind::Reply, 0));
+    let value = u64::from_le_bytes(p[p.len() - 8..].try_into().unwrap());
+    let mut w = Writer::new();
+    w.u64(7).u64(value);
+    assert_eq!(status_of(g.call(op::cuTexObjectDestroy, w.as_slice())), 0);
+    let mut w = Writer::new();
+    w.u64(20);
+    assert_eq!(status_of(g.call(op::cuArrayDestroy, w.as_slice())), 0);
 }
 
 #[test]

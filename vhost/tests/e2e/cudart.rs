@@ -25,6 +25,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("warps", &[]),
     ("thrust", &[]),
     ("half", &[]),
+    ("textures", &[]),
 ];
 
 fn nvcc() -> PathBuf {
