@@ -267,8 +267,9 @@ pub const PROGRAMS: &[Program] = &[
 ];
 
 /// Rodinia 3.1's CUDA programs that nvcc 13 builds, in the suite's order, with the
-/// fewest edits (docs/rodinia.md lists each and why). Not here: hybridsort, kmeans,
-/// leukocyte and mummergpu, which use texture references, gone since CUDA 12.
+/// fewest edits (docs/rodinia.md lists each and why). kmeans' texture references,
+/// gone since CUDA 12, are ported to texture objects. Not here: hybridsort,
+/// leukocyte and mummergpu, whose texture references are not ported yet.
 /// Removed runtime calls are mapped by the build's `NVCC_APPEND_FLAGS`
 /// (`cudaThreadSynchronize`, `cudaThreadExit`).
 pub const CUDA_PROGRAMS: &[Program] = &[
@@ -365,6 +366,45 @@ pub const CUDA_PROGRAMS: &[Program] = &[
         )
     },
     Program {
+        // Texture references went with CUDA 12: the three 1D textures over linear
+        // memory become texture objects in `__constant__` variables (made where the
+        // references were bound), and the constant symbol is named, not spelled.
+        edits: &[
+            (
+                "kmeans_cuda_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> t_features;",
+                "__constant__ cudaTextureObject_t t_features;",
+            ),
+            (
+                "kmeans_cuda_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> t_features_flipped;",
+                "__constant__ cudaTextureObject_t t_features_flipped;",
+            ),
+            (
+                "kmeans_cuda_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> t_clusters;",
+                "__constant__ cudaTextureObject_t t_clusters;",
+            ),
+            (
+                "kmeans_cuda_kernel.cu",
+                "tex1Dfetch(t_features,",
+                "tex1Dfetch<float>(t_features,",
+            ),
+            (
+                "kmeans_cuda_kernel.cu",
+                "tex1Dfetch(t_features_flipped,",
+                "tex1Dfetch<float>(t_features_flipped,",
+            ),
+            ("kmeans_cuda.cu", KMEANS_BINDS, KMEANS_OBJECTS),
+            (
+                "kmeans_cuda.cu",
+                "cudaMemcpyToSymbol(\"c_clusters\",",
+                "cudaMemcpyToSymbol(c_clusters,",
+            ),
+        ],
+        ..Program::cuda("kmeans", "kmeans", "-o -i {data}/kmeans/100", "$MAKE")
+    },
+    Program {
         clock_seeded: true,
         // Its link line names /usr/local/cuda/lib64 first, whose shared runtime
         // would then be linked without the C++ library: the workspace's first.
@@ -408,6 +448,64 @@ pub const CUDA_PROGRAMS: &[Program] = &[
         "$MAKE",
     ),
 ];
+
+/// kmeans' binding of its three texture references, as Rodinia 3.1 has it (CRLF line
+/// ends, as its files have).
+const KMEANS_BINDS: &str = concat!(
+    "\t/* set up texture */\r\n",
+    "    cudaChannelFormatDesc chDesc0 = cudaCreateChannelDesc<float>();\r\n",
+    "    t_features.filterMode = cudaFilterModePoint;   \r\n",
+    "    t_features.normalized = false;\r\n",
+    "    t_features.channelDesc = chDesc0;\r\n",
+    "\r\n",
+    "\tif(cudaBindTexture(NULL, &t_features, feature_d, &chDesc0, npoints*nfeatures*sizeof(float)) != CUDA_SUCCESS)\r\n",
+    "        printf(\"Couldn't bind features array to texture!\\n\");\r\n",
+    "\r\n",
+    "\tcudaChannelFormatDesc chDesc1 = cudaCreateChannelDesc<float>();\r\n",
+    "    t_features_flipped.filterMode = cudaFilterModePoint;   \r\n",
+    "    t_features_flipped.normalized = false;\r\n",
+    "    t_features_flipped.channelDesc = chDesc1;\r\n",
+    "\r\n",
+    "\tif(cudaBindTexture(NULL, &t_features_flipped, feature_flipped_d, &chDesc1, npoints*nfeatures*sizeof(float)) != CUDA_SUCCESS)\r\n",
+    "        printf(\"Couldn't bind features_flipped array to texture!\\n\");\r\n",
+    "\r\n",
+    "\tcudaChannelFormatDesc chDesc2 = cudaCreateChannelDesc<float>();\r\n",
+    "    t_clusters.filterMode = cudaFilterModePoint;   \r\n",
+    "    t_clusters.normalized = false;\r\n",
+    "    t_clusters.channelDesc = chDesc2;\r\n",
+    "\r\n",
+    "\tif(cudaBindTexture(NULL, &t_clusters, clusters_d, &chDesc2, nclusters*nfeatures*sizeof(float)) != CUDA_SUCCESS)\r\n",
+    "        printf(\"Couldn't bind clusters array to texture!\\n\");\r\n",
+    "\r\n",
+);
+
+/// The same as texture objects over the same memory (point sampling, unnormalised
+/// coordinates, floats), each stored in its `__constant__` variable; the previous
+/// call's objects are destroyed first, as a rebinding replaced the references'.
+const KMEANS_OBJECTS: &str = "\t/* set up texture objects (texture references went with CUDA 12) */
+\t{
+\t\tstatic cudaTextureObject_t objs[3];
+\t\tfloat *bases[3] = {feature_d, feature_flipped_d, clusters_d};
+\t\tsize_t sizes[3] = {npoints*nfeatures*sizeof(float), npoints*nfeatures*sizeof(float), nclusters*nfeatures*sizeof(float)};
+\t\tconst char *names[3] = {\"features\", \"features_flipped\", \"clusters\"};
+\t\tfor (int i = 0; i < 3; i++) {
+\t\t\tif (objs[i]) cudaDestroyTextureObject(objs[i]);
+\t\t\tcudaResourceDesc res = {};
+\t\t\tres.resType = cudaResourceTypeLinear;
+\t\t\tres.res.linear.devPtr = bases[i];
+\t\t\tres.res.linear.desc = cudaCreateChannelDesc<float>();
+\t\t\tres.res.linear.sizeInBytes = sizes[i];
+\t\t\tcudaTextureDesc td = {};
+\t\t\ttd.filterMode = cudaFilterModePoint;
+\t\t\ttd.readMode = cudaReadModeElementType;
+\t\t\tif (cudaCreateTextureObject(&objs[i], &res, &td, NULL) != cudaSuccess)
+\t\t\t\tprintf(\"Couldn't bind %s array to texture!\\n\", names[i]);
+\t\t}
+\t\tcudaMemcpyToSymbol(t_features, &objs[0], sizeof objs[0]);
+\t\tcudaMemcpyToSymbol(t_features_flipped, &objs[1], sizeof objs[1]);
+\t\tcudaMemcpyToSymbol(t_clusters, &objs[2], sizeof objs[2]);
+\t}
+";
 
 /// Lines whose numbers are timings in every Rodinia program: the suite's common
 /// `Init: ... Total:` breakdown, and lines that speak of time.
