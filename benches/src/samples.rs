@@ -225,6 +225,14 @@ pub const SAMPLES: &[Program] = &[
             Some("simplePitchLinearTexture completed, returned OK")
         )
     },
+    // No verdict line: its exit status says whether the comparison passed.
+    sample!(
+        "0_Introduction/simpleLayeredTexture",
+        "simpleLayeredTexture",
+        "",
+        "simpleLayeredTexture.cu",
+        Some("Comparing kernel output to expected data")
+    ),
     // 1_Utilities
     sample!(
         "1_Utilities/deviceQuery",

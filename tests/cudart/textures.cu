@@ -1,9 +1,9 @@
 // CUDA arrays, texture objects and surface objects through NVIDIA's runtime: 2D and
 // 3D arrays filled and read back with 2D and 3D copies, textures over arrays, linear
 // and pitched memory (linear and point filtering, normalised coordinates, the wrap,
-// clamp, mirror and border address modes, bytes read as normalised floats),
-// surfaces written and read by kernels, the arrays' descriptions, and the
-// runtime's errors for copies outside an array.
+// clamp, mirror and border address modes, bytes read as normalised floats), layered
+// 1D and 2D arrays, surfaces written and read by kernels, the arrays' descriptions,
+// and the runtime's errors for copies outside an array.
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -37,6 +37,14 @@ __global__ void fetch1d(cudaTextureObject_t t, int *out, int n) {
 __global__ void sample3d(cudaTextureObject_t t, float *out, int n) {
     int i = threadIdx.x;
     if (i < n) out[i] = tex3D<float>(t, 0.37f * i, 0.5f + 0.21f * i, 1.1f + 0.13f * i);
+}
+
+__global__ void sample_layers(cudaTextureObject_t t2, cudaTextureObject_t t1, float *out, int n) {
+    int i = threadIdx.x;
+    if (i < n) {
+        out[2 * i] = tex2DLayered<float>(t2, 0.7f * i, 0.3f + 0.4f * i, i % 4);
+        out[2 * i + 1] = tex1DLayered<float>(t1, 1.3f * i, i % 3);
+    }
 }
 
 __global__ void surface_write(cudaSurfaceObject_t s, int w, int h) {
@@ -216,6 +224,46 @@ int main() {
     CHECK(cudaMemcpy(back, out, 24 * sizeof(float), cudaMemcpyDeviceToHost));
     printf("tex3D: %.4f %.4f %.4f %.4f\n", back[0], back[5], back[11], back[23]);
     CHECK(cudaDestroyTextureObject(vt));
+
+    // Layered arrays: three layers of 16 x 8 (the fourth layer asked for clamps to
+    // the last), and three 1D layers of 16, each sampled within its layer.
+    static float layers[3][8][16];
+    for (int l = 0; l < 3; l++)
+        for (int y = 0; y < 8; y++)
+            for (int x = 0; x < 16; x++) layers[l][y][x] = 1000 * l + 10 * y + x;
+    cudaArray_t larr, l1arr;
+    CHECK(cudaMalloc3DArray(&larr, &fd, make_cudaExtent(16, 8, 3), cudaArrayLayered));
+    CHECK(cudaMalloc3DArray(&l1arr, &fd, make_cudaExtent(16, 0, 3), cudaArrayLayered));
+    cudaMemcpy3DParms pl = {};
+    pl.srcPtr = make_cudaPitchedPtr(layers, 16 * sizeof(float), 16, 8);
+    pl.dstArray = larr;
+    pl.extent = make_cudaExtent(16, 8, 3);
+    pl.kind = cudaMemcpyHostToDevice;
+    CHECK(cudaMemcpy3D(&pl));
+    pl.dstArray = l1arr;
+    pl.srcPtr = make_cudaPitchedPtr(layers, 16 * sizeof(float), 16, 8);
+    pl.srcPos = make_cudaPos(0, 2, 0);
+    pl.extent = make_cudaExtent(16, 1, 3);
+    CHECK(cudaMemcpy3D(&pl));
+    CHECK(cudaArrayGetInfo(&got, &extent, &flags, l1arr));
+    printf("1D layered: extent %zu x %zu x %zu, flags %u\n", extent.width, extent.height,
+           extent.depth, flags);
+    cudaResourceDesc lr2 = {}, lr1 = {};
+    lr2.resType = lr1.resType = cudaResourceTypeArray;
+    lr2.res.array.array = larr;
+    lr1.res.array.array = l1arr;
+    cudaTextureObject_t lt2 = texture(lr2, cudaFilterModeLinear, cudaAddressModeClamp, 0,
+                                      cudaReadModeElementType);
+    cudaTextureObject_t lt1 = texture(lr1, cudaFilterModePoint, cudaAddressModeClamp, 0,
+                                      cudaReadModeElementType);
+    sample_layers<<<1, 12>>>(lt2, lt1, out, 12);
+    CHECK(cudaMemcpy(back, out, 24 * sizeof(float), cudaMemcpyDeviceToHost));
+    printf("layered: %.3f %.3f %.3f %.3f | %.1f %.1f %.1f\n", back[0], back[6], back[14],
+           back[22], back[1], back[7], back[23]);
+    CHECK(cudaDestroyTextureObject(lt2));
+    CHECK(cudaDestroyTextureObject(lt1));
+    CHECK(cudaFreeArray(larr));
+    CHECK(cudaFreeArray(l1arr));
 
     // A surface written by one kernel, read and rewritten by another, copied out.
     cudaArray_t sarr;

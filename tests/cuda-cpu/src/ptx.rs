@@ -290,10 +290,11 @@ enum Op {
     // then the return value's if the call has one (`true`).
     Call(bool),
     /// `tex.GEOM.v4.DTYPE.CTYPE d, [t, c]` of `dims` dimensions (`ints`: integer
-    /// coordinates); operands `[d, t, c]`.
+    /// coordinates; `layered`: `c` starts with the layer); operands `[d, t, c]`.
     Tex {
         dims: usize,
         ints: bool,
+        layered: bool,
     },
     /// `suld.b.GEOM.VEC.BTYPE.CLAMP d, [s, c]`; operands `[d, s, c]`.
     Suld {
@@ -2017,15 +2018,23 @@ fn parse_texture_op(
     let parts: Vec<&str> = opcode.split('.').collect();
     let (base, mods) = (parts[0], &parts[1..]);
     let has = |m: &str| mods.contains(&m);
-    let dims = if has("1d") {
-        1
+    // `a1d`, `a2d`: a layer of a layered array, named by the first coordinate.
+    let (dims, layered) = if has("a1d") {
+        (1, true)
+    } else if has("a2d") {
+        (2, true)
+    } else if has("1d") {
+        (1, false)
     } else if has("2d") {
-        2
+        (2, false)
     } else if has("3d") {
-        3
+        (3, false)
     } else {
         return Err(unsupported());
     };
+    if layered && base != "tex" {
+        return Err(unsupported());
+    }
     let types: Vec<Ty> = mods.iter().filter_map(|m| Ty::parse(m)).collect();
     let vec = if has("v4") {
         4
@@ -2047,10 +2056,12 @@ fn parse_texture_op(
             if !matches!(d, Ty::F32 | Ty::S(32) | Ty::U(32)) || !matches!(c, Ty::F32 | Ty::S(32)) {
                 return Err(unsupported());
             }
+            let ints = c == Ty::S(32);
             (
                 Op::Tex {
                     dims,
-                    ints: c == Ty::S(32),
+                    ints,
+                    layered,
                 },
                 d,
                 c,
@@ -3092,15 +3103,24 @@ fn step(ctx: &mut Ctx<'_>, t: &mut Thread, inst: &Inst) -> Result<(), PtxError> 
                 set(t, d, x)?;
             }
         },
-        Op::Tex { dims, ints } => {
+        Op::Tex {
+            dims,
+            ints,
+            layered,
+        } => {
             let h = v(ctx, t, 1)?;
             let tex = ctx
                 .mem
                 .texture(h)
                 .ok_or_else(|| PtxError(format!("illegal address: no texture object {h:#x}")))?;
-            let coords = vector_values(ctx, t, &o[2], dims)?;
-            let r =
-                tex::fetch(&*ctx.mem, &tex, dims, coords, ints, ty.float()).map_err(PtxError)?;
+            let all = vector_values(ctx, t, &o[2], dims + usize::from(layered))?;
+            let (layer, coords) = if layered {
+                (Some(i64::from(all[0] as u32 as i32)), [all[1], all[2], 0])
+            } else {
+                (None, all)
+            };
+            let r = tex::fetch(&*ctx.mem, &tex, dims, coords, ints, ty.float(), layer)
+                .map_err(PtxError)?;
             if let Operand::Vec(dsts) = &o[0] {
                 for (d, x) in dsts.iter().zip(r) {
                     if matches!(d, Operand::Reg(_)) {

@@ -3,14 +3,15 @@
 //! documents them. An array is device memory here, its texels row after row and
 //! slice after slice; copies to and from it are 2D and 3D copies of that memory
 //! (`pitched.rs`), and kernels reach it through the objects ([`crate::ptx::tex`]).
-//! Layered, cube-map and mipmapped arrays are not in this executor
-//! (`CUDA_ERROR_NOT_SUPPORTED`).
+//! A layered array's layers are its slices. Cube-map and mipmapped arrays are not in
+//! this executor (`CUDA_ERROR_NOT_SUPPORTED`).
 
 use std::ffi::c_void;
 
 use hira_apis_cuda_private::texture::{
-    ARRAY3D_SURFACE_LDST, Array3dDescriptor, ArrayDescriptor, FILTER_LINEAR, Resource,
-    ResourceDesc, TRSF_NORMALIZED_COORDINATES, TRSF_READ_AS_INTEGER, TextureDesc, texel_bytes,
+    ARRAY3D_LAYERED, ARRAY3D_SURFACE_LDST, Array3dDescriptor, ArrayDescriptor, FILTER_LINEAR,
+    Resource, ResourceDesc, TRSF_NORMALIZED_COORDINATES, TRSF_READ_AS_INTEGER, TextureDesc,
+    texel_bytes,
 };
 
 use super::ptx::tex::{Surface, Texels, Texture};
@@ -72,11 +73,13 @@ fn create(s: &mut State, d: Array3dDescriptor) -> Result<Handle, CUresult> {
     let Some(texel) = texel_bytes(d.format, d.channels) else {
         return Err(CUDA_ERROR_INVALID_VALUE);
     };
-    if d.width == 0 || (d.height == 0 && d.depth != 0) {
+    let layered = d.flags & ARRAY3D_LAYERED != 0;
+    // A 1D layered array has no height, its layers are its depth.
+    if d.width == 0 || (d.height == 0 && d.depth != 0 && !layered) || (layered && d.depth == 0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if d.flags & !ARRAY3D_SURFACE_LDST != 0 {
-        // Layered, cube-map and gather arrays.
+    if d.flags & !(ARRAY3D_SURFACE_LDST | ARRAY3D_LAYERED) != 0 {
+        // Cube-map and gather arrays.
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     let bytes = d

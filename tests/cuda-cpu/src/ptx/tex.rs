@@ -172,8 +172,8 @@ fn texel(
 }
 
 /// The four results of a `tex` fetch at `coords` (floats, or integers when `ints`)
-/// of `dims` dimensions, as register values: floats' bits for `float_out`, else
-/// integers.
+/// of `dims` dimensions, in `layer` of a layered array (clamped to its layers), as
+/// register values: floats' bits for `float_out`, else integers.
 pub fn fetch(
     mem: &dyn DeviceMemory,
     tex: &Texture,
@@ -181,9 +181,21 @@ pub fn fetch(
     coords: [u64; 3],
     ints: bool,
     float_out: bool,
+    layer: Option<i64>,
 ) -> Result<[u64; 4], String> {
     let t = &tex.texels;
     let sizes = [t.width, t.height.max(1), t.depth.max(1)];
+    // A layer is the slice every texel of the fetch comes from; filtering stays in it.
+    let layer = layer.map(|l| l.clamp(0, sizes[2] as i64 - 1) as usize);
+    let texel = |idx: Option<[usize; 3]>| {
+        let idx = idx.map(|mut i| {
+            if let Some(l) = layer {
+                i[2] = l;
+            }
+            i
+        });
+        texel(mem, tex, idx)
+    };
     let result: [Channel; 4] = if tex.linear || ints {
         // Integer coordinates: that texel, no filtering; out of range is zero for
         // linear memory, the address mode otherwise.
@@ -204,7 +216,7 @@ pub fn fetch(
         if tex.linear && !inside {
             [Channel::Int(0); 4]
         } else {
-            texel(mem, tex, inside.then_some(idx))?
+            texel(inside.then_some(idx))?
         }
     } else {
         let mut x = [0f32; 3];
@@ -242,7 +254,7 @@ pub fn fetch(
                         _ => idx = None,
                     }
                 }
-                let v = texel(mem, tex, idx)?;
+                let v = texel(idx)?;
                 for (a, c) in acc.iter_mut().zip(v) {
                     if let Channel::Float(f) = c {
                         *a += weight * f;
@@ -262,7 +274,7 @@ pub fn fetch(
                     _ => idx = None,
                 }
             }
-            texel(mem, tex, idx)?
+            texel(idx)?
         }
     };
     Ok(result.map(|c| match (c, float_out) {
@@ -367,13 +379,13 @@ mod tests {
         let m = floats(&[0.0, 1.0, 2.0, 3.0]);
         let t = tex_2x2();
         // The centre of the four texels: their mean.
-        let r = fetch(&m, &t, 2, [f(1.0), f(1.0), 0], false, true).unwrap();
+        let r = fetch(&m, &t, 2, [f(1.0), f(1.0), 0], false, true, None).unwrap();
         assert_eq!(f32::from_bits(r[0] as u32), 1.5);
         // A texel's centre: that texel.
-        let r = fetch(&m, &t, 2, [f(1.5), f(0.5), 0], false, true).unwrap();
+        let r = fetch(&m, &t, 2, [f(1.5), f(0.5), 0], false, true, None).unwrap();
         assert_eq!(f32::from_bits(r[0] as u32), 1.0);
         // A quarter of the way: weights in 1/256ths.
-        let r = fetch(&m, &t, 2, [f(0.75), f(0.5), 0], false, true).unwrap();
+        let r = fetch(&m, &t, 2, [f(0.75), f(0.5), 0], false, true, None).unwrap();
         assert_eq!(f32::from_bits(r[0] as u32), 0.25);
     }
 
@@ -391,7 +403,7 @@ mod tests {
         t.filter_linear = false;
         t.address = [ADDRESS_BORDER; 3];
         t.border = [7.0; 4];
-        let r = fetch(&m, &t, 2, [f(5.0), f(0.0), 0], false, true).unwrap();
+        let r = fetch(&m, &t, 2, [f(5.0), f(0.0), 0], false, true, None).unwrap();
         assert_eq!(f32::from_bits(r[0] as u32), 7.0);
     }
 
@@ -402,10 +414,10 @@ mod tests {
         t.texels.format = 0x01;
         t.texels.pitch = 2;
         t.filter_linear = false;
-        let r = fetch(&m, &t, 2, [f(1.0), f(0.0), 0], false, true).unwrap();
+        let r = fetch(&m, &t, 2, [f(1.0), f(0.0), 0], false, true, None).unwrap();
         assert_eq!(f32::from_bits(r[0] as u32), 0.2);
         t.read_as_integer = true;
-        let r = fetch(&m, &t, 2, [f(0.0), f(0.0), 0], false, false).unwrap();
+        let r = fetch(&m, &t, 2, [f(0.0), f(0.0), 0], false, false, None).unwrap();
         assert_eq!(r[0], 255);
     }
 
