@@ -782,25 +782,18 @@ unsafe fn array_copy(mut c: copy2d::Memcpy3D, stream: Option<CUstream>) -> CUres
     };
     let rows_per_piece = (piece / w).max(1);
     // The host side: where its rows start, its pitch and rows per slice.
-    let (base, x, y, z, pitch, rows) = if src_host {
-        (
-            c.src_host as u64,
-            c.src_x_in_bytes,
-            c.src_y,
-            c.src_z,
-            c.src_pitch,
-            c.src_height,
-        )
+    let base = if src_host {
+        c.src_host as u64
     } else {
-        (
-            c.dst_host as u64,
-            c.dst_x_in_bytes,
-            c.dst_y,
-            c.dst_z,
-            c.dst_pitch,
-            c.dst_height,
-        )
+        c.dst_host as u64
     };
+    let copy2d::Position {
+        x,
+        y,
+        z,
+        pitch,
+        rows,
+    } = c.position(src_host);
     if base == 0 || (h > 1 && pitch < w) || (d > 1 && rows < h) {
         return status::INVALID_VALUE;
     }
@@ -892,68 +885,14 @@ unsafe fn array_copy(mut c: copy2d::Memcpy3D, stream: Option<CUstream>) -> CUres
     status::SUCCESS
 }
 
-/// `cuMemcpy2D`'s description as `cuMemcpy3D`'s, one slice deep.
-fn as_3d(c: &copy2d::Memcpy2D) -> copy2d::Memcpy3D {
-    copy2d::Memcpy3D {
-        src_x_in_bytes: c.src_x_in_bytes,
-        src_y: c.src_y,
-        src_z: 0,
-        src_lod: 0,
-        src_memory_type: c.src_memory_type,
-        src_host: c.src_host,
-        src_device: c.src_device,
-        src_array: c.src_array,
-        reserved0: std::ptr::null_mut(),
-        src_pitch: c.src_pitch,
-        src_height: c.height,
-        dst_x_in_bytes: c.dst_x_in_bytes,
-        dst_y: c.dst_y,
-        dst_z: 0,
-        dst_lod: 0,
-        dst_memory_type: c.dst_memory_type,
-        dst_host: c.dst_host,
-        dst_device: c.dst_device,
-        dst_array: c.dst_array,
-        reserved1: std::ptr::null_mut(),
-        dst_pitch: c.dst_pitch,
-        dst_height: c.height,
-        width_in_bytes: c.width_in_bytes,
-        height: c.height,
-        depth: 1,
-    }
-}
-
+/// A 2D or 3D copy (a 2D one is one slice deep).
+///
 /// # Safety
-/// `copy` points to a `CUDA_MEMCPY2D` whose host sides are valid, as the API requires.
-unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
+/// The host sides are valid for the rows they name, as the API requires.
+unsafe fn copy_3d(c: copy2d::Memcpy3D, stream: Option<CUstream>) -> CUresult {
     if !rt::initialized() {
         return status::NOT_INITIALIZED;
     }
-    if copy.is_null() {
-        return status::INVALID_VALUE;
-    }
-    // SAFETY: the caller's description, 128 bytes.
-    let c = unsafe { copy.cast::<copy2d::Memcpy2D>().read_unaligned() };
-    if c.src_memory_type == copy2d::ARRAY || c.dst_memory_type == copy2d::ARRAY {
-        // SAFETY: the caller's promise.
-        return unsafe { array_copy(as_3d(&c), stream) };
-    }
-    let sides = c.sides(|p| rt::is_device(p, 1));
-    // SAFETY: the caller's promise.
-    unsafe { copy_rows(sides, (c.width_in_bytes, c.height, 1), stream) }
-}
-
-/// # Safety
-/// `copy` points to a `CUDA_MEMCPY3D` whose host sides are valid, as the API requires.
-unsafe fn copy_3d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
-    if !rt::initialized() {
-        return status::NOT_INITIALIZED;
-    }
-    if copy.is_null() {
-        return status::INVALID_VALUE;
-    }
-    // SAFETY: the caller's description, 200 bytes.
-    let c = unsafe { copy.cast::<copy2d::Memcpy3D>().read_unaligned() };
     if c.src_memory_type == copy2d::ARRAY || c.dst_memory_type == copy2d::ARRAY {
         if c.src_lod != 0 || c.dst_lod != 0 {
             return status::INVALID_VALUE;
@@ -967,16 +906,45 @@ unsafe fn copy_3d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
     unsafe { copy_rows(sides, size, stream) }
 }
 
+/// # Safety
+/// `copy` points to a `CUDA_MEMCPY2D` whose host sides are valid, as the API requires.
+unsafe fn copy_2d(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if copy.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: the caller's description, 128 bytes; its host sides the caller's promise.
+    unsafe {
+        let c = copy.cast::<copy2d::Memcpy2D>().read_unaligned();
+        copy_3d(copy2d::Memcpy3D::from(&c), stream)
+    }
+}
+
+/// # Safety
+/// `copy` points to a `CUDA_MEMCPY3D` whose host sides are valid, as the API requires.
+unsafe fn copy_3d_at(copy: *const c_void, stream: Option<CUstream>) -> CUresult {
+    if !rt::initialized() {
+        return status::NOT_INITIALIZED;
+    }
+    if copy.is_null() {
+        return status::INVALID_VALUE;
+    }
+    // SAFETY: the caller's description, 200 bytes; its host sides the caller's promise.
+    unsafe { copy_3d(copy.cast::<copy2d::Memcpy3D>().read_unaligned(), stream) }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy3D_v2(copy: *const c_void) -> CUresult {
     // SAFETY: the caller's promise.
-    unsafe { copy_3d(copy, None) }
+    unsafe { copy_3d_at(copy, None) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const c_void, h_stream: CUstream) -> CUresult {
     // SAFETY: the caller's promise.
-    unsafe { copy_3d(copy, Some(h_stream)) }
+    unsafe { copy_3d_at(copy, Some(h_stream)) }
 }
 
 #[unsafe(no_mangle)]

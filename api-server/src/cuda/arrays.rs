@@ -20,7 +20,7 @@
 use std::ffi::c_void;
 
 use hira_apis_cuda::{Kind, status};
-use hira_apis_cuda_private::copy2d::{ARRAY, DEVICE, HOST, Memcpy3D};
+use hira_apis_cuda_private::copy2d::{ARRAY, DEVICE, HOST, Memcpy3D, Position};
 use hira_apis_cuda_private::texture::{
     Array3dDescriptor, ArrayDescriptor, RESOURCE_VIEW_DESC_SIZE, ResourceDesc, texel_bytes,
 };
@@ -107,17 +107,9 @@ pub(crate) fn cuArrayCreate_v2<'a>(
         w.i32(status::INVALID_VALUE);
         return Ok(());
     };
-    let d3 = Array3dDescriptor {
-        width: d.width,
-        height: d.height,
-        depth: 0,
-        format: d.format,
-        channels: d.channels,
-        flags: 0,
-    };
     // SAFETY: an out-pointer (or NULL as the guest passed) and the description.
     let make = |out: *mut *mut c_void| unsafe { f(out, (&raw const d).cast()) };
-    create_array(s, ctx_id, id, &d3, make, w)
+    create_array(s, ctx_id, id, &d.into(), make, w)
 }
 
 pub(crate) fn cuArray3DCreate_v2<'a>(
@@ -212,35 +204,21 @@ fn copy_3d(
     c.reserved1 = std::ptr::null_mut();
     match host {
         Some(src) => {
-            let (x, y, z, pitch, rows) = if src {
-                (
-                    c.src_x_in_bytes,
-                    c.src_y,
-                    c.src_z,
-                    c.src_pitch,
-                    c.src_height,
-                )
-            } else {
-                (
-                    c.dst_x_in_bytes,
-                    c.dst_y,
-                    c.dst_z,
-                    c.dst_pitch,
-                    c.dst_height,
-                )
-            };
+            let p = c.position(src);
             let is_host = if src {
                 c.src_memory_type == HOST
             } else {
                 c.dst_memory_type == HOST
             };
             // The host side is the call's own bytes, row after row, nothing else.
-            if !is_host
-                || (x, y, z) != (0, 0, 0)
-                || pitch != w
-                || rows != h
-                || packed != Some(data_len)
-            {
+            let packed_rows = Position {
+                x: 0,
+                y: 0,
+                z: 0,
+                pitch: w,
+                rows: h,
+            };
+            if !is_host || p != packed_rows || packed != Some(data_len) {
                 return Err(Fail::Protocol(format!(
                     "a packed host side of {data_len} bytes does not match the copy's {w} x {h} x {d}"
                 )));
@@ -514,17 +492,21 @@ pub(crate) struct Textures {
 }
 
 impl Textures {
-    /// The arrays and objects of a context that ended: the bytes to give back.
-    pub(crate) fn context_ended(&mut self, ctx: u64) -> u64 {
-        let mut freed = 0;
-        self.arrays.retain(|_, (c, bytes)| {
-            let gone = *c == ctx;
-            if gone {
-                freed += *bytes;
-            }
-            !gone
-        });
+    /// Forgets the arrays and objects of a context that ended: the arrays' ids and
+    /// the bytes to give back.
+    pub(crate) fn context_ended(&mut self, ctx: u64) -> (Vec<u64>, u64) {
+        let ids: Vec<u64> = self
+            .arrays
+            .iter()
+            .filter(|(_, (c, _))| *c == ctx)
+            .map(|(&id, _)| id)
+            .collect();
+        let bytes = ids
+            .iter()
+            .filter_map(|id| self.arrays.remove(id))
+            .map(|(_, n)| n)
+            .sum();
         self.objects.retain(|_, c| *c != ctx);
-        freed
+        (ids, bytes)
     }
 }

@@ -392,16 +392,7 @@ impl Session {
     pub(crate) fn context_destroyed(&self, ctx: u64) {
         let total = self.placement().free_context(self.vmm.as_ref(), ctx);
         self.quota.uncharge(total);
-        let (arrays, bytes) = {
-            let mut t = self.textures();
-            let ids: Vec<u64> = t
-                .arrays
-                .iter()
-                .filter(|(_, (c, _))| *c == ctx)
-                .map(|(&id, _)| id)
-                .collect();
-            (ids, t.context_ended(ctx))
-        };
+        let (arrays, bytes) = self.textures().context_ended(ctx);
         for id in arrays {
             self.unbind(Kind::Array, id);
         }

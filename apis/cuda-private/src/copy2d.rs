@@ -193,40 +193,77 @@ pub enum Refused {
 
 impl Memcpy2D {
     /// The source and destination, each told host from device by `is_device` for
-    /// `CU_MEMORYTYPE_UNIFIED`.
+    /// `CU_MEMORYTYPE_UNIFIED`: those of the same copy one slice deep.
     pub fn sides(&self, is_device: impl Fn(u64) -> bool) -> Result<(Side, Side), Refused> {
-        let (w, h) = (self.width_in_bytes, self.height);
-        let side = |ty, host, device, x, y, pitch| {
-            let d = Described {
-                ty,
-                host,
-                device,
-                x,
-                y,
-                z: 0,
-                pitch,
-                rows: h,
-            };
-            resolve(d, w, h, 1, &is_device)
-        };
-        Ok((
-            side(
-                self.src_memory_type,
-                self.src_host as u64,
-                self.src_device,
-                self.src_x_in_bytes,
-                self.src_y,
-                self.src_pitch,
-            )?,
-            side(
-                self.dst_memory_type,
-                self.dst_host as u64,
-                self.dst_device,
-                self.dst_x_in_bytes,
-                self.dst_y,
-                self.dst_pitch,
-            )?,
-        ))
+        Memcpy3D::from(self).sides(is_device)
+    }
+}
+
+impl From<&Memcpy2D> for Memcpy3D {
+    /// The same copy as `cuMemcpy3D` describes it: one slice deep, each side's rows
+    /// per slice the copy's height.
+    fn from(c: &Memcpy2D) -> Memcpy3D {
+        Memcpy3D {
+            src_x_in_bytes: c.src_x_in_bytes,
+            src_y: c.src_y,
+            src_z: 0,
+            src_lod: 0,
+            src_memory_type: c.src_memory_type,
+            src_host: c.src_host,
+            src_device: c.src_device,
+            src_array: c.src_array,
+            reserved0: std::ptr::null_mut(),
+            src_pitch: c.src_pitch,
+            src_height: c.height,
+            dst_x_in_bytes: c.dst_x_in_bytes,
+            dst_y: c.dst_y,
+            dst_z: 0,
+            dst_lod: 0,
+            dst_memory_type: c.dst_memory_type,
+            dst_host: c.dst_host,
+            dst_device: c.dst_device,
+            dst_array: c.dst_array,
+            reserved1: std::ptr::null_mut(),
+            dst_pitch: c.dst_pitch,
+            dst_height: c.height,
+            width_in_bytes: c.width_in_bytes,
+            height: c.height,
+            depth: 1,
+        }
+    }
+}
+
+/// Where a side of a copy starts and how its rows lie, as the application described
+/// it: byte, row and slice, bytes per row, rows per slice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub x: usize,
+    pub y: usize,
+    pub z: usize,
+    pub pitch: usize,
+    pub rows: usize,
+}
+
+impl Memcpy3D {
+    /// The source's position (`src`), else the destination's.
+    pub fn position(&self, src: bool) -> Position {
+        if src {
+            Position {
+                x: self.src_x_in_bytes,
+                y: self.src_y,
+                z: self.src_z,
+                pitch: self.src_pitch,
+                rows: self.src_height,
+            }
+        } else {
+            Position {
+                x: self.dst_x_in_bytes,
+                y: self.dst_y,
+                z: self.dst_z,
+                pitch: self.dst_pitch,
+                rows: self.dst_height,
+            }
+        }
     }
 }
 

@@ -28,6 +28,20 @@ pub struct Array3dDescriptor {
     pub flags: u32,
 }
 
+impl From<ArrayDescriptor> for Array3dDescriptor {
+    /// A 2D (or 1D) array as `cuArray3DCreate` describes it: no depth, no flags.
+    fn from(d: ArrayDescriptor) -> Array3dDescriptor {
+        Array3dDescriptor {
+            width: d.width,
+            height: d.height,
+            depth: 0,
+            format: d.format,
+            channels: d.channels,
+            flags: 0,
+        }
+    }
+}
+
 /// `CUDA_ARRAY3D_LAYERED`, `_SURFACE_LDST`, `_CUBEMAP`, `_TEXTURE_GATHER`.
 pub const ARRAY3D_LAYERED: u32 = 0x01;
 pub const ARRAY3D_SURFACE_LDST: u32 = 0x02;

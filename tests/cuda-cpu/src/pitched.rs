@@ -118,81 +118,78 @@ fn array_side(
     Ok((a.base, row, rows))
 }
 
-/// A 2D copy.
-unsafe fn copy_2d(copy: *const Memcpy2D, stream: Option<Handle>) -> CUresult {
+/// Makes a copy's array side (`src`, else the destination) the array's device
+/// memory, its pitch the array's row bytes and its rows per slice the array's.
+fn array_as_device(s: &State, c: &mut Memcpy3D, src: bool) -> Result<(), CUresult> {
+    let size = (c.width_in_bytes, c.height, c.depth);
+    let at = c.position(src);
+    let (ty, array, device, pitch, rows) = if src {
+        (
+            &mut c.src_memory_type,
+            c.src_array,
+            &mut c.src_device,
+            &mut c.src_pitch,
+            &mut c.src_height,
+        )
+    } else {
+        (
+            &mut c.dst_memory_type,
+            c.dst_array,
+            &mut c.dst_device,
+            &mut c.dst_pitch,
+            &mut c.dst_height,
+        )
+    };
+    if *ty == ARRAY {
+        let (base, row, per_slice) = array_side(s, array, (at.x, at.y, at.z), size)?;
+        (*ty, *device, *pitch, *rows) = (DEVICE, base, row, per_slice);
+    }
+    Ok(())
+}
+
+/// A 2D or 3D copy (a 2D one is one slice deep).
+fn copy_3d(mut c: Memcpy3D, stream: Option<Handle>) -> CUresult {
     with_ctx_flushing(|s, _| {
-        if copy.is_null() || stream.is_some_and(|h| !stream_ok(s, h)) {
+        if stream.is_some_and(|h| !stream_ok(s, h)) {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: the caller's description.
-        let mut c = unsafe { copy.read_unaligned() };
-        let size = (c.width_in_bytes, c.height, 1);
-        if c.src_memory_type == ARRAY {
-            match array_side(s, c.src_array, (c.src_x_in_bytes, c.src_y, 0), size) {
-                Ok((base, pitch, _)) => {
-                    (c.src_memory_type, c.src_device, c.src_pitch) = (DEVICE, base, pitch);
-                }
-                Err(e) => return e,
-            }
-        }
-        if c.dst_memory_type == ARRAY {
-            match array_side(s, c.dst_array, (c.dst_x_in_bytes, c.dst_y, 0), size) {
-                Ok((base, pitch, _)) => {
-                    (c.dst_memory_type, c.dst_device, c.dst_pitch) = (DEVICE, base, pitch);
-                }
-                Err(e) => return e,
-            }
+        if let Err(e) = array_as_device(s, &mut c, true).and(array_as_device(s, &mut c, false)) {
+            return e;
         }
         let sides = c.sides(|p| s.mem.find(p, 1).is_some());
-        copy_checked(s, sides, (c.width_in_bytes, c.height, 1))
+        copy_checked(s, sides, (c.width_in_bytes, c.height, c.depth))
     })
 }
 
+/// A 2D copy.
+unsafe fn copy_2d(copy: *const Memcpy2D, stream: Option<Handle>) -> CUresult {
+    if copy.is_null() {
+        return with_ctx_flushing(|_, _| CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's description.
+    copy_3d(Memcpy3D::from(&unsafe { copy.read_unaligned() }), stream)
+}
+
 /// A 3D copy.
-unsafe fn copy_3d(copy: *const Memcpy3D, stream: Option<Handle>) -> CUresult {
-    with_ctx_flushing(|s, _| {
-        if copy.is_null() || stream.is_some_and(|h| !stream_ok(s, h)) {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: the caller's description.
-        let mut c = unsafe { copy.read_unaligned() };
-        let size = (c.width_in_bytes, c.height, c.depth);
-        if c.src_memory_type == ARRAY {
-            let at = (c.src_x_in_bytes, c.src_y, c.src_z);
-            match array_side(s, c.src_array, at, size) {
-                Ok((base, pitch, rows)) => {
-                    (c.src_memory_type, c.src_device) = (DEVICE, base);
-                    (c.src_pitch, c.src_height) = (pitch, rows);
-                }
-                Err(e) => return e,
-            }
-        }
-        if c.dst_memory_type == ARRAY {
-            let at = (c.dst_x_in_bytes, c.dst_y, c.dst_z);
-            match array_side(s, c.dst_array, at, size) {
-                Ok((base, pitch, rows)) => {
-                    (c.dst_memory_type, c.dst_device) = (DEVICE, base);
-                    (c.dst_pitch, c.dst_height) = (pitch, rows);
-                }
-                Err(e) => return e,
-            }
-        }
-        let sides = c.sides(|p| s.mem.find(p, 1).is_some());
-        copy_checked(s, sides, size)
-    })
+unsafe fn copy_3d_at(copy: *const Memcpy3D, stream: Option<Handle>) -> CUresult {
+    if copy.is_null() {
+        return with_ctx_flushing(|_, _| CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's description.
+    copy_3d(unsafe { copy.read_unaligned() }, stream)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy3D_v2(copy: *const Memcpy3D) -> CUresult {
     // SAFETY: the caller's promise.
-    unsafe { copy_3d(copy, None) }
+    unsafe { copy_3d_at(copy, None) }
 }
 
 /// Work runs when it is enqueued here, so an asynchronous copy is done on return.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: Handle) -> CUresult {
     // SAFETY: the caller's promise.
-    unsafe { copy_3d(copy, Some(stream)) }
+    unsafe { copy_3d_at(copy, Some(stream)) }
 }
 
 #[unsafe(no_mangle)]

@@ -107,15 +107,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(p: *mut Handle, d: *const ArrayDescrip
         }
         // SAFETY: the caller's description.
         let d = unsafe { d.read_unaligned() };
-        let d3 = Array3dDescriptor {
-            width: d.width,
-            height: d.height,
-            depth: 0,
-            format: d.format,
-            channels: d.channels,
-            flags: 0,
-        };
-        match create(s, d3) {
+        match create(s, d.into()) {
             // SAFETY: checked not null.
             Ok(h) => unsafe { put(p, h) },
             Err(e) => e,

@@ -572,21 +572,21 @@ fn forged_array_calls(g: &mut RawGuest, status_of: &dyn Fn((FrameHeader, Vec<u8>
     assert_eq!(h.kind, FrameKind::Error);
     // A texture over an array the session never made, and the destruction of an
     // object it never made.
-    let mut res = [0u8; 144];
-    res[8..16].copy_from_slice(&0xbadu64.to_le_bytes());
-    let mut w = Writer::new();
-    w.u64(7)
-        .u8(1)
-        .u8(tag::INLINE)
-        .bytes(&res)
-        .u8(tag::INLINE)
-        .bytes(&[0u8; 104])
-        .u8(tag::NULL);
-    assert_eq!(
-        status_of(g.call(op::cuTexObjectCreate, w.as_slice())),
-        400,
-        "INVALID_HANDLE"
-    );
+    // A texture over array `id` (the resource's first field after its type).
+    let tex_create = |g: &mut RawGuest, id: u64| {
+        let mut res = [0u8; 144];
+        res[8..16].copy_from_slice(&id.to_le_bytes());
+        let mut w = Writer::new();
+        w.u64(7)
+            .u8(1)
+            .u8(tag::INLINE)
+            .bytes(&res)
+            .u8(tag::INLINE)
+            .bytes(&[0u8; 104])
+            .u8(tag::NULL);
+        g.call(op::cuTexObjectCreate, w.as_slice())
+    };
+    assert_eq!(status_of(tex_create(g, 0xbad)), 400, "INVALID_HANDLE");
     let mut w = Writer::new();
     w.u64(7).u64(0x77);
     assert_eq!(
@@ -595,16 +595,7 @@ fn forged_array_calls(g: &mut RawGuest, status_of: &dyn Fn((FrameHeader, Vec<u8>
         "INVALID_VALUE"
     );
     // A texture over the array, then destroyed.
-    res[8..16].copy_from_slice(&20u64.to_le_bytes());
-    let mut w = Writer::new();
-    w.u64(7)
-        .u8(1)
-        .u8(tag::INLINE)
-        .bytes(&res)
-        .u8(tag::INLINE)
-        .bytes(&[0u8; 104])
-        .u8(tag::NULL);
-    let (h, p) = g.call(op::cuTexObjectCreate, w.as_slice());
+    let (h, p) = tex_create(g, 20);
     assert_eq!((h.kind, status(&p)), (FrameKind::Reply, 0));
     let value = u64::from_le_bytes(p[p.len() - 8..].try_into().unwrap());
     let mut w = Writer::new();
