@@ -249,6 +249,10 @@ pub struct LiveSession {
     /// Whether its handshake is done (its API server answered and the guest was
     /// welcomed): from then on its calls are served.
     pub serving: bool,
+    /// The GPU host the session runs on, when not this host (its API server is
+    /// that host's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_host: Option<String>,
 }
 
 /// A session that ended.
@@ -357,6 +361,10 @@ pub struct Status {
     pub migrations: u64,
     pub suspensions: u64,
     pub resumptions: u64,
+    /// Connections from other hosts refused (no valid certificate, an unknown name,
+    /// not Hira's preamble).
+    #[serde(default)]
+    pub remote_refused: u64,
 }
 
 /// What `wait_idle` and `wait_live` answer.

@@ -68,6 +68,8 @@ pub enum ConfigError {
     NtKb(String),
     #[error("HIRA_SERVER_NT_KB: {0} KiB is outside 64 KiB to 1 TiB (0: glibc's own)")]
     NtKbRange(u64),
+    #[error("{0}")]
+    Remote(String),
 }
 
 impl ConfigError {
@@ -88,7 +90,7 @@ impl ConfigError {
             ConfigError::UnknownGroup(_) => "socket_group",
             ConfigError::At { key, .. } => key,
             ConfigError::Conflict { .. } => "",
-            ConfigError::NtKb(_) | ConfigError::NtKbRange(_) => "",
+            ConfigError::NtKb(_) | ConfigError::NtKbRange(_) | ConfigError::Remote(_) => "",
             ConfigError::NotKeyValue(_)
             | ConfigError::UnknownKey(_)
             | ConfigError::UnknownListenerKey(_)
@@ -133,7 +135,7 @@ impl Default for LocalListener {
     }
 }
 
-fn valid_vm_name(n: &str) -> bool {
+pub(crate) fn valid_vm_name(n: &str) -> bool {
     (1..=64).contains(&n.len())
         && n.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
@@ -365,6 +367,23 @@ impl VmFields {
 /// share = 3                         # optional: the VM's share of device time (also [[local]])
 /// max_sessions = 16                 # optional: the VM's cap on sessions (also [[local]])
 /// host_mem = "8G"                   # optional: its API servers' host memory (needs cgroup)
+/// gpu_host = "gpu-b"                # optional: its sessions run on that GPU host (also [[local]])
+///
+/// [tls]                             # mutual TLS with other hosts (docs/remote.md)
+/// name = "host-a"                   # the name this host's certificate holds
+/// cert = "/etc/hira/tls/host-a.crt"
+/// key = "/etc/hira/tls/host-a.key"
+/// ca = "/etc/hira/tls/ca.crt"       # signs every peer's certificate
+/// listen = "10.0.0.2:5580"          # optional: serve remote sessions (a GPU host)
+/// timeout_ms = 10000                # optional: a silent peer is gone after this long
+///
+/// [[peer]]                          # a VM host allowed to place sessions here
+/// name = "host-a"                   # the name its certificate must hold
+/// share = 2                         # optional: each of its VMs' share, quota and cap
+///
+/// [[gpu_host]]                      # a GPU host this host places sessions on
+/// name = "gpu-b"                    # the name its certificate must hold
+/// address = "10.0.0.3:5580"
 /// ```
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -392,6 +411,11 @@ pub struct FileConfig {
     local: Vec<toml::Spanned<LocalEntry>>,
     #[serde(default)]
     vm: Vec<toml::Spanned<VmEntry>>,
+    tls: Option<TlsEntry>,
+    #[serde(default)]
+    peer: Vec<PeerEntry>,
+    #[serde(default)]
+    gpu_host: Vec<GpuHostEntry>,
     /// Byte offsets where each line of the file starts, for error messages.
     #[serde(skip)]
     line_starts: Vec<usize>,
@@ -406,6 +430,34 @@ struct LocalEntry {
     share: Option<u32>,
     max_sessions: Option<usize>,
     host_mem: Option<String>,
+    gpu_host: Option<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsEntry {
+    name: String,
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+    listen: Option<String>,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerEntry {
+    name: String,
+    mem_quota: Option<String>,
+    share: Option<u32>,
+    max_sessions: Option<usize>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GpuHostEntry {
+    name: String,
+    address: String,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -422,6 +474,77 @@ struct VmEntry {
     share: Option<u32>,
     max_sessions: Option<usize>,
     host_mem: Option<String>,
+    gpu_host: Option<String>,
+}
+
+/// This host's certificate, key and CA for mutual TLS with other hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The name this host's certificate holds, which its peers pin.
+    pub name: String,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// A VM host allowed to place sessions on this (GPU) host, and the settings each of
+/// its VMs gets here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub settings: VmSettings,
+}
+
+/// A GPU host this host places sessions on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuHost {
+    pub name: String,
+    pub address: String,
+}
+
+/// Sessions across hosts: this host's TLS identity, whether it serves remote
+/// sessions (and to whom), and where its own VMs' sessions run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    pub tls: Option<TlsFiles>,
+    /// Where this host accepts VM hosts' sessions.
+    pub listen: Option<String>,
+    pub peers: Vec<Peer>,
+    pub gpu_hosts: Vec<GpuHost>,
+    /// How long a connection to another host may go unanswered (data unacknowledged,
+    /// keepalive probes unanswered) before its sessions end as lost.
+    pub timeout: Duration,
+    /// VM name to the GPU host its sessions run on.
+    pub placements: std::collections::BTreeMap<String, String>,
+}
+
+/// The default of [`Remote::timeout`].
+pub const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Default for Remote {
+    fn default() -> Self {
+        Remote {
+            tls: None,
+            listen: None,
+            peers: Vec::new(),
+            gpu_hosts: Vec::new(),
+            timeout: DEFAULT_REMOTE_TIMEOUT,
+            placements: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+impl Remote {
+    /// The GPU host VM `vm`'s sessions run on, if not this one.
+    pub fn gpu_host_of(&self, vm: &str) -> Option<&GpuHost> {
+        let name = self.placements.get(vm)?;
+        self.gpu_hosts.iter().find(|g| &g.name == name)
+    }
+
+    /// The name a remote tenant has on this GPU host: its VM host's name and its VM's.
+    pub fn tenant(peer: &str, vm: &str) -> String {
+        format!("{peer}:{vm}")
+    }
 }
 
 impl FileConfig {
@@ -496,6 +619,128 @@ impl FileConfig {
                 self.at(entry.span(), r)
             })
             .collect()
+    }
+}
+
+impl FileConfig {
+    /// The file's settings for sessions across hosts, validated: every name is a
+    /// host name, each given once; a VM is placed only on a GPU host the file names;
+    /// listening or placing needs `[tls]`.
+    pub fn remote(&self) -> Result<Remote, ConfigError> {
+        let bad = |m: String| Err(ConfigError::Remote(m));
+        let host_name = |what: &str, n: &str| {
+            if valid_vm_name(n) && crate::remote::tls::server_name(n).is_ok() {
+                Ok(())
+            } else {
+                Err(ConfigError::Remote(format!(
+                    "{what} name {n:?} must be a host name of letters, digits, '-' and '.'"
+                )))
+            }
+        };
+        let tls = match &self.tls {
+            Some(t) => {
+                host_name("[tls]", &t.name)?;
+                Some(TlsFiles {
+                    name: t.name.clone(),
+                    cert: t.cert.clone(),
+                    key: t.key.clone(),
+                    ca: t.ca.clone(),
+                })
+            }
+            None => None,
+        };
+        let mut peers: Vec<Peer> = Vec::new();
+        for p in &self.peer {
+            host_name("[[peer]]", &p.name)?;
+            if peers.iter().any(|q| q.name == p.name) {
+                return bad(format!("[[peer]] {:?} is given twice", p.name));
+            }
+            peers.push(Peer {
+                name: p.name.clone(),
+                settings: settings_of(&p.mem_quota, p.share, p.max_sessions, &None)?,
+            });
+        }
+        let mut gpu_hosts: Vec<GpuHost> = Vec::new();
+        for g in &self.gpu_host {
+            host_name("[[gpu_host]]", &g.name)?;
+            if gpu_hosts.iter().any(|h| h.name == g.name) {
+                return bad(format!("[[gpu_host]] {:?} is given twice", g.name));
+            }
+            if g.address.parse::<std::net::SocketAddr>().is_err() {
+                return bad(format!(
+                    "[[gpu_host]] {:?}: address {:?} must be IP:PORT",
+                    g.name, g.address
+                ));
+            }
+            gpu_hosts.push(GpuHost {
+                name: g.name.clone(),
+                address: g.address.clone(),
+            });
+        }
+        let mut placements = std::collections::BTreeMap::new();
+        let placed = self
+            .local
+            .iter()
+            .map(|l| {
+                (
+                    l.get_ref().vm.clone().unwrap_or_else(|| "local".into()),
+                    &l.get_ref().gpu_host,
+                )
+            })
+            .chain(
+                self.vm
+                    .iter()
+                    .map(|v| (v.get_ref().name.clone(), &v.get_ref().gpu_host)),
+            );
+        for (vm, gpu) in placed {
+            let Some(gpu) = gpu else { continue };
+            if !gpu_hosts.iter().any(|g| &g.name == gpu) {
+                return bad(format!(
+                    "VM {vm:?}: gpu_host {gpu:?} is not a [[gpu_host]] of this file"
+                ));
+            }
+            if let Some(other) = placements.insert(vm.clone(), gpu.clone())
+                && &other != gpu
+            {
+                return bad(format!(
+                    "VM {vm:?} is placed on two GPU hosts ({other} and {gpu})"
+                ));
+            }
+        }
+        let listen = self.tls.as_ref().and_then(|t| t.listen.clone());
+        if let Some(l) = &listen {
+            if l.parse::<std::net::SocketAddr>().is_err() {
+                return bad(format!("[tls] listen {l:?} must be IP:PORT"));
+            }
+            if peers.is_empty() {
+                return bad("[tls] listen needs at least one [[peer]] to serve".into());
+            }
+        }
+        if tls.is_none() && !gpu_hosts.is_empty() {
+            return bad(
+                "[[gpu_host]] needs [tls]: sessions cross hosts only over mutual TLS".into(),
+            );
+        }
+        if listen.is_none() && !peers.is_empty() {
+            return bad("[[peer]] needs [tls] listen: the address peers reach this host on".into());
+        }
+        let timeout = match self.tls.as_ref().and_then(|t| t.timeout_ms) {
+            None => DEFAULT_REMOTE_TIMEOUT,
+            Some(ms) if (1000..=3_600_000).contains(&ms) => Duration::from_millis(ms),
+            Some(ms) => {
+                return bad(format!(
+                    "[tls] timeout_ms {ms} must be from 1000 (a second) to 3600000 (an hour)"
+                ));
+            }
+        };
+        Ok(Remote {
+            tls,
+            listen,
+            peers,
+            gpu_hosts,
+            timeout,
+            placements,
+        })
     }
 }
 
@@ -621,6 +866,10 @@ pub struct Config {
     pub api_server_tunables: Option<String>,
     /// How much of the host library's output each session may send its guest.
     pub output: OutputBound,
+    /// Sessions across hosts (`[tls]`, `[[peer]]`, `[[gpu_host]]`).
+    pub remote: Remote,
+    /// The TLS settings loaded from `remote.tls`.
+    pub tls: Option<std::sync::Arc<crate::remote::tls::Tls>>,
 }
 
 /// How much of the host library's output (a kernel's `printf`) one session may send

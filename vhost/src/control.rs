@@ -69,6 +69,7 @@ pub fn status(life: &Lifecycle, vms: &Vms) -> Status {
         migrations: life.migrations.load(Ordering::Relaxed),
         suspensions: life.suspensions.load(Ordering::Relaxed),
         resumptions: life.resumptions.load(Ordering::Relaxed),
+        remote_refused: life.remote_refused.load(Ordering::Relaxed),
         detached: life.detached(),
         reconnections: life.reconnections.load(Ordering::Relaxed),
         parked: life

@@ -35,6 +35,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
 pub mod migrate;
+pub mod remote;
 pub mod restart;
 pub mod scheduler;
 pub mod served;
@@ -92,6 +93,12 @@ pub enum StartError {
     Vm(#[from] served::VmError),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen for remote sessions on {addr}: {source}")]
+    Remote {
         addr: String,
         #[source]
         source: std::io::Error,
@@ -215,6 +222,27 @@ pub fn run(config: Config) -> Result<(), StartError> {
     }
     for (l, spec) in listeners {
         served.serve_listener(spec, l);
+    }
+    if let (Some(addr), Some(tls)) = (&config.remote.listen, &config.tls) {
+        let l = std::net::TcpListener::bind(addr).map_err(|source| StartError::Remote {
+            addr: addr.clone(),
+            source,
+        })?;
+        let peers: Vec<&str> = config
+            .remote
+            .peers
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        info!(
+            "remote sessions on {addr} as {:?} (mutual TLS; peers {peers:?})",
+            tls.name
+        );
+        let (tls, config, vms, life) = (tls.clone(), config.clone(), vms.clone(), life.clone());
+        std::thread::spawn(move || remote::gpu_host::serve(l, tls, config, vms, life));
+    }
+    for (vm, gpu) in &config.remote.placements {
+        info!("VM {vm:?}: sessions run on GPU host {gpu:?}");
     }
     // VMs added at run time before the last stop are served again.
     let kept = served.add_kept();

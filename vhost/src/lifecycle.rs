@@ -49,6 +49,8 @@ pub struct Lifecycle {
     pub migrations: AtomicU64,
     pub suspensions: AtomicU64,
     pub resumptions: AtomicU64,
+    /// Connections from other hosts refused.
+    pub remote_refused: AtomicU64,
     /// Guests that connected again to their live session after a device reset.
     pub reconnections: AtomicU64,
 }
@@ -72,6 +74,15 @@ impl Registration {
             s.process = process.to_string();
             s.guest_pid = guest_pid;
             s.api_server_pid = Some(api_server_pid);
+        }
+        self.life.changed.notify_all();
+    }
+
+    /// Records that the session runs on GPU host `gpu_host`, with no API server here.
+    pub fn placed(&self, gpu_host: &str) {
+        if let Some((_, s)) = self.life.lock().live.get_mut(&self.id) {
+            s.api_server_pid = None;
+            s.gpu_host = Some(gpu_host.to_string());
         }
         self.life.changed.notify_all();
     }

@@ -119,6 +119,7 @@ impl TryFrom<Args> for Config {
             }
             None => FileConfig::default(),
         };
+        let remote = file.remote()?;
         let mut listeners = file.listeners()?;
         for s in &a.local_sockets {
             listeners.push(s.parse::<LocalListener>()?);
@@ -212,7 +213,26 @@ impl TryFrom<Args> for Config {
                 hira_protocol::DEFAULT_OUTPUT_BUFFER,
             )?,
         };
+        let tls = match &remote.tls {
+            Some(files) => Some(std::sync::Arc::new(
+                hira_vhost::remote::tls::Tls::load(files).context("[tls]")?,
+            )),
+            None => None,
+        };
+        let known: Vec<&str> = listeners
+            .iter()
+            .map(|l| l.vm.as_str())
+            .chain(vhost_user_vms.iter().map(|v| v.name.as_str()))
+            .collect();
+        for vm in remote.placements.keys() {
+            anyhow::ensure!(
+                known.contains(&vm.as_str()),
+                "VM {vm:?} has a gpu_host but is not served"
+            );
+        }
         Ok(Config {
+            remote,
+            tls,
             output,
             listeners,
             vhost_user_vms,

@@ -159,6 +159,15 @@ pub(crate) fn serve(
     else {
         return Ok(());
     };
+    if let Some(gpu) = config.remote.gpu_host_of(vm) {
+        let greeting = Greeting {
+            header,
+            hello,
+            api,
+            fds,
+        };
+        return crate::remote::forward::run(guest, &guest_w, greeting, gpu, &ctx, registration);
+    }
     let mut fds = fds.into_iter();
     let fd = fds.next();
     // A VM guest whose connection a device reset cut comes back to its live session

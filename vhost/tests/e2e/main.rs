@@ -19,6 +19,7 @@ mod programs;
 mod pyopencl;
 mod quota;
 mod readme;
+mod remote;
 mod scheduling;
 mod shim;
 mod support;

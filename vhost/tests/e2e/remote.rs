@@ -1,0 +1,606 @@
+//! Sessions placed on another host: two daemons in two network namespaces joined by a
+//! veth pair, one a VM host and one a GPU host, over mutual TLS on real TCP. Programs
+//! run on the VM host's socket and must print what they print natively; hosts that
+//! cannot prove their names, and peers that send what is not Hira's, are refused while
+//! the GPU host goes on serving.
+//!
+//! Needs root (namespaces, veth); without it each test says so and skips.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+use hira_protocol::handshake::Hello;
+use hira_protocol::{FrameHeader, FrameKind};
+
+use crate::support::*;
+
+/// The GPU host's address in its namespace.
+const GPU_ADDR: &str = "10.203.0.2:5580";
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Two network namespaces, "A" (the VM host) and "B" (the GPU host), joined by a
+/// veth pair on 10.203.0.0/24; removed on drop.
+struct Net {
+    a: String,
+    b: String,
+    /// The GPU host's end of the veth pair.
+    b_link: String,
+}
+
+fn ip(args: &[&str]) {
+    let o = Command::new("ip").args(args).output().expect("ip runs");
+    assert!(
+        o.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+impl Net {
+    fn new() -> Net {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let tag = format!(
+            "{}x{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        // Interface names are at most 15 bytes.
+        let (va, vb) = (format!("ha{tag}"), format!("hb{tag}"));
+        let net = Net {
+            a: format!("hira-a-{tag}"),
+            b: format!("hira-b-{tag}"),
+            b_link: vb.clone(),
+        };
+        ip(&["netns", "add", &net.a]);
+        ip(&["netns", "add", &net.b]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        ip(&["link", "set", &va, "netns", &net.a]);
+        ip(&["link", "set", &vb, "netns", &net.b]);
+        for (ns, dev, addr) in [
+            (&net.a, &va, "10.203.0.1/24"),
+            (&net.b, &vb, "10.203.0.2/24"),
+        ] {
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        net
+    }
+
+    /// Runs `f` on a thread whose network namespace is `ns`.
+    fn within<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let fd = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
+                use std::os::fd::AsRawFd;
+                // SAFETY: setns on this thread only, with a namespace descriptor.
+                let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// A test CA and certificates it signs, as PEM files.
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: KeyPair,
+    ca_params: CertificateParams,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, format!("Hira test CA {name}"));
+        let cert = ca_params.self_signed(&ca).unwrap();
+        std::fs::write(dir.path().join("ca.crt"), cert.pem()).unwrap();
+        Pki { dir, ca, ca_params }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// A certificate for `name`; `expired` makes one whose validity ended.
+    fn issue(&self, name: &str, expired: bool) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(vec![name.to_string()]).unwrap();
+        p.distinguished_name.push(DnType::CommonName, name);
+        if expired {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let issuer = Issuer::from_params(&self.ca_params, &self.ca);
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        let stem = format!("{name}{}", if expired { "-expired" } else { "" });
+        let (c, k) = (
+            self.dir.path().join(format!("{stem}.crt")),
+            self.dir.path().join(format!("{stem}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+/// `[tls]` for `name` with certificates from `pki`.
+fn tls_section(pki: &Pki, name: &str, listen: Option<&str>) -> String {
+    let (c, k) = pki.issue(name, false);
+    let mut s = format!(
+        "[tls]\nname = \"{name}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n",
+        c.display(),
+        k.display(),
+        pki.ca().display()
+    );
+    if let Some(l) = listen {
+        s += &format!("listen = \"{l}\"\n");
+    }
+    s
+}
+
+/// A daemon in network namespace `ns` with config file text `config`.
+fn daemon_in(ns: &str, config: &str, env: &[(&str, &str)]) -> Daemon {
+    ensure_built();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hira.toml");
+    std::fs::write(
+        &file,
+        config.replace("@DIR@", &dir.path().display().to_string()),
+    )
+    .unwrap();
+    let log = dir.path().join("daemon.log");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns])
+        .arg(env!("CARGO_BIN_EXE_hira-vhost"))
+        .arg("--api-server-cache-dir")
+        .arg(api_server_cache())
+        .arg("--config")
+        .arg(&file)
+        .arg("--control-socket")
+        .arg(dir.path().join("control.sock"))
+        .env("RUST_LOG", "info")
+        .env_remove("OCL_ICD_VENDORS")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let ready = Readiness::new(dir.path());
+    ready.apply(&mut cmd);
+    let mut d = Daemon::adopt(cmd.spawn().expect("ip netns exec hira-vhost"), dir, log);
+    ready.wait(&mut d);
+    d
+}
+
+/// A GPU host (in `net.b`) serving peer `host-a`, its `[tls]` ending with `tls_extra`.
+fn gpu_host(net: &Net, pki: &Pki, tls_extra: &str) -> Daemon {
+    let driver = crate::cuda::kit()
+        .driver_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    daemon_in(
+        &net.b,
+        &format!(
+            "[[local]]\nvm = \"b-local\"\npath = \"@DIR@/b.sock\"\n\n{}{tls_extra}\n[[peer]]\nname = \"host-a\"\nshare = 3\n",
+            tls_section(pki, "gpu-b", Some(GPU_ADDR))
+        ),
+        &[("LD_LIBRARY_PATH", &driver)],
+    )
+}
+
+/// A GPU host (in `net.b`) serving peer `host-a`, and a VM host (in `net.a`) whose VM
+/// `vm1` is placed on it, and whose VM `vm2` is placed on "gpu-c", which is B's address
+/// under a name B's certificate does not hold.
+fn hosts(net: &Net, pki: &Pki) -> (Daemon, Daemon) {
+    hosts_with(net, pki, "")
+}
+
+/// As [`hosts`], both `[tls]` sections ending with `tls_extra`.
+fn hosts_with(net: &Net, pki: &Pki, tls_extra: &str) -> (Daemon, Daemon) {
+    let b = gpu_host(net, pki, tls_extra);
+    let a = daemon_in(
+        &net.a,
+        &format!(
+            "[[local]]\nvm = \"vm1\"\npath = \"@DIR@/vm1.sock\"\ngpu_host = \"gpu-b\"\n\n\
+             [[local]]\nvm = \"vm2\"\npath = \"@DIR@/vm2.sock\"\ngpu_host = \"gpu-c\"\n\n{}{tls_extra}\n\
+             [[gpu_host]]\nname = \"gpu-b\"\naddress = \"{GPU_ADDR}\"\n\n\
+             [[gpu_host]]\nname = \"gpu-c\"\naddress = \"{GPU_ADDR}\"\n",
+            tls_section(pki, "host-a", None)
+        ),
+        &[],
+    );
+    (a, b)
+}
+
+fn same_as_native(a: &Daemon, b: &Daemon, program: &str, args: &[&str]) {
+    let exe = c_program(program);
+    let native = run_native(&exe, args);
+    assert!(native.status.success(), "{program} fails natively");
+    let vendors = Vendors::hira();
+    let placed = run_with_timeout(
+        a.guest(&vendors, "vm1", &exe).args(args),
+        Duration::from_secs(300),
+    );
+    assert!(
+        placed.status.success(),
+        "{program} fails placed on the GPU host: {}\nVM host:\n{}\nGPU host:\n{}",
+        String::from_utf8_lossy(&placed.stderr),
+        a.log_text(),
+        b.log_text()
+    );
+    assert!(!native.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&placed.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "{program}: placed on the GPU host, the output differs from the native run"
+    );
+}
+
+#[test]
+fn programs_placed_on_a_gpu_host_over_mutual_tls_print_what_they_print_natively() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new();
+    let pki = Pki::new("one");
+    let (a, b) = hosts(&net, &pki);
+    // OpenCL: bulk data both ways (larger than any window), maps, events, threads.
+    for (p, args) in [
+        ("vecadd", &[][..]),
+        ("matmul", &[]),
+        ("events", &[]),
+        ("mapping", &[]),
+        ("threads", &[]),
+        ("large", &[]),
+    ] {
+        same_as_native(&a, &b, p, args);
+    }
+    // CUDA on the GPU host's driver (the CPU test executor here).
+    let k = crate::cuda::kit();
+    for p in crate::cuda::PROGRAMS {
+        let n = crate::cuda::native(p);
+        assert!(n.status.success(), "{p} natively");
+        let h = run_with_timeout(
+            Command::new(k.exe(p))
+                .arg(&k.ptx)
+                .env("LD_LIBRARY_PATH", k.shim_dir())
+                .env("HIRA_SOCKET", a.socket("vm1")),
+            Duration::from_secs(120),
+        );
+        assert!(
+            h.status.success(),
+            "{p} placed on the GPU host: {}\n{}",
+            String::from_utf8_lossy(&h.stderr),
+            b.log_text()
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&h.stdout),
+            String::from_utf8_lossy(&n.stdout),
+            "{p}: placed on the GPU host, the output differs from the native run"
+        );
+    }
+    // The VM host's records: every session ran on gpu-b; none had an API server here.
+    let ended_a = a.wait_idle(Duration::from_secs(30));
+    assert!(!ended_a.is_empty());
+    for e in &ended_a {
+        assert_eq!(e["data_plane"], "remote gpu-b", "{e}");
+        assert_eq!(e["vm"], "vm1", "{e}");
+        assert!(e["api_server_pid"].is_null(), "{e}");
+    }
+    // The GPU host's: the same sessions, as tenant host-a:vm1, each with its own API
+    // server, relayed, at the peer's share.
+    let ended_b = b.wait_idle(Duration::from_secs(30));
+    assert_eq!(ended_b.len(), ended_a.len(), "{ended_b:?}");
+    for e in &ended_b {
+        assert_eq!(e["vm"], "host-a:vm1", "{e}");
+        assert_eq!(e["data_plane"], "relayed", "{e}");
+        assert!(e["api_server_pid"].as_u64().is_some_and(|p| p > 0), "{e}");
+        assert!(e["commands"].as_u64().unwrap() > 0, "{e}");
+    }
+    let status = b.status();
+    let tenant = status["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "host-a:vm1")
+        .expect("the tenant is one of the GPU host's VMs");
+    assert_eq!(tenant["share"], 3, "{tenant}");
+    assert!(tenant["commands"].as_u64().unwrap() > 0, "{tenant}");
+}
+
+/// A TLS client in the VM host's namespace, as a VM host (or an impostor) would be.
+fn client(roots: &Path, cert: &(PathBuf, PathBuf)) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut store = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(roots).unwrap() {
+        store.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<_> = CertificateDer::pem_file_iter(&cert.0)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(&cert.1).unwrap();
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(store)
+        .with_client_auth_cert(chain, key)
+        .unwrap(),
+    )
+}
+
+/// Connects to the GPU host with `config`, sends `then` after the handshake and
+/// returns what the GPU host sent back until it closed (an error if the TLS
+/// connection failed).
+fn exchange(config: Arc<rustls::ClientConfig>, then: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut tcp = TcpStream::connect(GPU_ADDR)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let name = rustls::pki_types::ServerName::try_from("gpu-b").unwrap();
+    let mut conn = rustls::ClientConnection::new(config, name).unwrap();
+    let mut s = rustls::Stream::new(&mut conn, &mut tcp);
+    s.write_all(then)?;
+    let mut got = Vec::new();
+    match s.read_to_end(&mut got) {
+        Ok(_) => Ok(got),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(got),
+        Err(e) => Err(e),
+    }
+}
+
+#[test]
+fn hosts_that_cannot_prove_their_names_and_peers_that_are_not_hira_are_refused() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new();
+    let pki = Pki::new("one");
+    let (a, b) = hosts(&net, &pki);
+    let vendors = Vendors::hira();
+    let vecadd = c_program("vecadd");
+    // A VM placed on a GPU host whose certificate does not hold the name configured
+    // for it: the VM host refuses to talk to it, and the guest is told.
+    let wrong = run_with_timeout(
+        &mut a.guest(&vendors, "vm2", &vecadd),
+        Duration::from_secs(120),
+    );
+    assert!(
+        !wrong.status.success(),
+        "a GPU host that is not gpu-c served vm2"
+    );
+    let ended = a.wait_idle(Duration::from_secs(30));
+    assert!(
+        a.log_text().contains("GPU host \"gpu-c\"") && ended.iter().all(|e| e["vm"] == "vm2"),
+        "{}",
+        a.log_text()
+    );
+    let good = pki.issue("host-a", false);
+    let preamble = |vm: &str| {
+        let mut p = b"HIRA-VMH".to_vec();
+        p.extend_from_slice(&1u16.to_le_bytes());
+        p.push(vm.len() as u8);
+        p.extend_from_slice(vm.as_bytes());
+        p
+    };
+    let refusals = |b: &Daemon| b.status()["remote_refused"].as_u64().unwrap();
+    // Refusals are counted as the GPU host decides them, which a client that got an
+    // alert may see first.
+    let refused = |b: &Daemon, n: u64, what: &str| {
+        let start = std::time::Instant::now();
+        while refusals(b) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{what}: not refused\n{}",
+                b.log_text()
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(refusals(b), n, "{what}: refused once\n{}", b.log_text());
+    };
+    // The VM host's alert (the GPU host's certificate is not gpu-c's) ended that
+    // connection on the GPU host too.
+    refused(&b, 1, "a VM host that found the wrong name");
+    let other_ca = Pki::new("two");
+    let cases: Vec<(&str, Arc<rustls::ClientConfig>)> = vec![
+        (
+            "a certificate from another CA",
+            client(&pki.ca(), &other_ca.issue("host-a", false)),
+        ),
+        (
+            "a certificate that names no peer",
+            client(&pki.ca(), &pki.issue("host-x", false)),
+        ),
+        (
+            "an expired certificate",
+            client(&pki.ca(), &pki.issue("host-a", true)),
+        ),
+    ];
+    for (what, config) in cases {
+        let before = refusals(&b);
+        let got = Net::within(&net.a, || exchange(config, &preamble("vm1")));
+        assert!(
+            got.as_ref().is_err() || got.as_ref().is_ok_and(Vec::is_empty),
+            "{what}: the GPU host answered {got:?}"
+        );
+        refused(&b, before + 1, what);
+    }
+    // Plaintext: a Hello with no TLS gets no Hira frame back.
+    let before = refusals(&b);
+    let plain = Net::within(&net.a, || {
+        let mut tcp = TcpStream::connect(GPU_ADDR).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let hello = Hello::new(hira_apis_opencl::API, 1, "plain", 0).encode();
+        let mut f = FrameHeader::new(FrameKind::Hello, 0, 0, 0, hello.len())
+            .encode()
+            .to_vec();
+        f.extend_from_slice(&hello);
+        let _ = tcp.write_all(&f);
+        let mut got = Vec::new();
+        let _ = tcp.read_to_end(&mut got);
+        got
+    });
+    assert!(
+        plain.first().is_none_or(|&b| b == 0x15),
+        "plaintext got something other than a TLS alert: {plain:?}"
+    );
+    refused(&b, before + 1, "plaintext");
+    // An authenticated peer that names a bad VM, or sends what is not a frame, is
+    // refused or answered with an error; the GPU host goes on serving.
+    let before = refusals(&b);
+    let bad_name = Net::within(&net.a, || {
+        exchange(client(&pki.ca(), &good), &preamble("../x"))
+    });
+    assert!(bad_name.is_ok_and(|g| g.is_empty()));
+    refused(&b, before + 1, "a VM name that is not one");
+    let mut junk = preamble("vm1");
+    junk.extend_from_slice(&[0xab; 64]);
+    let answer = Net::within(&net.a, || exchange(client(&pki.ca(), &good), &junk)).unwrap();
+    let h = FrameHeader::decode(
+        answer[..hira_protocol::frame::HEADER_LEN]
+            .try_into()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        h.kind,
+        FrameKind::Error,
+        "junk is answered with an error frame"
+    );
+    same_as_native(&a, &b, "vecadd", &[]);
+}
+
+/// `device_loss` started on the VM host's `vm1`, past its first computation.
+fn device_loss(
+    a: &Daemon,
+    vendors: &Vendors,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::BufRead;
+    let mut guest = a
+        .guest(vendors, "vm1", &c_program("device_loss"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(guest.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.ends_with("ready\n") {
+        if out.read_line(&mut seen).unwrap() == 0 {
+            let mut err = String::new();
+            let _ = guest.stderr.take().unwrap().read_to_string(&mut err);
+            panic!(
+                "guest ended ({:?}): {seen}\n{err}\n{}",
+                guest.wait(),
+                a.log_text()
+            );
+        }
+    }
+    assert_eq!(seen, "first context computes: mismatches=0\nready\n");
+    (guest, out)
+}
+
+/// Lets `device_loss` go on after its device was lost; it must see the loss as the
+/// API's error, find the device again and compute on it.
+fn recovers(mut guest: std::process::Child, mut out: impl Read, logs: &str) {
+    guest.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = guest.wait().unwrap();
+    let mut err = String::new();
+    guest
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let expected = "next call after the loss: -5\n\
+                    old queue: -5\n\
+                    devices found again: 0 (some)\n\
+                    new context on the old device handle: 0\n\
+                    new context computes: mismatches=0\n\
+                    old queue after recovery: -36\n";
+    assert_eq!(rest, expected, "stderr:\n{err}\n{logs}");
+    assert!(status.success(), "{status:?}\n{err}");
+}
+
+#[test]
+fn a_gpu_host_that_dies_or_drops_off_the_network_costs_its_guests_the_device_not_a_hang() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new();
+    let pki = Pki::new("one");
+    let (a, mut b) = hosts_with(&net, &pki, "timeout_ms = 2000\n");
+    let vendors = Vendors::hira();
+    // Killed: its sockets close with it, and the guest learns at its next call.
+    let (guest, out) = device_loss(&a, &vendors);
+    b.wait_api_servers(1, Duration::from_secs(30));
+    b.child.kill().unwrap();
+    b.child.wait().unwrap();
+    let ended = a.wait_idle(Duration::from_secs(60));
+    assert!(
+        ended[0]["api_server_end"]
+            .as_str()
+            .unwrap()
+            .contains("GPU host \"gpu-b\""),
+        "{ended:?}"
+    );
+    // A new GPU host at the same address serves the guest's recovery.
+    let b = gpu_host(&net, &pki, "timeout_ms = 2000\n");
+    recovers(guest, out, &a.log_text());
+    // Cut off: nothing closes, and the connection's bound on silence ends the session
+    // on both hosts.
+    let (guest, out) = device_loss(&a, &vendors);
+    b.wait_api_servers(1, Duration::from_secs(30));
+    ip(&["-n", &net.b, "link", "set", &net.b_link, "down"]);
+    let ended = a.wait_idle(Duration::from_secs(60));
+    let last = ended.last().unwrap();
+    assert!(
+        last["api_server_end"]
+            .as_str()
+            .unwrap()
+            .contains("the connection to GPU host \"gpu-b\" failed"),
+        "{last}\n{}",
+        a.log_text()
+    );
+    let ended_b = b.wait_idle(Duration::from_secs(60));
+    assert_eq!(ended_b.len(), 2, "{ended_b:?}");
+    ip(&["-n", &net.b, "link", "set", &net.b_link, "up"]);
+    recovers(guest, out, &a.log_text());
+}
