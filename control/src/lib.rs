@@ -399,6 +399,9 @@ pub struct VmEntry {
     /// Kept across restarts (added at run time with a state directory).
     pub persistent: bool,
     pub sessions: usize,
+    /// The GPU host its sessions run on, when not this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_host: Option<String>,
 }
 
 /// What `vm_list` answers.

@@ -165,8 +165,11 @@ fn print_vm(v: &VmEntry) {
             (true, false) => "added(*)",
         },
         v.socket,
-        v.window.as_deref().unwrap_or("")
+        v.window.as_deref().unwrap_or(""),
     );
+    if let Some(g) = &v.gpu_host {
+        println!("{:<16} sessions run on GPU host {g}", "");
+    }
 }
 
 fn vm(c: &mut Client, cmd: VmCmd) -> anyhow::Result<()> {
@@ -331,9 +334,11 @@ fn print_list(status: &Status) {
         ..
     } in &status.sessions
     {
-        let api = se
-            .api_server_pid
-            .map_or_else(|| "-".into(), |p| p.to_string());
+        // A session placed on another host has its API server there.
+        let api = match (&se.gpu_host, se.api_server_pid) {
+            (Some(g), _) => format!("@{g}"),
+            (None, p) => p.map_or_else(|| "-".into(), |p| p.to_string()),
+        };
         println!(
             "{:>8} {:<16} {:<7} {:<20} {:>9} {:>11} {:>12} {:>12} {:>5} {:>12}",
             se.id,

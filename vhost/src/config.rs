@@ -17,7 +17,7 @@ pub enum ConfigError {
     #[error("`{0}` is not KEY=VALUE")]
     NotKeyValue(String),
     #[error(
-        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots, mem-quota, share, max-sessions)"
+        "unknown VM setting `{0}` (known: name, socket, hybrid, cid, window, window-mb, window-slots, mem-quota, share, max-sessions, host-mem, gpu-host)"
     )]
     UnknownKey(String),
     #[error("VM setting `{0}` given twice")]
@@ -45,7 +45,9 @@ pub enum ConfigError {
     WindowNeedsVhostUser,
     #[error(transparent)]
     Setting(#[from] SettingError),
-    #[error("unknown listener setting `{0}` (known: mem-quota, share, max-sessions)")]
+    #[error(
+        "unknown listener setting `{0}` (known: mem-quota, share, max-sessions, host-mem, gpu-host)"
+    )]
     UnknownListenerKey(String),
     #[error("socket mode {0:?} must be octal permission bits such as 0660")]
     BadMode(String),
@@ -119,6 +121,8 @@ pub struct LocalListener {
     pub path: PathBuf,
     /// The VM's settings this listener gives.
     pub settings: VmSettings,
+    /// The GPU host the VM's sessions run on (`None`: this host).
+    pub gpu_host: Option<String>,
     /// For a hybrid-vsock VM's listener (`VmSpec::listener`), the VM's CID; `None`
     /// for a host-local listener.
     pub hybrid_cid: Option<u32>,
@@ -130,6 +134,7 @@ impl Default for LocalListener {
             vm: "local".into(),
             path: PathBuf::from(DEFAULT_LOCAL_SOCKET),
             settings: VmSettings::default(),
+            gpu_host: None,
             hybrid_cid: None,
         }
     }
@@ -144,15 +149,23 @@ pub(crate) fn valid_vm_name(n: &str) -> bool {
 impl FromStr for LocalListener {
     type Err = ConfigError;
 
-    /// Parses `[VM=]PATH[,mem-quota=SIZE][,share=N][,max-sessions=N][,host-mem=SIZE]`.
+    /// Parses `[VM=]PATH[,mem-quota=SIZE][,share=N][,max-sessions=N][,host-mem=SIZE]
+    /// [,gpu-host=NAME]`.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let mut parts = s.split(',');
         let s = parts.next().unwrap_or_default();
         let mut settings = VmSettings::default();
+        let mut gpu_host = None;
         for kv in parts {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| ConfigError::NotKeyValue(kv.to_string()))?;
+            if k == "gpu-host" {
+                if gpu_host.replace(v.to_string()).is_some() {
+                    return Err(ConfigError::DuplicateKey(k.to_string()));
+                }
+                continue;
+            }
             if !take_setting(&mut settings, k, v)? {
                 return Err(ConfigError::UnknownListenerKey(k.to_string()));
             }
@@ -171,6 +184,7 @@ impl FromStr for LocalListener {
             vm,
             path: PathBuf::from(path),
             settings,
+            gpu_host,
             hybrid_cid: None,
         })
     }
@@ -202,6 +216,8 @@ pub struct VmSpec {
     /// Its quota, share and caps (none set: unlimited, share 1, the daemon-wide
     /// `max_sessions_per_vm`).
     pub settings: VmSettings,
+    /// The GPU host its sessions run on (`None`: this host).
+    pub gpu_host: Option<String>,
 }
 
 impl VmSpec {
@@ -216,6 +232,7 @@ impl VmSpec {
             vm: self.name.clone(),
             path: PathBuf::from(p),
             settings: self.settings,
+            gpu_host: self.gpu_host.clone(),
             hybrid_cid: Some(self.cid),
         })
     }
@@ -231,6 +248,7 @@ struct VmFields {
     window: Option<String>,
     window_mb: Option<String>,
     window_slots: Option<String>,
+    gpu_host: Option<String>,
     settings: VmSettings,
 }
 
@@ -252,6 +270,7 @@ impl FromStr for VmSpec {
                 "window" => &mut f.window,
                 "window-mb" => &mut f.window_mb,
                 "window-slots" => &mut f.window_slots,
+                "gpu-host" => &mut f.gpu_host,
                 k if take_setting(&mut f.settings, k, v)? => continue,
                 other => return Err(ConfigError::UnknownKey(other.to_string())),
             };
@@ -274,6 +293,7 @@ impl VmFields {
             window,
             window_mb,
             window_slots,
+            gpu_host,
             settings,
         } = self;
         let name = name.ok_or(ConfigError::Missing("name"))?;
@@ -327,6 +347,7 @@ impl VmFields {
             window,
             window_slots,
             settings,
+            gpu_host,
         })
     }
 }
@@ -514,7 +535,8 @@ pub struct Remote {
     /// How long a connection to another host may go unanswered (data unacknowledged,
     /// keepalive probes unanswered) before its sessions end as lost.
     pub timeout: Duration,
-    /// VM name to the GPU host its sessions run on.
+    /// The configuration's VMs placed on GPU hosts, VM name to GPU host name (VMs added
+    /// at run time keep theirs in their state, `Vm::gpu_host`).
     pub placements: std::collections::BTreeMap<String, String>,
 }
 
@@ -535,10 +557,32 @@ impl Default for Remote {
 }
 
 impl Remote {
-    /// The GPU host VM `vm`'s sessions run on, if not this one.
-    pub fn gpu_host_of(&self, vm: &str) -> Option<&GpuHost> {
-        let name = self.placements.get(vm)?;
-        self.gpu_hosts.iter().find(|g| &g.name == name)
+    /// Places VM `vm`'s sessions on GPU host `gpu`, which must be a `[[gpu_host]]`.
+    pub fn place(&mut self, vm: &str, gpu: &str) -> Result<(), ConfigError> {
+        self.known(gpu)?;
+        match self.placements.insert(vm.to_string(), gpu.to_string()) {
+            Some(other) if other != gpu => Err(ConfigError::Remote(format!(
+                "VM {vm:?} is placed on two GPU hosts ({other} and {gpu})"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a GPU host that is not a `[[gpu_host]]`.
+    pub fn known(&self, gpu: &str) -> Result<&GpuHost, ConfigError> {
+        self.gpu_hosts
+            .iter()
+            .find(|g| g.name == gpu)
+            .ok_or_else(|| {
+                ConfigError::Remote(format!(
+                    "gpu-host {gpu:?} is not one of the configuration's [[gpu_host]]s ({})",
+                    self.gpu_hosts
+                        .iter()
+                        .map(|g| g.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
     }
 
     /// The name a remote tenant has on this GPU host: its VM host's name and its VM's.
@@ -588,6 +632,7 @@ impl FileConfig {
                 let r = r.and_then(|mut listener| {
                     listener.settings =
                         settings_of(&l.mem_quota, l.share, l.max_sessions, &l.host_mem)?;
+                    listener.gpu_host = l.gpu_host.clone();
                     Ok(listener)
                 });
                 self.at(entry.span(), r)
@@ -611,6 +656,7 @@ impl FileConfig {
                             window: v.window.clone(),
                             window_mb: v.window_mb.map(|m| m.to_string()),
                             window_slots: v.window_slots.map(|n| n.to_string()),
+                            gpu_host: v.gpu_host.clone(),
                             settings,
                         }
                         .into_spec()
@@ -677,36 +723,6 @@ impl FileConfig {
                 address: g.address.clone(),
             });
         }
-        let mut placements = std::collections::BTreeMap::new();
-        let placed = self
-            .local
-            .iter()
-            .map(|l| {
-                (
-                    l.get_ref().vm.clone().unwrap_or_else(|| "local".into()),
-                    &l.get_ref().gpu_host,
-                )
-            })
-            .chain(
-                self.vm
-                    .iter()
-                    .map(|v| (v.get_ref().name.clone(), &v.get_ref().gpu_host)),
-            );
-        for (vm, gpu) in placed {
-            let Some(gpu) = gpu else { continue };
-            if !gpu_hosts.iter().any(|g| &g.name == gpu) {
-                return bad(format!(
-                    "VM {vm:?}: gpu_host {gpu:?} is not a [[gpu_host]] of this file"
-                ));
-            }
-            if let Some(other) = placements.insert(vm.clone(), gpu.clone())
-                && &other != gpu
-            {
-                return bad(format!(
-                    "VM {vm:?} is placed on two GPU hosts ({other} and {gpu})"
-                ));
-            }
-        }
         let listen = self.tls.as_ref().and_then(|t| t.listen.clone());
         if let Some(l) = &listen {
             if l.parse::<std::net::SocketAddr>().is_err() {
@@ -739,7 +755,7 @@ impl FileConfig {
             peers,
             gpu_hosts,
             timeout,
-            placements,
+            placements: std::collections::BTreeMap::new(),
         })
     }
 }
@@ -1112,6 +1128,100 @@ mod tests {
             VmTransport::VhostUser(PathBuf::from("/run/hira/q.sock"))
         );
         assert!(v.listener().is_none());
+    }
+
+    #[test]
+    fn hosts_across_the_network_are_configured_with_names_tls_and_placements() {
+        let f = FileConfig::parse(
+            r#"
+[tls]
+name = "gpu-b"
+cert = "/etc/hira/tls/gpu-b.crt"
+key = "/etc/hira/tls/gpu-b.key"
+ca = "/etc/hira/tls/ca.crt"
+listen = "10.0.0.2:5580"
+timeout_ms = 3000
+
+[[peer]]
+name = "host-a"
+share = 2
+max_sessions = 4
+
+[[gpu_host]]
+name = "gpu-c"
+address = "10.0.0.3:5580"
+
+[[local]]
+vm = "vm1"
+path = "/run/hira/vm1.sock"
+gpu_host = "gpu-c"
+"#,
+        )
+        .unwrap();
+        let mut r = f.remote().unwrap();
+        assert_eq!(r.tls.as_ref().unwrap().name, "gpu-b");
+        assert_eq!(r.listen.as_deref(), Some("10.0.0.2:5580"));
+        assert_eq!(r.timeout, Duration::from_secs(3));
+        assert_eq!(r.peers[0].settings.share, Some(2));
+        assert_eq!(r.peers[0].settings.max_sessions, Some(4));
+        assert_eq!(f.listeners().unwrap()[0].gpu_host.as_deref(), Some("gpu-c"));
+        r.place("vm1", "gpu-c").unwrap();
+        assert!(r.place("vm1", "gpu-d").is_err(), "not a [[gpu_host]]");
+        r.gpu_hosts.push(GpuHost {
+            name: "gpu-d".into(),
+            address: "10.0.0.4:5580".into(),
+        });
+        assert!(r.place("vm1", "gpu-d").is_err(), "one VM, two GPU hosts");
+        assert_eq!(Remote::default().timeout, DEFAULT_REMOTE_TIMEOUT);
+        assert_eq!(Remote::tenant("host-a", "vm1"), "host-a:vm1");
+    }
+
+    #[test]
+    fn hosts_across_the_network_are_refused_when_half_configured() {
+        let tls = "[tls]\nname = \"h\"\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n";
+        for (text, why) in [
+            (
+                "[[gpu_host]]\nname = \"g\"\naddress = \"10.0.0.3:1\"\n".to_string(),
+                "needs [tls]",
+            ),
+            (
+                format!("{tls}listen = \"10.0.0.2:1\"\n"),
+                "at least one [[peer]]",
+            ),
+            (
+                format!("{tls}[[peer]]\nname = \"p\"\n"),
+                "needs [tls] listen",
+            ),
+            (
+                format!("{tls}[[gpu_host]]\nname = \"g\"\naddress = \"gpu:1\"\n"),
+                "must be IP:PORT",
+            ),
+            (
+                format!(
+                    "{tls}listen = \"10.0.0.2:1\"\n[[peer]]\nname = \"p\"\n[[peer]]\nname = \"p\"\n"
+                ),
+                "given twice",
+            ),
+            (
+                format!("{tls}listen = \"10.0.0.2:1\"\n[[peer]]\nname = \"a b\"\n"),
+                "must be a host name",
+            ),
+            (format!("{tls}timeout_ms = 5\n"), "timeout_ms 5"),
+        ] {
+            let e = FileConfig::parse(&text).unwrap().remote().unwrap_err();
+            assert!(e.to_string().contains(why), "{text}: {e}");
+        }
+        let l: LocalListener = "vm1=/run/vm1.sock,share=2,gpu-host=gpu-b".parse().unwrap();
+        assert_eq!(l.gpu_host.as_deref(), Some("gpu-b"));
+        assert_eq!(l.settings.share, Some(2));
+        let v: VmSpec = "name=vm2,hybrid=/run/vm2.vsock,cid=5,gpu-host=gpu-b"
+            .parse()
+            .unwrap();
+        assert_eq!(v.gpu_host.as_deref(), Some("gpu-b"));
+        assert!(matches!(
+            "name=vm2,hybrid=/x,cid=5,gpu-host=a,gpu-host=b".parse::<VmSpec>(),
+            Err(ConfigError::DuplicateKey(_))
+        ));
     }
 
     #[test]

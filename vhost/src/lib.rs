@@ -124,6 +124,10 @@ pub fn run(config: Config) -> Result<(), StartError> {
     for vm in &config.vhost_user_vms {
         vms.vm(&vm.name);
     }
+    for (vm, gpu) in &config.remote.placements {
+        vms.vm(vm).place(gpu);
+        info!("VM {vm:?}: sessions run on GPU host {gpu:?}");
+    }
     for (vm, quota) in config.mem_quotas()? {
         vms.vm(&vm)
             .set_mem_quota(Some(quota))
@@ -241,9 +245,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         let (tls, config, vms, life) = (tls.clone(), config.clone(), vms.clone(), life.clone());
         std::thread::spawn(move || remote::gpu_host::serve(l, tls, config, vms, life));
     }
-    for (vm, gpu) in &config.remote.placements {
-        info!("VM {vm:?}: sessions run on GPU host {gpu:?}");
-    }
+
     // VMs added at run time before the last stop are served again.
     let kept = served.add_kept();
     if kept > 0 {

@@ -119,7 +119,7 @@ impl TryFrom<Args> for Config {
             }
             None => FileConfig::default(),
         };
-        let remote = file.remote()?;
+        let mut remote = file.remote()?;
         let mut listeners = file.listeners()?;
         for s in &a.local_sockets {
             listeners.push(s.parse::<LocalListener>()?);
@@ -219,16 +219,18 @@ impl TryFrom<Args> for Config {
             )),
             None => None,
         };
-        let known: Vec<&str> = listeners
+        let placed = listeners
             .iter()
-            .map(|l| l.vm.as_str())
-            .chain(vhost_user_vms.iter().map(|v| v.name.as_str()))
-            .collect();
-        for vm in remote.placements.keys() {
-            anyhow::ensure!(
-                known.contains(&vm.as_str()),
-                "VM {vm:?} has a gpu_host but is not served"
-            );
+            .map(|l| (&l.vm, &l.gpu_host))
+            .chain(vhost_user_vms.iter().map(|v| (&v.name, &v.gpu_host)));
+        for (vm, gpu) in placed {
+            if let Some(gpu) = gpu {
+                anyhow::ensure!(
+                    tls.is_some(),
+                    "VM {vm:?}: gpu-host needs [tls] (sessions cross hosts only over mutual TLS)"
+                );
+                remote.place(vm, gpu)?;
+            }
         }
         Ok(Config {
             remote,

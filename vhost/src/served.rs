@@ -274,6 +274,15 @@ impl Served {
         if vm.settings.host_mem.is_some() && self.cgroups.is_none() {
             return Err(VmError::HostMemNeedsCgroup);
         }
+        if let Some(gpu) = &vm.gpu_host {
+            if self.config.tls.is_none() {
+                return Err(ConfigError::Remote(
+                    "gpu-host needs [tls] in the daemon's configuration".into(),
+                )
+                .into());
+            }
+            self.config.remote.known(gpu)?;
+        }
         let mut entry = match &vm.transport {
             VmTransport::VhostUser(socket) => self.serve_vhost_user(vm, socket),
             VmTransport::Hybrid(_) => {
@@ -355,6 +364,9 @@ impl Served {
         if let Some(share) = s.share {
             queue.set_share(share);
         }
+        if let Some(gpu) = &vm.gpu_host {
+            queue.place(gpu);
+        }
         Ok(())
     }
 
@@ -418,7 +430,10 @@ impl Served {
             .values()
             .map(|e| {
                 let mut i = e.info.clone();
-                i.sessions = self.vms.get(&i.name).map_or(0, |q| q.sessions());
+                if let Some(q) = self.vms.get(&i.name) {
+                    i.sessions = q.sessions();
+                    i.gpu_host = q.gpu_host().map(str::to_string);
+                }
                 i
             })
             .collect()

@@ -53,6 +53,8 @@ pub struct Vm {
     resets: AtomicU64,
     /// Removed at run time (`vm_remove`): no new session starts.
     removed: std::sync::atomic::AtomicBool,
+    /// The GPU host its sessions run on (unset: this host).
+    gpu_host: std::sync::OnceLock<String>,
 }
 
 /// A live session's usage, counted into its VM until this drops; then its final
@@ -101,6 +103,17 @@ impl Drop for SessionSlot {
 }
 
 impl Vm {
+    /// Places the VM's sessions on GPU host `gpu` (once; a VM's placement is fixed
+    /// while it is served).
+    pub fn place(&self, gpu: &str) {
+        let _ = self.gpu_host.set(gpu.to_string());
+    }
+
+    /// The GPU host the VM's sessions run on, if not this host.
+    pub fn gpu_host(&self) -> Option<&str> {
+        self.gpu_host.get().map(String::as_str)
+    }
+
     /// The VM is being removed: its new guests are refused from now on.
     pub fn remove(&self) {
         self.removed.store(true, Ordering::SeqCst);

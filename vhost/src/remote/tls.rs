@@ -120,3 +120,59 @@ pub fn peer_named<'a>(
         .into_iter()
         .find(|p| server_name(p).is_ok_and(|n| ee.verify_is_valid_for_subject_name(&n).is_ok()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &Path, name: &str) -> TlsFiles {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &rcgen::Issuer::from_params(&ca, &ca_key))
+            .unwrap();
+        let f = TlsFiles {
+            name: name.to_string(),
+            cert: dir.join("c.pem"),
+            key: dir.join("k.pem"),
+            ca: dir.join("ca.pem"),
+        };
+        std::fs::write(&f.cert, cert.pem()).unwrap();
+        std::fs::write(&f.key, key.serialize_pem()).unwrap();
+        std::fs::write(&f.ca, ca_cert.pem()).unwrap();
+        f
+    }
+
+    #[test]
+    fn a_peer_is_the_configured_name_its_certificate_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = files(dir.path(), "host-a");
+        assert_eq!(Tls::load(&f).unwrap().name, "host-a");
+        let der = CertificateDer::pem_file_iter(&f.cert)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert_eq!(peer_named(&der, ["host-b", "host-a"]), Some("host-a"));
+        assert_eq!(peer_named(&der, ["host-b", "host-a.example"]), None);
+        assert_eq!(peer_named(&der, ["not a name"]), None);
+    }
+
+    #[test]
+    fn unusable_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = files(dir.path(), "host-a");
+        f.key = dir.path().join("missing.pem");
+        let e = Tls::load(&f).unwrap_err().to_string();
+        assert!(e.contains("key") && e.contains("missing.pem"), "{e}");
+        let mut f = files(dir.path(), "host-a");
+        std::fs::write(dir.path().join("empty.pem"), "").unwrap();
+        f.ca = dir.path().join("empty.pem");
+        let e = Tls::load(&f).unwrap_err().to_string();
+        assert!(e.contains("holds no certificate"), "{e}");
+    }
+}

@@ -159,7 +159,7 @@ pub(crate) fn serve(
     else {
         return Ok(());
     };
-    if let Some(gpu) = config.remote.gpu_host_of(vm) {
+    if let Some(gpu) = queue.gpu_host().and_then(|g| config.remote.known(g).ok()) {
         let greeting = Greeting {
             header,
             hello,

@@ -283,6 +283,44 @@ fn programs_placed_on_a_gpu_host_over_mutual_tls_print_what_they_print_natively(
     ] {
         same_as_native(&a, &b, p, args);
     }
+    // A VM added at run time, as libvirt's hook adds one, is placed as its spec says.
+    let vsock = a.dir.path().join("vm3.vsock");
+    a.ctl_ok(&[
+        "vm",
+        "add",
+        "vm3",
+        &format!("hybrid={},cid=7,gpu-host=gpu-b", vsock.display()),
+    ]);
+    let listed = a.ctl_ok(&["vm", "list"]);
+    assert!(
+        listed.contains("sessions run on GPU host gpu-b"),
+        "{listed}"
+    );
+    let unknown = a.ctl(&[
+        "vm",
+        "add",
+        "vm4",
+        "hybrid=/nonexistent/x,cid=8,gpu-host=gpu-z",
+    ]);
+    assert!(
+        !unknown.status.success()
+            && String::from_utf8_lossy(&unknown.stderr).contains("\"gpu-z\" is not one of"),
+        "{unknown:?}"
+    );
+    let exe = c_program("vecadd");
+    let vendors = Vendors::hira();
+    let added = run_with_timeout(
+        Command::new(&exe)
+            .env("OCL_ICD_VENDORS", vendors.dir.path())
+            .env("HIRA_SOCKET", format!("{}_5571", vsock.display())),
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&added.stdout),
+        String::from_utf8_lossy(&run_native(&exe, &[]).stdout),
+        "vecadd on the added VM: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
     // CUDA on the GPU host's driver (the CPU test executor here).
     let k = crate::cuda::kit();
     for p in crate::cuda::PROGRAMS {
@@ -312,7 +350,7 @@ fn programs_placed_on_a_gpu_host_over_mutual_tls_print_what_they_print_natively(
     assert!(!ended_a.is_empty());
     for e in &ended_a {
         assert_eq!(e["data_plane"], "remote gpu-b", "{e}");
-        assert_eq!(e["vm"], "vm1", "{e}");
+        assert!(e["vm"] == "vm1" || e["vm"] == "vm3", "{e}");
         assert!(e["api_server_pid"].is_null(), "{e}");
     }
     // The GPU host's: the same sessions, as tenant host-a:vm1, each with its own API
@@ -320,7 +358,7 @@ fn programs_placed_on_a_gpu_host_over_mutual_tls_print_what_they_print_natively(
     let ended_b = b.wait_idle(Duration::from_secs(30));
     assert_eq!(ended_b.len(), ended_a.len(), "{ended_b:?}");
     for e in &ended_b {
-        assert_eq!(e["vm"], "host-a:vm1", "{e}");
+        assert!(e["vm"] == "host-a:vm1" || e["vm"] == "host-a:vm3", "{e}");
         assert_eq!(e["data_plane"], "relayed", "{e}");
         assert!(e["api_server_pid"].as_u64().is_some_and(|p| p > 0), "{e}");
         assert!(e["commands"].as_u64().unwrap() > 0, "{e}");
@@ -571,6 +609,11 @@ fn a_gpu_host_that_dies_or_drops_off_the_network_costs_its_guests_the_device_not
     // Killed: its sockets close with it, and the guest learns at its next call.
     let (guest, out) = device_loss(&a, &vendors);
     b.wait_api_servers(1, Duration::from_secs(30));
+    let listed = a.ctl_ok(&["list"]);
+    assert!(
+        listed.contains("@gpu-b"),
+        "its API server is gpu-b's: {listed}"
+    );
     b.child.kill().unwrap();
     b.child.wait().unwrap();
     let ended = a.wait_idle(Duration::from_secs(60));
