@@ -647,3 +647,99 @@ fn a_gpu_host_that_dies_or_drops_off_the_network_costs_its_guests_the_device_not
     ip(&["-n", &net.b, "link", "set", &net.b_link, "up"]);
     recovers(guest, out, &a.log_text());
 }
+
+#[test]
+fn a_link_that_drops_for_less_than_the_timeout_costs_nothing() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new();
+    let pki = Pki::new("one");
+    let (a, b) = hosts_with(&net, &pki, "timeout_ms = 30000\n");
+    let vendors = Vendors::hira();
+    let (mut guest, mut out) = device_loss(&a, &vendors);
+    b.wait_api_servers(1, Duration::from_secs(30));
+    // The guest's next calls leave while the link is down: TCP carries them once it
+    // is back, within the timeout, and nothing was lost.
+    ip(&["-n", &net.b, "link", "set", &net.b_link, "down"]);
+    guest.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    // How long the link stays down: the fault this test makes, not a wait for one.
+    std::thread::sleep(Duration::from_secs(2));
+    ip(&["-n", &net.b, "link", "set", &net.b_link, "up"]);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = guest.wait().unwrap();
+    assert!(status.success(), "{status:?}\n{}", a.log_text());
+    // As natively: the device was never lost.
+    assert_eq!(
+        rest,
+        "next call after the loss: 0\n\
+         old queue: 0\n\
+         devices found again: 0 (some)\n\
+         new context on the old device handle: 0\n\
+         new context computes: mismatches=0\n\
+         old queue after recovery: 0\n",
+        "{}",
+        a.log_text()
+    );
+    let ended = a.wait_idle(Duration::from_secs(30));
+    assert_eq!(ended.len(), 1, "one session throughout: {ended:?}");
+    assert_eq!(ended[0]["api_server_end"], "the guest closed", "{ended:?}");
+}
+
+#[test]
+fn a_qemu_guests_programs_placed_on_the_gpu_host_print_what_they_print_natively() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new();
+    let pki = Pki::new("one");
+    let b = gpu_host(&net, &pki, "");
+    let shm = shm_dir();
+    let window = shm
+        .as_ref()
+        .map_or_else(|| b.dir.path().to_path_buf(), |d| d.path().to_path_buf())
+        .join("qvm.window");
+    // The VM has its window and asks for rings, as any VM of this host would; placed
+    // on the GPU host, its sessions are relayed instead, and its programs cannot tell.
+    let a = daemon_in(
+        &net.a,
+        &format!(
+            "[[vm]]\nname = \"qvm\"\nsocket = \"@DIR@/qvm.vhost\"\ncid = 3\nwindow = \"{}\"\n\
+             gpu_host = \"gpu-b\"\n\n{}\n[[gpu_host]]\nname = \"gpu-b\"\naddress = \"{GPU_ADDR}\"\n",
+            window.display(),
+            tls_section(&pki, "host-a", None)
+        ),
+        &[],
+    );
+    let programs = ["vecadd", "matmul", "events", "mapping", "threads", "printf"];
+    let image = crate::vm::image_with(
+        "remote",
+        &crate::vm::marked_script(&programs),
+        &programs,
+    );
+    let mut q = crate::vm::qemu_with_window(&image, &a.dir.path().join("qvm.vhost"), &window);
+    let out = run_with_timeout(&mut q, Duration::from_secs(600));
+    let console = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        crate::vm::guest_output(&console),
+        crate::vm::marked_native(&programs),
+        "VM host:\n{}\nGPU host:\n{}",
+        a.log_text(),
+        b.log_text()
+    );
+    let ended_a = a.wait_idle(Duration::from_secs(30));
+    assert_eq!(ended_a.len(), programs.len(), "{ended_a:?}");
+    assert!(
+        ended_a.iter().all(|e| e["data_plane"] == "remote gpu-b"),
+        "{ended_a:?}"
+    );
+    let ended_b = b.wait_idle(Duration::from_secs(30));
+    assert_eq!(ended_b.len(), programs.len(), "{ended_b:?}");
+    assert!(
+        ended_b.iter().all(|e| e["vm"] == "host-a:qvm"),
+        "{ended_b:?}"
+    );
+}

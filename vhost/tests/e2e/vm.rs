@@ -134,7 +134,7 @@ pub(crate) fn marked_native(programs: &[&str]) -> String {
 
 /// QEMU booting `image` with Hira's vhost-user vsock device on `vhost`, and the
 /// daemon's window file as an ivshmem device.
-fn qemu_with_window(
+pub(crate) fn qemu_with_window(
     image: &std::path::Path,
     vhost: &std::path::Path,
     window: &std::path::Path,
@@ -150,7 +150,7 @@ fn qemu_with_window(
 }
 
 /// QEMU booting `image` with Hira's vhost-user vsock device on `vhost`.
-fn qemu(image: &std::path::Path, vhost: &std::path::Path) -> Command {
+pub(crate) fn qemu(image: &std::path::Path, vhost: &std::path::Path) -> Command {
     let mut q = qemu_without_vsock(image, vhost);
     q.args(["-device", "vhost-user-vsock-pci,chardev=vsock0"]);
     q
@@ -158,7 +158,7 @@ fn qemu(image: &std::path::Path, vhost: &std::path::Path) -> Command {
 
 /// QEMU booting `image` with the chardev for Hira's vhost-user vsock device on
 /// `vhost` but not the device.
-fn qemu_without_vsock(image: &std::path::Path, vhost: &std::path::Path) -> Command {
+pub(crate) fn qemu_without_vsock(image: &std::path::Path, vhost: &std::path::Path) -> Command {
     let mut q = Command::new("qemu-system-x86_64");
     q.args([
         "-accel",
