@@ -82,10 +82,27 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
+    start_daemon_in(None, bin, dir, args)
+}
+
+/// As [`start_daemon`], in network namespace `netns` when given.
+pub fn start_daemon_in<I, S>(netns: Option<&str>, bin: &Path, dir: &Path, args: I) -> Result<Child>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let notify_path = dir.join("notify.sock");
     let notify = std::os::unix::net::UnixDatagram::bind(&notify_path)?;
     notify.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let daemon = Command::new(bin.join("hira-vhost"))
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin.join("hira-vhost"));
+            c
+        }
+        None => Command::new(bin.join("hira-vhost")),
+    };
+    let daemon = cmd
         .args(args)
         .env("RUST_LOG", "error")
         .env("NOTIFY_SOCKET", &notify_path)
@@ -131,6 +148,31 @@ impl Drop for BenchEnv {
 impl BenchEnv {
     /// Starts `hira-vhost` from `bin` on a private socket.
     pub fn start(bin: &Path) -> Result<BenchEnv> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("bench.sock");
+        let control = dir.path().join("control.sock");
+        let daemon = start_daemon(
+            bin,
+            dir.path(),
+            [
+                "--local-socket".to_string(),
+                format!("bench={}", socket.display()),
+                "--control-socket".to_string(),
+                control.display().to_string(),
+            ],
+        )?;
+        Self::with_daemon(bin, daemon, dir, socket, Some(control))
+    }
+
+    /// OpenCL runs against `daemon` (started by the caller, its files in `dir`), whose
+    /// guests connect to `socket`.
+    pub fn with_daemon(
+        bin: &Path,
+        daemon: Child,
+        dir: tempfile::TempDir,
+        socket: PathBuf,
+        control: Option<PathBuf>,
+    ) -> Result<BenchEnv> {
         let native = tempfile::tempdir()?;
         let mut n = 0;
         for e in std::fs::read_dir("/etc/OpenCL/vendors")
@@ -153,24 +195,11 @@ impl BenchEnv {
             hira.path().join("hira.icd"),
             format!("{}\n", bin.join("libhira_opencl.so").display()),
         )?;
-        let dir = tempfile::tempdir()?;
-        let socket = dir.path().join("bench.sock");
-        let control = dir.path().join("control.sock");
-        let daemon = start_daemon(
-            bin,
-            dir.path(),
-            [
-                "--local-socket".to_string(),
-                format!("bench={}", socket.display()),
-                "--control-socket".to_string(),
-                control.display().to_string(),
-            ],
-        )?;
         Ok(BenchEnv {
             native,
             hira,
             socket,
-            control: Some(control),
+            control,
             hira_env: Vec::new(),
             cuda: None,
             daemon,

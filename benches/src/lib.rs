@@ -13,15 +13,21 @@
 //!   through Hira output for output.
 //! - [`cuda`]: the CUDA test programs natively and through Hira on one driver (the
 //!   CPU test executor unless told the machine's).
+//! - [`remote`]: the suite with its sessions on another host, at added delays.
+//! - [`hosts`], [`delay`] (test infrastructure): hosts as network namespaces with a
+//!   throwaway CA, and a relay that adds one-way delay between them.
 //!
 //! All figures are ratios against native runs made in the same invocation.
 
 pub mod cuda;
+pub mod delay;
 pub mod env;
 pub mod fairness;
+pub mod hosts;
 pub mod measure;
 pub mod migrate;
 pub mod overhead;
+pub mod remote;
 pub mod report;
 pub mod results;
 pub mod rodinia;

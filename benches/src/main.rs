@@ -78,6 +78,26 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/migrate.md")]
         out: PathBuf,
     },
+    /// The workload suite with its sessions on a GPU host across a network (network
+    /// namespaces, mutual TLS) at added one-way delays, beside native runs and runs on
+    /// this host; calls and round trips per workload. Needs root.
+    Remote {
+        /// The small configuration the test suite uses.
+        #[arg(long)]
+        short: bool,
+        /// Measured runs of each workload each way.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Added one-way delays in µs, comma-separated.
+        #[arg(long, default_value = "0,50,500", value_delimiter = ',')]
+        delays: Vec<u64>,
+        /// Share of the GPU host's packets dropped (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        loss: f64,
+        /// Directory for results.md.
+        #[arg(long, default_value = "target/hira-bench/remote")]
+        out: PathBuf,
+    },
     /// A bounded soak: well-behaved guests looping real programs on four VMs, hostile
     /// guests of every class in the second half; reports correctness, call latency
     /// and the daemon's threads, descriptors and memory.
@@ -369,6 +389,28 @@ fn main() -> Result<()> {
             timeout,
             &out,
         ),
+        Cmd::Remote {
+            short,
+            repeats,
+            delays,
+            loss,
+            out,
+        } => {
+            ensure!(repeats > 0, "--repeats must be at least 1");
+            ensure!((0.0..1.0).contains(&loss), "--loss must be from 0 to below 1");
+            let r = hira_benches::remote::run(short, repeats, &delays, loss)?;
+            let md = hira_benches::remote::report(&r, repeats);
+            print!("{md}");
+            hira_benches::results::write(&out, &md)?;
+            eprintln!("wrote {}", out.join("results.md").display());
+            ensure!(
+                r.workloads
+                    .iter()
+                    .all(|(_, row)| row.iter().all(measure::Measurement::verified)),
+                "some workloads did not verify"
+            );
+            Ok(())
+        }
         Cmd::Migrate {
             short,
             rounds,

@@ -34,6 +34,8 @@ pub struct Measurement {
     pub calls: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Of those calls, the ones the program waited on the host for.
+    pub round_trips: u64,
 }
 
 impl Measurement {
@@ -50,6 +52,7 @@ impl Measurement {
             calls: 0,
             bytes_sent: 0,
             bytes_received: 0,
+            round_trips: 0,
         }
     }
 
@@ -111,18 +114,21 @@ fn run(
     })
 }
 
-/// Parses the shim's totals line: `hira-stats: total calls=N bytes_sent=N bytes_received=N`.
+/// Parses the shim's totals line: `hira-stats: total calls=N bytes_sent=N
+/// bytes_received=N round_trips=N`.
 pub fn parse_stats_totals(text: &str) -> Option<(u64, u64, u64)> {
-    let line = text.lines().find(|l| l.starts_with("hira-stats: total "))?;
-    let field = |k: &str| -> Option<u64> {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
-    };
     Some((
-        field("calls")?,
-        field("bytes_sent")?,
-        field("bytes_received")?,
+        stats_field(text, "calls")?,
+        stats_field(text, "bytes_sent")?,
+        stats_field(text, "bytes_received")?,
     ))
+}
+
+/// One field `key=N` of the shim's totals line.
+pub fn stats_field(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("hira-stats: total "))?;
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
 /// Runs `exe` `warmup` times each way unmeasured, then `repeats` times each way,
@@ -163,6 +169,7 @@ pub fn measure(
     if let Some((calls, sent, received)) = parse_stats_totals(&text) {
         (m.calls, m.bytes_sent, m.bytes_received) = (calls, sent, received);
     }
+    m.round_trips = stats_field(&text, "round_trips").unwrap_or(0);
     Ok(m)
 }
 

@@ -122,8 +122,9 @@ fn report() -> String {
             e.data_out
         ));
     }
+    let round_trips = hira_guest_driver::conn::ROUND_TRIPS.load(std::sync::atomic::Ordering::Relaxed);
     s.push_str(&format!(
-        "hira-stats: total calls={calls} bytes_sent={sent} bytes_received={received}\n"
+        "hira-stats: total calls={calls} bytes_sent={sent} bytes_received={received} round_trips={round_trips}\n"
     ));
     s
 }
@@ -185,7 +186,7 @@ mod tests {
             "data columns last:\n{r}"
         );
         assert!(
-            r.ends_with("hira-stats: total calls=3 bytes_sent=4112 bytes_received=12\n"),
+            r.contains("hira-stats: total calls=3 bytes_sent=4112 bytes_received=12 round_trips="),
             "{r}"
         );
     }

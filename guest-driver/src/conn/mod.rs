@@ -459,6 +459,7 @@ impl Connection {
         if no_reply {
             return Ok(None);
         }
+        ROUND_TRIPS.fetch_add(1, Ordering::Relaxed);
         // Spin only for calls that recently came back within the spin budget: a call
         // that waits on the device (clFinish, a blocking read) would only burn the CPU
         // the device work needs.
@@ -547,6 +548,10 @@ impl Connection {
 }
 
 /// Where the host's output goes instead of [`write_to_fd`], if a library says.
+/// Calls this process sent and then waited for the host's reply to: its round trips
+/// to the host (asynchronously forwarded calls are not among them).
+pub static ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
+
 static OUTPUT_SINK: std::sync::OnceLock<fn(i32, &[u8])> = std::sync::OnceLock::new();
 
 /// Has what the host's library printed for this process's sessions written by

@@ -11,158 +11,61 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use hira_benches::hosts::GPU_ADDR;
 
 use hira_protocol::handshake::Hello;
 use hira_protocol::{FrameHeader, FrameKind};
 
 use crate::support::*;
 
-/// The GPU host's address in its namespace.
-const GPU_ADDR: &str = "10.203.0.2:5580";
-
 fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Two network namespaces, "A" (the VM host) and "B" (the GPU host), joined by a
-/// veth pair on 10.203.0.0/24; removed on drop.
-struct Net {
-    a: String,
-    b: String,
-    /// The GPU host's end of the veth pair.
-    b_link: String,
+    hira_benches::hosts::can_make_hosts()
 }
 
 fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().expect("ip runs");
-    assert!(
-        o.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    hira_benches::hosts::ip(args).unwrap();
+}
+
+struct Net(hira_benches::hosts::Net);
+
+impl std::ops::Deref for Net {
+    type Target = hira_benches::hosts::Net;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Net {
     fn new() -> Net {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let tag = format!(
-            "{}x{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        // Interface names are at most 15 bytes.
-        let (va, vb) = (format!("ha{tag}"), format!("hb{tag}"));
-        let net = Net {
-            a: format!("hira-a-{tag}"),
-            b: format!("hira-b-{tag}"),
-            b_link: vb.clone(),
-        };
-        ip(&["netns", "add", &net.a]);
-        ip(&["netns", "add", &net.b]);
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
-        ip(&["link", "set", &va, "netns", &net.a]);
-        ip(&["link", "set", &vb, "netns", &net.b]);
-        for (ns, dev, addr) in [
-            (&net.a, &va, "10.203.0.1/24"),
-            (&net.b, &vb, "10.203.0.2/24"),
-        ] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-        }
-        net
+        Net(hira_benches::hosts::Net::new().unwrap())
     }
 
-    /// Runs `f` on a thread whose network namespace is `ns`.
     fn within<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let fd = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
-                use std::os::fd::AsRawFd;
-                // SAFETY: setns on this thread only, with a namespace descriptor.
-                let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-                f()
-            })
-            .join()
-            .unwrap()
-        })
+        hira_benches::hosts::Net::within(ns, f)
     }
 }
 
-impl Drop for Net {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-    }
-}
-
-/// A test CA and certificates it signs, as PEM files.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: KeyPair,
-    ca_params: CertificateParams,
-}
+struct Pki(hira_benches::hosts::Pki);
 
 impl Pki {
-    fn new(name: &str) -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, format!("Hira test CA {name}"));
-        let cert = ca_params.self_signed(&ca).unwrap();
-        std::fs::write(dir.path().join("ca.crt"), cert.pem()).unwrap();
-        Pki { dir, ca, ca_params }
+    fn new(label: &str) -> Pki {
+        Pki(hira_benches::hosts::Pki::new(label).unwrap())
     }
 
     fn ca(&self) -> PathBuf {
-        self.dir.path().join("ca.crt")
+        self.0.ca()
     }
 
-    /// A certificate for `name`; `expired` makes one whose validity ended.
     fn issue(&self, name: &str, expired: bool) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::new(vec![name.to_string()]).unwrap();
-        p.distinguished_name.push(DnType::CommonName, name);
-        if expired {
-            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
-        }
-        let issuer = Issuer::from_params(&self.ca_params, &self.ca);
-        let cert = p.signed_by(&key, &issuer).unwrap();
-        let stem = format!("{name}{}", if expired { "-expired" } else { "" });
-        let (c, k) = (
-            self.dir.path().join(format!("{stem}.crt")),
-            self.dir.path().join(format!("{stem}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
+        self.0.issue(name, expired).unwrap()
     }
 }
 
 /// `[tls]` for `name` with certificates from `pki`.
 fn tls_section(pki: &Pki, name: &str, listen: Option<&str>) -> String {
-    let (c, k) = pki.issue(name, false);
-    let mut s = format!(
-        "[tls]\nname = \"{name}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n",
-        c.display(),
-        k.display(),
-        pki.ca().display()
-    );
-    if let Some(l) = listen {
-        s += &format!("listen = \"{l}\"\n");
-    }
-    s
+    pki.0.tls_section(name, listen).unwrap()
 }
 
 /// A daemon in network namespace `ns` with config file text `config`.

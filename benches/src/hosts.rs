@@ -1,0 +1,183 @@
+//! **Test infrastructure**: hosts for tests and benchmarks of sessions across hosts,
+//! made on this machine. Network namespaces joined by veth pairs stand in for the
+//! hosts, and a throwaway CA signs their certificates. Traffic stays between the
+//! namespaces made here.
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context, Result, ensure};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+/// The GPU host's address in its namespace.
+pub const GPU_ADDR: &str = "10.203.0.2:5580";
+
+/// Runs `ip ARGS`.
+pub fn ip(args: &[&str]) -> Result<()> {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .context("ip runs (install iproute2)")?;
+    ensure!(
+        o.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(())
+}
+
+/// Two network namespaces, `a` (a VM host, 10.203.0.1) and `b` (a GPU host,
+/// 10.203.0.2), joined by a veth pair; removed on drop.
+#[derive(Debug)]
+pub struct Net {
+    pub a: String,
+    pub b: String,
+    /// The GPU host's end of the veth pair.
+    pub b_link: String,
+}
+
+impl Net {
+    pub fn new() -> Result<Net> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let tag = format!("{}x{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        // Interface names are at most 15 bytes.
+        let (va, vb) = (format!("ha{tag}"), format!("hb{tag}"));
+        let net = Net {
+            a: format!("hira-a-{tag}"),
+            b: format!("hira-b-{tag}"),
+            b_link: vb.clone(),
+        };
+        ip(&["netns", "add", &net.a])?;
+        ip(&["netns", "add", &net.b])?;
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        ip(&["link", "set", &va, "netns", &net.a])?;
+        ip(&["link", "set", &vb, "netns", &net.b])?;
+        for (ns, dev, addr) in [
+            (&net.a, &va, "10.203.0.1/24"),
+            (&net.b, &vb, "10.203.0.2/24"),
+        ] {
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    /// Runs `f` on a thread of its own whose network namespace is `ns`.
+    pub fn within<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                enter(ns).expect("enters the namespace");
+                f()
+            })
+            .join()
+            .expect("the thread in the namespace finished")
+        })
+    }
+
+    /// Drops a share `probability` (0 to 1) of the packets the GPU host receives.
+    pub fn lose(&self, probability: f64) -> Result<()> {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.b, "iptables", "-A", "INPUT", "-m"])
+            .args(["statistic", "--mode", "random", "--probability"])
+            .arg(probability.to_string())
+            .args(["-j", "DROP"])
+            .output()
+            .context("iptables runs (install iptables)")?;
+        ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Ok(())
+    }
+}
+
+/// Moves the calling thread into network namespace `ns`.
+pub fn enter(ns: &str) -> Result<()> {
+    let fd = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
+    // SAFETY: setns on the calling thread only, with a namespace's descriptor.
+    let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+    ensure!(r == 0, "setns {ns}: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// A throwaway CA and the certificates it signs, as PEM files.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    ca: KeyPair,
+    ca_params: CertificateParams,
+}
+
+impl std::fmt::Debug for Pki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pki").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+impl Pki {
+    pub fn new(label: &str) -> Result<Pki> {
+        let dir = tempfile::tempdir()?;
+        let ca = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, format!("Hira test CA {label}"));
+        let cert = ca_params.self_signed(&ca)?;
+        std::fs::write(dir.path().join("ca.crt"), cert.pem())?;
+        Ok(Pki { dir, ca, ca_params })
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// A certificate for `name` and its key; `expired` makes one whose validity ended
+    /// in 2021.
+    pub fn issue(&self, name: &str, expired: bool) -> Result<(PathBuf, PathBuf)> {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::new(vec![name.to_string()])?;
+        p.distinguished_name.push(DnType::CommonName, name);
+        if expired {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let cert = p.signed_by(&key, &Issuer::from_params(&self.ca_params, &self.ca))?;
+        let stem = format!("{name}{}", if expired { "-expired" } else { "" });
+        let (c, k) = (
+            self.dir.path().join(format!("{stem}.crt")),
+            self.dir.path().join(format!("{stem}.key")),
+        );
+        std::fs::write(&c, cert.pem())?;
+        std::fs::write(&k, key.serialize_pem())?;
+        Ok((c, k))
+    }
+
+    /// A `[tls]` section for host `name`, listening on `listen` if given.
+    pub fn tls_section(&self, name: &str, listen: Option<&str>) -> Result<String> {
+        let (c, k) = self.issue(name, false)?;
+        let mut s = format!(
+            "[tls]\nname = \"{name}\"\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n",
+            c.display(),
+            k.display(),
+            self.ca().display()
+        );
+        if let Some(l) = listen {
+            s += &format!("listen = \"{l}\"\n");
+        }
+        Ok(s)
+    }
+}
+
+/// Whether this process may make namespaces (it runs as root).
+pub fn can_make_hosts() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
