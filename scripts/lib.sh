@@ -1,11 +1,12 @@
 # Shared by the scripts in this directory.
 
 # Installs the Debian packages Hira's build, tests and demo need, if missing (cmake:
-# the metadata step of the PyOpenCL source distribution the tests unpack).
+# the metadata step of the PyOpenCL source distribution the tests unpack; iproute2
+# and iptables: the hosts of the tests across a network, and their packet loss).
 ensure_packages() {
     local missing=()
     local pkg
-    for pkg in gcc cmake pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo kmod; do
+    for pkg in gcc cmake pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo kmod iproute2 iptables; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ "${#missing[@]}" -gt 0 ]; then

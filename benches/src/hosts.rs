@@ -77,6 +77,28 @@ impl Net {
         })
     }
 
+    /// A relay in the VM host's namespace, on 127.0.0.1, that reaches the GPU host
+    /// (`GPU_ADDR`) `one_way` late in each direction (`delay`); its address. It serves
+    /// until the process ends.
+    pub fn delayed(&self, one_way: std::time::Duration) -> Result<String> {
+        let ns = self.a.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let bound = enter(&ns).and_then(|()| Ok(std::net::TcpListener::bind("127.0.0.1:0")?));
+            match bound {
+                Ok(l) => {
+                    let _ = tx.send(l.local_addr().map_err(anyhow::Error::from));
+                    let to = GPU_ADDR.parse().expect("a socket address");
+                    crate::delay::serve(&l, to, one_way);
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        });
+        Ok(rx.recv().context("the relay started")??.to_string())
+    }
+
     /// Drops a share `probability` (0 to 1) of the packets the GPU host receives.
     pub fn lose(&self, probability: f64) -> Result<()> {
         let o = Command::new("ip")

@@ -9,11 +9,10 @@
 //! the calls it made and how many of them waited for the host (round trips), from
 //! the shim's statistics: at a remote host's distance, those are what cost.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 
 use crate::env::{BenchEnv, build_components, compile, start_daemon_in, workspace};
 use crate::hosts::{GPU_ADDR, Net, Pki};
@@ -84,28 +83,6 @@ fn gpu_host(bin: &Path, net: &Net, pki: &Pki) -> Result<BenchEnv> {
     BenchEnv::with_daemon(bin, daemon, dir, socket, None)
 }
 
-/// A relay in `net.a` on 127.0.0.1 that reaches the GPU host `one_way` late; its
-/// address.
-fn relay(net: &Net, one_way: Duration) -> Result<String> {
-    let ns = net.a.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let bound = crate::hosts::enter(&ns)
-            .and_then(|()| Ok(TcpListener::bind("127.0.0.1:0")?));
-        match bound {
-            Ok(l) => {
-                let _ = tx.send(l.local_addr().map_err(anyhow::Error::from));
-                let to = GPU_ADDR.parse().expect("a socket address");
-                crate::delay::serve(&l, to, one_way);
-            }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-            }
-        }
-    });
-    Ok(rx.recv().context("the relay started")??.to_string())
-}
-
 /// The median synchronous round trip of `rtt` run through `env` (or natively), µs.
 fn rtt_us(env: &BenchEnv, remote: bool, exe: &Path, repeats: usize) -> Result<f64> {
     let mut v = Vec::new();
@@ -145,7 +122,7 @@ pub fn run(short: bool, repeats: usize, delays: &[u64], loss: f64) -> Result<Res
         let address = if d == 0 {
             GPU_ADDR.to_string()
         } else {
-            relay(&net, Duration::from_micros(d))?
+            net.delayed(Duration::from_micros(d))?
         };
         envs.push(vm_host(&bin, &net, &pki, &address)?);
         placements.push(Placement {

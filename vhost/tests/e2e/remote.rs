@@ -646,3 +646,31 @@ fn a_qemu_guests_programs_placed_on_the_gpu_host_print_what_they_print_natively(
         "{ended_b:?}"
     );
 }
+
+#[test]
+fn programs_placed_across_a_slow_lossy_network_print_what_they_print_natively() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new();
+    let pki = Pki::new("one");
+    // 500 µs each way, and one packet in a hundred lost on its way to the GPU host.
+    net.lose(0.01).unwrap();
+    let relay = net.delayed(Duration::from_micros(500)).unwrap();
+    let b = gpu_host(&net, &pki, "");
+    let a = daemon_in(
+        &net.a,
+        &format!(
+            "[[local]]\nvm = \"vm1\"\npath = \"@DIR@/vm1.sock\"\ngpu_host = \"gpu-b\"\n\n{}\n\
+             [[gpu_host]]\nname = \"gpu-b\"\naddress = \"{relay}\"\n",
+            tls_section(&pki, "host-a", None)
+        ),
+        &[],
+    );
+    for (p, args) in [("vecadd", &[][..]), ("events", &[]), ("mapping", &[]), ("large", &[])] {
+        same_as_native(&a, &b, p, args);
+    }
+    let ended = b.wait_idle(Duration::from_secs(30));
+    assert!(ended.iter().all(|e| e["vm"] == "host-a:vm1"), "{ended:?}");
+}
