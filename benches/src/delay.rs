@@ -46,7 +46,10 @@ fn direction(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -28,38 +28,75 @@ pub fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Two network namespaces, `a` (a VM host, 10.203.0.1) and `b` (a GPU host,
-/// 10.203.0.2), joined by a veth pair; removed on drop.
+/// The second GPU host's address in its namespace (with [`Net::with_second_gpu_host`]).
+pub const GPU_C_ADDR: &str = "10.203.0.3:5580";
+
+/// Hosts as network namespaces, each joined by a veth pair to a bridge in a hub
+/// namespace of their own: `a` (a VM host, 10.203.0.1), `b` (a GPU host, 10.203.0.2)
+/// and, if asked, `c` (another GPU host, 10.203.0.3). Removed on drop.
 #[derive(Debug)]
 pub struct Net {
     pub a: String,
     pub b: String,
-    /// The GPU host's end of the veth pair.
+    pub c: Option<String>,
+    /// The GPU host's end of its veth pair (down: the host is cut off).
     pub b_link: String,
+    hub: String,
 }
 
 impl Net {
+    /// A VM host and a GPU host.
     pub fn new() -> Result<Net> {
+        Self::make(false)
+    }
+
+    /// A VM host and two GPU hosts.
+    pub fn with_second_gpu_host() -> Result<Net> {
+        Self::make(true)
+    }
+
+    fn make(second_gpu: bool) -> Result<Net> {
         static N: AtomicU32 = AtomicU32::new(0);
-        let tag = format!("{}x{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        // Interface names are at most 15 bytes.
-        let (va, vb) = (format!("ha{tag}"), format!("hb{tag}"));
+        let tag = format!(
+            "{}x{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let net = Net {
             a: format!("hira-a-{tag}"),
             b: format!("hira-b-{tag}"),
-            b_link: vb.clone(),
+            c: second_gpu.then(|| format!("hira-c-{tag}")),
+            // Interface names are at most 15 bytes.
+            b_link: format!("hb{tag}"),
+            hub: format!("hira-h-{tag}"),
         };
-        ip(&["netns", "add", &net.a])?;
-        ip(&["netns", "add", &net.b])?;
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", &net.a])?;
-        ip(&["link", "set", &vb, "netns", &net.b])?;
-        for (ns, dev, addr) in [
-            (&net.a, &va, "10.203.0.1/24"),
-            (&net.b, &vb, "10.203.0.2/24"),
-        ] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
+        ip(&["netns", "add", &net.hub])?;
+        ip(&["-n", &net.hub, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &net.hub, "link", "set", "br0", "up"])?;
+        let hosts = [Some((&net.a, "a", 1)), Some((&net.b, "b", 2))]
+            .into_iter()
+            .chain([net.c.as_ref().map(|c| (c, "c", 3))])
+            .flatten();
+        for (ns, letter, n) in hosts {
+            let (inner, outer) = (format!("h{letter}{tag}"), format!("p{letter}{tag}"));
+            ip(&["netns", "add", ns])?;
+            ip(&[
+                "link", "add", &inner, "type", "veth", "peer", "name", &outer,
+            ])?;
+            ip(&["link", "set", &inner, "netns", ns])?;
+            ip(&["link", "set", &outer, "netns", &net.hub])?;
+            ip(&["-n", &net.hub, "link", "set", &outer, "master", "br0"])?;
+            ip(&["-n", &net.hub, "link", "set", &outer, "up"])?;
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("10.203.0.{n}/24"),
+                "dev",
+                &inner,
+            ])?;
+            ip(&["-n", ns, "link", "set", &inner, "up"])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
         Ok(net)
@@ -124,7 +161,15 @@ pub fn enter(ns: &str) -> Result<()> {
 
 impl Drop for Net {
     fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
+        for ns in [
+            Some(&self.a),
+            Some(&self.b),
+            self.c.as_ref(),
+            Some(&self.hub),
+        ]
+        .into_iter()
+        .flatten()
+        {
             let _ = Command::new("ip").args(["netns", "del", ns]).output();
         }
     }
@@ -139,7 +184,9 @@ pub struct Pki {
 
 impl std::fmt::Debug for Pki {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pki").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("Pki")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
     }
 }
 

@@ -397,7 +397,10 @@ fn main() -> Result<()> {
             out,
         } => {
             ensure!(repeats > 0, "--repeats must be at least 1");
-            ensure!((0.0..1.0).contains(&loss), "--loss must be from 0 to below 1");
+            ensure!(
+                (0.0..1.0).contains(&loss),
+                "--loss must be from 0 to below 1"
+            );
             let r = hira_benches::remote::run(short, repeats, &delays, loss)?;
             let md = hira_benches::remote::report(&r, repeats);
             print!("{md}");

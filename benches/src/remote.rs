@@ -56,10 +56,12 @@ fn vm_host(bin: &Path, net: &Net, pki: &Pki, address: &str) -> Result<BenchEnv> 
             pki.tls_section("host-a", None)?
         ),
     )?;
-    let daemon = start_daemon_in(Some(&net.a), bin, dir.path(), [
-        "--config".to_string(),
-        config.display().to_string(),
-    ])?;
+    let daemon = start_daemon_in(
+        Some(&net.a),
+        bin,
+        dir.path(),
+        ["--config".to_string(), config.display().to_string()],
+    )?;
     BenchEnv::with_daemon(bin, daemon, dir, socket, None)
 }
 
@@ -76,10 +78,12 @@ fn gpu_host(bin: &Path, net: &Net, pki: &Pki) -> Result<BenchEnv> {
             pki.tls_section("gpu-b", Some(GPU_ADDR))?
         ),
     )?;
-    let daemon = start_daemon_in(Some(&net.b), bin, dir.path(), [
-        "--config".to_string(),
-        config.display().to_string(),
-    ])?;
+    let daemon = start_daemon_in(
+        Some(&net.b),
+        bin,
+        dir.path(),
+        ["--config".to_string(), config.display().to_string()],
+    )?;
     BenchEnv::with_daemon(bin, daemon, dir, socket, None)
 }
 
@@ -170,7 +174,10 @@ pub fn report(r: &Results, repeats: usize) -> String {
          application's) and round trips (every call that waited for the host, the \
          shim's own included) from the shim's statistics.\n\n",
         if r.loss > 0.0 {
-            format!(", and {:.1}% of the GPU host's packets dropped", r.loss * 100.0)
+            format!(
+                ", and {:.1}% of the GPU host's packets dropped",
+                r.loss * 100.0
+            )
         } else {
             String::new()
         }

@@ -55,7 +55,8 @@ pub enum Request {
     Set(SetVm),
     /// Moves a live session to a new API server ([`MovedAnswer`]), on the host's
     /// device of index `device`; with `to` (another daemon's control socket on this
-    /// host) suspends it here and parks it there ([`SuspendedAnswer`]).
+    /// host, or a GPU host of the daemon's configuration for a session placed here
+    /// from another host) suspends it here and parks it there ([`SuspendedAnswer`]).
     Migrate {
         session: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,6 +90,24 @@ pub enum Request {
     },
     /// The VMs the daemon serves ([`VmList`]).
     VmList,
+    /// Drains this GPU host ([`DrainAnswer`]): it takes no new remote sessions, and
+    /// each live session placed here from another host moves to GPU host `to` (by
+    /// default, the configured GPU host that can take the most).
+    Drain {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        to: Option<String>,
+    },
+}
+
+/// What `drain` did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrainAnswer {
+    /// Sessions moved, each with the GPU host it went to.
+    pub moved: Vec<(u64, String)>,
+    /// Sessions that could not move, and why (they go on here).
+    pub failed: Vec<(u64, String)>,
+    /// Sessions of this host's own VMs, which stay.
+    pub stayed: usize,
 }
 
 impl Request {
@@ -105,6 +124,7 @@ impl Request {
             Request::VmAdd { .. } => "vm_add",
             Request::VmRemove { .. } => "vm_remove",
             Request::VmList => "vm_list",
+            Request::Drain { .. } => "drain",
         }
     }
 }

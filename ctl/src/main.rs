@@ -8,9 +8,12 @@
 //!   sessions and cap on its API servers' host memory live.
 //! - `hira-ctl top`: a refreshing view of each VM's share of device time, call rate,
 //!   data rate and memory.
-//! - `hira-ctl migrate SESSION|VM [--to CONTROL_SOCKET]`: moves a session (or each
-//!   of a VM's sessions) to a new API server, of this daemon or of another one, with
-//!   its objects and their contents; the application sees a pause.
+//! - `hira-ctl migrate SESSION|VM [--to CONTROL_SOCKET|GPU-HOST]`: moves a session
+//!   (or each of a VM's sessions) to a new API server, of this daemon, of another one,
+//!   or of another GPU host, with its objects and their contents; the application
+//!   sees a pause.
+//! - `hira-ctl drain [--to GPU-HOST]`: a GPU host takes no new remote sessions, and
+//!   its remote sessions move to another GPU host.
 //! - `hira-ctl vm add NAME KEY=VALUE[,KEY=VALUE...]` (the keys `--vm` takes after
 //!   `name=`), `hira-ctl vm remove NAME`, `hira-ctl vm list`: VMs served from now
 //!   on, and no longer (a libvirt hook's calls).
@@ -32,8 +35,8 @@ use clap::{Parser, Subcommand};
 use hira_control::session_file;
 use hira_control::settings::{parse_max_sessions, parse_share, parse_size};
 use hira_control::{
-    Client, MovedAnswer, Request, SessionStatus, SetAnswer, SetVm, Status, SuspendedAnswer,
-    VmAddedAnswer, VmEntry, VmList, VmRemovedAnswer, VmStatus,
+    Client, DrainAnswer, MovedAnswer, Request, SessionStatus, SetAnswer, SetVm, Status,
+    SuspendedAnswer, VmAddedAnswer, VmEntry, VmList, VmRemovedAnswer, VmStatus,
 };
 
 /// The control socket the packaged configuration uses.
@@ -85,8 +88,14 @@ enum Cmd {
     Migrate {
         target: String,
         /// Another daemon's control socket on this host: the session is suspended
-        /// here and resumed there, its guest reconnecting to that daemon.
-        #[arg(long, value_name = "CONTROL_SOCKET", conflicts_with = "to_device")]
+        /// here and resumed there, its guest reconnecting to that daemon. Or, for a
+        /// session placed here from another host, a GPU host of the daemon's
+        /// configuration (`[[gpu_host]]`): it resumes there, its guest staying put.
+        #[arg(
+            long,
+            value_name = "CONTROL_SOCKET|GPU-HOST",
+            conflicts_with = "to_device"
+        )]
         to: Option<PathBuf>,
         /// The host device (its index in the host's list) the session moves to; the
         /// session must use one device.
@@ -105,6 +114,17 @@ enum Cmd {
     /// Hands a session suspended with `checkpoint` to the daemon, which resumes it
     /// when its guest reconnects; with a directory, each `*.hira` file in it.
     Restore { file: PathBuf },
+    /// Drains this GPU host for maintenance: it takes no new sessions from other
+    /// hosts (their VM hosts place them elsewhere), and each session placed here
+    /// moves to GPU host `--to` (by default, the configured one that can take the
+    /// most); sessions of this host's own VMs stay. Lasts until the daemon restarts.
+    Drain {
+        #[arg(long, value_name = "GPU-HOST")]
+        to: Option<String>,
+        /// Print the daemon's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// VMs served from now on, and no longer, without restarting the daemon.
     #[command(subcommand)]
     Vm(VmCmd),
@@ -644,6 +664,28 @@ fn main() -> anyhow::Result<()> {
             to_device,
             json,
         } => migrate(&mut c, &target, to.as_deref(), to_device, json)?,
+        Cmd::Drain { to, json } => {
+            let a: DrainAnswer = c.ask(&Request::Drain { to })?;
+            if json {
+                println!("{}", serde_json::to_string(&a)?);
+            } else {
+                for (id, gpu) in &a.moved {
+                    println!("session {id}: moved to GPU host {gpu}");
+                }
+                for (id, why) in &a.failed {
+                    println!("session {id}: not moved: {why}");
+                }
+                println!(
+                    "draining: {} moved, {} not, {} of this host's own VMs stay",
+                    a.moved.len(),
+                    a.failed.len(),
+                    a.stayed
+                );
+            }
+            if !a.failed.is_empty() {
+                bail!("{} session(s) could not move", a.failed.len());
+            }
+        }
         Cmd::Checkpoint { target, file } => match target.parse::<u64>() {
             Ok(session) => checkpoint(&c, session, &file)?,
             Err(_) => checkpoint_all(&mut c, &target, &file)?,

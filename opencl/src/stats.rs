@@ -122,7 +122,8 @@ fn report() -> String {
             e.data_out
         ));
     }
-    let round_trips = hira_guest_driver::conn::ROUND_TRIPS.load(std::sync::atomic::Ordering::Relaxed);
+    let round_trips =
+        hira_guest_driver::conn::ROUND_TRIPS.load(std::sync::atomic::Ordering::Relaxed);
     s.push_str(&format!(
         "hira-stats: total calls={calls} bytes_sent={sent} bytes_received={received} round_trips={round_trips}\n"
     ));

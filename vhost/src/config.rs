@@ -557,15 +557,29 @@ impl Default for Remote {
 }
 
 impl Remote {
-    /// Places VM `vm`'s sessions on GPU host `gpu`, which must be a `[[gpu_host]]`.
+    /// Places VM `vm`'s sessions on GPU host `gpu`, which must be a `[[gpu_host]]`
+    /// (or `auto`: by what each can take, this host last).
     pub fn place(&mut self, vm: &str, gpu: &str) -> Result<(), ConfigError> {
-        self.known(gpu)?;
+        self.check_placement(gpu)?;
         match self.placements.insert(vm.to_string(), gpu.to_string()) {
             Some(other) if other != gpu => Err(ConfigError::Remote(format!(
                 "VM {vm:?} is placed on two GPU hosts ({other} and {gpu})"
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// Refuses a placement that names no `[[gpu_host]]` (`auto` needs one at least).
+    pub fn check_placement(&self, gpu: &str) -> Result<(), ConfigError> {
+        if gpu == crate::remote::AUTO {
+            if self.gpu_hosts.is_empty() {
+                return Err(ConfigError::Remote(
+                    "gpu-host=auto needs at least one [[gpu_host]]".into(),
+                ));
+            }
+            return Ok(());
+        }
+        self.known(gpu).map(|_| ())
     }
 
     /// Refuses a GPU host that is not a `[[gpu_host]]`.

@@ -17,8 +17,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hira_control::{
-    MovedAnswer, Parked, ParkedAnswer, Request, SendBytes, SetAnswer, SetError, SetVm, Stored,
-    Suspended, SuspendedAnswer, TokenHex, VmAddedAnswer, VmList, VmRemovedAnswer, VmSlot, Waited,
+    DrainAnswer, MovedAnswer, Parked, ParkedAnswer, Request, SendBytes, SetAnswer, SetError, SetVm,
+    Stored, Suspended, SuspendedAnswer, TokenHex, VmAddedAnswer, VmList, VmRemovedAnswer, VmSlot,
+    Waited,
 };
 use log::{debug, info, warn};
 use serde::Serialize;
@@ -135,6 +136,12 @@ pub enum Refused {
     Vm(#[from] crate::served::VmError),
     #[error("VMs are added and removed on the daemon's control socket")]
     NoServed,
+    #[error("session {0} is not live or was not placed here from another host")]
+    NotPlacedHere(u64),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("no configured GPU host can take sessions now")]
+    NoGpuHost,
 }
 
 /// An answer on the wire: the command's object, or `{"error": ...}`.
@@ -210,9 +217,10 @@ fn answer_request(req: &Request, life: &Lifecycle, vms: &Vms) -> Value {
         Request::Migrate { to: Some(_), .. }
         | Request::Checkpoint { .. }
         | Request::Restore { .. } => reply::<()>(Err(Refused::NeedsDescriptors)),
-        Request::VmAdd { .. } | Request::VmRemove { .. } | Request::VmList => {
-            reply::<()>(Err(Refused::NoServed))
-        }
+        Request::VmAdd { .. }
+        | Request::VmRemove { .. }
+        | Request::VmList
+        | Request::Drain { .. } => reply::<()>(Err(Refused::NoServed)),
         Request::Migrate {
             session,
             timeout_ms,
@@ -311,7 +319,13 @@ fn serve_client(
                 session,
                 to: Some(to),
                 ..
-            }) => reply(migrate_to(life, session, PathBuf::from(to))),
+            }) => reply(match served.config().remote.known(&to) {
+                Ok(gpu) if !to.contains('/') => {
+                    migrate_to_gpu_host(life, session, served.config(), gpu)
+                }
+                _ => migrate_to(life, session, PathBuf::from(to)),
+            }),
+            Ok(Request::Drain { to }) => reply(drain(life, served.config(), to.as_deref())),
             Ok(Request::VmAdd { spec }) => reply(
                 served
                     .add(&spec)
@@ -492,6 +506,73 @@ fn migrate_to(life: &Lifecycle, id: u64, to: PathBuf) -> Result<SuspendedAnswer,
         suspended: suspended(&c),
         to: Some(to.display().to_string()),
     })
+}
+
+/// `migrate` with `to` naming a GPU host: a session placed here from another host is
+/// suspended and handed to that GPU host, where its guest's VM host resumes it.
+fn migrate_to_gpu_host(
+    life: &Lifecycle,
+    id: u64,
+    config: &crate::config::Config,
+    gpu: &crate::config::GpuHost,
+) -> Result<SuspendedAnswer, Refused> {
+    let (live, _) = life.snapshot();
+    if !live
+        .iter()
+        .any(|s| s.id == id && s.vm.contains(':') && s.api_server_pid.is_some())
+    {
+        return Err(Refused::NotPlacedHere(id));
+    }
+    let door = life.door(id).ok_or(Refused::NotMovable(id))?;
+    let c = door.suspend(MIGRATE_WAIT, |c| {
+        crate::remote::client::park_at(config, gpu, c)
+    })?;
+    info!("session {id} moved to GPU host {:?}", gpu.name);
+    Ok(SuspendedAnswer {
+        suspended: suspended(&c),
+        to: Some(gpu.name.clone()),
+    })
+}
+
+/// `drain`: no new remote sessions here, and every session placed here from another
+/// host moves to `to` (or to the configured GPU host that can take the most).
+fn drain(
+    life: &Lifecycle,
+    config: &crate::config::Config,
+    to: Option<&str>,
+) -> Result<DrainAnswer, Refused> {
+    let target = to.map(|t| config.remote.known(t)).transpose()?;
+    life.draining.store(true, Ordering::Release);
+    info!("draining: no new remote sessions");
+    let mut answer = DrainAnswer::default();
+    let (live, _) = life.snapshot();
+    for s in live {
+        if !s.vm.contains(':') {
+            answer.stayed += 1;
+            continue;
+        }
+        let gpu = match target {
+            Some(g) => Ok(g),
+            None => config
+                .remote
+                .gpu_hosts
+                .iter()
+                .filter_map(|g| {
+                    crate::remote::client::capacity(config, g)
+                        .ok()
+                        .filter(|c| !c.draining)
+                        .map(|c| (c.key(), g))
+                })
+                .min_by_key(|(k, _)| *k)
+                .map(|(_, g)| g)
+                .ok_or(Refused::NoGpuHost),
+        };
+        match gpu.and_then(|g| migrate_to_gpu_host(life, s.id, config, g).map(|_| g)) {
+            Ok(g) => answer.moved.push((s.id, g.name.clone())),
+            Err(e) => answer.failed.push((s.id, e.to_string())),
+        }
+    }
+    Ok(answer)
 }
 
 /// Serves the control socket until the daemon exits; each client on its own thread.

@@ -51,6 +51,11 @@ pub struct Lifecycle {
     pub resumptions: AtomicU64,
     /// Connections from other hosts refused.
     pub remote_refused: AtomicU64,
+    /// This (GPU) host is being drained: it takes no new remote sessions.
+    pub draining: AtomicBool,
+    /// Placed sessions a GPU host handed to another, by token: where their guests'
+    /// resumptions go, and since when.
+    moves: Mutex<HashMap<hira_protocol::handshake::Token, (String, Instant)>>,
     /// Guests that connected again to their live session after a device reset.
     pub reconnections: AtomicU64,
 }
@@ -165,7 +170,27 @@ impl Drop for Registration {
     }
 }
 
+/// How long a placed session's move is remembered for its guest's resumption (its
+/// guest gives up sooner: `HIRA_RESUME_SECS`, 60 s by default).
+const MOVE_KEPT: Duration = Duration::from_secs(600);
+
 impl Lifecycle {
+    /// Remembers that the placed session of `token` now lives on GPU host `gpu`.
+    pub fn remember_move(&self, token: hira_protocol::handshake::Token, gpu: &str) {
+        let mut m = self.moves.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, (_, at)| at.elapsed() < MOVE_KEPT);
+        m.insert(token, (gpu.to_string(), Instant::now()));
+    }
+
+    /// Where the placed session of `token` moved, taken once.
+    pub fn moved_to(&self, token: &hira_protocol::handshake::Token) -> Option<String> {
+        self.moves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(token)
+            .map(|(g, _)| g)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -116,6 +116,11 @@ impl Served {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The daemon's configuration.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
     /// The VMs' cgroups, when the daemon has a cgroup directory.
     pub fn cgroups(&self) -> Option<&crate::cgroup::Cgroups> {
         self.cgroups.as_ref()
@@ -281,7 +286,7 @@ impl Served {
                 )
                 .into());
             }
-            self.config.remote.known(gpu)?;
+            self.config.remote.check_placement(gpu)?;
         }
         let mut entry = match &vm.transport {
             VmTransport::VhostUser(socket) => self.serve_vhost_user(vm, socket),

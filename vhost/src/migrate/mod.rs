@@ -92,6 +92,12 @@ pub enum PlaceError {
         #[source]
         source: hira_control::ControlError,
     },
+    #[error("GPU host {gpu:?}: {source}")]
+    Remote {
+        gpu: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot write {path}: {source}")]
     Write {
         path: std::path::PathBuf,

@@ -1,26 +1,31 @@
 //! A VM host's end of a session placed on a GPU host.
 //!
 //! The daemon takes the guest's `Hello` as for any session and admits it under the
-//! VM's cap here. It then opens a TLS connection to the VM's GPU host (whose
-//! certificate must hold that host's configured name), names the VM, and passes the
-//! `Hello` on with no window and no rings asked for: the session is relayed end to
-//! end. The GPU host's `Welcome` reaches the guest with this daemon's session number
-//! and VM name, and no resume token (a placed session is not suspended or moved
-//! here). From then on the pump carries the bytes both ways until either end goes;
-//! a GPU host that goes leaves the guest an error frame rather than a hang.
+//! VM's cap here. It then picks the GPU host: the VM's own, or with `auto` each GPU
+//! host of the configuration in the order of what they can take (those being drained
+//! left out), this host last. It opens a TLS connection to it (whose certificate must
+//! hold that host's configured name), names the VM, and passes the `Hello` on with no
+//! window and no rings asked for: the session is relayed end to end. The GPU host's
+//! `Welcome` reaches the guest with this daemon's session number and VM name. From
+//! then on the pump carries the bytes both ways until either end goes; a GPU host that
+//! goes leaves the guest an error frame rather than a hang.
+//!
+//! A GPU host that hands the session to another (`hira-ctl migrate --to GPU-HOST`,
+//! `hira-ctl drain`) tells the guest `MOVED` naming the new one; this daemon keeps
+//! that name under the session's token and tells the guest to reconnect where it did.
+//! The guest's resuming `Hello` then goes to the new GPU host, which resumes it.
 
-use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 
 use hira_protocol::frame::HEADER_LEN;
-use hira_protocol::handshake::{Hello, Welcome, error_code};
+use hira_protocol::handshake::{ErrorPayload, Hello, Token, Welcome, error_code};
 use hira_protocol::{FrameHeader, FrameKind};
 use log::{info, warn};
 
-use super::pump::{End, TlsLink, pump};
-use super::tls::server_name;
+use super::pump::{End, TlsLink, pump, unchanged};
+use super::{AUTO, MOVED_TO};
 use crate::config::GpuHost;
 use crate::lifecycle::{EndedSession, Registration};
 use crate::session::handshake::{Greeting, admit};
@@ -29,57 +34,139 @@ use crate::session::{Context, GuestOut, SessionError, send_error};
 /// The most a GPU host's first frame (its `Welcome` or an `Error`) may hold.
 const FIRST_FRAME_MAX: usize = 64 * 1024;
 
-/// Serves one session of a VM placed on `gpu`, to its end.
+/// The GPU hosts to try for this session, in order, and whether this host serves it
+/// when none takes it.
+fn candidates<'a>(
+    placement: &str,
+    resume: Option<&Token>,
+    ctx: &Context<'a>,
+) -> (Vec<&'a GpuHost>, bool) {
+    let remote = &ctx.config.remote;
+    if let Some(gpu) = resume
+        .and_then(|t| ctx.life.moved_to(t))
+        .and_then(|g| remote.known(&g).ok())
+    {
+        return (vec![gpu], false);
+    }
+    if placement != AUTO {
+        return (remote.known(placement).into_iter().collect(), false);
+    }
+    let mut scored: Vec<((u64, u64), &GpuHost)> = remote
+        .gpu_hosts
+        .iter()
+        .filter_map(|g| match super::client::capacity(ctx.config, g) {
+            Ok(c) if !c.draining => Some((c.key(), g)),
+            Ok(_) => {
+                info!("GPU host {:?} is being drained; not placing there", g.name);
+                None
+            }
+            Err(e) => {
+                warn!("GPU host {:?} did not say what it can take: {e}", g.name);
+                None
+            }
+        })
+        .collect();
+    scored.sort_by_key(|(k, _)| *k);
+    (scored.into_iter().map(|(_, g)| g).collect(), true)
+}
+
+/// Serves one session of a VM placed as `placement` (a GPU host's name or `auto`) to
+/// its end. `Ok(Some(greeting))`: no GPU host took it and it is this host's to serve.
 pub(crate) fn run(
-    guest: UnixStream,
+    guest: &UnixStream,
     guest_w: &Mutex<GuestOut>,
     greeting: Greeting,
-    gpu: &GpuHost,
+    placement: &str,
     ctx: &Context<'_>,
     registration: &mut Registration,
-) -> Result<(), SessionError> {
-    let Greeting {
-        header,
-        mut hello,
-        api,
-        fds,
-    } = greeting;
-    // A host-local guest's window descriptor is of no use on another host.
-    drop(fds);
+) -> Result<Option<Greeting>, SessionError> {
     let (id, vm) = (ctx.id, ctx.vm);
-    let _slot = admit(guest_w, ctx)?;
+    let header = greeting.header;
+    let mut hello = greeting.hello.clone();
+    relayed(&mut hello);
+    let (gpus, local_fallback) = candidates(placement, hello.resume.as_ref(), ctx);
     let refuse = |why: String| {
         send_error(guest_w, Some(&header), error_code::SERVER_GONE, &why);
         SessionError::Refused(why)
     };
-    let mut link = connect(gpu, ctx).map_err(|e| {
-        refuse(format!(
-            "GPU host {:?} ({}) cannot be reached: {e}",
-            gpu.name, gpu.address
-        ))
-    })?;
-    relayed(&mut hello);
     let payload = hello.encode();
     let h = FrameHeader::new(FrameKind::Hello, 0, 0, header.call_id, payload.len());
-    let mut first = super::preamble(vm);
-    first.extend_from_slice(&h.encode());
-    first.extend_from_slice(&payload);
-    let answer = link
-        .write_all(&first)
-        .and_then(|()| read_frame(&mut link))
-        .map_err(|e| refuse(format!("GPU host {:?} did not answer: {e}", gpu.name)))?;
-    let (h, body) = answer;
-    if h.kind != FrameKind::Welcome {
-        // The GPU host refused (its cap, its policy, no device): the guest gets its
-        // answer as it gave it.
-        let mut frame = h.encode().to_vec();
-        frame.extend_from_slice(&body);
+    let mut last_refusal: Option<Vec<u8>> = None;
+    let mut placed = None;
+    for gpu in &gpus {
+        let mut link = match super::client::connect(ctx.config, gpu) {
+            Ok(l) => l,
+            Err(e) => {
+                let why = format!(
+                    "GPU host {:?} ({}) cannot be reached: {e}",
+                    gpu.name, gpu.address
+                );
+                warn!("VM {vm:?} session {id}: {why}");
+                last_refusal = Some(crate::session::error_frame(
+                    Some(&header),
+                    error_code::SERVER_GONE,
+                    &why,
+                ));
+                continue;
+            }
+        };
+        let mut first = super::preamble(vm);
+        first.extend_from_slice(&h.encode());
+        first.extend_from_slice(&payload);
+        match link.write_all(&first).and_then(|()| read_frame(&mut link)) {
+            Ok((wh, body)) if wh.kind == FrameKind::Welcome => {
+                placed = Some((*gpu, link, wh, body));
+                break;
+            }
+            Ok((eh, body)) => {
+                // Refused there (its cap, its policy, a drain, no device): the next
+                // one is asked, or the guest gets this answer as it came.
+                let why = ErrorPayload::decode(&body).map_or_else(|_| "?".into(), |e| e.message);
+                info!(
+                    "VM {vm:?} session {id}: GPU host {:?} refused: {why}",
+                    gpu.name
+                );
+                let mut frame = eh.encode().to_vec();
+                frame.extend_from_slice(&body);
+                last_refusal = Some(frame);
+            }
+            Err(e) => {
+                let why = format!("GPU host {:?} did not answer: {e}", gpu.name);
+                warn!("VM {vm:?} session {id}: {why}");
+                last_refusal = Some(crate::session::error_frame(
+                    Some(&header),
+                    error_code::SERVER_GONE,
+                    &why,
+                ));
+            }
+        }
+    }
+    let Some((gpu, mut link, wh, body)) = placed else {
+        if local_fallback {
+            info!("VM {vm:?} session {id}: no GPU host took it; served on this host");
+            return Ok(Some(greeting));
+        }
+        let frame = last_refusal.unwrap_or_else(|| {
+            crate::session::error_frame(
+                Some(&header),
+                error_code::SERVER_GONE,
+                &format!("no GPU host {placement:?} is configured"),
+            )
+        });
         let _ = crate::session::relay::guest_lock(guest_w).write_all(&frame);
         return Err(SessionError::Refused(format!(
-            "GPU host {:?} refused the session",
-            gpu.name
+            "no GPU host took the session ({placement})"
         )));
-    }
+    };
+    // A host-local guest's window descriptor is of no use on another host.
+    let Greeting {
+        hello: guest_hello,
+        api,
+        fds,
+        ..
+    } = greeting;
+    drop(fds);
+    let _slot = admit(guest_w, ctx)?;
     let mut welcome = Welcome::decode(&body).map_err(|e| {
         refuse(format!(
             "GPU host {:?} sent a malformed welcome: {e}",
@@ -87,30 +174,61 @@ pub(crate) fn run(
         ))
     })?;
     let remote_session = welcome.session;
+    let token = welcome.token;
     welcome.session = id;
     welcome.vm_name = vm.to_string();
-    welcome.token = [0; 16];
     welcome.window_len = 0;
     welcome.ring_capacity = 0;
     welcome.resend = false;
     let payload = welcome.encode();
-    let mut frame = FrameHeader::new(FrameKind::Welcome, 0, 0, h.call_id, payload.len())
+    let mut frame = FrameHeader::new(FrameKind::Welcome, 0, 0, wh.call_id, payload.len())
         .encode()
         .to_vec();
     frame.extend_from_slice(&payload);
     crate::session::relay::guest_lock(guest_w).write_all(&frame)?;
-    registration.describe(api.name, &hello.process_name, hello.pid, 0);
+    registration.describe(api.name, &guest_hello.process_name, guest_hello.pid, 0);
     registration.placed(&gpu.name);
     registration.serving();
     info!(
-        "VM {vm:?} session {id}: {} (guest pid {}) -> GPU host {:?} session {remote_session}",
-        hello.process_name, hello.pid, gpu.name
+        "VM {vm:?} session {id}: {} (guest pid {}) -> GPU host {:?} session {remote_session}{}",
+        guest_hello.process_name,
+        guest_hello.pid,
+        gpu.name,
+        if hello.resume.is_some() {
+            ", resuming"
+        } else {
+            ""
+        }
     );
-    let end = pump(&guest, &mut link);
+    let mut moved_to: Option<String> = None;
+    let end = pump(guest, &mut link, &mut |eh, p| {
+        // A move to another GPU host: kept under the token, and the guest reconnects
+        // here.
+        match ErrorPayload::decode(&p) {
+            Ok(e) if e.code == error_code::MOVED => match e.message.strip_prefix(MOVED_TO) {
+                Some(next) => {
+                    ctx.life.remember_move(token, next);
+                    moved_to = Some(next.to_string());
+                    let here = ErrorPayload {
+                        code: error_code::MOVED,
+                        message: String::new(),
+                    }
+                    .encode();
+                    unchanged(
+                        FrameHeader::new(FrameKind::Error, eh.opcode, eh.channel, 0, here.len()),
+                        here,
+                    )
+                }
+                None => unchanged(eh, p),
+            },
+            _ => unchanged(eh, p),
+        }
+    });
     let _ = guest.set_nonblocking(false);
-    let how = match end {
-        End::Local => "the guest closed".to_string(),
-        End::Peer { at_frame, error } => {
+    let how = match (end, &moved_to) {
+        (_, Some(next)) => format!("moved to GPU host {next:?}"),
+        (End::Local, None) => "the guest closed".to_string(),
+        (End::Peer { at_frame, error }, None) => {
             let why = match &error {
                 Some(e) => format!("the connection to GPU host {:?} failed: {e}", gpu.name),
                 None => format!("GPU host {:?} closed the session", gpu.name),
@@ -131,58 +249,24 @@ pub(crate) fn run(
     );
     registration.ended(EndedSession {
         api: api.name.to_string(),
-        process: hello.process_name.clone(),
+        process: guest_hello.process_name.clone(),
         api_server_end: how,
         data_plane: format!("remote {}", gpu.name),
         ..EndedSession::default()
     });
-    Ok(())
+    Ok(None)
 }
 
-/// Asks for what crosses hosts: no window, no rings, no resumption.
+/// Asks for what crosses hosts: no window, no rings, no resending (a resumption, by
+/// its token, goes along).
 fn relayed(hello: &mut Hello) {
     hello.window_len = 0;
     hello.vm_window = false;
     hello.window_offset = 0;
     hello.rings = false;
     hello.ring_offset = 0;
-    hello.resume = None;
     hello.resend = false;
     hello.taken = 0;
-}
-
-/// Opens an authenticated connection to `gpu` within the handshake deadline.
-fn connect(gpu: &GpuHost, ctx: &Context<'_>) -> std::io::Result<TlsLink> {
-    let tls = ctx
-        .config
-        .tls
-        .as_ref()
-        .ok_or_else(|| std::io::Error::other("this host has no [tls] settings"))?;
-    let addr: SocketAddr = gpu
-        .address
-        .parse()
-        .map_err(|_| std::io::Error::other("its address is not IP:PORT"))?;
-    let deadline = ctx.config.limits.handshake_timeout;
-    let tcp = TcpStream::connect_timeout(&addr, deadline)?;
-    tcp.set_nodelay(true)?;
-    super::bound_silence(&tcp, ctx.config.remote.timeout)?;
-    tcp.set_read_timeout(Some(deadline))?;
-    tcp.set_write_timeout(Some(deadline))?;
-    let name = server_name(&gpu.name).map_err(std::io::Error::other)?;
-    let conn =
-        rustls::ClientConnection::new(tls.client.clone(), name).map_err(std::io::Error::other)?;
-    let mut link = TlsLink {
-        conn: conn.into(),
-        tcp,
-    };
-    while link.conn.is_handshaking() {
-        link.conn.complete_io(&mut link.tcp)?;
-    }
-    // The GPU host answers once its API server is up, as a local daemon does: the
-    // guest waits for that as long as it would here.
-    link.tcp.set_read_timeout(None)?;
-    link.tcp.set_write_timeout(None)?;
-    Ok(link)
 }
 
 /// Reads one frame whole.

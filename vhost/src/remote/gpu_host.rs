@@ -13,15 +13,17 @@
 //! registry's checks of every frame, its own sandboxed API server, policy where
 //! commands reach the device, and a clean end when either side goes.
 
+use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use hira_protocol::handshake::error_code;
 use log::{info, warn};
 
 use super::pump::{End, TlsLink, pump};
 use super::tls::{Tls, peer_named};
-use super::{PREAMBLE_MAGIC, PROTOCOL};
+use super::{CAPACITY, Capacity, PARK, PREAMBLE_MAGIC, PROTOCOL};
 use crate::config::{Config, Remote};
 use crate::lifecycle::Lifecycle;
 use crate::listener::{ConnectionSlot, start_session};
@@ -117,7 +119,7 @@ fn connection(
         conn: conn.into(),
         tcp,
     };
-    let (peer, vm) = match authenticate(&mut link, config) {
+    let (peer, ask) = match authenticate(&mut link, config) {
         Ok(x) => x,
         Err(e) => {
             warn!("remote connection from {addr} refused: {e}");
@@ -125,14 +127,81 @@ fn connection(
             return;
         }
     };
-    if let Err(e) = serve_tenant(link, addr, &peer, &vm, config, vms, life) {
-        warn!("remote session from {addr} for VM {vm:?} of {peer:?} failed: {e}");
+    match ask {
+        Ask::Session(vm) => {
+            if life.draining.load(Ordering::Acquire) {
+                info!("remote session from {addr} for VM {vm:?} of {peer:?} refused: draining");
+                let frame = crate::session::error_frame(
+                    None,
+                    error_code::SERVER_GONE,
+                    &format!("GPU host {:?} is being drained", tls.name),
+                );
+                let _ = link.write_all(&frame);
+                return;
+            }
+            if let Err(e) = serve_tenant(link, addr, &peer, &vm, config, vms, life) {
+                warn!("remote session from {addr} for VM {vm:?} of {peer:?} failed: {e}");
+            }
+        }
+        Ask::Capacity => {
+            let line = serde_json::to_string(&capacity(vms, life)).unwrap_or_default();
+            let _ = link.write_all(format!("{line}\n").as_bytes());
+        }
+        Ask::Park {
+            tenant,
+            token,
+            bytes,
+        } => {
+            let answer = match park(&mut link, config, vms, life, &tenant, token, bytes) {
+                Ok(()) => {
+                    info!("a session of {tenant:?} handed over by {peer:?} waits for its guest");
+                    "parked".to_string()
+                }
+                Err(e) => {
+                    warn!("a session of {tenant:?} from {peer:?} was not kept: {e}");
+                    format!("refused: {e}")
+                }
+            };
+            let _ = link.write_all(format!("{answer}\n").as_bytes());
+        }
     }
 }
 
+/// What an authenticated peer asks.
+#[derive(Debug)]
+enum Ask {
+    /// To serve a session of its VM.
+    Session(String),
+    /// What this host can take.
+    Capacity,
+    /// To keep a suspended session of `tenant` for its guest.
+    Park {
+        tenant: String,
+        token: hira_protocol::handshake::Token,
+        bytes: u64,
+    },
+}
+
+/// What this host can take now.
+pub fn capacity(vms: &Vms, life: &Lifecycle) -> Capacity {
+    let mut c = Capacity {
+        draining: life.draining.load(Ordering::Acquire),
+        ..Capacity::default()
+    };
+    for (_, q) in vms.snapshot() {
+        let n = q.sessions();
+        if n > 0 {
+            c.sessions += n;
+            c.busy_shares += u64::from(q.share().max(1));
+        }
+        c.mem_held += q.memory().1;
+    }
+    c
+}
+
 /// The TLS handshake and the preamble, within the guests' handshake deadline: the
-/// peer's configured name and its VM's.
-fn authenticate(link: &mut TlsLink, config: &Config) -> Result<(String, String), Refused> {
+/// peer's configured name and what it asks.
+fn authenticate(link: &mut TlsLink, config: &Config) -> Result<(String, Ask), Refused> {
     let deadline = Some(config.limits.handshake_timeout);
     link.tcp.set_read_timeout(deadline)?;
     link.tcp.set_write_timeout(deadline)?;
@@ -150,8 +219,41 @@ fn authenticate(link: &mut TlsLink, config: &Config) -> Result<(String, String),
         .and_then(|c| peer_named(c, config.remote.peers.iter().map(|p| p.name.as_str())))
         .ok_or(Refused::UnknownPeer)?
         .to_string();
-    let vm = read_preamble(link)?;
-    Ok((peer, vm))
+    let ask = read_preamble(link)?;
+    Ok((peer, ask))
+}
+
+/// The tenant `PEER:VM` of `peer`'s VM `vm`, made with the peer's settings the first
+/// time.
+fn tenant_queue(
+    config: &Config,
+    vms: &Vms,
+    peer: &str,
+    vm: &str,
+) -> std::io::Result<(String, Arc<crate::vms::Vm>)> {
+    let tenant = Remote::tenant(peer, vm);
+    if let Some(q) = vms.get(&tenant) {
+        return Ok((tenant, q));
+    }
+    let q = vms.vm(&tenant);
+    let settings = config
+        .remote
+        .peers
+        .iter()
+        .find(|p| p.name == peer)
+        .map(|p| p.settings)
+        .unwrap_or_default();
+    if let Some(share) = settings.share {
+        q.set_share(share);
+    }
+    if let Some(n) = settings.max_sessions {
+        q.set_max_sessions(n);
+    }
+    if settings.mem_quota.is_some() {
+        q.set_mem_quota(settings.mem_quota)?;
+    }
+    info!("remote tenant {tenant:?}: VM {vm:?} of peer {peer:?}");
+    Ok((tenant, q))
 }
 
 /// Runs the session of `peer`'s VM `vm` as tenant `PEER:VM`.
@@ -164,31 +266,7 @@ fn serve_tenant(
     vms: &Vms,
     life: &Arc<Lifecycle>,
 ) -> std::io::Result<()> {
-    let tenant = Remote::tenant(peer, vm);
-    let queue = match vms.get(&tenant) {
-        Some(q) => q,
-        None => {
-            let q = vms.vm(&tenant);
-            let settings = config
-                .remote
-                .peers
-                .iter()
-                .find(|p| p.name == peer)
-                .map(|p| p.settings)
-                .unwrap_or_default();
-            if let Some(share) = settings.share {
-                q.set_share(share);
-            }
-            if let Some(n) = settings.max_sessions {
-                q.set_max_sessions(n);
-            }
-            if settings.mem_quota.is_some() {
-                q.set_mem_quota(settings.mem_quota)?;
-            }
-            info!("remote tenant {tenant:?}: VM {vm:?} of peer {peer:?}");
-            q
-        }
-    };
+    let (tenant, queue) = tenant_queue(config, vms, peer, vm)?;
     link.tcp.set_read_timeout(None)?;
     link.tcp.set_write_timeout(None)?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
@@ -201,27 +279,84 @@ fn serve_tenant(
         &queue,
         life,
     );
-    match pump(&ours, &mut link) {
+    match pump(&ours, &mut link, &mut super::pump::unchanged) {
         End::Local | End::Peer { error: None, .. } => {}
         End::Peer { error: Some(e), .. } => return Err(e),
     }
     Ok(())
 }
 
-/// The peer's preamble: Hira's magic, the protocol's version and the VM's name.
-fn read_preamble(link: &mut TlsLink) -> Result<String, Refused> {
-    let s = link;
-    let mut head = [0u8; 11];
-    s.read_exact(&mut head)?;
-    if head[..8] != PREAMBLE_MAGIC || u16::from_le_bytes([head[8], head[9]]) != PROTOCOL {
+/// Keeps a session another host handed over. Its tenant must be one of a configured
+/// peer's VMs: the session resumes only for that peer's connection for that VM,
+/// with the token its guest holds.
+fn park(
+    link: &mut TlsLink,
+    config: &Config,
+    vms: &Vms,
+    life: &Lifecycle,
+    tenant: &str,
+    token: hira_protocol::handshake::Token,
+    bytes: u64,
+) -> Result<(), String> {
+    let (peer, vm) = tenant
+        .split_once(':')
+        .filter(|(p, v)| {
+            config.remote.peers.iter().any(|q| q.name == *p) && crate::config::valid_vm_name(v)
+        })
+        .ok_or_else(|| format!("{tenant:?} is no VM of a peer of this host"))?;
+    tenant_queue(config, vms, peer, vm).map_err(|e| e.to_string())?;
+    // The snapshot comes within the silence bound, however long it is.
+    link.tcp.set_read_timeout(None).map_err(|e| e.to_string())?;
+    crate::migrate::park_from(
+        life,
+        tenant,
+        token,
+        crate::migrate::SlotGuard(None),
+        bytes,
+        link,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The peer's preamble: Hira's magic for what it asks, the protocol's version, and
+/// what the ask needs.
+fn read_preamble(link: &mut TlsLink) -> Result<Ask, Refused> {
+    let mut head = [0u8; 10];
+    link.read_exact(&mut head)?;
+    if u16::from_le_bytes([head[8], head[9]]) != PROTOCOL {
         return Err(Refused::Preamble);
     }
-    let mut name = vec![0u8; usize::from(head[10])];
-    s.read_exact(&mut name)?;
-    let name = String::from_utf8(name)
-        .map_err(|e| Refused::VmName(String::from_utf8_lossy(e.as_bytes()).into_owned()))?;
-    if !crate::config::valid_vm_name(&name) {
-        return Err(Refused::VmName(name));
+    let magic: [u8; 8] = head[..8].try_into().expect("eight bytes");
+    let name = |link: &mut TlsLink| -> Result<String, Refused> {
+        let mut len = [0u8; 1];
+        link.read_exact(&mut len)?;
+        let mut name = vec![0u8; usize::from(len[0])];
+        link.read_exact(&mut name)?;
+        String::from_utf8(name)
+            .map_err(|e| Refused::VmName(String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    };
+    match magic {
+        PREAMBLE_MAGIC => {
+            let vm = name(link)?;
+            if !crate::config::valid_vm_name(&vm) {
+                return Err(Refused::VmName(vm));
+            }
+            Ok(Ask::Session(vm))
+        }
+        CAPACITY => Ok(Ask::Capacity),
+        PARK => {
+            let tenant = name(link)?;
+            let mut token = [0u8; 16];
+            link.read_exact(&mut token)?;
+            let mut len = [0u8; 8];
+            link.read_exact(&mut len)?;
+            let bytes = u64::from_le_bytes(len);
+            Ok(Ask::Park {
+                tenant,
+                token,
+                bytes,
+            })
+        }
+        _ => Err(Refused::Preamble),
     }
-    Ok(name)
 }

@@ -12,14 +12,56 @@
 //! frame, bulk data included, travels in the session's TLS stream, and the GPU host
 //! checks each one as it checks a local relayed session's.
 
+pub mod client;
 pub mod forward;
 pub mod gpu_host;
 pub mod pump;
 pub mod tls;
 
 /// What a VM host sends first on a session's TLS connection, then [`PROTOCOL`] (two
-/// bytes, little-endian), then its VM's name (one byte of length, then the name).
+/// bytes, little-endian), then its VM's name (one byte of length, then the name); the
+/// session's frames follow, starting with the guest's `Hello`.
 pub const PREAMBLE_MAGIC: [u8; 8] = *b"HIRA-VMH";
+
+/// What a host sends first to hand over a suspended session: then [`PROTOCOL`], the
+/// tenant (one byte of length, `PEER:VM`), the token (16 bytes), the snapshot's length
+/// (8 bytes, little-endian) and the snapshot. The answer is one line: `parked`, or
+/// why not.
+pub const PARK: [u8; 8] = *b"HIRA-PRK";
+
+/// What a host sends first to ask what a GPU host can take: then [`PROTOCOL`]. The
+/// answer is one line of JSON, a [`Capacity`].
+pub const CAPACITY: [u8; 8] = *b"HIRA-CAP";
+
+/// How a GPU host that handed a session over names, in the `MOVED` error its guest
+/// gets, the GPU host that keeps it now; the guest's VM host reads it and tells its
+/// guest to reconnect where it did.
+pub const MOVED_TO: &str = "gpu-host:";
+
+/// A VM's placement across the configuration's GPU hosts, by what each can take,
+/// with this host as the fallback.
+pub const AUTO: &str = "auto";
+
+/// What a GPU host can take now, as it answers [`CAPACITY`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Capacity {
+    /// It is being drained: it takes no new sessions.
+    pub draining: bool,
+    /// Its live sessions.
+    pub sessions: usize,
+    /// The shares of its VMs that have live sessions, summed: the weight it divides
+    /// its device time by.
+    pub busy_shares: u64,
+    /// Device memory its sessions hold, in bytes.
+    pub mem_held: u64,
+}
+
+impl Capacity {
+    /// Orders GPU hosts for a new session: least shares busy, then least memory held.
+    pub fn key(&self) -> (u64, u64) {
+        (self.busy_shares, self.mem_held)
+    }
+}
 
 /// The version of the exchange between hosts.
 pub const PROTOCOL: u16 = 1;

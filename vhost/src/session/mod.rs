@@ -152,22 +152,45 @@ pub(crate) fn serve(
     } = ctx;
     let Some(Greeting {
         header,
-        mut hello,
+        hello,
         api,
         fds,
     }) = receive_hello(&mut guest, &guest_w, &ctx)?
     else {
         return Ok(());
     };
-    if let Some(gpu) = queue.gpu_host().and_then(|g| config.remote.known(g).ok()) {
-        let greeting = Greeting {
+    let Greeting {
+        header,
+        mut hello,
+        api,
+        fds,
+    } = match queue.gpu_host() {
+        Some(placement) => {
+            let greeting = Greeting {
+                header,
+                hello,
+                api,
+                fds,
+            };
+            match crate::remote::forward::run(
+                &guest,
+                &guest_w,
+                greeting,
+                placement,
+                &ctx,
+                registration,
+            )? {
+                Some(g) => g,
+                None => return Ok(()),
+            }
+        }
+        None => Greeting {
             header,
             hello,
             api,
             fds,
-        };
-        return crate::remote::forward::run(guest, &guest_w, greeting, gpu, &ctx, registration);
-    }
+        },
+    };
     let mut fds = fds.into_iter();
     let fd = fds.next();
     // A VM guest whose connection a device reset cut comes back to its live session

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hira_benches::hosts::GPU_ADDR;
+use hira_benches::hosts::{GPU_ADDR, GPU_C_ADDR};
 
 use hira_protocol::handshake::Hello;
 use hira_protocol::{FrameHeader, FrameKind};
@@ -40,6 +40,10 @@ impl std::ops::Deref for Net {
 impl Net {
     fn new() -> Net {
         Net(hira_benches::hosts::Net::new().unwrap())
+    }
+
+    fn with_second_gpu_host() -> Net {
+        Net(hira_benches::hosts::Net::with_second_gpu_host().unwrap())
     }
 
     fn within<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
@@ -439,6 +443,21 @@ fn hosts_that_cannot_prove_their_names_and_peers_that_are_not_hira_are_refused()
         FrameKind::Error,
         "junk is answered with an error frame"
     );
+    // A resumption with a token no session here was given: refused, as a local one.
+    let mut replay = preamble("vm1");
+    let mut hello = Hello::new(hira_apis_opencl::API, 1, "replayer", 0);
+    hello.resume = Some([0x5a; 16]);
+    let body = hello.encode();
+    replay.extend_from_slice(&FrameHeader::new(FrameKind::Hello, 0, 0, 0, body.len()).encode());
+    replay.extend_from_slice(&body);
+    let answer = Net::within(&net.a, || exchange(client(&pki.ca(), &good), &replay)).unwrap();
+    let h = FrameHeader::decode(
+        answer[..hira_protocol::frame::HEADER_LEN]
+            .try_into()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(h.kind, FrameKind::Error, "a replayed token is refused");
     same_as_native(&a, &b, "vecadd", &[]);
 }
 
@@ -618,11 +637,7 @@ fn a_qemu_guests_programs_placed_on_the_gpu_host_print_what_they_print_natively(
         &[],
     );
     let programs = ["vecadd", "matmul", "events", "mapping", "threads", "printf"];
-    let image = crate::vm::image_with(
-        "remote",
-        &crate::vm::marked_script(&programs),
-        &programs,
-    );
+    let image = crate::vm::image_with("remote", &crate::vm::marked_script(&programs), &programs);
     let mut q = crate::vm::qemu_with_window(&image, &a.dir.path().join("qvm.vhost"), &window);
     let out = run_with_timeout(&mut q, Duration::from_secs(600));
     let console = String::from_utf8_lossy(&out.stdout);
@@ -668,9 +683,129 @@ fn programs_placed_across_a_slow_lossy_network_print_what_they_print_natively() 
         ),
         &[],
     );
-    for (p, args) in [("vecadd", &[][..]), ("events", &[]), ("mapping", &[]), ("large", &[])] {
+    for (p, args) in [
+        ("vecadd", &[][..]),
+        ("events", &[]),
+        ("mapping", &[]),
+        ("large", &[]),
+    ] {
         same_as_native(&a, &b, p, args);
     }
     let ended = b.wait_idle(Duration::from_secs(30));
     assert!(ended.iter().all(|e| e["vm"] == "host-a:vm1"), "{ended:?}");
+}
+
+/// A GPU host named `name` in namespace `ns` listening on `addr`, serving `host-a`
+/// and taking sessions handed over by `other`, which it knows at `other_addr`.
+fn pool_member(
+    ns: &str,
+    pki: &Pki,
+    name: &str,
+    addr: &str,
+    other: &str,
+    other_addr: &str,
+) -> Daemon {
+    let driver = crate::cuda::kit()
+        .driver_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    daemon_in(
+        ns,
+        &format!(
+            "[[local]]\nvm = \"{name}-local\"\npath = \"@DIR@/local.sock\"\n\n{}\n\
+             [[peer]]\nname = \"host-a\"\n\n[[peer]]\nname = \"{other}\"\n\n\
+             [[gpu_host]]\nname = \"{other}\"\naddress = \"{other_addr}\"\n",
+            tls_section(pki, name, Some(addr))
+        ),
+        &[("LD_LIBRARY_PATH", &driver)],
+    )
+}
+
+#[test]
+fn placed_sessions_move_between_gpu_hosts_and_a_drained_host_takes_no_new_ones() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::with_second_gpu_host();
+    let pki = Pki::new("one");
+    let b = pool_member(&net.b, &pki, "gpu-b", GPU_ADDR, "gpu-c", GPU_C_ADDR);
+    let c = pool_member(
+        net.c.as_ref().unwrap(),
+        &pki,
+        "gpu-c",
+        GPU_C_ADDR,
+        "gpu-b",
+        GPU_ADDR,
+    );
+    // The VM host places by what each GPU host can take: both idle, gpu-b first.
+    let a = daemon_in(
+        &net.a,
+        &format!(
+            "[[local]]\nvm = \"vm1\"\npath = \"@DIR@/vm1.sock\"\ngpu_host = \"auto\"\n\n{}\n\
+             [[gpu_host]]\nname = \"gpu-b\"\naddress = \"{GPU_ADDR}\"\n\n\
+             [[gpu_host]]\nname = \"gpu-c\"\naddress = \"{GPU_C_ADDR}\"\n",
+            tls_section(&pki, "host-a", None)
+        ),
+        &[],
+    );
+    let script = ["step", "step", "loop 50", "check", "end"];
+    let expected = crate::migration::native(&script);
+    let vendors = Vendors::hira();
+    let mut p = crate::support::LineProgram::start(a.guest(&vendors, "vm1", &c_program("migrate")));
+    b.wait_api_servers(1, Duration::from_secs(30));
+    let mut got = vec![p.ask(script[0])];
+    // Handed from gpu-b to gpu-c while it runs: the guest and its VM host stay put.
+    let out = b.ctl_ok(&["migrate", "host-a:vm1", "--to", "gpu-c"]);
+    assert!(out.contains("waiting at gpu-c"), "{out}");
+    got.push(p.ask(script[1]));
+    c.wait_api_servers(1, Duration::from_secs(30));
+    assert!(b.status()["sessions"].as_array().unwrap().is_empty());
+    // gpu-c is drained for maintenance: its session goes back to gpu-b, with calls
+    // in flight.
+    p.send(script[2]);
+    let drained = c.ctl_ok(&["drain"]);
+    assert!(
+        drained.contains("moved to GPU host gpu-b") && drained.contains("1 moved, 0 not"),
+        "{drained}\n{}",
+        c.log_text()
+    );
+    got.push(p.line());
+    b.wait_api_servers(1, Duration::from_secs(30));
+    got.push(p.ask(script[3]));
+    // A new session goes elsewhere: gpu-c says it is drained.
+    let vecadd = c_program("vecadd");
+    let more = run_with_timeout(
+        &mut a.guest(&vendors, "vm1", &vecadd),
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&more.stdout),
+        String::from_utf8_lossy(&run_native(&vecadd, &[]).stdout)
+    );
+    assert_eq!(
+        c.status()["ended"].as_array().unwrap().len(),
+        1,
+        "gpu-c served only the moved session"
+    );
+    got.push(p.ask(script[4]));
+    assert_eq!(got, expected, "VM host:\n{}", a.log_text());
+    drop(p);
+    // One session on the VM host throughout, and its moves on the GPU hosts.
+    let ended = a.wait_idle(Duration::from_secs(30));
+    let moves: Vec<&str> = ended
+        .iter()
+        .map(|e| e["api_server_end"].as_str().unwrap())
+        .collect();
+    assert!(
+        moves.contains(&"moved to GPU host \"gpu-c\"")
+            && moves.contains(&"moved to GPU host \"gpu-b\""),
+        "{moves:?}"
+    );
+    let vecadd_run = ended
+        .iter()
+        .find(|e| e["process"] == "vecadd")
+        .expect("vecadd's session");
+    assert_eq!(vecadd_run["data_plane"], "remote gpu-b", "{vecadd_run}");
+    b.wait_idle(Duration::from_secs(30));
 }
