@@ -637,25 +637,65 @@ fn a_qemu_guests_programs_placed_on_the_gpu_host_print_what_they_print_natively(
         &[],
     );
     let programs = ["vecadd", "matmul", "events", "mapping", "threads", "printf"];
-    let image = crate::vm::image_with("remote", &crate::vm::marked_script(&programs), &programs);
+    // And CUDA programs, on the GPU host's driver (the CPU test executor here).
+    let cuda = ["vector_add", "matmul", "streams", "transfer"];
+    let k = crate::cuda::kit();
+    let mut script = crate::vm::marked_script(&programs);
+    for p in cuda {
+        // The OpenCL matmul is /hira/matmul: the CUDA one goes in as cuda-matmul.
+        script += &format!(
+            "echo '=== cuda {p}'\n/hira/cuda-{p} /hira/kernels.ptx 2>/dev/null\necho \"=== exit $?\"\n"
+        );
+    }
+    let image = bin_dir().join("hira-vm-remote");
+    let staging = image.join("cuda");
+    std::fs::create_dir_all(&staging).unwrap();
+    let run = image.join("run");
+    std::fs::write(&run, format!("#!/bin/sh\n{script}")).unwrap();
+    std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut cmd = Command::new(workspace().join("scripts/vm-image"));
+    cmd.arg(&image).arg(shim()).arg(&run).arg(&k.ptx);
+    for p in programs {
+        cmd.arg(c_program(p));
+    }
+    for p in cuda {
+        let renamed = staging.join(format!("cuda-{p}"));
+        std::fs::copy(k.exe(p), &renamed).unwrap();
+        cmd.arg(renamed);
+    }
+    let built = cmd.output().unwrap();
+    assert!(
+        built.status.success(),
+        "vm-image failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let mut q = crate::vm::qemu_with_window(&image, &a.dir.path().join("qvm.vhost"), &window);
     let out = run_with_timeout(&mut q, Duration::from_secs(600));
     let console = String::from_utf8_lossy(&out.stdout);
+    let mut expected = crate::vm::marked_native(&programs);
+    for p in cuda {
+        let o = crate::cuda::native(p);
+        expected += &format!(
+            "=== cuda {p}\n{}=== exit {}\n",
+            String::from_utf8_lossy(&o.stdout),
+            o.status.code().unwrap_or(-1)
+        );
+    }
     assert_eq!(
         crate::vm::guest_output(&console),
-        crate::vm::marked_native(&programs),
+        expected,
         "VM host:\n{}\nGPU host:\n{}",
         a.log_text(),
         b.log_text()
     );
     let ended_a = a.wait_idle(Duration::from_secs(30));
-    assert_eq!(ended_a.len(), programs.len(), "{ended_a:?}");
+    assert_eq!(ended_a.len(), programs.len() + cuda.len(), "{ended_a:?}");
     assert!(
         ended_a.iter().all(|e| e["data_plane"] == "remote gpu-b"),
         "{ended_a:?}"
     );
     let ended_b = b.wait_idle(Duration::from_secs(30));
-    assert_eq!(ended_b.len(), programs.len(), "{ended_b:?}");
+    assert_eq!(ended_b.len(), programs.len() + cuda.len(), "{ended_b:?}");
     assert!(
         ended_b.iter().all(|e| e["vm"] == "host-a:qvm"),
         "{ended_b:?}"
