@@ -3,7 +3,7 @@
 //! Hira with the sessions on a GPU host across a network at 0, 50 and 500 µs of added
 //! one-way delay (and, if asked, some packet loss), all in one run.
 //!
-//! The hosts are network namespaces joined by a veth pair (`hosts`); the delay comes
+//! The hosts are network namespaces joined by a bridge (`hosts`); the delay comes
 //! from a relaying thread in the VM host's namespace (`delay`, test infrastructure);
 //! the loss from `iptables`' random drop on the GPU host. Each workload also reports
 //! the calls it made and how many of them waited for the host (round trips), from
@@ -168,7 +168,7 @@ pub fn report(r: &Results, repeats: usize) -> String {
     let mut md = String::from("## Sessions on another host\n\n");
     md += &format!(
         "Each workload natively and through Hira, its sessions on this host or on a GPU \
-         host across a network (two network namespaces joined by a veth pair, mutual \
+         host across a network (network namespaces joined by a bridge, mutual \
          TLS) with the one-way delay added by a relay (test infrastructure){}. Median of \
          {repeats} runs each, as the ratio to the native run made beside it; calls (the \
          application's) and round trips (every call that waited for the host, the \
