@@ -18,9 +18,39 @@ use std::time::{Duration, Instant};
 /// Bytes read at once.
 const CHUNK: usize = 64 * 1024;
 
+/// The connections a relay carries, to cut them all at once (both ends see their
+/// socket close, as when a middlebox drops its state).
+#[derive(Debug, Clone, Default)]
+pub struct Connections(std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>);
+
+impl Connections {
+    /// Cuts every connection carried so far.
+    pub fn cut(&self) {
+        for s in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn carry(&self, s: &TcpStream) {
+        if let Ok(c) = s.try_clone() {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+        }
+    }
+}
+
 /// Relays every connection accepted on `listener` to `to`, each byte `one_way` late,
 /// until the listener fails. Runs on the calling thread; each connection gets four.
 pub fn serve(listener: &TcpListener, to: SocketAddr, one_way: Duration) {
+    serve_with(listener, to, one_way, &Connections::default());
+}
+
+/// As [`serve`], each connection's two sockets kept in `carried`.
+pub fn serve_with(
+    listener: &TcpListener,
+    to: SocketAddr,
+    one_way: Duration,
+    carried: &Connections,
+) {
     for accepted in listener.incoming() {
         let Ok(near) = accepted else { return };
         let Ok(far) = TcpStream::connect(to) else {
@@ -28,6 +58,8 @@ pub fn serve(listener: &TcpListener, to: SocketAddr, one_way: Duration) {
         };
         let _ = near.set_nodelay(true);
         let _ = far.set_nodelay(true);
+        carried.carry(&near);
+        carried.carry(&far);
         let (Ok(near2), Ok(far2)) = (near.try_clone(), far.try_clone()) else {
             continue;
         };

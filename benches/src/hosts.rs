@@ -118,7 +118,17 @@ impl Net {
     /// (`GPU_ADDR`) `one_way` late in each direction (`delay`); its address. It serves
     /// until the process ends.
     pub fn delayed(&self, one_way: std::time::Duration) -> Result<String> {
+        Ok(self.relay(one_way)?.0)
+    }
+
+    /// As [`Net::delayed`], with the relay's connections, to cut them.
+    pub fn relay(
+        &self,
+        one_way: std::time::Duration,
+    ) -> Result<(String, crate::delay::Connections)> {
         let ns = self.a.clone();
+        let carried = crate::delay::Connections::default();
+        let relayed = carried.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let bound = enter(&ns).and_then(|()| Ok(std::net::TcpListener::bind("127.0.0.1:0")?));
@@ -126,14 +136,17 @@ impl Net {
                 Ok(l) => {
                     let _ = tx.send(l.local_addr().map_err(anyhow::Error::from));
                     let to = GPU_ADDR.parse().expect("a socket address");
-                    crate::delay::serve(&l, to, one_way);
+                    crate::delay::serve_with(&l, to, one_way, &relayed);
                 }
                 Err(e) => {
                     let _ = tx.send(Err(e));
                 }
             }
         });
-        Ok(rx.recv().context("the relay started")??.to_string())
+        Ok((
+            rx.recv().context("the relay started")??.to_string(),
+            carried,
+        ))
     }
 
     /// Drops a share `probability` (0 to 1) of the packets the GPU host receives.

@@ -24,7 +24,7 @@ use hira_protocol::handshake::{ErrorPayload, Hello, Token, Welcome, error_code};
 use hira_protocol::{FrameHeader, FrameKind};
 use log::{info, warn};
 
-use super::pump::{End, TlsLink, pump, unchanged};
+use super::pump::{End, Pump, TlsLink, unchanged};
 use super::{AUTO, MOVED_TO};
 use crate::config::GpuHost;
 use crate::lifecycle::{EndedSession, Registration};
@@ -175,6 +175,7 @@ pub(crate) fn run(
     })?;
     let remote_session = welcome.session;
     let token = welcome.token;
+    let welcome_resend = welcome.resend;
     welcome.session = id;
     welcome.vm_name = vm.to_string();
     welcome.window_len = 0;
@@ -200,15 +201,15 @@ pub(crate) fn run(
             ""
         }
     );
-    let mut moved_to: Option<String> = None;
-    let end = pump(guest, &mut link, &mut |eh, p| {
+    let moved_to: std::cell::RefCell<Option<String>> = std::cell::RefCell::new(None);
+    let mut on_error = |eh: FrameHeader, p: Vec<u8>| {
         // A move to another GPU host: kept under the token, and the guest reconnects
         // here.
         match ErrorPayload::decode(&p) {
             Ok(e) if e.code == error_code::MOVED => match e.message.strip_prefix(MOVED_TO) {
                 Some(next) => {
                     ctx.life.remember_move(token, next);
-                    moved_to = Some(next.to_string());
+                    *moved_to.borrow_mut() = Some(next.to_string());
                     let here = ErrorPayload {
                         code: error_code::MOVED,
                         message: String::new(),
@@ -223,25 +224,67 @@ pub(crate) fn run(
             },
             _ => unchanged(eh, p),
         }
-    });
-    let _ = guest.set_nonblocking(false);
-    let how = match (end, &moved_to) {
-        (_, Some(next)) => format!("moved to GPU host {next:?}"),
-        (End::Local, None) => "the guest closed".to_string(),
-        (End::Peer { at_frame, error }, None) => {
-            let why = match &error {
-                Some(e) => format!("the connection to GPU host {:?} failed: {e}", gpu.name),
-                None => format!("GPU host {:?} closed the session", gpu.name),
-            };
-            if error.is_some() {
-                warn!("VM {vm:?} session {id}: {why}");
+    };
+    let mut pump = if welcome_resend {
+        Pump::kept()
+    } else {
+        Pump::plain()
+    };
+    let mut reconnections = 0u32;
+    let how = loop {
+        let end = pump.run(guest, &mut link, &mut on_error);
+        if let Some(next) = moved_to.borrow().as_ref() {
+            break format!("moved to GPU host {next:?}");
+        }
+        match end {
+            End::Local => break "the guest closed".to_string(),
+            End::Peer { error: None, .. } => {
+                // The GPU host ended the session (its API server went, say) and said
+                // so to the guest itself.
+                break format!("GPU host {:?} closed the session", gpu.name);
             }
-            if at_frame {
-                send_error(guest_w, None, error_code::SERVER_GONE, &why);
+            End::Peer { error: Some(e), .. } => {
+                warn!(
+                    "VM {vm:?} session {id}: the connection to GPU host {:?} failed: {e}",
+                    gpu.name
+                );
+                let resumed = pump
+                    .kept_stream()
+                    .ok_or_else(|| "its stream was not kept".to_string())
+                    .and_then(|k| reconnect(ctx, gpu, &hello, token, k));
+                match resumed {
+                    Ok(l) => {
+                        link = l;
+                        reconnections += 1;
+                        ctx.life
+                            .reconnections
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        info!(
+                            "VM {vm:?} session {id}: connected to GPU host {:?} again; the stream goes on",
+                            gpu.name
+                        );
+                    }
+                    Err(why) => {
+                        let why = format!(
+                            "the connection to GPU host {:?} failed: {e} (not resumed: {why})",
+                            gpu.name
+                        );
+                        let _ = pump.flush(guest);
+                        if pump.at_frame() {
+                            send_error(guest_w, None, error_code::SERVER_GONE, &why);
+                        }
+                        break why;
+                    }
+                }
             }
-            why
         }
     };
+    let how = if reconnections > 0 {
+        format!("{how}, after {reconnections} reconnection(s)")
+    } else {
+        how
+    };
+    let _ = guest.set_nonblocking(false);
     let _ = guest.shutdown(std::net::Shutdown::Both);
     info!(
         "VM {vm:?} session {id}: ended on GPU host {:?} ({how})",
@@ -257,16 +300,70 @@ pub(crate) fn run(
     Ok(None)
 }
 
-/// Asks for what crosses hosts: no window, no rings, no resending (a resumption, by
-/// its token, goes along).
+/// Asks for what crosses hosts: no window, no rings, and a stream both ends keep
+/// (`resend`), this daemon keeping the guest's end of it; a resumption, by its token,
+/// goes along.
 fn relayed(hello: &mut Hello) {
     hello.window_len = 0;
     hello.vm_window = false;
     hello.window_offset = 0;
     hello.rings = false;
     hello.ring_offset = 0;
-    hello.resend = false;
+    hello.resend = true;
     hello.taken = 0;
+}
+
+/// Connects to `gpu` again after the session's connection failed, within the
+/// configured timeout, and goes on with its kept stream: the GPU host keeps the
+/// session for its VM host's return, says what it took, and each end sends again
+/// what the other did not take.
+fn reconnect(
+    ctx: &Context<'_>,
+    gpu: &GpuHost,
+    first_hello: &Hello,
+    token: Token,
+    kept: &super::pump::Kept,
+) -> Result<TlsLink, String> {
+    let deadline = std::time::Instant::now() + ctx.config.remote.timeout;
+    let mut hello = first_hello.clone();
+    hello.resume = Some(token);
+    hello.resend = true;
+    hello.taken = kept.taken;
+    loop {
+        let last = match resume_at(ctx, gpu, &hello, kept) {
+            Ok(link) => return Ok(link),
+            Err(e) => e,
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(last);
+        }
+        // The GPU host may not have seen the cut yet: it keeps the session only once
+        // it has.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// One attempt of [`reconnect`].
+fn resume_at(
+    ctx: &Context<'_>,
+    gpu: &GpuHost,
+    hello: &Hello,
+    kept: &super::pump::Kept,
+) -> Result<TlsLink, String> {
+    let mut link = super::client::connect(ctx.config, gpu).map_err(|e| e.to_string())?;
+    let payload = hello.encode();
+    let mut first = super::preamble(ctx.vm);
+    first.extend_from_slice(&FrameHeader::new(FrameKind::Hello, 0, 0, 0, payload.len()).encode());
+    first.extend_from_slice(&payload);
+    link.write_all(&first).map_err(|e| e.to_string())?;
+    let (h, body) = read_frame(&mut link).map_err(|e| e.to_string())?;
+    if h.kind != FrameKind::Welcome {
+        return Err(ErrorPayload::decode(&body).map_or_else(|_| "refused".into(), |e| e.message));
+    }
+    let w = Welcome::decode(&body).map_err(|e| e.to_string())?;
+    let again = kept.since(w.taken).map_err(|e| e.to_string())?;
+    link.write_all(&again).map_err(|e| e.to_string())?;
+    Ok(link)
 }
 
 /// Reads one frame whole.

@@ -280,10 +280,14 @@ fn serve_tenant(
         life,
     );
     match pump(&ours, &mut link, &mut super::pump::unchanged) {
-        End::Local | End::Peer { error: None, .. } => {}
-        End::Peer { error: Some(e), .. } => return Err(e),
+        End::Local | End::Peer { error: None, .. } => Ok(()),
+        End::Peer { error: Some(e), .. } => {
+            // A cut, not an end: the session waits for its VM host to come back with
+            // its token (a relayed stream both ends keep), as for a device reset.
+            queue.device_reset();
+            Err(e)
+        }
     }
-    Ok(())
 }
 
 /// Keeps a session another host handed over. Its tenant must be one of a configured

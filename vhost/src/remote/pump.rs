@@ -14,7 +14,10 @@ use std::net::TcpStream;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
+use std::collections::VecDeque;
+
 use hira_protocol::frame::HEADER_LEN;
+use hira_protocol::resend;
 use hira_protocol::{FrameHeader, FrameKind};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
@@ -100,6 +103,11 @@ struct PeerFrames {
     have: usize,
     body_left: u64,
     held: Option<(FrameHeader, Vec<u8>)>,
+    /// The stream is kept (`Kept`): the peer's acknowledgements are held too, and
+    /// taken out of it.
+    acks: bool,
+    /// The count the last acknowledgement carried.
+    acked: Option<u64>,
 }
 
 impl PeerFrames {
@@ -127,7 +135,10 @@ impl PeerFrames {
             }
             self.have = 0;
             match FrameHeader::decode(&self.header) {
-                Ok(h) if h.kind == FrameKind::Error && h.call_id == 0 && h.len <= HELD_MAX => {
+                Ok(h)
+                    if (h.kind == FrameKind::Error && h.call_id == 0 && h.len <= HELD_MAX)
+                        || (self.acks && resend::is_ack(&h)) =>
+                {
                     self.body_left = u64::from(h.len);
                     self.held = Some((h, Vec::with_capacity(h.len as usize)));
                     self.release(out, on_error);
@@ -145,12 +156,17 @@ impl PeerFrames {
         }
     }
 
-    /// Hands a held frame that is whole to `on_error`.
+    /// Hands a held frame that is whole to `on_error` (an acknowledgement is noted
+    /// and goes no further).
     fn release(&mut self, out: &mut Vec<u8>, on_error: OnSessionError<'_>) {
         if self.body_left == 0
             && let Some((h, p)) = self.held.take()
         {
-            out.extend_from_slice(&on_error(h, p));
+            if self.acks && resend::is_ack(&h) {
+                self.acked = resend::ack_count(&p).or(self.acked);
+            } else {
+                out.extend_from_slice(&on_error(h, p));
+            }
         }
     }
 
@@ -170,150 +186,351 @@ fn would_block(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
 }
 
-/// Pumps until either side ends; the peer's session-level error frames go through
-/// `on_error` ([`unchanged`] passes them on).
-pub fn pump(local: &UnixStream, link: &mut TlsLink, on_error: OnSessionError<'_>) -> End {
-    let TlsLink { conn, tcp } = link;
-    // What rustls holds is bounded here instead: the local side is read only once the
-    // records before went out, so at most one read's worth waits.
-    conn.set_buffer_limit(None);
-    if let Err(e) = local
-        .set_nonblocking(true)
-        .and_then(|()| tcp.set_nonblocking(true))
-    {
-        return End::Peer {
-            at_frame: true,
-            error: Some(e),
+/// Where the local side's stream of frames stands: acknowledgements go in only
+/// between its frames.
+#[derive(Debug, Default)]
+struct LocalFrames {
+    header: [u8; HEADER_LEN],
+    have: usize,
+    body_left: u64,
+}
+
+impl LocalFrames {
+    /// How many of `bytes` finish the frame under way (all of them if they do not).
+    fn step(&mut self, bytes: &[u8]) -> usize {
+        let mut used = 0;
+        loop {
+            if self.body_left > 0 {
+                let n = self.body_left.min((bytes.len() - used) as u64) as usize;
+                self.body_left -= n as u64;
+                return used + n;
+            }
+            if used == bytes.len() {
+                return used;
+            }
+            let n = (HEADER_LEN - self.have).min(bytes.len() - used);
+            self.header[self.have..self.have + n].copy_from_slice(&bytes[used..used + n]);
+            self.have += n;
+            used += n;
+            if self.have == HEADER_LEN {
+                self.have = 0;
+                self.body_left =
+                    FrameHeader::decode(&self.header).map_or(u64::MAX, |h| u64::from(h.len));
+                if self.body_left == 0 {
+                    return used;
+                }
+            }
+        }
+    }
+
+    fn at_frame(&self) -> bool {
+        self.have == 0 && self.body_left == 0
+    }
+}
+
+/// A stream both ends keep until acknowledged (`hira_protocol::resend`), so that a
+/// session outlives its TLS connection: what this end sent is kept until the peer
+/// acknowledges it, and what it took in is counted; on a new connection each sends
+/// again what the other has not taken.
+#[derive(Debug, Default)]
+pub struct Kept {
+    bytes: VecDeque<u8>,
+    /// Stream offset of the first byte kept.
+    base: u64,
+    sent: u64,
+    /// Bytes taken in from the peer.
+    pub taken: u64,
+    ack_sent: u64,
+    local: LocalFrames,
+}
+
+impl Kept {
+    fn keep(&mut self, b: &[u8]) {
+        self.bytes.extend(b);
+        self.sent += b.len() as u64;
+        let over = self.bytes.len().saturating_sub(resend::DAEMON_KEEPS);
+        if over > 0 {
+            // A cut now cannot be survived; the session goes on until one comes.
+            self.bytes.drain(..over);
+            self.base += over as u64;
+        }
+    }
+
+    fn acknowledged(&mut self, upto: u64) {
+        let drop = upto.clamp(self.base, self.sent) - self.base;
+        self.bytes.drain(..drop as usize);
+        self.base += drop;
+    }
+
+    /// What to send again on a new connection whose peer took `taken` bytes.
+    pub fn since(&self, taken: u64) -> Result<Vec<u8>, resend::ResumeError> {
+        if taken > self.sent {
+            return Err(resend::ResumeError::Ahead {
+                taken,
+                sent: self.sent,
+            });
+        }
+        if taken < self.base {
+            return Err(resend::ResumeError::Dropped {
+                taken,
+                kept_from: self.base,
+            });
+        }
+        Ok(self
+            .bytes
+            .iter()
+            .skip((taken - self.base) as usize)
+            .copied()
+            .collect())
+    }
+}
+
+/// One session's pump. It lives as long as the session, across its TLS connections:
+/// what was on its way when one failed goes on with the next.
+#[derive(Debug, Default)]
+pub struct Pump {
+    frames: PeerFrames,
+    to_local: Vec<u8>,
+    delivered: usize,
+    kept: Option<Kept>,
+}
+
+impl Pump {
+    /// A pump that passes bytes as they are.
+    pub fn plain() -> Pump {
+        Pump::default()
+    }
+
+    /// A pump whose stream is kept for sending again (the peer was asked `resend`).
+    pub fn kept() -> Pump {
+        Pump {
+            frames: PeerFrames {
+                acks: true,
+                ..PeerFrames::default()
+            },
+            kept: Some(Kept::default()),
+            ..Pump::default()
+        }
+    }
+
+    /// The kept stream, if any.
+    pub fn kept_stream(&self) -> Option<&Kept> {
+        self.kept.as_ref()
+    }
+
+    /// Whether the local side got whole frames only.
+    pub fn at_frame(&self) -> bool {
+        self.frames.at_frame()
+    }
+
+    /// Writes `b` from the local side to the peer, keeping it and putting an
+    /// acknowledgement in between frames when one is due.
+    fn send_peer(&mut self, conn: &mut rustls::Connection, mut b: &[u8]) -> std::io::Result<()> {
+        let Some(k) = &mut self.kept else {
+            return conn.writer().write_all(b);
         };
+        while !b.is_empty() {
+            let n = k.local.step(b);
+            conn.writer().write_all(&b[..n])?;
+            k.keep(&b[..n]);
+            b = &b[n..];
+            Self::ack_if_due(k, conn)?;
+        }
+        Ok(())
     }
-    let mut local_r = local;
-    let mut local_w = local;
-    let mut buf = vec![0u8; CHUNK];
-    let mut to_local: Vec<u8> = Vec::new();
-    let mut sent = 0;
-    let mut cursor = PeerFrames::default();
-    let mut local_eof = false;
-    let mut peer_eof = false;
-    // Plaintext the exchange before the pump left in rustls is taken first.
-    let mut take_plain = true;
-    let failed = |cursor: &PeerFrames, e: std::io::Error| End::Peer {
-        at_frame: cursor.at_frame(),
-        error: Some(e),
-    };
-    loop {
-        if take_plain {
-            take_plain = false;
-            loop {
-                match conn.reader().read(&mut buf) {
-                    Ok(0) => {
-                        peer_eof = true;
-                        break;
+
+    fn ack_if_due(k: &mut Kept, conn: &mut rustls::Connection) -> std::io::Result<()> {
+        if k.local.at_frame() && k.taken - k.ack_sent >= resend::ACK_EVERY {
+            let f = resend::ack_frame(k.taken);
+            conn.writer().write_all(&f)?;
+            k.keep(&f);
+            k.ack_sent = k.taken;
+        }
+        Ok(())
+    }
+
+    /// Takes `b` from the peer.
+    fn take_peer(&mut self, b: &[u8], on_error: OnSessionError<'_>) {
+        self.frames.take(b, &mut self.to_local, on_error);
+        if let Some(k) = &mut self.kept {
+            k.taken += b.len() as u64;
+            if let Some(n) = self.frames.acked.take() {
+                k.acknowledged(n);
+            }
+        }
+    }
+
+    /// Pumps until either side ends; the peer's session-level error frames go through
+    /// `on_error` ([`unchanged`] passes them on). A peer that closes without
+    /// `close_notify` failed.
+    pub fn run(
+        &mut self,
+        local: &UnixStream,
+        link: &mut TlsLink,
+        on_error: OnSessionError<'_>,
+    ) -> End {
+        let TlsLink { conn, tcp } = link;
+        // What rustls holds is bounded here instead: the local side is read only once
+        // the records before went out, so at most one read's worth waits.
+        conn.set_buffer_limit(None);
+        if let Err(e) = local
+            .set_nonblocking(true)
+            .and_then(|()| tcp.set_nonblocking(true))
+        {
+            return self.failed(e);
+        }
+        let mut local_r = local;
+        let mut local_w = local;
+        let mut buf = vec![0u8; CHUNK];
+        let mut local_eof = false;
+        let mut peer_eof = false;
+        // Plaintext the exchange before the pump left in rustls is taken first.
+        let mut take_plain = true;
+        loop {
+            if take_plain {
+                take_plain = false;
+                loop {
+                    match conn.reader().read(&mut buf) {
+                        Ok(0) => {
+                            peer_eof = true;
+                            break;
+                        }
+                        Ok(n) => self.take_peer(&buf[..n], on_error),
+                        Err(e) if would_block(&e) => break,
+                        Err(e) => return self.failed(e),
                     }
-                    Ok(n) => cursor.take(&buf[..n], &mut to_local, on_error),
+                }
+            }
+            if let Some(k) = &mut self.kept
+                && let Err(e) = Self::ack_if_due(k, conn)
+            {
+                return self.failed(e);
+            }
+            while conn.wants_write() {
+                match conn.write_tls(tcp) {
+                    Ok(_) => {}
                     Err(e) if would_block(&e) => break,
-                    // The peer's socket closed without close_notify.
-                    Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
-                        peer_eof = true;
-                        break;
-                    }
-                    Err(e) => return failed(&cursor, e),
+                    Err(e) => return self.failed(e),
                 }
             }
-        }
-        while conn.wants_write() {
-            match conn.write_tls(tcp) {
+            while self.delivered < self.to_local.len() {
+                match local_w.write(&self.to_local[self.delivered..]) {
+                    Ok(n) => self.delivered += n,
+                    Err(e) if would_block(&e) => break,
+                    Err(_) => return End::Local,
+                }
+            }
+            if self.delivered == self.to_local.len() {
+                self.to_local.clear();
+                self.delivered = 0;
+                if peer_eof {
+                    return End::Peer {
+                        at_frame: self.frames.at_frame(),
+                        error: None,
+                    };
+                }
+            }
+            if local_eof && !conn.wants_write() {
+                return End::Local;
+            }
+            let read_local = !local_eof && !conn.wants_write();
+            let read_peer = !peer_eof && self.to_local.is_empty();
+            let mut local_events = PollFlags::empty();
+            if read_local {
+                local_events |= PollFlags::POLLIN;
+            }
+            if !self.to_local.is_empty() {
+                local_events |= PollFlags::POLLOUT;
+            }
+            let mut tcp_events = PollFlags::empty();
+            if read_peer {
+                tcp_events |= PollFlags::POLLIN;
+            }
+            if conn.wants_write() {
+                tcp_events |= PollFlags::POLLOUT;
+            }
+            let mut fds = [
+                PollFd::new(local.as_fd(), local_events),
+                PollFd::new(tcp.as_fd(), tcp_events),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) => {}
-                Err(e) if would_block(&e) => break,
-                Err(e) => return failed(&cursor, e),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return self.failed(e.into()),
             }
-        }
-        while sent < to_local.len() {
-            match local_w.write(&to_local[sent..]) {
-                Ok(n) => sent += n,
-                Err(e) if would_block(&e) => break,
-                Err(_) => return End::Local,
+            let local_ready = fds[0].revents().unwrap_or(PollFlags::empty());
+            let tcp_ready = fds[1].revents().unwrap_or(PollFlags::empty());
+            let hangup = PollFlags::POLLHUP | PollFlags::POLLERR;
+            if local_ready.intersects(hangup) && !local_ready.contains(PollFlags::POLLIN) {
+                conn.send_close_notify();
+                local_eof = true;
+                continue;
             }
-        }
-        if sent == to_local.len() {
-            to_local.clear();
-            sent = 0;
-            if peer_eof {
-                return End::Peer {
-                    at_frame: cursor.at_frame(),
-                    error: None,
-                };
-            }
-        }
-        if local_eof && !conn.wants_write() {
-            return End::Local;
-        }
-        let read_local = !local_eof && !conn.wants_write();
-        let read_peer = !peer_eof && to_local.is_empty();
-        let mut local_events = PollFlags::empty();
-        if read_local {
-            local_events |= PollFlags::POLLIN;
-        }
-        if !to_local.is_empty() {
-            local_events |= PollFlags::POLLOUT;
-        }
-        let mut tcp_events = PollFlags::empty();
-        if read_peer {
-            tcp_events |= PollFlags::POLLIN;
-        }
-        if conn.wants_write() {
-            tcp_events |= PollFlags::POLLOUT;
-        }
-        let mut fds = [
-            PollFd::new(local.as_fd(), local_events),
-            PollFd::new(tcp.as_fd(), tcp_events),
-        ];
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return failed(&cursor, e.into()),
-        }
-        let local_ready = fds[0].revents().unwrap_or(PollFlags::empty());
-        let tcp_ready = fds[1].revents().unwrap_or(PollFlags::empty());
-        let hangup = PollFlags::POLLHUP | PollFlags::POLLERR;
-        if local_ready.intersects(hangup) && !local_ready.contains(PollFlags::POLLIN) {
-            conn.send_close_notify();
-            local_eof = true;
-            continue;
-        }
-        if read_local && local_ready.contains(PollFlags::POLLIN) {
-            match local_r.read(&mut buf) {
-                Ok(0) => {
-                    conn.send_close_notify();
-                    local_eof = true;
-                }
-                Ok(n) => {
-                    if let Err(e) = conn.writer().write_all(&buf[..n]) {
-                        return failed(&cursor, e);
+            if read_local && local_ready.contains(PollFlags::POLLIN) {
+                match local_r.read(&mut buf) {
+                    Ok(0) => {
+                        conn.send_close_notify();
+                        local_eof = true;
+                    }
+                    Ok(n) => {
+                        if let Err(e) = self.send_peer(conn, &buf[..n]) {
+                            return self.failed(e);
+                        }
+                    }
+                    Err(e) if would_block(&e) => {}
+                    Err(_) => {
+                        conn.send_close_notify();
+                        local_eof = true;
                     }
                 }
-                Err(e) if would_block(&e) => {}
-                Err(_) => {
-                    conn.send_close_notify();
-                    local_eof = true;
-                }
             }
-        }
-        if read_peer && (tcp_ready.contains(PollFlags::POLLIN) || tcp_ready.intersects(hangup)) {
-            match conn.read_tls(tcp) {
-                Ok(0) => peer_eof = true,
-                Ok(_) => {
-                    if let Err(e) = conn.process_new_packets() {
-                        // rustls queued an alert for the peer; it goes if it can.
-                        let _ = conn.write_tls(tcp);
-                        return failed(&cursor, std::io::Error::new(ErrorKind::InvalidData, e));
+            if read_peer && (tcp_ready.contains(PollFlags::POLLIN) || tcp_ready.intersects(hangup))
+            {
+                match conn.read_tls(tcp) {
+                    // The socket closed under TLS, with no close_notify: a failure.
+                    Ok(0) => {
+                        return self.failed(std::io::Error::new(
+                            ErrorKind::UnexpectedEof,
+                            "the connection closed without close_notify",
+                        ));
                     }
-                    take_plain = true;
+                    Ok(_) => {
+                        if let Err(e) = conn.process_new_packets() {
+                            // rustls queued an alert for the peer; it goes if it can.
+                            let _ = conn.write_tls(tcp);
+                            return self.failed(std::io::Error::new(ErrorKind::InvalidData, e));
+                        }
+                        take_plain = true;
+                    }
+                    Err(e) if would_block(&e) => {}
+                    Err(e) => return self.failed(e),
                 }
-                Err(e) if would_block(&e) => {}
-                Err(e) => return failed(&cursor, e),
             }
         }
     }
+
+    fn failed(&self, e: std::io::Error) -> End {
+        End::Peer {
+            at_frame: self.frames.at_frame(),
+            error: Some(e),
+        }
+    }
+
+    /// Delivers what the peer sent and the local side has not taken yet, blocking:
+    /// after a last failure, before the local side is told.
+    pub fn flush(&mut self, local: &UnixStream) -> std::io::Result<()> {
+        local.set_nonblocking(false)?;
+        let mut w = local;
+        w.write_all(&self.to_local[self.delivered..])?;
+        self.to_local.clear();
+        self.delivered = 0;
+        Ok(())
+    }
+}
+
+/// Pumps until either side ends, the stream passed as it is.
+pub fn pump(local: &UnixStream, link: &mut TlsLink, on_error: OnSessionError<'_>) -> End {
+    Pump::plain().run(local, link, on_error)
 }
 
 #[cfg(test)]

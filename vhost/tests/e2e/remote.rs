@@ -849,3 +849,62 @@ fn placed_sessions_move_between_gpu_hosts_and_a_drained_host_takes_no_new_ones()
     assert_eq!(vecadd_run["data_plane"], "remote gpu-b", "{vecadd_run}");
     b.wait_idle(Duration::from_secs(30));
 }
+
+#[test]
+fn a_connection_cut_under_calls_in_flight_is_resumed_and_every_call_runs_once() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new();
+    let pki = Pki::new("one");
+    // Through a relay (500 µs each way) whose connections the test cuts, as a
+    // middlebox that drops its state would: both hosts see their socket close.
+    let (relay, carried) = net.relay(Duration::from_micros(500)).unwrap();
+    let b = gpu_host(&net, &pki, "timeout_ms = 10000\n");
+    let a = daemon_in(
+        &net.a,
+        &format!(
+            "[[local]]\nvm = \"vm1\"\npath = \"@DIR@/vm1.sock\"\ngpu_host = \"gpu-b\"\n\n{}\
+             timeout_ms = 10000\n\n[[gpu_host]]\nname = \"gpu-b\"\naddress = \"{relay}\"\n",
+            tls_section(&pki, "host-a", None)
+        ),
+        &[],
+    );
+    let script = ["step", "loop 300", "check", "loop 300", "end"];
+    let expected = crate::migration::native(&script);
+    let vendors = Vendors::hira();
+    let mut p = crate::support::LineProgram::start(a.guest(&vendors, "vm1", &c_program("migrate")));
+    let mut got = vec![p.ask(script[0])];
+    // Cut while the 300 steps stream: what was in flight either way is sent again.
+    p.send(script[1]);
+    carried.cut();
+    got.push(p.line());
+    got.push(p.ask(script[2]));
+    p.send(script[3]);
+    carried.cut();
+    got.push(p.line());
+    got.push(p.ask(script[4]));
+    assert_eq!(
+        got,
+        expected,
+        "VM host:\n{}\nGPU host:\n{}",
+        a.log_text(),
+        b.log_text()
+    );
+    drop(p);
+    let ended = a.wait_idle(Duration::from_secs(30));
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    let how = ended[0]["api_server_end"].as_str().unwrap();
+    assert!(how.contains("reconnection(s)"), "{how}");
+    // One session on the GPU host throughout, one API server (the connections that
+    // came back joined it).
+    let ended_b = b.wait_idle(Duration::from_secs(30));
+    let served: Vec<_> = ended_b
+        .iter()
+        .filter(|e| !e["api_server_pid"].is_null())
+        .collect();
+    assert_eq!(served.len(), 1, "{ended_b:?}");
+    assert_eq!(served[0]["process"], "migrate", "{ended_b:?}");
+    assert!(b.status()["reconnections"].as_u64().unwrap() >= 1);
+}
