@@ -579,4 +579,58 @@ mod tests {
             "after bytes that are no frame, never at a boundary"
         );
     }
+
+    #[test]
+    fn a_kept_stream_sends_again_what_the_peer_did_not_take_and_acks_go_between_frames() {
+        let mut k = Kept::default();
+        let frame = |n: usize| {
+            let mut f = FrameHeader::new(FrameKind::Request, 1, 0, 1, n).encode().to_vec();
+            f.extend(std::iter::repeat_n(7u8, n));
+            f
+        };
+        let (a, b) = (frame(5), frame(300));
+        let mut stream = a.clone();
+        stream.extend_from_slice(&b);
+        // Frame boundaries in pieces of any size.
+        let mut pos = 0;
+        let mut boundaries = vec![];
+        while pos < stream.len() {
+            let piece = &stream[pos..(pos + 7).min(stream.len())];
+            let mut off = 0;
+            while off < piece.len() {
+                let n = k.local.step(&piece[off..]);
+                off += n;
+                if k.local.at_frame() {
+                    boundaries.push(pos + off);
+                }
+            }
+            k.keep(piece);
+            pos += piece.len();
+        }
+        assert_eq!(boundaries, vec![a.len(), stream.len()]);
+        assert_eq!(k.since(a.len() as u64).unwrap(), b);
+        k.acknowledged(a.len() as u64);
+        assert_eq!(k.since(a.len() as u64 + 10).unwrap(), b[10..].to_vec());
+        assert!(matches!(k.since(0), Err(resend::ResumeError::Dropped { .. })));
+        assert!(matches!(
+            k.since(stream.len() as u64 + 1),
+            Err(resend::ResumeError::Ahead { .. })
+        ));
+        assert!(k.since(stream.len() as u64).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_peers_acknowledgements_are_taken_out_of_a_kept_stream() {
+        let mut p = Pump::kept();
+        p.kept.as_mut().unwrap().keep(&[1; 100]);
+        let mut stream = resend::ack_frame(60).to_vec();
+        let reply = FrameHeader::new(FrameKind::Reply, 1, 0, 1, 2).encode();
+        stream.extend_from_slice(&reply);
+        stream.extend_from_slice(b"ok");
+        p.take_peer(&stream, &mut unchanged);
+        assert_eq!(p.to_local, [&reply[..], b"ok"].concat(), "the ack goes no further");
+        let k = p.kept_stream().unwrap();
+        assert_eq!(k.taken, stream.len() as u64, "every byte taken is counted");
+        assert_eq!(k.base, 60, "what the peer acknowledged is dropped");
+    }
 }
