@@ -143,6 +143,21 @@ fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
     })?;
     let mut address_bits = None;
     let mut kinds = Vec::with_capacity(n as usize);
+    if let Some(all) = all_arg_info(kernel, n) {
+        for (address, qualifier, name) in all {
+            if address_bits.is_none() && (name.contains("size_t") || name.contains("ptr")) {
+                address_bits = Some(kernel_address_bits(kernel).unwrap_or(64));
+            }
+            kinds.push(ArgKind::classify(
+                address,
+                &name,
+                qualifier,
+                address_bits.unwrap_or(64),
+            ));
+        }
+        return Ok(Some(kinds));
+    }
+    // A host that cannot answer them all at once is asked one query at a time.
     for i in 0..n {
         // SAFETY: as above.
         let address: Result<u32, _> = info(|size, value, ret| unsafe {
@@ -194,6 +209,32 @@ fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
         ));
     }
     Ok(Some(kinds))
+}
+
+/// Every argument's address qualifier, type qualifier and type name at once
+/// (`hiraKernelArgInfo`), or `None` where the host cannot answer so.
+fn all_arg_info(kernel: cl_kernel, n: cl_uint) -> Option<Vec<(u32, u64, String)>> {
+    // Room for type names of up to about 48 bytes each (all the bytes come back); a
+    // kernel whose names need more is asked one query at a time.
+    let mut blob = vec![0u8; 4 + 64 * n as usize];
+    // SAFETY: `blob` is valid for its length of writes.
+    let st =
+        unsafe { generated::hiraKernelArgInfo(kernel, n, blob.len(), blob.as_mut_ptr().cast()) };
+    if st != 0 {
+        return None;
+    }
+    let total = u32::from_le_bytes(blob.get(..4)?.try_into().ok()?) as usize;
+    let mut r = blob.get(4..total)?;
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let address = u32::from_le_bytes(r.get(..4)?.try_into().ok()?);
+        let qualifier = u64::from_le_bytes(r.get(4..12)?.try_into().ok()?);
+        let len = u32::from_le_bytes(r.get(12..16)?.try_into().ok()?) as usize;
+        let name = String::from_utf8_lossy(r.get(16..16 + len)?).into_owned();
+        r = &r[16 + len..];
+        out.push((address, qualifier, name));
+    }
+    r.is_empty().then_some(out)
 }
 
 fn kernel_address_bits(kernel: cl_kernel) -> Result<u32, cl_int> {

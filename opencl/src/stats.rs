@@ -124,6 +124,22 @@ fn report() -> String {
     }
     let round_trips =
         hira_guest_driver::conn::ROUND_TRIPS.load(std::sync::atomic::Ordering::Relaxed);
+    // Which calls waited for the host, the shim's own included (a query it makes
+    // to answer another): what a GPU host across a network makes visible.
+    let by_op = hira_guest_driver::conn::round_trips_by_opcode();
+    if !by_op.is_empty() {
+        let names: Vec<String> = by_op
+            .iter()
+            .map(|(op, n)| {
+                let name = hira_apis_opencl::op_info(*op).map_or("?", |o| o.name);
+                format!("{name}={n}")
+            })
+            .collect();
+        s.push_str(&format!(
+            "hira-stats: round trips by call: {}\n",
+            names.join(" ")
+        ));
+    }
     s.push_str(&format!(
         "hira-stats: total calls={calls} bytes_sent={sent} bytes_received={received} round_trips={round_trips}\n"
     ));

@@ -378,6 +378,101 @@ pub unsafe fn hiraStage(
     Some(unsafe { s.staging().stage(token, total, offset, data.cast(), len) })
 }
 
+/// Every argument's address qualifier, type qualifier and type name, for the shim (see
+/// `hiraKernelArgInfo` in `protocol/api/opencl.api`), from the argument information
+/// the API server always builds with.
+///
+/// # Safety
+/// `info` must be valid for `len` writes.
+pub unsafe fn hiraKernelArgInfo(
+    s: &mut Session<'_>,
+    kernel: cl_kernel,
+    count: cl_uint,
+    len: usize,
+    info: *mut c_void,
+) -> Option<cl_int> {
+    if info.is_null() {
+        return Some(CL_INVALID_VALUE);
+    }
+    let rt = s.rt();
+    let mut n: cl_uint = 0;
+    let st = rt.clGetKernelInfo(
+        kernel,
+        opencl_sys::CL_KERNEL_NUM_ARGS,
+        size_of::<cl_uint>(),
+        (&raw mut n).cast(),
+        std::ptr::null_mut(),
+    );
+    if st != Some(0) {
+        return st;
+    }
+    if n != count {
+        return Some(CL_INVALID_VALUE);
+    }
+    let mut blob = vec![0u8; 4];
+    for i in 0..n {
+        let mut address = [0u8; 4];
+        let mut qualifier = [0u8; 8];
+        let mut name_len = 0usize;
+        let (null, no_size) = (
+            std::ptr::null_mut::<c_void>(),
+            std::ptr::null_mut::<usize>(),
+        );
+        for (param, out) in [
+            (CL_KERNEL_ARG_ADDRESS_QUALIFIER, &mut address[..]),
+            (opencl_sys::CL_KERNEL_ARG_TYPE_QUALIFIER, &mut qualifier[..]),
+        ] {
+            let st = rt.clGetKernelArgInfo(
+                kernel,
+                i,
+                param,
+                out.len(),
+                out.as_mut_ptr().cast(),
+                no_size,
+            );
+            if st != Some(0) {
+                return st;
+            }
+        }
+        let st = rt.clGetKernelArgInfo(
+            kernel,
+            i,
+            opencl_sys::CL_KERNEL_ARG_TYPE_NAME,
+            0,
+            null,
+            &mut name_len,
+        );
+        if st != Some(0) {
+            return st;
+        }
+        let mut name = vec![0u8; name_len];
+        let st = rt.clGetKernelArgInfo(
+            kernel,
+            i,
+            opencl_sys::CL_KERNEL_ARG_TYPE_NAME,
+            name.len(),
+            name.as_mut_ptr().cast(),
+            no_size,
+        );
+        if st != Some(0) {
+            return st;
+        }
+        let name = std::ffi::CStr::from_bytes_until_nul(&name).map_or(&[][..], |c| c.to_bytes());
+        blob.extend_from_slice(&address);
+        blob.extend_from_slice(&qualifier);
+        blob.extend_from_slice(&u32::try_from(name.len()).unwrap_or(u32::MAX).to_le_bytes());
+        blob.extend_from_slice(name);
+    }
+    if blob.len() > len {
+        return Some(opencl_sys::CL_OUT_OF_RESOURCES);
+    }
+    let total = u32::try_from(blob.len()).unwrap_or(u32::MAX);
+    blob[..4].copy_from_slice(&total.to_le_bytes());
+    // SAFETY: valid for `len` writes per the contract, and `blob` is no longer.
+    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), info.cast::<u8>(), blob.len()) };
+    Some(0)
+}
+
 /// Copies a chunk of a staged output.
 ///
 /// # Safety

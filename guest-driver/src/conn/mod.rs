@@ -460,6 +460,13 @@ impl Connection {
             return Ok(None);
         }
         ROUND_TRIPS.fetch_add(1, Ordering::Relaxed);
+        if crate::settings::settings().stats.is_some() {
+            *ROUND_TRIPS_BY_OP
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(opcode)
+                .or_default() += 1;
+        }
         // Spin only for calls that recently came back within the spin budget: a call
         // that waits on the device (clFinish, a blocking read) would only burn the CPU
         // the device work needs.
@@ -551,6 +558,22 @@ impl Connection {
 /// Calls this process sent and then waited for the host's reply to: its round trips
 /// to the host (asynchronously forwarded calls are not among them).
 pub static ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
+
+/// With `HIRA_STATS`: the round trips of each opcode.
+static ROUND_TRIPS_BY_OP: std::sync::LazyLock<Mutex<HashMap<u16, u64>>> =
+    std::sync::LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// With `HIRA_STATS`: the round trips of each opcode so far, busiest first.
+pub fn round_trips_by_opcode() -> Vec<(u16, u64)> {
+    let mut v: Vec<(u16, u64)> = ROUND_TRIPS_BY_OP
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(o, n)| (*o, *n))
+        .collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
 
 static OUTPUT_SINK: std::sync::OnceLock<fn(i32, &[u8])> = std::sync::OnceLock::new();
 

@@ -584,7 +584,9 @@ mod tests {
     fn a_kept_stream_sends_again_what_the_peer_did_not_take_and_acks_go_between_frames() {
         let mut k = Kept::default();
         let frame = |n: usize| {
-            let mut f = FrameHeader::new(FrameKind::Request, 1, 0, 1, n).encode().to_vec();
+            let mut f = FrameHeader::new(FrameKind::Request, 1, 0, 1, n)
+                .encode()
+                .to_vec();
             f.extend(std::iter::repeat_n(7u8, n));
             f
         };
@@ -611,7 +613,10 @@ mod tests {
         assert_eq!(k.since(a.len() as u64).unwrap(), b);
         k.acknowledged(a.len() as u64);
         assert_eq!(k.since(a.len() as u64 + 10).unwrap(), b[10..].to_vec());
-        assert!(matches!(k.since(0), Err(resend::ResumeError::Dropped { .. })));
+        assert!(matches!(
+            k.since(0),
+            Err(resend::ResumeError::Dropped { .. })
+        ));
         assert!(matches!(
             k.since(stream.len() as u64 + 1),
             Err(resend::ResumeError::Ahead { .. })
@@ -628,7 +633,11 @@ mod tests {
         stream.extend_from_slice(&reply);
         stream.extend_from_slice(b"ok");
         p.take_peer(&stream, &mut unchanged);
-        assert_eq!(p.to_local, [&reply[..], b"ok"].concat(), "the ack goes no further");
+        assert_eq!(
+            p.to_local,
+            [&reply[..], b"ok"].concat(),
+            "the ack goes no further"
+        );
         let k = p.kept_stream().unwrap();
         assert_eq!(k.taken, stream.len() as u64, "every byte taken is counted");
         assert_eq!(k.base, 60, "what the peer acknowledged is dropped");

@@ -234,3 +234,32 @@ fn pocls_content_size_extension_is_forwarded_as_natively() {
 fn command_buffers_record_finalize_run_and_answer_as_natively() {
     same_as_native("command_buffer", &[]);
 }
+
+#[test]
+fn kernel_argument_kinds_are_learnt_in_one_round_trip_and_long_type_names_still_work() {
+    same_as_native("arg_types", &[]);
+    // Which calls waited for the host: each kernel's argument information in one
+    // round trip, and only the kernel whose type names do not fit the first answer
+    // asked one query at a time (four per argument, two arguments).
+    let daemon = Daemon::start(&["vm1"]);
+    let vendors = Vendors::hira();
+    let o = run_with_timeout(
+        daemon
+            .guest(&vendors, "vm1", &c_program("arg_types"))
+            .env("HIRA_STATS", "1"),
+        Duration::from_secs(300),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    let by_call = err
+        .lines()
+        .find(|l| l.starts_with("hira-stats: round trips by call:"))
+        .unwrap_or_else(|| panic!("no round trips by call: {err}"));
+    let count = |name: &str| -> u64 {
+        by_call
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}="))?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(count("hiraKernelArgInfo"), 2, "{by_call}");
+    assert_eq!(count("clGetKernelArgInfo"), 8, "{by_call}");
+}
