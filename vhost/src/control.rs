@@ -553,18 +553,9 @@ fn drain(
         }
         let gpu = match target {
             Some(g) => Ok(g),
-            None => config
-                .remote
-                .gpu_hosts
-                .iter()
-                .filter_map(|g| {
-                    crate::remote::client::capacity(config, g)
-                        .ok()
-                        .filter(|c| !c.draining)
-                        .map(|c| (c.key(), g))
-                })
-                .min_by_key(|(k, _)| *k)
-                .map(|(_, g)| g)
+            None => crate::remote::client::ranked(config)
+                .first()
+                .copied()
                 .ok_or(Refused::NoGpuHost),
         };
         match gpu.and_then(|g| migrate_to_gpu_host(life, s.id, config, g).map(|_| g)) {

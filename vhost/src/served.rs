@@ -356,18 +356,12 @@ impl Served {
             let _ = queue.cgroup.set(cg);
         }
         queue
-            .set_mem_quota(s.mem_quota)
+            .apply(s)
             .map_err(io(format!("cannot make VM {:?}'s page", vm.name)))?;
         if let Some(cap) = s.host_mem {
             queue
                 .set_host_mem(Some(cap))
                 .map_err(io(format!("cannot cap VM {:?}'s host memory", vm.name)))?;
-        }
-        if let Some(n) = s.max_sessions {
-            queue.set_max_sessions(n);
-        }
-        if let Some(share) = s.share {
-            queue.set_share(share);
         }
         if let Some(gpu) = &vm.gpu_host {
             queue.place(gpu);

@@ -103,6 +103,19 @@ impl Drop for SessionSlot {
 }
 
 impl Vm {
+    /// Applies the device-memory quota of `s` (none: no quota), and its cap on
+    /// sessions and share where it sets them.
+    pub fn apply(&self, s: &hira_control::settings::VmSettings) -> std::io::Result<()> {
+        self.set_mem_quota(s.mem_quota)?;
+        if let Some(n) = s.max_sessions {
+            self.set_max_sessions(n);
+        }
+        if let Some(share) = s.share {
+            self.set_share(share);
+        }
+        Ok(())
+    }
+
     /// Places the VM's sessions on GPU host `gpu` (once; a VM's placement is fixed
     /// while it is served).
     pub fn place(&self, gpu: &str) {

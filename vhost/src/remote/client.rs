@@ -56,6 +56,30 @@ pub fn capacity(config: &Config, gpu: &GpuHost) -> std::io::Result<Capacity> {
     serde_json::from_str(&line).map_err(std::io::Error::other)
 }
 
+/// The configuration's GPU hosts that take sessions now, those that can take the most
+/// first (least shares busy, then least memory held); drained and unreachable ones
+/// left out.
+pub fn ranked(config: &Config) -> Vec<&GpuHost> {
+    let mut scored: Vec<((u64, u64), &GpuHost)> = config
+        .remote
+        .gpu_hosts
+        .iter()
+        .filter_map(|g| match capacity(config, g) {
+            Ok(c) if !c.draining => Some((c.key(), g)),
+            Ok(_) => {
+                log::info!("GPU host {:?} is being drained; not placing there", g.name);
+                None
+            }
+            Err(e) => {
+                log::warn!("GPU host {:?} did not say what it can take: {e}", g.name);
+                None
+            }
+        })
+        .collect();
+    scored.sort_by_key(|(k, _)| *k);
+    scored.into_iter().map(|(_, g)| g).collect()
+}
+
 /// Hands suspended session `c` (of tenant `c.vm`) to `gpu`, which keeps it for its
 /// guest; returns what the guest's VM host is told (`MOVED_TO` and the GPU host).
 pub fn park_at(config: &Config, gpu: &GpuHost, c: &Captured) -> Result<String, PlaceError> {

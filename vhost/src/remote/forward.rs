@@ -51,23 +51,7 @@ fn candidates<'a>(
     if placement != AUTO {
         return (remote.known(placement).into_iter().collect(), false);
     }
-    let mut scored: Vec<((u64, u64), &GpuHost)> = remote
-        .gpu_hosts
-        .iter()
-        .filter_map(|g| match super::client::capacity(ctx.config, g) {
-            Ok(c) if !c.draining => Some((c.key(), g)),
-            Ok(_) => {
-                info!("GPU host {:?} is being drained; not placing there", g.name);
-                None
-            }
-            Err(e) => {
-                warn!("GPU host {:?} did not say what it can take: {e}", g.name);
-                None
-            }
-        })
-        .collect();
-    scored.sort_by_key(|(k, _)| *k);
-    (scored.into_iter().map(|(_, g)| g).collect(), true)
+    (super::client::ranked(ctx.config), true)
 }
 
 /// Serves one session of a VM placed as `placement` (a GPU host's name or `auto`) to

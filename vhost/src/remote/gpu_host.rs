@@ -243,15 +243,7 @@ fn tenant_queue(
         .find(|p| p.name == peer)
         .map(|p| p.settings)
         .unwrap_or_default();
-    if let Some(share) = settings.share {
-        q.set_share(share);
-    }
-    if let Some(n) = settings.max_sessions {
-        q.set_max_sessions(n);
-    }
-    if settings.mem_quota.is_some() {
-        q.set_mem_quota(settings.mem_quota)?;
-    }
+    q.apply(&settings)?;
     info!("remote tenant {tenant:?}: VM {vm:?} of peer {peer:?}");
     Ok((tenant, q))
 }

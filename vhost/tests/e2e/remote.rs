@@ -13,63 +13,35 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hira_benches::hosts::{GPU_ADDR, GPU_C_ADDR};
+use hira_benches::hosts::{GPU_ADDR, GPU_C_ADDR, Net, Pki};
 
 use hira_protocol::handshake::Hello;
 use hira_protocol::{FrameHeader, FrameKind};
 
 use crate::support::*;
 
-fn root() -> bool {
-    hira_benches::hosts::can_make_hosts()
-}
-
 fn ip(args: &[&str]) {
     hira_benches::hosts::ip(args).unwrap();
 }
 
-struct Net(hira_benches::hosts::Net);
-
-impl std::ops::Deref for Net {
-    type Target = hira_benches::hosts::Net;
-    fn deref(&self) -> &Self::Target {
-        &self.0
+/// The hosts of a test: a VM host and one GPU host (two with `second_gpu_host`), and
+/// their CA; `None`, with the reason said, where this process cannot make them.
+fn hosts_here(second_gpu_host: bool) -> Option<(Net, Pki)> {
+    if !hira_benches::hosts::can_make_hosts() {
+        eprintln!("skipped: network namespaces need root");
+        return None;
     }
-}
-
-impl Net {
-    fn new() -> Net {
-        Net(hira_benches::hosts::Net::new().unwrap())
-    }
-
-    fn with_second_gpu_host() -> Net {
-        Net(hira_benches::hosts::Net::with_second_gpu_host().unwrap())
-    }
-
-    fn within<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-        hira_benches::hosts::Net::within(ns, f)
-    }
-}
-
-struct Pki(hira_benches::hosts::Pki);
-
-impl Pki {
-    fn new(label: &str) -> Pki {
-        Pki(hira_benches::hosts::Pki::new(label).unwrap())
-    }
-
-    fn ca(&self) -> PathBuf {
-        self.0.ca()
-    }
-
-    fn issue(&self, name: &str, expired: bool) -> (PathBuf, PathBuf) {
-        self.0.issue(name, expired).unwrap()
-    }
+    let net = if second_gpu_host {
+        Net::with_second_gpu_host()
+    } else {
+        Net::new()
+    };
+    Some((net.unwrap(), Pki::new("one").unwrap()))
 }
 
 /// `[tls]` for `name` with certificates from `pki`.
 fn tls_section(pki: &Pki, name: &str, listen: Option<&str>) -> String {
-    pki.0.tls_section(name, listen).unwrap()
+    pki.tls_section(name, listen).unwrap()
 }
 
 /// A daemon in network namespace `ns` with config file text `config`.
@@ -106,20 +78,27 @@ fn daemon_in(ns: &str, config: &str, env: &[(&str, &str)]) -> Daemon {
     d
 }
 
-/// A GPU host (in `net.b`) serving peer `host-a`, its `[tls]` ending with `tls_extra`.
-fn gpu_host(net: &Net, pki: &Pki, tls_extra: &str) -> Daemon {
+/// A GPU host named `name` in namespace `ns` listening on `addr`, serving peer
+/// `host-a` (share 3); its `[tls]` ends with `tls_extra`, and `more` follows it.
+fn gpu_daemon(ns: &str, pki: &Pki, name: &str, addr: &str, tls_extra: &str, more: &str) -> Daemon {
     let driver = crate::cuda::kit()
         .driver_dir()
         .map(|d| d.display().to_string())
         .unwrap_or_default();
     daemon_in(
-        &net.b,
+        ns,
         &format!(
-            "[[local]]\nvm = \"b-local\"\npath = \"@DIR@/b.sock\"\n\n{}{tls_extra}\n[[peer]]\nname = \"host-a\"\nshare = 3\n",
-            tls_section(pki, "gpu-b", Some(GPU_ADDR))
+            "[[local]]\nvm = \"{name}-local\"\npath = \"@DIR@/local.sock\"\n\n{}{tls_extra}\n\
+             [[peer]]\nname = \"host-a\"\nshare = 3\n\n{more}",
+            tls_section(pki, name, Some(addr))
         ),
         &[("LD_LIBRARY_PATH", &driver)],
     )
+}
+
+/// GPU host `gpu-b` (in `net.b`), its `[tls]` ending with `tls_extra`.
+fn gpu_host(net: &Net, pki: &Pki, tls_extra: &str) -> Daemon {
+    gpu_daemon(&net.b, pki, "gpu-b", GPU_ADDR, tls_extra, "")
 }
 
 /// A GPU host (in `net.b`) serving peer `host-a`, and a VM host (in `net.a`) whose VM
@@ -172,12 +151,9 @@ fn same_as_native(a: &Daemon, b: &Daemon, program: &str, args: &[&str]) {
 
 #[test]
 fn programs_placed_on_a_gpu_host_over_mutual_tls_print_what_they_print_natively() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(false) else {
         return;
-    }
-    let net = Net::new();
-    let pki = Pki::new("one");
+    };
     let (a, b) = hosts(&net, &pki);
     // OpenCL: bulk data both ways (larger than any window), maps, events, threads.
     for (p, args) in [
@@ -326,12 +302,9 @@ fn exchange(config: Arc<rustls::ClientConfig>, then: &[u8]) -> std::io::Result<V
 
 #[test]
 fn hosts_that_cannot_prove_their_names_and_peers_that_are_not_hira_are_refused() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(false) else {
         return;
-    }
-    let net = Net::new();
-    let pki = Pki::new("one");
+    };
     let (a, b) = hosts(&net, &pki);
     let vendors = Vendors::hira();
     let vecadd = c_program("vecadd");
@@ -351,7 +324,7 @@ fn hosts_that_cannot_prove_their_names_and_peers_that_are_not_hira_are_refused()
         "{}",
         a.log_text()
     );
-    let good = pki.issue("host-a", false);
+    let good = pki.issue("host-a", false).unwrap();
     let preamble = |vm: &str| {
         let mut p = b"HIRA-VMH".to_vec();
         p.extend_from_slice(&1u16.to_le_bytes());
@@ -377,19 +350,19 @@ fn hosts_that_cannot_prove_their_names_and_peers_that_are_not_hira_are_refused()
     // The VM host's alert (the GPU host's certificate is not gpu-c's) ended that
     // connection on the GPU host too.
     refused(&b, 1, "a VM host that found the wrong name");
-    let other_ca = Pki::new("two");
+    let other_ca = Pki::new("two").unwrap();
     let cases: Vec<(&str, Arc<rustls::ClientConfig>)> = vec![
         (
             "a certificate from another CA",
-            client(&pki.ca(), &other_ca.issue("host-a", false)),
+            client(&pki.ca(), &other_ca.issue("host-a", false).unwrap()),
         ),
         (
             "a certificate that names no peer",
-            client(&pki.ca(), &pki.issue("host-x", false)),
+            client(&pki.ca(), &pki.issue("host-x", false).unwrap()),
         ),
         (
             "an expired certificate",
-            client(&pki.ca(), &pki.issue("host-a", true)),
+            client(&pki.ca(), &pki.issue("host-a", true).unwrap()),
         ),
     ];
     for (what, config) in cases {
@@ -520,12 +493,9 @@ fn recovers(mut guest: std::process::Child, mut out: impl Read, logs: &str) {
 
 #[test]
 fn a_gpu_host_that_dies_or_drops_off_the_network_costs_its_guests_the_device_not_a_hang() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(false) else {
         return;
-    }
-    let net = Net::new();
-    let pki = Pki::new("one");
+    };
     let (a, mut b) = hosts_with(&net, &pki, "timeout_ms = 2000\n");
     let vendors = Vendors::hira();
     // Killed: its sockets close with it, and the guest learns at its next call.
@@ -572,12 +542,9 @@ fn a_gpu_host_that_dies_or_drops_off_the_network_costs_its_guests_the_device_not
 
 #[test]
 fn a_link_that_drops_for_less_than_the_timeout_costs_nothing() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(false) else {
         return;
-    }
-    let net = Net::new();
-    let pki = Pki::new("one");
+    };
     let (a, b) = hosts_with(&net, &pki, "timeout_ms = 30000\n");
     let vendors = Vendors::hira();
     let (mut guest, mut out) = device_loss(&a, &vendors);
@@ -612,12 +579,9 @@ fn a_link_that_drops_for_less_than_the_timeout_costs_nothing() {
 
 #[test]
 fn a_qemu_guests_programs_placed_on_the_gpu_host_print_what_they_print_natively() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(false) else {
         return;
-    }
-    let net = Net::new();
-    let pki = Pki::new("one");
+    };
     let b = gpu_host(&net, &pki, "");
     let shm = shm_dir();
     let window = shm
@@ -704,12 +668,9 @@ fn a_qemu_guests_programs_placed_on_the_gpu_host_print_what_they_print_natively(
 
 #[test]
 fn programs_placed_across_a_slow_lossy_network_print_what_they_print_natively() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(false) else {
         return;
-    }
-    let net = Net::new();
-    let pki = Pki::new("one");
+    };
     // 500 µs each way, and one packet in a hundred lost on its way to the GPU host.
     net.lose(0.01).unwrap();
     let relay = net.delayed(Duration::from_micros(500)).unwrap();
@@ -735,8 +696,8 @@ fn programs_placed_across_a_slow_lossy_network_print_what_they_print_natively() 
     assert!(ended.iter().all(|e| e["vm"] == "host-a:vm1"), "{ended:?}");
 }
 
-/// A GPU host named `name` in namespace `ns` listening on `addr`, serving `host-a`
-/// and taking sessions handed over by `other`, which it knows at `other_addr`.
+/// A GPU host of a pool: it also takes sessions handed over by `other`, which it
+/// knows at `other_addr`.
 fn pool_member(
     ns: &str,
     pki: &Pki,
@@ -745,30 +706,23 @@ fn pool_member(
     other: &str,
     other_addr: &str,
 ) -> Daemon {
-    let driver = crate::cuda::kit()
-        .driver_dir()
-        .map(|d| d.display().to_string())
-        .unwrap_or_default();
-    daemon_in(
+    gpu_daemon(
         ns,
+        pki,
+        name,
+        addr,
+        "",
         &format!(
-            "[[local]]\nvm = \"{name}-local\"\npath = \"@DIR@/local.sock\"\n\n{}\n\
-             [[peer]]\nname = \"host-a\"\n\n[[peer]]\nname = \"{other}\"\n\n\
-             [[gpu_host]]\nname = \"{other}\"\naddress = \"{other_addr}\"\n",
-            tls_section(pki, name, Some(addr))
+            "[[peer]]\nname = \"{other}\"\n\n[[gpu_host]]\nname = \"{other}\"\naddress = \"{other_addr}\"\n"
         ),
-        &[("LD_LIBRARY_PATH", &driver)],
     )
 }
 
 #[test]
 fn placed_sessions_move_between_gpu_hosts_and_a_drained_host_takes_no_new_ones() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(true) else {
         return;
-    }
-    let net = Net::with_second_gpu_host();
-    let pki = Pki::new("one");
+    };
     let b = pool_member(&net.b, &pki, "gpu-b", GPU_ADDR, "gpu-c", GPU_C_ADDR);
     let c = pool_member(
         net.c.as_ref().unwrap(),
@@ -852,12 +806,9 @@ fn placed_sessions_move_between_gpu_hosts_and_a_drained_host_takes_no_new_ones()
 
 #[test]
 fn a_connection_cut_under_calls_in_flight_is_resumed_and_every_call_runs_once() {
-    if !root() {
-        eprintln!("skipped: network namespaces need root");
+    let Some((net, pki)) = hosts_here(false) else {
         return;
-    }
-    let net = Net::new();
-    let pki = Pki::new("one");
+    };
     // Through a relay (500 µs each way) whose connections the test cuts, as a
     // middlebox that drops its state would: both hosts see their socket close.
     let (relay, carried) = net.relay(Duration::from_micros(500)).unwrap();
