@@ -145,7 +145,7 @@ impl<R: Read> Input<R> {
             return Ok(Some(Frame { header, body }));
         }
         // Larger than the buffer: everything buffered belongs to it.
-        let mut body = vec![0u8; header.len as usize];
+        let mut body = hira_protocol::shm::zeroed(header.len as usize);
         let have = self.end - self.start - HEADER_LEN;
         body[..have].copy_from_slice(&self.buf[self.start + HEADER_LEN..self.end]);
         self.start = 0;

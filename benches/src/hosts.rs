@@ -126,6 +126,15 @@ impl Net {
         &self,
         one_way: std::time::Duration,
     ) -> Result<(String, crate::delay::Connections)> {
+        self.relay_to(GPU_ADDR.parse().expect("a socket address"), one_way)
+    }
+
+    /// As [`Net::relay`], to `to` in any namespace the VM host reaches.
+    pub fn relay_to(
+        &self,
+        to: std::net::SocketAddr,
+        one_way: std::time::Duration,
+    ) -> Result<(String, crate::delay::Connections)> {
         let ns = self.a.clone();
         let carried = crate::delay::Connections::default();
         let relayed = carried.clone();
@@ -135,7 +144,6 @@ impl Net {
             match bound {
                 Ok(l) => {
                     let _ = tx.send(l.local_addr().map_err(anyhow::Error::from));
-                    let to = GPU_ADDR.parse().expect("a socket address");
                     crate::delay::serve_with(&l, to, one_way, &relayed);
                 }
                 Err(e) => {

@@ -24,6 +24,7 @@ pub mod delay;
 pub mod env;
 pub mod fairness;
 pub mod hosts;
+pub mod link;
 pub mod measure;
 pub mod migrate;
 pub mod overhead;

@@ -34,11 +34,15 @@ pub struct Results {
     pub placements: Vec<Placement>,
     /// Per workload, one measurement per placement.
     pub workloads: Vec<(String, Vec<Measurement>)>,
-    /// Median synchronous round trip, native then per placement (µs).
-    pub rtt_native_us: f64,
-    pub rtt_us: Vec<f64>,
+    /// Calls and bulk transfers natively, then per placement.
+    pub calls_native: Calls,
+    pub calls: Vec<Calls>,
+    /// The link's own figures per placement (`None`: on this host).
+    pub link: Vec<Option<crate::link::Figures>>,
     /// The packet loss applied to the placements across the network.
     pub loss: f64,
+    /// The bulk transfers' size, MiB.
+    pub bulk_mib: u64,
 }
 
 /// A VM host in `net.a` whose VM `bench` runs its sessions on GPU host `gpu-b`,
@@ -87,17 +91,54 @@ fn gpu_host(bin: &Path, net: &Net, pki: &Pki) -> Result<BenchEnv> {
     BenchEnv::with_daemon(bin, daemon, dir, socket, None)
 }
 
-/// The median synchronous round trip of `rtt` run through `env` (or natively), µs.
-fn rtt_us(env: &BenchEnv, remote: bool, exe: &Path, repeats: usize) -> Result<f64> {
-    let mut v = Vec::new();
+/// A place's call costs and bulk throughput (medians).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Calls {
+    /// A synchronous call's round trip and an asynchronous call's cost, µs.
+    pub sync_us: f64,
+    pub async_us: f64,
+    /// Blocking writes to a buffer and reads from it, MiB/s.
+    pub write_mibs: f64,
+    pub read_mibs: f64,
+}
+
+/// The bulk transfer's size, MiB.
+fn bulk_mib(short: bool) -> u64 {
+    if short { 32 } else { 128 }
+}
+
+/// `rtt` and `bandwidth` run through `env` (or natively), `repeats` times each.
+fn calls(
+    env: &BenchEnv,
+    remote: bool,
+    exes: &[std::path::PathBuf; 2],
+    short: bool,
+    repeats: usize,
+) -> Result<Calls> {
+    let (mut sync, mut asyn, mut write, mut read) = (vec![], vec![], vec![], vec![]);
     for _ in 0..repeats {
-        let out = env
-            .command(remote, exe, &["2000".into(), "sync".into()])
-            .output()?;
+        let out = env.command(remote, &exes[0], &["2000".into()]).output()?;
         ensure!(out.status.success(), "rtt failed");
-        v.push(field(&String::from_utf8_lossy(&out.stdout), "sync_median_ns")? / 1e3);
+        let text = String::from_utf8_lossy(&out.stdout);
+        sync.push(field(&text, "sync_median_ns")? / 1e3);
+        asyn.push(field(&text, "async_mean_ns")? / 1e3);
+        let args = [bulk_mib(short).to_string(), "3".into()];
+        let out = env.command(remote, &exes[1], &args).output()?;
+        ensure!(out.status.success(), "bandwidth failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            field(&text, "ok")? == 1.0,
+            "bandwidth read back other bytes"
+        );
+        write.push(field(&text, "write_mibs")?);
+        read.push(field(&text, "read_mibs")?);
     }
-    Ok(median(&mut v))
+    Ok(Calls {
+        sync_us: median(&mut sync),
+        async_us: median(&mut asyn),
+        write_mibs: median(&mut write),
+        read_mibs: median(&mut read),
+    })
 }
 
 /// Runs the whole comparison.
@@ -109,25 +150,38 @@ pub fn run(short: bool, repeats: usize, delays: &[u64], loss: f64) -> Result<Res
     let bin = build_components()?;
     let cdir = tempfile::tempdir()?;
     let exes = crate::suite::compile_all(cdir.path())?;
-    let rtt = cdir.path().join("rtt");
-    compile(&workspace().join("tests/c/rtt.c"), &rtt)?;
+    let probes = [cdir.path().join("rtt"), cdir.path().join("bandwidth")];
+    compile(&workspace().join("tests/c/rtt.c"), &probes[0])?;
+    compile(&workspace().join("tests/c/bandwidth.c"), &probes[1])?;
     let net = Net::new()?;
     if loss > 0.0 {
         net.lose(loss)?;
     }
     let pki = Pki::new("bench")?;
     let _gpu = gpu_host(&bin, &net, &pki)?;
+    let gpu_ip = GPU_ADDR.split(':').next().expect("an address");
+    let probe = crate::link::serve_in(Some(&net.b), gpu_ip)?;
+    let mut link = vec![None];
     let mut placements = vec![Placement {
         label: "this host".into(),
         delay_us: None,
     }];
     let mut envs = vec![BenchEnv::start(&bin)?];
     for &d in delays {
-        let address = if d == 0 {
-            GPU_ADDR.to_string()
+        let (address, probe_address) = if d == 0 {
+            (GPU_ADDR.to_string(), probe.to_string())
         } else {
-            net.delayed(Duration::from_micros(d))?
+            let one_way = Duration::from_micros(d);
+            (net.delayed(one_way)?, net.relay_to(probe, one_way)?.0)
         };
+        eprint!("\r\x1b[2Klink: +{d} µs");
+        link.push(Some(crate::link::measure_from(
+            Some(&net.a),
+            &probe_address,
+            2000,
+            4 * bulk_mib(short),
+            repeats,
+        )?));
         envs.push(vm_host(&bin, &net, &pki, &address)?);
         placements.push(Placement {
             label: format!("GPU host, +{d} µs"),
@@ -148,18 +202,22 @@ pub fn run(short: bool, repeats: usize, delays: &[u64], loss: f64) -> Result<Res
         }
         workloads.push((name.to_string(), row));
     }
+    eprint!("\r\x1b[2Kcalls: native");
+    let calls_native = calls(&envs[0], false, &probes, short, repeats)?;
+    let mut through = Vec::new();
+    for (p, env) in placements.iter().zip(&envs) {
+        eprint!("\r\x1b[2Kcalls: {}", p.label);
+        through.push(calls(env, true, &probes, short, repeats)?);
+    }
     eprint!("\r\x1b[2K");
-    let rtt_native_us = rtt_us(&envs[0], false, &rtt, repeats)?;
-    let rtt_us = envs
-        .iter()
-        .map(|e| rtt_us(e, true, &rtt, repeats))
-        .collect::<Result<Vec<_>>>()?;
     Ok(Results {
         placements,
         workloads,
-        rtt_native_us,
-        rtt_us,
+        calls_native,
+        calls: through,
+        link,
         loss,
+        bulk_mib: bulk_mib(short),
     })
 }
 
@@ -206,12 +264,92 @@ pub fn report(r: &Results, repeats: usize) -> String {
         );
     }
     md += &format!(
-        "\nSynchronous call round trip (`rtt`, median µs): native {:.2}",
-        r.rtt_native_us
+        "\nGeometric mean of the ratios: {}.\n",
+        r.placements
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let v: Vec<f64> = r
+                    .workloads
+                    .iter()
+                    .map(|(_, row)| row[i].median_ratio())
+                    .collect();
+                format!("{} {:.2}", p.label, crate::geomean(&v))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     );
-    for (p, us) in r.placements.iter().zip(&r.rtt_us) {
-        md += &format!("; {} {us:.2}", p.label);
+    md += &calls_report(r, repeats);
+    md
+}
+
+/// The calls and bulk transfers beside the link's own figures.
+fn calls_report(r: &Results, repeats: usize) -> String {
+    let mut md = format!(
+        "\n### Calls and bulk transfers against the link\n\n\
+         A synchronous call (`tests/c/rtt.c`: `clGetCommandQueueInfo`, which Hira never \
+         answers from a cache) and an asynchronously forwarded one (`clSetKernelArg`), \
+         and blocking writes and reads of one buffer (`tests/c/bandwidth.c`, a fresh \
+         session each run: the {} MiB transfers go inline, as every placed session's \
+         do). Beside them, the link's own figures from the VM host to the GPU host \
+         through the same relay (`benches/src/link.rs`, iperf-style, test \
+         infrastructure): a 64-byte TCP round trip and one TCP stream each way. \
+         Medians of {repeats} runs.\n\n",
+        r.bulk_mib
+    );
+    md += "| | native |";
+    for p in &r.placements {
+        md += &format!(" {} |", p.label);
     }
-    md += ".\n";
+    md += "\n|---|---:|";
+    for _ in &r.placements {
+        md += "---:|";
+    }
+    md += "\n";
+    let row = |label: &str, native: String, each: &dyn Fn(usize) -> String| {
+        let mut line = format!("| {label} | {native} |");
+        for i in 0..r.placements.len() {
+            line += &format!(" {} |", each(i));
+        }
+        line + "\n"
+    };
+    let link = |i: usize, f: &dyn Fn(&crate::link::Figures) -> String| {
+        r.link[i].as_ref().map(f).unwrap_or_else(|| "-".into())
+    };
+    // A throughput and, across the network, its share of the link's.
+    let share = |i: usize, mibs: f64, link_mibs: fn(&crate::link::Figures) -> f64| match &r.link[i]
+    {
+        Some(l) => format!("{mibs:.0} ({:.0}%)", 100.0 * mibs / link_mibs(l)),
+        None => format!("{mibs:.0}"),
+    };
+    md += &row("TCP round trip, µs", "-".into(), &|i| {
+        link(i, &|l| format!("{:.1}", l.rtt_us))
+    });
+    md += &row(
+        "synchronous call, µs",
+        format!("{:.2}", r.calls_native.sync_us),
+        &|i| format!("{:.1}", r.calls[i].sync_us),
+    );
+    md += &row(
+        "asynchronous call, µs",
+        format!("{:.2}", r.calls_native.async_us),
+        &|i| format!("{:.2}", r.calls[i].async_us),
+    );
+    md += &row("TCP to the GPU host, MiB/s", "-".into(), &|i| {
+        link(i, &|l| format!("{:.0}", l.to_mibs))
+    });
+    md += &row(
+        "bulk write, MiB/s (share of TCP)",
+        format!("{:.0}", r.calls_native.write_mibs),
+        &|i| share(i, r.calls[i].write_mibs, |l| l.to_mibs),
+    );
+    md += &row("TCP from the GPU host, MiB/s", "-".into(), &|i| {
+        link(i, &|l| format!("{:.0}", l.from_mibs))
+    });
+    md += &row(
+        "bulk read, MiB/s (share of TCP)",
+        format!("{:.0}", r.calls_native.read_mibs),
+        &|i| share(i, r.calls[i].read_mibs, |l| l.from_mibs),
+    );
     md
 }

@@ -137,13 +137,25 @@ fn device_info<T: Copy + Default>(device: cl_device_id, param: u32) -> Result<T,
 /// Asks the host for a kernel's argument kinds (once per kernel), as the shim
 /// ([`ARG_INFO_FOR_SHIM`]: answered whatever options the program was built with).
 fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
-    // SAFETY: `info` passes a buffer of `size` writable bytes.
-    let n: cl_uint = info(|size, value, ret| unsafe {
-        generated::clGetKernelInfo(kernel, CL_KERNEL_NUM_ARGS, size, value, ret)
-    })?;
     let mut address_bits = None;
+    // The count and every argument in one round trip where the names fit; else the
+    // count first, then all at once with room for it, or one query at a time.
+    let (n, all) = match all_arg_info(kernel, None) {
+        Ok((n, all)) => (n, Some(all)),
+        Err(first) => {
+            // SAFETY: `info` passes a buffer of `size` writable bytes.
+            let n: cl_uint = info(|size, value, ret| unsafe {
+                generated::clGetKernelInfo(kernel, CL_KERNEL_NUM_ARGS, size, value, ret)
+            })?;
+            // Room for the count asked for is less than the first answer had unless
+            // the kernel has more arguments than that room was for.
+            let again = first != opencl_sys::CL_OUT_OF_RESOURCES || n > FIRST_ROOM;
+            let all = again.then(|| all_arg_info(kernel, Some(n)).ok()).flatten();
+            (n, all.map(|(_, all)| all))
+        }
+    };
     let mut kinds = Vec::with_capacity(n as usize);
-    if let Some(all) = all_arg_info(kernel, n) {
+    if let Some(all) = all {
         for (address, qualifier, name) in all {
             if address_bits.is_none() && (name.contains("size_t") || name.contains("ptr")) {
                 address_bits = Some(kernel_address_bits(kernel).unwrap_or(64));
@@ -211,21 +223,46 @@ fn kernel_kinds(kernel: cl_kernel) -> Result<Option<Vec<ArgKind>>, cl_int> {
     Ok(Some(kinds))
 }
 
+/// The arguments the first `hiraKernelArgInfo` of a kernel has room for.
+const FIRST_ROOM: cl_uint = 32;
+
 /// Every argument's address qualifier, type qualifier and type name at once
-/// (`hiraKernelArgInfo`), or `None` where the host cannot answer so.
-fn all_arg_info(kernel: cl_kernel, n: cl_uint) -> Option<Vec<(u32, u64, String)>> {
+/// (`hiraKernelArgInfo`), with their count; the host's status where it cannot answer
+/// so (`CL_INVALID_VALUE` also where the answer is malformed). With no `count`, the
+/// host answers the kernel's own, in room for [`FIRST_ROOM`] arguments.
+fn all_arg_info(kernel: cl_kernel, count: Option<cl_uint>) -> Result<(cl_uint, ArgInfo), cl_int> {
     // Room for type names of up to about 48 bytes each (all the bytes come back); a
     // kernel whose names need more is asked one query at a time.
-    let mut blob = vec![0u8; 4 + 64 * n as usize];
+    let room = count.unwrap_or(FIRST_ROOM) as usize;
+    let mut blob = vec![0u8; 8 + 64 * room];
     // SAFETY: `blob` is valid for its length of writes.
-    let st =
-        unsafe { generated::hiraKernelArgInfo(kernel, n, blob.len(), blob.as_mut_ptr().cast()) };
+    let st = unsafe {
+        generated::hiraKernelArgInfo(
+            kernel,
+            count.unwrap_or(0),
+            blob.len(),
+            blob.as_mut_ptr().cast(),
+        )
+    };
     if st != 0 {
-        return None;
+        return Err(st);
     }
+    parse_arg_info(&blob, count, room).ok_or(CL_INVALID_VALUE)
+}
+
+/// Decodes `hiraKernelArgInfo`'s answer (see `protocol/api/opencl.api`).
+fn parse_arg_info(blob: &[u8], count: Option<cl_uint>, room: usize) -> Option<(cl_uint, ArgInfo)> {
     let total = u32::from_le_bytes(blob.get(..4)?.try_into().ok()?) as usize;
     let mut r = blob.get(4..total)?;
-    let mut out = Vec::with_capacity(n as usize);
+    let n = match count {
+        Some(n) => n,
+        None => {
+            let n = u32::from_le_bytes(r.get(..4)?.try_into().ok()?);
+            r = &r[4..];
+            n
+        }
+    };
+    let mut out = Vec::with_capacity(n.min(room as u32) as usize);
     for _ in 0..n {
         let address = u32::from_le_bytes(r.get(..4)?.try_into().ok()?);
         let qualifier = u64::from_le_bytes(r.get(4..12)?.try_into().ok()?);
@@ -234,8 +271,11 @@ fn all_arg_info(kernel: cl_kernel, n: cl_uint) -> Option<Vec<(u32, u64, String)>
         r = &r[16 + len..];
         out.push((address, qualifier, name));
     }
-    r.is_empty().then_some(out)
+    r.is_empty().then_some((n, out))
 }
+
+/// Each argument's address qualifier, type qualifier and type name.
+type ArgInfo = Vec<(u32, u64, String)>;
 
 fn kernel_address_bits(kernel: cl_kernel) -> Result<u32, cl_int> {
     let program = kernel_program(kernel)?;

@@ -156,6 +156,29 @@ impl Drop for Mapping {
     }
 }
 
+/// Bytes from which [`zeroed`] asks for transparent huge pages.
+const HUGE_FROM: usize = 4 << 20;
+
+/// A zeroed buffer of `len` bytes for a frame's body or a transfer. A large one is
+/// mapped fresh by the allocator, and filling it faulted each 4 KiB page in on its
+/// own: for a 64 MiB transfer, 16,384 faults, which cost more than the copy itself.
+/// Advised as huge-page memory (where the kernel's `transparent_hugepage` mode is
+/// `madvise` or `always`), it faults in 2 MiB at a time.
+pub fn zeroed(len: usize) -> Vec<u8> {
+    let v = vec![0u8; len];
+    if len >= HUGE_FROM {
+        let page = 2 << 20;
+        let start = (v.as_ptr() as usize).next_multiple_of(page);
+        let end = (v.as_ptr() as usize + len) & !(page - 1);
+        if end > start {
+            // SAFETY: advice on whole pages inside the vector's own allocation; it
+            // changes how they are backed, never their contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +242,14 @@ mod tests {
         ));
         std::fs::create_dir(&dir)?;
         Ok(dir)
+    }
+
+    #[test]
+    fn a_large_zeroed_buffer_is_zeroed_and_whole() {
+        for len in [0, 10, HUGE_FROM - 1, HUGE_FROM, HUGE_FROM + 12_345] {
+            let v = zeroed(len);
+            assert_eq!(v.len(), len);
+            assert!(v.iter().all(|&b| b == 0));
+        }
     }
 }

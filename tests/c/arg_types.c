@@ -4,14 +4,16 @@
  * native codes; the kernels compute. */
 #include "common.h"
 
-static const char *SRC =
-    "typedef struct { int a; float b; } a_struct_whose_type_name_is_long_enough_to_overflow_the_room_the_shim_gives_the_first_answer_so_that_it_asks_one_query_at_a_time_t;\n"
+/* The struct's name is made at run time: longer than the room the shim first gives
+ * the answer for any kernel (32 arguments' worth, 2 KiB). */
+#define NAME_LEN 2500
+static const char *SRC_FORMAT =
+    "typedef struct { int a; float b; } %s;\n"
     "__kernel void scale(__global float *x, float f, uint n) {\n"
     "    size_t i = get_global_id(0);\n"
     "    if (i < n) x[i] *= f;\n"
     "}\n"
-    "__kernel void shift(__global int *x,\n"
-    "                    a_struct_whose_type_name_is_long_enough_to_overflow_the_room_the_shim_gives_the_first_answer_so_that_it_asks_one_query_at_a_time_t s) {\n"
+    "__kernel void shift(__global int *x, %s s) {\n"
     "    size_t i = get_global_id(0);\n"
     "    x[i] += s.a + (int)s.b;\n"
     "}\n";
@@ -28,7 +30,11 @@ int main(void) {
     cl_command_queue q;
     cl_int err;
     setup(&platform, &device, &ctx, &q, 0);
-    cl_program prog = build(ctx, device, SRC);
+    static char name[NAME_LEN + 1], src[2 * NAME_LEN + 512];
+    for (int i = 0; i < NAME_LEN; i++)
+        name[i] = "a_long_struct_name_"[i % 19];
+    snprintf(src, sizeof src, SRC_FORMAT, name, name);
+    cl_program prog = build(ctx, device, src);
     cl_kernel scale = clCreateKernel(prog, "scale", &err);
     CHECK_ERR(err, "clCreateKernel scale");
     cl_kernel shift = clCreateKernel(prog, "shift", &err);

@@ -617,7 +617,7 @@ impl Session<'_> {
                 if len > MAX_FRAME_BODY - 4096 {
                     return Err(Fail::Status(CL_OUT_OF_RESOURCES));
                 }
-                Ok(OutBuffer::Inline(vec![0u8; len]))
+                Ok(OutBuffer::Inline(hira_protocol::shm::zeroed(len)))
             }
             OutRequest::Staged(token) => {
                 let words = self.b.staging.output_room(len).map_err(Fail::Status)?;

@@ -406,10 +406,15 @@ pub unsafe fn hiraKernelArgInfo(
     if st != Some(0) {
         return st;
     }
-    if n != count {
+    // A count of 0 asks for the kernel's own, written after the byte count.
+    let any = count == 0;
+    if !any && n != count {
         return Some(CL_INVALID_VALUE);
     }
     let mut blob = vec![0u8; 4];
+    if any {
+        blob.extend_from_slice(&n.to_le_bytes());
+    }
     for i in 0..n {
         let mut address = [0u8; 4];
         let mut qualifier = [0u8; 8];

@@ -308,7 +308,7 @@ fn read_frame(s: &mut impl Read) -> Result<Frame, TransportError> {
     s.read_exact(&mut hb)
         .map_err(|e| TransportError::Closed(e.to_string()))?;
     let header = FrameHeader::decode(&hb).map_err(|e| TransportError::Malformed(e.to_string()))?;
-    let mut payload = vec![0u8; header.len as usize];
+    let mut payload = hira_protocol::shm::zeroed(header.len as usize);
     s.read_exact(&mut payload)
         .map_err(|e| TransportError::Closed(e.to_string()))?;
     Ok(Frame { header, payload })

@@ -214,6 +214,7 @@ pub(crate) fn run(
     } else {
         Pump::plain()
     };
+    super::widen(guest);
     let mut reconnections = 0u32;
     let how = loop {
         let end = pump.run(guest, &mut link, &mut on_error);

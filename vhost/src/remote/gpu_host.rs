@@ -262,6 +262,8 @@ fn serve_tenant(
     link.tcp.set_read_timeout(None)?;
     link.tcp.set_write_timeout(None)?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    super::widen(&ours);
+    super::widen(&theirs);
     info!("remote session for {tenant:?} from {addr}");
     start_session(
         theirs,

@@ -94,3 +94,18 @@ pub fn preamble(vm: &str) -> Vec<u8> {
     p.extend_from_slice(vm.as_bytes());
     p
 }
+
+/// Socket buffer for a session's local stream on either host (the guest's connection
+/// on a VM host, the socket pair to the session on a GPU host), each way.
+const LOCAL_BUFFER: usize = 4 << 20;
+
+/// Widens a session's local stream so that a bulk transfer streams through the hops
+/// rather than stopping at each one: the default (about 208 KiB) holds less than
+/// one of the pump's reads, so every hop waited for the next to empty it.
+pub(crate) fn widen(s: &std::os::unix::net::UnixStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    // Capped by net.core.wmem_max and rmem_max: where those are lower the stream
+    // keeps a smaller buffer, which costs throughput, not correctness.
+    let _ = setsockopt(s, sockopt::SndBuf, &LOCAL_BUFFER);
+    let _ = setsockopt(s, sockopt::RcvBuf, &LOCAL_BUFFER);
+}

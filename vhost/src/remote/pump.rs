@@ -293,6 +293,71 @@ pub struct Pump {
     to_local: Vec<u8>,
     delivered: usize,
     kept: Option<Kept>,
+    spin: Spin,
+}
+
+/// How long the pump looks again before it sleeps, learnt as the rings' ends learn
+/// it (`hira_ring`): a call's answer usually follows within tens of microseconds,
+/// and a thread that slept for it is woken on an idle CPU, which costs about as much
+/// again (about 40 µs on this project's machines, `docs/benchmarks.md`) and comes
+/// four times per round trip on each host. A look that found something doubles the
+/// next one; one that did not halves it; below [`Spin::FLOOR`] the pump stops
+/// looking but for one probe in [`Spin::PROBE_EVERY`] waits, so that an idle or
+/// CPU-starved session costs nothing.
+#[derive(Debug, Default)]
+struct Spin {
+    ns: u64,
+    waits: u32,
+}
+
+impl Spin {
+    const MAX: u64 = 100_000;
+    const FLOOR: u64 = 2_000;
+    const PROBE: u64 = 20_000;
+    const PROBE_EVERY: u32 = 16;
+
+    /// The look before the next sleep, ns (0: none).
+    fn budget(&mut self) -> u64 {
+        if self.ns >= Self::FLOOR {
+            return self.ns;
+        }
+        self.waits = self.waits.wrapping_add(1);
+        if self.waits.is_multiple_of(Self::PROBE_EVERY) {
+            Self::PROBE
+        } else {
+            0
+        }
+    }
+
+    fn learn(&mut self, budget: u64, found: bool) {
+        self.ns = if found {
+            (budget.max(Self::FLOOR) * 2).min(Self::MAX)
+        } else {
+            budget / 2
+        };
+    }
+}
+
+/// Waits for `fds` as `poll(2)` does without a timeout, looking again for up to the
+/// learnt spin first.
+fn wait(fds: &mut [PollFd<'_>], spin: &mut Spin) -> nix::Result<i32> {
+    let budget = spin.budget();
+    if budget > 0 {
+        let start = std::time::Instant::now();
+        loop {
+            let n = poll(fds, PollTimeout::ZERO)?;
+            if n > 0 {
+                spin.learn(budget, true);
+                return Ok(n);
+            }
+            if start.elapsed().as_nanos() as u64 >= budget {
+                spin.learn(budget, false);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    poll(fds, PollTimeout::NONE)
 }
 
 impl Pump {
@@ -453,7 +518,7 @@ impl Pump {
                 PollFd::new(local.as_fd(), local_events),
                 PollFd::new(tcp.as_fd(), tcp_events),
             ];
-            match poll(&mut fds, PollTimeout::NONE) {
+            match wait(&mut fds, &mut self.spin) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return self.failed(e.into()),
@@ -536,6 +601,53 @@ pub fn pump(local: &UnixStream, link: &mut TlsLink, on_error: OnSessionError<'_>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spin_grows_while_it_pays_and_stops_but_for_probes_when_it_does_not() {
+        let mut s = Spin::default();
+        // A fresh pump does not spin, but probes.
+        let budgets: Vec<u64> = (0..Spin::PROBE_EVERY).map(|_| s.budget()).collect();
+        assert_eq!(budgets.iter().filter(|&&b| b > 0).count(), 1);
+        s.learn(Spin::PROBE, true);
+        assert_eq!(s.budget(), 2 * Spin::PROBE);
+        for _ in 0..10 {
+            let b = s.budget();
+            s.learn(b, true);
+        }
+        assert_eq!(s.budget(), Spin::MAX);
+        for _ in 0..10 {
+            let b = s.budget();
+            s.learn(b, false);
+        }
+        assert!(s.ns < Spin::FLOOR);
+        let budgets: Vec<u64> = (0..2 * Spin::PROBE_EVERY).map(|_| s.budget()).collect();
+        assert_eq!(budgets.iter().filter(|&&b| b > 0).count(), 2);
+    }
+
+    #[test]
+    fn a_wait_returns_what_is_ready_whether_it_spun_or_slept() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut spin = Spin {
+            ns: Spin::MAX,
+            waits: 0,
+        };
+        (&b).write_all(b"x").unwrap();
+        let mut fds = [PollFd::new(a.as_fd(), PollFlags::POLLIN)];
+        assert_eq!(wait(&mut fds, &mut spin).unwrap(), 1);
+        assert_eq!(
+            spin.ns,
+            Spin::MAX,
+            "a spin that found data keeps its length"
+        );
+        let mut one = [0u8; 1];
+        (&a).read_exact(&mut one).unwrap();
+        // A pump that learnt not to spin sleeps in poll(2) and wakes for the peer.
+        let mut spin = Spin::default();
+        let writer = std::thread::spawn(move || (&b).write_all(b"y").unwrap());
+        let mut fds = [PollFd::new(a.as_fd(), PollFlags::POLLIN)];
+        assert_eq!(wait(&mut fds, &mut spin).unwrap(), 1);
+        writer.join().unwrap();
+    }
 
     #[test]
     fn frames_pass_whole_and_session_errors_go_through_the_hook() {

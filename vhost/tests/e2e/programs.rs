@@ -238,9 +238,10 @@ fn command_buffers_record_finalize_run_and_answer_as_natively() {
 #[test]
 fn kernel_argument_kinds_are_learnt_in_one_round_trip_and_long_type_names_still_work() {
     same_as_native("arg_types", &[]);
-    // Which calls waited for the host: each kernel's argument information in one
-    // round trip, and only the kernel whose type names do not fit the first answer
-    // asked one query at a time (four per argument, two arguments).
+    // Which calls waited for the host: each kernel's argument count and information
+    // in one round trip, and only the kernel whose type names do not fit the first
+    // answer asked its count, then one query at a time (four per argument, two
+    // arguments).
     let daemon = Daemon::start(&["vm1"]);
     let vendors = Vendors::hira();
     let o = run_with_timeout(
@@ -262,4 +263,5 @@ fn kernel_argument_kinds_are_learnt_in_one_round_trip_and_long_type_names_still_
     };
     assert_eq!(count("hiraKernelArgInfo"), 2, "{by_call}");
     assert_eq!(count("clGetKernelArgInfo"), 8, "{by_call}");
+    assert_eq!(count("clGetKernelInfo"), 1, "{by_call}");
 }
