@@ -610,6 +610,14 @@ fn may_be_non_uniform(kernel: cl_kernel) -> Option<bool> {
     Some(std20 && !words.contains(&"-cl-uniform-work-group-size"))
 }
 
+/// A new queue's device, which the application named and the host accepted: a
+/// launch's checks need not ask for it.
+fn note_queue_device(queue: *mut c_void, device: cl_device_id) {
+    if let Ok(id) = id_of(queue, Kind::Queue) {
+        state().queue_device.insert(id, device as usize);
+    }
+}
+
 fn queue_device(queue: cl_command_queue) -> Result<cl_device_id, cl_int> {
     let id = id_of(queue.cast(), Kind::Queue)?;
     if let Some(&d) = state().queue_device.get(&id) {
@@ -627,22 +635,30 @@ fn device_limits(device: cl_device_id) -> Result<DeviceLimits, cl_int> {
     if let Some(&l) = state().devices.get(&(device as usize)) {
         return Ok(l);
     }
-    let max_dims: cl_uint = device_info(device, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS)?;
-    let mut item_sizes = [0usize; 3];
-    // SAFETY: at most three size_t into a three-element array.
+    // One query answers both: the sizes come one per dimension (the host sends the
+    // whole value, whatever room is offered).
+    let mut sizes = [0usize; 16];
+    let mut bytes = 0usize;
+    // SAFETY: `sizes` is valid for its size of writes, `bytes` for one.
     let status = unsafe {
         generated::clGetDeviceInfo(
             device,
             CL_DEVICE_MAX_WORK_ITEM_SIZES,
-            size_of::<[usize; 3]>().min(max_dims as usize * size_of::<usize>()),
-            item_sizes.as_mut_ptr().cast(),
-            std::ptr::null_mut(),
+            size_of_val(&sizes),
+            sizes.as_mut_ptr().cast(),
+            &mut bytes,
         )
     };
-    if status != 0 {
-        // Unknown: no dimension is refused for its size.
-        item_sizes = [usize::MAX; 3];
-    }
+    let (max_dims, item_sizes) = if status == 0 && bytes > 0 && bytes <= size_of_val(&sizes) {
+        let mut first = [usize::MAX; 3];
+        let dims = bytes / size_of::<usize>();
+        first[..dims.min(3)].copy_from_slice(&sizes[..dims.min(3)]);
+        (dims as cl_uint, first)
+    } else {
+        // Asked on its own; the sizes unknown: no dimension is refused for its size.
+        let max_dims: cl_uint = device_info(device, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS)?;
+        (max_dims, [usize::MAX; 3])
+    };
     let l = DeviceLimits {
         max_dims,
         item_sizes,
@@ -655,6 +671,21 @@ fn kernel_limits(kernel: cl_kernel, device: cl_device_id) -> Result<(usize, [usi
     if let Some(l) = with_kernel(kernel, |m| m.limits.get(&(device as usize)).copied())? {
         return Ok(l);
     }
+    let mut both = [0u8; 32];
+    // SAFETY: `both` is valid for its 32 bytes of writes.
+    if unsafe { generated::hiraKernelLimits(kernel, device, both.as_mut_ptr().cast()) } == 0 {
+        let mut v = both
+            .chunks(8)
+            .map(|c| usize::try_from(u64::from_le_bytes(c.try_into().unwrap_or_default())));
+        if let (Some(Ok(max)), Some(Ok(r0)), Some(Ok(r1)), Some(Ok(r2))) =
+            (v.next(), v.next(), v.next(), v.next())
+        {
+            let l = (max, [r0, r1, r2]);
+            with_kernel(kernel, |m| m.limits.insert(device as usize, l))?;
+            return Ok(l);
+        }
+    }
+    // An error (or a host without the call): the queries give the native codes.
     // SAFETY: `info` passes a buffer of `size` writable bytes.
     let max: usize = info(|size, value, ret| unsafe {
         generated::clGetKernelWorkGroupInfo(
@@ -1054,10 +1085,11 @@ pub(crate) unsafe fn clCreateCommandQueue(
 pub(crate) unsafe fn clCreateCommandQueue_created(
     queue: *mut c_void,
     _context: cl_context,
-    _device: cl_device_id,
+    device: cl_device_id,
     properties: u64,
     _errcode_ret: *mut cl_int,
 ) {
+    note_queue_device(queue, device);
     if properties & OUT_OF_ORDER != 0 {
         rt::note_out_of_order(queue);
     }
@@ -1078,10 +1110,11 @@ pub(crate) unsafe fn clCreateCommandQueueWithProperties(
 pub(crate) unsafe fn clCreateCommandQueueWithProperties_created(
     queue: *mut c_void,
     _context: cl_context,
-    _device: cl_device_id,
+    device: cl_device_id,
     properties: *const u64,
     _errcode_ret: *mut cl_int,
 ) {
+    note_queue_device(queue, device);
     if properties.is_null() {
         return;
     }

@@ -378,6 +378,54 @@ pub unsafe fn hiraStage(
     Some(unsafe { s.staging().stage(token, total, offset, data.cast(), len) })
 }
 
+/// A kernel's largest and required work-group sizes on `device` at once (see
+/// `hiraKernelLimits` in `protocol/api/opencl.api`).
+///
+/// # Safety
+/// `info` must be valid for 32 writes.
+pub unsafe fn hiraKernelLimits(
+    s: &mut Session<'_>,
+    kernel: cl_kernel,
+    device: cl_device_id,
+    info: *mut c_void,
+) -> Option<cl_int> {
+    if info.is_null() {
+        return Some(CL_INVALID_VALUE);
+    }
+    let rt = s.rt();
+    let mut max = 0usize;
+    let st = rt.clGetKernelWorkGroupInfo(
+        kernel,
+        device,
+        opencl_sys::CL_KERNEL_WORK_GROUP_SIZE,
+        size_of::<usize>(),
+        (&raw mut max).cast(),
+        std::ptr::null_mut(),
+    );
+    if st != Some(0) {
+        return st;
+    }
+    let mut required = [0usize; 3];
+    let st = rt.clGetKernelWorkGroupInfo(
+        kernel,
+        device,
+        opencl_sys::CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+        size_of_val(&required),
+        required.as_mut_ptr().cast(),
+        std::ptr::null_mut(),
+    );
+    if st != Some(0) {
+        return st;
+    }
+    let mut out = [0u8; 32];
+    for (c, v) in out.chunks_mut(8).zip([max, required[0], required[1], required[2]]) {
+        c.copy_from_slice(&(v as u64).to_le_bytes());
+    }
+    // SAFETY: valid for 32 writes per the contract.
+    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info.cast::<u8>(), out.len()) };
+    Some(0)
+}
+
 /// Every argument's address qualifier, type qualifier and type name, for the shim (see
 /// `hiraKernelArgInfo` in `protocol/api/opencl.api`), from the argument information
 /// the API server always builds with.
