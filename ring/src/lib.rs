@@ -378,6 +378,31 @@ impl End {
         }
     }
 
+    /// The eventfd the peer rings for this end once it announced that it sleeps
+    /// (host-local rings only).
+    fn bell(&self) -> Option<RawFd> {
+        match &self.signal {
+            Signal::Eventfds { own, .. } => Some(own.as_raw_fd()),
+            Signal::Doorbells { .. } => None,
+        }
+    }
+
+    /// Announces through `flag` that this end sleeps (see [`Consumer::will_sleep`]).
+    fn announce(&self, flag: &AtomicU32) {
+        flag.store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Ends an announcement through `flag` and takes the bell's rings.
+    fn settle(&self, flag: &AtomicU32) {
+        flag.store(0, Ordering::Relaxed);
+        if let Some(bell) = self.bell() {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local from a non-blocking eventfd.
+            unsafe { libc::read(bell, (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
     /// Sleeps until the peer may have moved, or the daemon has a message for this
     /// side.
     fn sleep(&self) -> std::io::Result<Woke> {
@@ -731,6 +756,41 @@ impl Producer {
 }
 
 impl Producer {
+    /// Whether there is room for at least one byte, without waiting.
+    pub fn has_room(&self) -> std::io::Result<bool> {
+        Ok(self.free()? > 0)
+    }
+
+    /// As [`Consumer::will_sleep`], for room: says whether there is some already.
+    pub fn will_sleep(&self) -> std::io::Result<bool> {
+        self.end.announce(self.end.producer_sleeping());
+        self.has_room()
+    }
+
+    /// Ends [`Producer::will_sleep`]'s announcement.
+    pub fn awake(&self) {
+        self.end.settle(self.end.producer_sleeping());
+    }
+
+    /// The eventfd the consumer rings for a producer that announced it sleeps.
+    pub fn bell(&self) -> Option<RawFd> {
+        self.end.bell()
+    }
+
+    /// Writes what fits without waiting: `WouldBlock` when nothing does.
+    pub fn try_write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = buf.len().min(self.free()?);
+        if n == 0 {
+            return Err(Error::from(ErrorKind::WouldBlock));
+        }
+        self.put(&buf[..n], self.head);
+        self.publish(n);
+        Ok(n)
+    }
+
     /// Waits for at least one free byte; returns how many are free.
     fn wait_for_space(&mut self) -> std::io::Result<usize> {
         let free = self.free()?;
@@ -824,6 +884,35 @@ impl Consumer {
     /// How many times this end has slept waiting for its peer (diagnostics).
     pub fn sleeps(&self) -> u64 {
         self.end.learnt.sleeps.get()
+    }
+
+    /// For a caller that waits on more than this ring (a forwarder that also waits
+    /// for a network connection) and polls itself: announces that this end sleeps,
+    /// so that the producer rings [`Consumer::bell`], and says whether bytes came
+    /// meanwhile (then the caller does not sleep). [`Consumer::awake`] ends the
+    /// announcement, whether the caller slept or not.
+    pub fn will_sleep(&self) -> std::io::Result<bool> {
+        self.end.announce(self.end.consumer_sleeping());
+        self.ready()
+    }
+
+    /// Ends [`Consumer::will_sleep`]'s announcement.
+    pub fn awake(&self) {
+        self.end.settle(self.end.consumer_sleeping());
+    }
+
+    /// The eventfd the producer rings for a consumer that announced it sleeps
+    /// (`None` for a VM's rings, whose doorbells come on a socket).
+    pub fn bell(&self) -> Option<RawFd> {
+        self.end.bell()
+    }
+
+    /// Reads what is there without waiting: `WouldBlock` when nothing is.
+    pub fn try_read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !buf.is_empty() && self.available()? == 0 {
+            return Err(Error::from(ErrorKind::WouldBlock));
+        }
+        self.read(buf)
     }
 
     /// Bytes ready to read, from the peer's head, checked.
@@ -1284,5 +1373,52 @@ mod tests {
         let (_r, sealed) = Region::create(4096).unwrap();
         assert!(Region::map(&sealed, 8192).is_err());
         assert!(Region::create(1000).is_err());
+    }
+
+    /// Whether `fd` is readable now.
+    fn rung(fd: RawFd) -> bool {
+        let mut p = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd; a zero timeout never blocks.
+        unsafe { libc::poll(p.as_mut_ptr(), 1, 0) == 1 }
+    }
+
+    #[test]
+    fn a_caller_that_polls_itself_is_rung_for_data_and_for_room() {
+        let (mut guest, mut server, _gd, _sd) = pair(4096);
+        let mut buf = [0u8; 8192];
+        // Nothing yet: a try fails at once, and an announced sleep is rung for.
+        let e = server.consumer.try_read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock);
+        let bell = server.consumer.bell().unwrap();
+        assert!(!server.consumer.will_sleep().unwrap());
+        assert!(!rung(bell));
+        guest.producer.write_all(b"request").unwrap();
+        assert!(rung(bell), "the producer rang the announced sleeper");
+        server.consumer.awake();
+        assert!(!rung(bell), "awake takes the rings");
+        assert_eq!(server.consumer.try_read(&mut buf).unwrap(), 7);
+        // Data there before the announcement: the caller must not sleep.
+        guest.producer.write_all(b"x").unwrap();
+        assert!(server.consumer.will_sleep().unwrap());
+        server.consumer.awake();
+        assert_eq!(server.consumer.try_read(&mut buf).unwrap(), 1);
+        // A full ring takes what fits, then nothing; room is rung for.
+        assert_eq!(server.producer.try_write(&buf).unwrap(), 4096);
+        let e = server.producer.try_write(&buf).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock);
+        let room = server.producer.bell().unwrap();
+        assert!(!server.producer.will_sleep().unwrap());
+        let mut got = [0u8; 100];
+        guest.consumer.read_exact(&mut got).unwrap();
+        assert!(
+            rung(room),
+            "the consumer rang the producer waiting for room"
+        );
+        server.producer.awake();
+        assert!(server.producer.has_room().unwrap());
     }
 }

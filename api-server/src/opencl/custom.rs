@@ -418,7 +418,10 @@ pub unsafe fn hiraKernelLimits(
         return st;
     }
     let mut out = [0u8; 32];
-    for (c, v) in out.chunks_mut(8).zip([max, required[0], required[1], required[2]]) {
+    for (c, v) in out
+        .chunks_mut(8)
+        .zip([max, required[0], required[1], required[2]])
+    {
         c.copy_from_slice(&(v as u64).to_le_bytes());
     }
     // SAFETY: valid for 32 writes per the contract.

@@ -16,15 +16,16 @@
 //! The guest's resuming `Hello` then goes to the new GPU host, which resumes it.
 
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hira_protocol::frame::HEADER_LEN;
 use hira_protocol::handshake::{ErrorPayload, Hello, Token, Welcome, error_code};
 use hira_protocol::{FrameHeader, FrameKind};
 use log::{info, warn};
 
-use super::pump::{End, Pump, TlsLink, unchanged};
+use super::pump::{End, Local, Pump, TlsLink, unchanged};
 use super::{AUTO, MOVED_TO};
 use crate::config::GpuHost;
 use crate::lifecycle::{EndedSession, Registration};
@@ -142,14 +143,19 @@ pub(crate) fn run(
             "no GPU host took the session ({placement})"
         )));
     };
-    // A host-local guest's window descriptor is of no use on another host.
     let Greeting {
         hello: guest_hello,
         api,
         fds,
         ..
     } = greeting;
-    drop(fds);
+    // A host-local guest's rings end here, in the pump, as a local session's end in
+    // its API server; its window does not cross hosts (it sends its data inline on
+    // the rings). A VM's rings lie in its window's slot: it sends on its socket.
+    let mut rings = guest_rings(&guest_hello, fds, guest)
+        .inspect_err(|e| warn!("VM {vm:?} session {id}: no rings, frames go on the socket: {e}"))
+        .ok()
+        .flatten();
     let _slot = admit(guest_w, ctx)?;
     let mut welcome = Welcome::decode(&body).map_err(|e| {
         refuse(format!(
@@ -163,14 +169,20 @@ pub(crate) fn run(
     welcome.session = id;
     welcome.vm_name = vm.to_string();
     welcome.window_len = 0;
-    welcome.ring_capacity = 0;
+    welcome.ring_capacity = if rings.is_some() {
+        hira_ring::DEFAULT_CAPACITY as u64
+    } else {
+        0
+    };
+    welcome.ring_offset = 0;
     welcome.resend = false;
     let payload = welcome.encode();
-    let mut frame = FrameHeader::new(FrameKind::Welcome, 0, 0, wh.call_id, payload.len())
-        .encode()
-        .to_vec();
-    frame.extend_from_slice(&payload);
-    crate::session::relay::guest_lock(guest_w).write_all(&frame)?;
+    let welcome_header = FrameHeader::new(FrameKind::Welcome, 0, 0, wh.call_id, payload.len());
+    {
+        let mut g = crate::session::relay::guest_lock(guest_w);
+        let give: Vec<&OwnedFd> = rings.iter().flat_map(|(_, give)| give.iter()).collect();
+        hira_protocol::unix::send_frame_with_fds(g.get_mut(), &welcome_header, &payload, &give)?;
+    }
     registration.describe(api.name, &guest_hello.process_name, guest_hello.pid, 0);
     registration.placed(&gpu.name);
     registration.serving();
@@ -215,9 +227,14 @@ pub(crate) fn run(
         Pump::plain()
     };
     super::widen(guest);
+    let on_rings = if rings.is_some() { " on rings" } else { "" };
+    let mut local = match &mut rings {
+        Some((ends, _)) => Local::Rings { ends, guest },
+        None => Local::Socket(guest),
+    };
     let mut reconnections = 0u32;
     let how = loop {
-        let end = pump.run(guest, &mut link, &mut on_error);
+        let end = pump.run(&mut local, &mut link, &mut on_error);
         if let Some(next) = moved_to.borrow().as_ref() {
             break format!("moved to GPU host {next:?}");
         }
@@ -254,7 +271,7 @@ pub(crate) fn run(
                             "the connection to GPU host {:?} failed: {e} (not resumed: {why})",
                             gpu.name
                         );
-                        let _ = pump.flush(guest);
+                        let _ = pump.flush(&mut local);
                         if pump.at_frame() {
                             send_error(guest_w, None, error_code::SERVER_GONE, &why);
                         }
@@ -279,10 +296,70 @@ pub(crate) fn run(
         api: api.name.to_string(),
         process: guest_hello.process_name.clone(),
         api_server_end: how,
-        data_plane: format!("remote {}", gpu.name),
+        data_plane: format!("remote {}{on_rings}", gpu.name),
         ..EndedSession::default()
     });
     Ok(None)
+}
+
+/// The host end of a host-local guest's rings, and the descriptors its `Welcome`
+/// carries to the guest: a fresh region and eventfds, or none for a guest that
+/// resumes with the rings it has (moved to another GPU host, it goes on with them).
+/// `None`: the guest asked for none, or is in a VM.
+fn guest_rings(
+    hello: &Hello,
+    fds: Vec<OwnedFd>,
+    guest: &UnixStream,
+) -> std::io::Result<Option<(hira_ring::Ends, Vec<OwnedFd>)>> {
+    if !hello.rings || hello.vm_window {
+        return Ok(None);
+    }
+    let mut fds = fds.into_iter();
+    if hello.window_len > 0 {
+        // Its window, of no use on another host.
+        fds.next();
+    }
+    let adopted: Vec<OwnedFd> = fds.collect();
+    let capacity = hira_ring::DEFAULT_CAPACITY;
+    if hello.resume.is_some() && !adopted.is_empty() {
+        let mut it = adopted.into_iter();
+        let region_fd = it.next().unwrap_or_else(|| unreachable!());
+        // Mapped only sealed against shrinking, so no access can fault.
+        let region = hira_ring::Region::map(&region_fd, capacity)?;
+        let bells: Vec<OwnedFd> = it.collect();
+        if bells.len() != hira_ring::EVENTFDS || !bells.iter().all(is_eventfd) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the guest's ring descriptors are not its region and eventfds",
+            ));
+        }
+        for b in &bells {
+            // This side never blocks on them, whatever the guest set.
+            nix::fcntl::fcntl(
+                b,
+                nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+            )?;
+        }
+        let ends = hira_ring::server_ends(Arc::new(region), bells, guest.as_raw_fd())?;
+        return Ok(Some((ends, Vec::new())));
+    }
+    let (region, region_fd) = hira_ring::Region::create(capacity)?;
+    let bells = hira_ring::eventfds()?;
+    let ours = bells
+        .iter()
+        .map(OwnedFd::try_clone)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let ends = hira_ring::server_ends(Arc::new(region), ours, guest.as_raw_fd())?;
+    let mut give = vec![region_fd];
+    give.extend(bells);
+    Ok(Some((ends, give)))
+}
+
+/// Whether `fd` is an eventfd (a guest's descriptor is checked before this daemon
+/// reads from it or polls it: a pipe or a file would block or spin the pump).
+fn is_eventfd(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
 }
 
 /// Asks for what crosses hosts: no window, no rings, and a stream both ends keep
@@ -362,4 +439,60 @@ fn read_frame(link: &mut TlsLink) -> std::io::Result<(FrameHeader, Vec<u8>)> {
     let mut body = vec![0u8; h.len as usize];
     link.read_exact(&mut body)?;
     Ok((h, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hira_protocol::handshake::{ApiId, Hello};
+
+    fn resuming(window_len: u64) -> Hello {
+        let mut h = Hello::new(ApiId(1), 1, "t", window_len);
+        h.rings = true;
+        h.resume = Some([7; 16]);
+        h
+    }
+
+    fn dup(fds: &[OwnedFd]) -> Vec<OwnedFd> {
+        fds.iter().map(|f| f.try_clone().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_guests_rings_are_made_here_or_taken_back_only_as_a_sealed_region_and_eventfds() {
+        let (guest, _daemon) = UnixStream::pair().unwrap();
+        // A fresh session: a new region and eventfds go to the guest.
+        let mut fresh = Hello::new(ApiId(1), 1, "t", 0);
+        fresh.rings = true;
+        let (_, give) = guest_rings(&fresh, vec![], &guest).unwrap().unwrap();
+        assert_eq!(give.len(), 1 + hira_ring::EVENTFDS);
+        assert!(give[1..].iter().all(is_eventfd));
+        // A VM's rings, or none asked for: none here.
+        let mut vm = fresh.clone();
+        vm.vm_window = true;
+        assert!(guest_rings(&vm, vec![], &guest).unwrap().is_none());
+        let mut none = fresh.clone();
+        none.rings = false;
+        assert!(guest_rings(&none, vec![], &guest).unwrap().is_none());
+        // Resuming with the rings it was given: taken back, nothing to give.
+        let (_, again) = guest_rings(&resuming(0), dup(&give), &guest)
+            .unwrap()
+            .unwrap();
+        assert!(again.is_empty());
+        // A pipe where an eventfd belongs (this side would block reading it): refused.
+        let (r, _w) = nix::unistd::pipe().unwrap();
+        let mut forged = dup(&give[..4]);
+        forged.push(r);
+        assert!(guest_rings(&resuming(0), forged, &guest).is_err());
+        // Too few descriptors, or a region not sealed against shrinking: refused.
+        assert!(guest_rings(&resuming(0), dup(&give[..3]), &guest).is_err());
+        let unsealed = hira_protocol::shm::memfd(
+            c"not-sealed",
+            hira_ring::region_len(hira_ring::DEFAULT_CAPACITY) as u64,
+            0,
+        )
+        .unwrap();
+        let mut forged = vec![unsealed];
+        forged.extend(dup(&give[1..]));
+        assert!(guest_rings(&resuming(0), forged, &guest).is_err());
+    }
 }

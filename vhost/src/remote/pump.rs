@@ -11,7 +11,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
 use std::collections::VecDeque;
@@ -19,7 +19,6 @@ use std::collections::VecDeque;
 use hira_protocol::frame::HEADER_LEN;
 use hira_protocol::resend;
 use hira_protocol::{FrameHeader, FrameKind};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 /// Bytes read from either side at once.
 const CHUNK: usize = 256 * 1024;
@@ -338,17 +337,168 @@ impl Spin {
     }
 }
 
-/// Waits for `fds` as `poll(2)` does without a timeout, looking again for up to the
-/// learnt spin first.
-fn wait(fds: &mut [PollFd<'_>], spin: &mut Spin) -> nix::Result<i32> {
+/// A session's local end, which the pump joins to the session's TLS connection.
+pub enum Local<'a> {
+    /// A socket: the guest's connection (its frames inline), or on a GPU host the
+    /// socket pair to the ordinary session.
+    Socket(&'a UnixStream),
+    /// A host-local guest's shared-memory rings on a VM host: the pump is their
+    /// host end, as an API server is a local session's. The guest's socket carries
+    /// nothing more; its end (or anything sent on it) ends the session.
+    Rings {
+        ends: &'a mut hira_ring::Ends,
+        guest: &'a UnixStream,
+    },
+}
+
+impl Local<'_> {
+    fn start(&self) -> std::io::Result<()> {
+        match self {
+            Local::Socket(s) => s.set_nonblocking(true),
+            Local::Rings { guest, .. } => guest.set_nonblocking(true),
+        }
+    }
+
+    /// Reads what is there: `WouldBlock` if nothing, 0 at the local side's end.
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Local::Socket(s) => (&**s).read(buf),
+            Local::Rings { ends, guest } => {
+                if guest_gone(guest) {
+                    return Ok(0);
+                }
+                ends.consumer.try_read(buf)
+            }
+        }
+    }
+
+    /// Writes what fits: `WouldBlock` if nothing does.
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Local::Socket(s) => (&**s).write(buf),
+            Local::Rings { ends, .. } => ends.producer.try_write(buf),
+        }
+    }
+
+    /// Whether a read (`read`) or a write (`write`) would do something now, for the
+    /// spin before a sleep (a socket's readiness is the poll's).
+    fn ready(&self, read: bool, write: bool) -> bool {
+        match self {
+            Local::Socket(_) => false,
+            Local::Rings { ends, guest } => {
+                (read && ends.consumer.ready().unwrap_or(true))
+                    || (write && ends.producer.has_room().unwrap_or(true))
+                    || guest_gone(guest)
+            }
+        }
+    }
+
+    /// What to poll for: the socket, or the guest's socket and the rings' bells.
+    fn poll_fds(&self, read: bool, write: bool, fds: &mut Vec<libc::pollfd>) {
+        let fd = |fd: std::os::fd::RawFd, events: i16| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        match self {
+            Local::Socket(s) => {
+                let mut events = 0;
+                if read {
+                    events |= libc::POLLIN;
+                }
+                if write {
+                    events |= libc::POLLOUT;
+                }
+                fds.push(fd(s.as_raw_fd(), events));
+            }
+            Local::Rings { ends, guest } => {
+                fds.push(fd(guest.as_raw_fd(), libc::POLLIN | libc::POLLRDHUP));
+                if read && let Some(b) = ends.consumer.bell() {
+                    fds.push(fd(b, libc::POLLIN));
+                }
+                if write && let Some(b) = ends.producer.bell() {
+                    fds.push(fd(b, libc::POLLIN));
+                }
+            }
+        }
+    }
+
+    /// Announces a sleep on the rings' bells; whether there is something to do
+    /// already (then the pump does not sleep). [`Local::awake`] follows either way.
+    fn will_sleep(&self, read: bool, write: bool) -> bool {
+        let Local::Rings { ends, .. } = self else {
+            return false;
+        };
+        let data = read && ends.consumer.will_sleep().unwrap_or(true);
+        let room = write && ends.producer.will_sleep().unwrap_or(true);
+        data || room
+    }
+
+    fn awake(&self, read: bool, write: bool) {
+        if let Local::Rings { ends, .. } = self {
+            if read {
+                ends.consumer.awake();
+            }
+            if write {
+                ends.producer.awake();
+            }
+        }
+    }
+
+    /// Writes all of `b`, blocking.
+    fn write_all_blocking(&mut self, b: &[u8]) -> std::io::Result<()> {
+        match self {
+            Local::Socket(s) => {
+                s.set_nonblocking(false)?;
+                (&**s).write_all(b)
+            }
+            Local::Rings { ends, .. } => ends.producer.write_all(b),
+        }
+    }
+}
+
+/// Whether a guest on rings is gone: its socket hung up, or it sent something
+/// there, which a guest on rings never does.
+fn guest_gone(guest: &UnixStream) -> bool {
+    let mut p = [libc::pollfd {
+        fd: guest.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    }];
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 0) };
+    n != 0
+}
+
+/// Polls `fds` without waiting.
+fn poll_now(fds: &mut [libc::pollfd]) -> std::io::Result<i32> {
+    // SAFETY: a valid array of pollfds; a zero timeout never blocks.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n)
+}
+
+/// Waits until the TLS socket or the local end may have something to do, looking
+/// again for up to the learnt spin first. `tcp` is the TLS socket's entry (first in
+/// `fds`); the local end adds its own.
+fn wait(
+    tcp: libc::pollfd,
+    local: &Local<'_>,
+    read: bool,
+    write: bool,
+    spin: &mut Spin,
+) -> std::io::Result<()> {
+    let mut fds = vec![tcp];
+    local.poll_fds(read, write, &mut fds);
     let budget = spin.budget();
     if budget > 0 {
         let start = std::time::Instant::now();
         loop {
-            let n = poll(fds, PollTimeout::ZERO)?;
-            if n > 0 {
+            if local.ready(read, write) || poll_now(&mut fds)? > 0 {
                 spin.learn(budget, true);
-                return Ok(n);
+                return Ok(());
             }
             if start.elapsed().as_nanos() as u64 >= budget {
                 spin.learn(budget, false);
@@ -357,7 +507,19 @@ fn wait(fds: &mut [PollFd<'_>], spin: &mut Spin) -> nix::Result<i32> {
             std::hint::spin_loop();
         }
     }
-    poll(fds, PollTimeout::NONE)
+    if !local.will_sleep(read, write) {
+        // SAFETY: a valid array of pollfds; no timeout.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != ErrorKind::Interrupted {
+                local.awake(read, write);
+                return Err(e);
+            }
+        }
+    }
+    local.awake(read, write);
+    Ok(())
 }
 
 impl Pump {
@@ -430,7 +592,7 @@ impl Pump {
     /// `close_notify` failed.
     pub fn run(
         &mut self,
-        local: &UnixStream,
+        local: &mut Local<'_>,
         link: &mut TlsLink,
         on_error: OnSessionError<'_>,
     ) -> End {
@@ -438,14 +600,9 @@ impl Pump {
         // What rustls holds is bounded here instead: the local side is read only once
         // the records before went out, so at most one read's worth waits.
         conn.set_buffer_limit(None);
-        if let Err(e) = local
-            .set_nonblocking(true)
-            .and_then(|()| tcp.set_nonblocking(true))
-        {
+        if let Err(e) = local.start().and_then(|()| tcp.set_nonblocking(true)) {
             return self.failed(e);
         }
-        let mut local_r = local;
-        let mut local_w = local;
         let mut buf = vec![0u8; CHUNK];
         let mut local_eof = false;
         let mut peer_eof = false;
@@ -479,7 +636,7 @@ impl Pump {
                 }
             }
             while self.delivered < self.to_local.len() {
-                match local_w.write(&self.to_local[self.delivered..]) {
+                match local.write(&self.to_local[self.delivered..]) {
                     Ok(n) => self.delivered += n,
                     Err(e) if would_block(&e) => break,
                     Err(_) => return End::Local,
@@ -500,57 +657,30 @@ impl Pump {
             }
             let read_local = !local_eof && !conn.wants_write();
             let read_peer = !peer_eof && self.to_local.is_empty();
-            let mut local_events = PollFlags::empty();
+            // Each side is read in turn, so that neither starves the other.
+            let mut progressed = false;
             if read_local {
-                local_events |= PollFlags::POLLIN;
-            }
-            if !self.to_local.is_empty() {
-                local_events |= PollFlags::POLLOUT;
-            }
-            let mut tcp_events = PollFlags::empty();
-            if read_peer {
-                tcp_events |= PollFlags::POLLIN;
-            }
-            if conn.wants_write() {
-                tcp_events |= PollFlags::POLLOUT;
-            }
-            let mut fds = [
-                PollFd::new(local.as_fd(), local_events),
-                PollFd::new(tcp.as_fd(), tcp_events),
-            ];
-            match wait(&mut fds, &mut self.spin) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return self.failed(e.into()),
-            }
-            let local_ready = fds[0].revents().unwrap_or(PollFlags::empty());
-            let tcp_ready = fds[1].revents().unwrap_or(PollFlags::empty());
-            let hangup = PollFlags::POLLHUP | PollFlags::POLLERR;
-            if local_ready.intersects(hangup) && !local_ready.contains(PollFlags::POLLIN) {
-                conn.send_close_notify();
-                local_eof = true;
-                continue;
-            }
-            if read_local && local_ready.contains(PollFlags::POLLIN) {
-                match local_r.read(&mut buf) {
+                match local.read(&mut buf) {
                     Ok(0) => {
                         conn.send_close_notify();
                         local_eof = true;
+                        progressed = true;
                     }
                     Ok(n) => {
                         if let Err(e) = self.send_peer(conn, &buf[..n]) {
                             return self.failed(e);
                         }
+                        progressed = true;
                     }
                     Err(e) if would_block(&e) => {}
                     Err(_) => {
                         conn.send_close_notify();
                         local_eof = true;
+                        progressed = true;
                     }
                 }
             }
-            if read_peer && (tcp_ready.contains(PollFlags::POLLIN) || tcp_ready.intersects(hangup))
-            {
+            if read_peer {
                 match conn.read_tls(tcp) {
                     // The socket closed under TLS, with no close_notify: a failure.
                     Ok(0) => {
@@ -566,10 +696,31 @@ impl Pump {
                             return self.failed(std::io::Error::new(ErrorKind::InvalidData, e));
                         }
                         take_plain = true;
+                        progressed = true;
                     }
                     Err(e) if would_block(&e) => {}
                     Err(e) => return self.failed(e),
                 }
+            }
+            if progressed {
+                continue;
+            }
+            // Nothing to do without waiting.
+            let mut tcp_events = 0;
+            if read_peer {
+                tcp_events |= libc::POLLIN;
+            }
+            if conn.wants_write() {
+                tcp_events |= libc::POLLOUT;
+            }
+            let tcp_fd = libc::pollfd {
+                fd: tcp.as_raw_fd(),
+                events: tcp_events,
+                revents: 0,
+            };
+            let write_local = !self.to_local.is_empty();
+            if let Err(e) = wait(tcp_fd, local, read_local, write_local, &mut self.spin) {
+                return self.failed(e);
             }
         }
     }
@@ -583,10 +734,8 @@ impl Pump {
 
     /// Delivers what the peer sent and the local side has not taken yet, blocking:
     /// after a last failure, before the local side is told.
-    pub fn flush(&mut self, local: &UnixStream) -> std::io::Result<()> {
-        local.set_nonblocking(false)?;
-        let mut w = local;
-        w.write_all(&self.to_local[self.delivered..])?;
+    pub fn flush(&mut self, local: &mut Local<'_>) -> std::io::Result<()> {
+        local.write_all_blocking(&self.to_local[self.delivered..])?;
         self.to_local.clear();
         self.delivered = 0;
         Ok(())
@@ -595,7 +744,7 @@ impl Pump {
 
 /// Pumps until either side ends, the stream passed as it is.
 pub fn pump(local: &UnixStream, link: &mut TlsLink, on_error: OnSessionError<'_>) -> End {
-    Pump::plain().run(local, link, on_error)
+    Pump::plain().run(&mut Local::Socket(local), link, on_error)
 }
 
 #[cfg(test)]
@@ -625,15 +774,20 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_returns_what_is_ready_whether_it_spun_or_slept() {
+    fn a_wait_returns_once_the_socket_is_ready_whether_it_spun_or_slept() {
         let (a, b) = UnixStream::pair().unwrap();
+        let (idle, _idle_peer) = UnixStream::pair().unwrap();
+        let tcp = |fd: &UnixStream| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let mut spin = Spin {
             ns: Spin::MAX,
             waits: 0,
         };
         (&b).write_all(b"x").unwrap();
-        let mut fds = [PollFd::new(a.as_fd(), PollFlags::POLLIN)];
-        assert_eq!(wait(&mut fds, &mut spin).unwrap(), 1);
+        wait(tcp(&a), &Local::Socket(&idle), true, false, &mut spin).unwrap();
         assert_eq!(
             spin.ns,
             Spin::MAX,
@@ -644,8 +798,9 @@ mod tests {
         // A pump that learnt not to spin sleeps in poll(2) and wakes for the peer.
         let mut spin = Spin::default();
         let writer = std::thread::spawn(move || (&b).write_all(b"y").unwrap());
-        let mut fds = [PollFd::new(a.as_fd(), PollFlags::POLLIN)];
-        assert_eq!(wait(&mut fds, &mut spin).unwrap(), 1);
+        wait(tcp(&a), &Local::Socket(&idle), true, false, &mut spin).unwrap();
+        (&a).read_exact(&mut one).unwrap();
+        assert_eq!(&one, b"y");
         writer.join().unwrap();
     }
 

@@ -126,12 +126,19 @@ fn hosts_with(net: &Net, pki: &Pki, tls_extra: &str) -> (Daemon, Daemon) {
 }
 
 fn same_as_native(a: &Daemon, b: &Daemon, program: &str, args: &[&str]) {
+    same_as_native_with(a, b, program, args, &[]);
+}
+
+/// As [`same_as_native`], the guest's environment extended by `env`.
+fn same_as_native_with(a: &Daemon, b: &Daemon, program: &str, args: &[&str], env: &[(&str, &str)]) {
     let exe = c_program(program);
     let native = run_native(&exe, args);
     assert!(native.status.success(), "{program} fails natively");
     let vendors = Vendors::hira();
     let placed = run_with_timeout(
-        a.guest(&vendors, "vm1", &exe).args(args),
+        a.guest(&vendors, "vm1", &exe)
+            .args(args)
+            .envs(env.iter().copied()),
         Duration::from_secs(300),
     );
     assert!(
@@ -165,6 +172,10 @@ fn programs_placed_on_a_gpu_host_over_mutual_tls_print_what_they_print_natively(
         ("large", &[]),
     ] {
         same_as_native(&a, &b, p, args);
+    }
+    // A guest without rings sends its frames on its socket, bulk data inline.
+    for p in ["large", "events"] {
+        same_as_native_with(&a, &b, p, &[], &[("HIRA_RINGS", "0")]);
     }
     // A VM added at run time, as libvirt's hook adds one, is placed as its spec says.
     let vsock = a.dir.path().join("vm3.vsock");
@@ -229,13 +240,21 @@ fn programs_placed_on_a_gpu_host_over_mutual_tls_print_what_they_print_natively(
         );
     }
     // The VM host's records: every session ran on gpu-b; none had an API server here.
+    // A host-local guest's rings ended in the VM host's pump; the two without rings
+    // sent on their sockets.
     let ended_a = a.wait_idle(Duration::from_secs(30));
     assert!(!ended_a.is_empty());
+    let mut on_socket = 0;
     for e in &ended_a {
-        assert_eq!(e["data_plane"], "remote gpu-b", "{e}");
+        match e["data_plane"].as_str() {
+            Some("remote gpu-b on rings") => {}
+            Some("remote gpu-b") => on_socket += 1,
+            _ => panic!("{e}"),
+        }
         assert!(e["vm"] == "vm1" || e["vm"] == "vm3", "{e}");
         assert!(e["api_server_pid"].is_null(), "{e}");
     }
+    assert_eq!(on_socket, 2, "{ended_a:?}");
     // The GPU host's: the same sessions, as tenant host-a:vm1, each with its own API
     // server, relayed, at the peer's share.
     let ended_b = b.wait_idle(Duration::from_secs(30));
@@ -800,7 +819,11 @@ fn placed_sessions_move_between_gpu_hosts_and_a_drained_host_takes_no_new_ones()
         .iter()
         .find(|e| e["process"] == "vecadd")
         .expect("vecadd's session");
-    assert_eq!(vecadd_run["data_plane"], "remote gpu-b", "{vecadd_run}");
+    // Moved twice, it went on with the rings the VM host first gave it.
+    assert_eq!(
+        vecadd_run["data_plane"], "remote gpu-b on rings",
+        "{vecadd_run}"
+    );
     b.wait_idle(Duration::from_secs(30));
 }
 
@@ -848,6 +871,7 @@ fn a_connection_cut_under_calls_in_flight_is_resumed_and_every_call_runs_once() 
     assert_eq!(ended.len(), 1, "{ended:?}");
     let how = ended[0]["api_server_end"].as_str().unwrap();
     assert!(how.contains("reconnection(s)"), "{how}");
+    assert_eq!(ended[0]["data_plane"], "remote gpu-b on rings", "{ended:?}");
     // One session on the GPU host throughout, one API server (the connections that
     // came back joined it).
     let ended_b = b.wait_idle(Duration::from_secs(30));
