@@ -126,6 +126,41 @@ pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(
             }
             return Err(CL_PLATFORM_NOT_FOUND_KHR);
         }
+        // The loader asks for the count, then for the list: the count's round trip
+        // brings the list, which the next call takes (once: the host's platforms do
+        // not change, but the loader asks again only in another process).
+        let mut listed = LISTED.lock().unwrap_or_else(|e| e.into_inner());
+        if platforms.is_null() {
+            let mut list = [std::ptr::null_mut(); LISTED_MAX];
+            let mut n: cl_uint = 0;
+            // SAFETY: `list` holds LISTED_MAX entries; `n` is a local.
+            let status = unsafe {
+                crate::generated::clGetPlatformIDs(LISTED_MAX as cl_uint, list.as_mut_ptr(), &mut n)
+            };
+            if status == 0 {
+                *listed = (n as usize <= LISTED_MAX)
+                    .then(|| list[..n as usize].iter().map(|&p| p as usize).collect());
+                // SAFETY: checked non-null above (one of the two is).
+                unsafe { *num_platforms = n };
+            }
+            return if status == -1001 || status == 0 {
+                Ok(status)
+            } else {
+                Err(status)
+            };
+        }
+        if let Some(list) = listed.take() {
+            for (i, &p) in list.iter().take(num_entries as usize).enumerate() {
+                // SAFETY: `platforms` is valid for `num_entries` writes.
+                unsafe { *platforms.add(i) = p as cl_platform_id };
+            }
+            if !num_platforms.is_null() {
+                // SAFETY: checked non-null; the caller passes a valid pointer.
+                unsafe { *num_platforms = list.len() as cl_uint };
+            }
+            return Ok(0);
+        }
+        drop(listed);
         // SAFETY: the pointers are passed on with the same contract.
         let status =
             unsafe { crate::generated::clGetPlatformIDs(num_entries, platforms, num_platforms) };
@@ -136,6 +171,12 @@ pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(
         }
     })
 }
+
+/// The most platforms the count query brings the list of.
+const LISTED_MAX: usize = 16;
+
+/// The list the last count query brought, for the list query after it.
+static LISTED: std::sync::Mutex<Option<Vec<usize>>> = std::sync::Mutex::new(None);
 
 /// Exported because ICD loaders look this symbol up in every vendor library before
 /// they use it; calls arrive through the dispatch table like every other.
