@@ -140,6 +140,11 @@ enum Cmd {
         /// Seconds one run may take before it is killed and reported as a timeout.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
+        /// Runs through Hira with the sessions placed on a GPU host across a network
+        /// (network namespaces, mutual TLS; root) at this many µs of added one-way
+        /// delay, as `hira-bench remote` does.
+        #[arg(long)]
+        placed: Option<u64>,
         /// Directory for the private build, the runs and results.{json,md}.
         #[arg(long, default_value = "target/hira-bench/rodinia")]
         out: PathBuf,
@@ -361,6 +366,7 @@ fn main() -> Result<()> {
             cuda_samples,
             only,
             timeout,
+            placed,
             out,
         } => programs(
             &src,
@@ -370,6 +376,7 @@ fn main() -> Result<()> {
             cuda_samples.map(|s| s.join("Common")),
             &only,
             timeout,
+            placed,
             &out,
         ),
         Cmd::CudaSamples {
@@ -387,6 +394,7 @@ fn main() -> Result<()> {
             Some(src.join("Common")),
             &only,
             timeout,
+            None,
             &out,
         ),
         Cmd::Remote {
@@ -472,13 +480,14 @@ fn programs(
     samples_inc: Option<PathBuf>,
     only: &[String],
     timeout: u64,
+    placed: Option<u64>,
     out: &std::path::Path,
 ) -> Result<()> {
     let bin = env::build_components()?;
     std::fs::create_dir_all(out)?;
     let out = out.canonicalize()?;
-    let (bench, cuda) = match api {
-        rodinia::Api::Opencl => (env::BenchEnv::start(&bin)?, None),
+    let (libraries, cuda) = match api {
+        rodinia::Api::Opencl => (None, None),
         rodinia::Api::Cuda | rodinia::Api::Samples => {
             let (driver_dir, shim) = cuda::libraries(&bin, &out, driver.as_deref())?;
             let top = match cuda_toolkit {
@@ -495,16 +504,36 @@ fn programs(
                     .with_context(|| format!("{}", top.display()))?,
                 samples_inc,
             };
-            (
-                env::BenchEnv::start_cuda(&bin, &driver_dir, &shim)?,
-                Some(tools),
-            )
+            (Some((driver_dir, shim)), Some(tools))
+        }
+    };
+    // Runs through Hira on this host, or on a GPU host across the network, whose
+    // hosts live as long as the runs.
+    let local;
+    let mut hosts = None;
+    let bench: &env::BenchEnv = match placed {
+        None => {
+            local = match &libraries {
+                None => env::BenchEnv::start(&bin)?,
+                Some((driver, shim)) => env::BenchEnv::start_cuda(&bin, driver, shim)?,
+            };
+            &local
+        }
+        Some(delay) => {
+            if let Some((driver, _)) = &libraries {
+                // SAFETY: set before any thread of this process reads the
+                // environment; the daemons inherit it.
+                unsafe { std::env::set_var("LD_LIBRARY_PATH", driver) };
+            }
+            let mut p = hira_benches::remote::Placed::new(&bin, delay)?;
+            p.env.cuda = libraries.clone();
+            &hosts.insert(p).env
         }
     };
     let rows = rodinia::run(
         &src.canonicalize()?,
         &out.join("work"),
-        &bench,
+        bench,
         api,
         cuda,
         only,

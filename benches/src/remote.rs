@@ -45,6 +45,51 @@ pub struct Results {
     pub bulk_mib: u64,
 }
 
+/// A VM host whose sessions run on a GPU host across the network, for other
+/// benchmarks' runs through Hira (`hira-bench rodinia --placed`): the hosts, their
+/// daemons and the VM host's environment, which its `env` runs programs in. Fields
+/// drop in order: the daemons before the hosts.
+pub struct Placed {
+    pub env: BenchEnv,
+    _gpu: BenchEnv,
+    _pki: Pki,
+    _net: Net,
+}
+
+impl std::fmt::Debug for Placed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Placed")
+            .field("env", &self.env)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Placed {
+    /// Hosts as namespaces (root), a GPU host, and a VM host reaching it `delay_us`
+    /// late each way (0: directly).
+    pub fn new(bin: &Path, delay_us: u64) -> Result<Placed> {
+        ensure!(
+            crate::hosts::can_make_hosts(),
+            "runs placed on a GPU host make network namespaces: run as root"
+        );
+        let net = Net::new()?;
+        let pki = Pki::new("placed")?;
+        let gpu = gpu_host(bin, &net, &pki)?;
+        let address = if delay_us == 0 {
+            GPU_ADDR.to_string()
+        } else {
+            net.delayed(Duration::from_micros(delay_us))?
+        };
+        let env = vm_host(bin, &net, &pki, &address)?;
+        Ok(Placed {
+            env,
+            _gpu: gpu,
+            _pki: pki,
+            _net: net,
+        })
+    }
+}
+
 /// A VM host in `net.a` whose VM `bench` runs its sessions on GPU host `gpu-b`,
 /// reached at `address`.
 fn vm_host(bin: &Path, net: &Net, pki: &Pki, address: &str) -> Result<BenchEnv> {
