@@ -305,13 +305,7 @@ struct Rings {
 /// Host-local rings: a fresh memfd region and eventfds.
 fn setup_rings(live: &UnixStream) -> std::io::Result<Rings> {
     use std::os::fd::AsRawFd;
-    let (region, region_fd) = hira_ring::Region::create(hira_ring::DEFAULT_CAPACITY)?;
-    let eventfds = hira_ring::eventfds()?;
-    let ours = eventfds
-        .iter()
-        .map(|f| f.try_clone())
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let ends = hira_ring::server_ends(Arc::new(region), ours, live.as_raw_fd())?;
+    let (ends, region_fd, eventfds) = hira_ring::new_server_rings(live.as_raw_fd())?;
     Ok(Rings {
         ends,
         handoff: Some((region_fd, eventfds)),
@@ -322,14 +316,8 @@ fn setup_rings(live: &UnixStream) -> std::io::Result<Rings> {
 /// from the positions the region holds.
 fn adopt_rings(fds: Vec<OwnedFd>, live: &UnixStream) -> std::io::Result<Rings> {
     use std::os::fd::AsRawFd;
-    let mut it = fds.into_iter();
-    let region_fd = it
-        .next()
-        .ok_or_else(|| invalid("adopted rings without a region"))?;
-    let region = hira_ring::Region::map(&region_fd, hira_ring::DEFAULT_CAPACITY)?;
-    let ends = hira_ring::server_ends(Arc::new(region), it.collect(), live.as_raw_fd())?;
     Ok(Rings {
-        ends,
+        ends: hira_ring::adopt_server_rings(fds, live.as_raw_fd())?,
         handoff: None,
     })
 }

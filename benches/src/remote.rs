@@ -75,11 +75,7 @@ impl Placed {
         let net = Net::new()?;
         let pki = Pki::new("placed")?;
         let gpu = gpu_host(bin, &net, &pki)?;
-        let address = if delay_us == 0 {
-            GPU_ADDR.to_string()
-        } else {
-            net.delayed(Duration::from_micros(delay_us))?
-        };
+        let address = reach(&net, gpu_addr(), delay_us)?;
         let env = vm_host(bin, &net, &pki, &address)?;
         Ok(Placed {
             env,
@@ -88,6 +84,20 @@ impl Placed {
             _net: net,
         })
     }
+}
+
+/// The GPU host's address.
+fn gpu_addr() -> std::net::SocketAddr {
+    GPU_ADDR.parse().expect("a socket address")
+}
+
+/// How the VM host reaches `to`: directly, or through a relay that delays each byte
+/// `delay_us` each way.
+fn reach(net: &Net, to: std::net::SocketAddr, delay_us: u64) -> Result<String> {
+    if delay_us == 0 {
+        return Ok(to.to_string());
+    }
+    Ok(net.relay_to(to, Duration::from_micros(delay_us))?.0)
 }
 
 /// A VM host in `net.a` whose VM `bench` runs its sessions on GPU host `gpu-b`,
@@ -204,8 +214,7 @@ pub fn run(short: bool, repeats: usize, delays: &[u64], loss: f64) -> Result<Res
     }
     let pki = Pki::new("bench")?;
     let _gpu = gpu_host(&bin, &net, &pki)?;
-    let gpu_ip = GPU_ADDR.split(':').next().expect("an address");
-    let probe = crate::link::serve_in(Some(&net.b), gpu_ip)?;
+    let probe = crate::link::serve_in(Some(&net.b), &gpu_addr().ip().to_string())?;
     let mut link = vec![None];
     let mut placements = vec![Placement {
         label: "this host".into(),
@@ -213,12 +222,7 @@ pub fn run(short: bool, repeats: usize, delays: &[u64], loss: f64) -> Result<Res
     }];
     let mut envs = vec![BenchEnv::start(&bin)?];
     for &d in delays {
-        let (address, probe_address) = if d == 0 {
-            (GPU_ADDR.to_string(), probe.to_string())
-        } else {
-            let one_way = Duration::from_micros(d);
-            (net.delayed(one_way)?, net.relay_to(probe, one_way)?.0)
-        };
+        let (address, probe_address) = (reach(&net, gpu_addr(), d)?, reach(&net, probe, d)?);
         eprint!("\r\x1b[2Klink: +{d} µs");
         link.push(Some(crate::link::measure_from(
             Some(&net.a),
@@ -285,15 +289,12 @@ pub fn report(r: &Results, repeats: usize) -> String {
             String::new()
         }
     );
-    md += "| workload | native s |";
-    for p in &r.placements {
-        md += &format!(" {} |", p.label);
-    }
-    md += " calls | round trips | outputs |\n|---|---:|";
-    for _ in &r.placements {
-        md += "---:|";
-    }
-    md += "---:|---:|---|\n";
+    md += &header(
+        "| workload | native s |",
+        &r.placements,
+        " calls | round trips | outputs |",
+        "---:|---:|---|",
+    );
     for (name, row) in &r.workloads {
         md += &format!("| {name} | {:.3} |", row[0].median_native());
         for m in row {
@@ -328,6 +329,20 @@ pub fn report(r: &Results, repeats: usize) -> String {
     md
 }
 
+/// A table's heading: `lead` (two columns), a column per placement, then `tail`,
+/// aligned as `tail_align`.
+fn header(lead: &str, placements: &[Placement], tail: &str, tail_align: &str) -> String {
+    let mut md = lead.to_string();
+    for p in placements {
+        md += &format!(" {} |", p.label);
+    }
+    md += tail;
+    md += "\n|---|---:|";
+    md += &"---:|".repeat(placements.len());
+    md += tail_align;
+    md + "\n"
+}
+
 /// The calls and bulk transfers beside the link's own figures.
 fn calls_report(r: &Results, repeats: usize) -> String {
     let mut md = format!(
@@ -342,15 +357,7 @@ fn calls_report(r: &Results, repeats: usize) -> String {
          Medians of {repeats} runs.\n\n",
         r.bulk_mib
     );
-    md += "| | native |";
-    for p in &r.placements {
-        md += &format!(" {} |", p.label);
-    }
-    md += "\n|---|---:|";
-    for _ in &r.placements {
-        md += "---:|";
-    }
-    md += "\n";
+    md += &header("| | native |", &r.placements, "", "");
     let row = |label: &str, native: String, each: &dyn Fn(usize) -> String| {
         let mut line = format!("| {label} | {native} |");
         for i in 0..r.placements.len() {

@@ -674,12 +674,11 @@ fn kernel_limits(kernel: cl_kernel, device: cl_device_id) -> Result<(usize, [usi
     let mut both = [0u8; 32];
     // SAFETY: `both` is valid for its 32 bytes of writes.
     if unsafe { generated::hiraKernelLimits(kernel, device, both.as_mut_ptr().cast()) } == 0 {
-        let mut v = both
-            .chunks(8)
-            .map(|c| usize::try_from(u64::from_le_bytes(c.try_into().unwrap_or_default())));
-        if let (Some(Ok(max)), Some(Ok(r0)), Some(Ok(r1)), Some(Ok(r2))) =
-            (v.next(), v.next(), v.next(), v.next())
-        {
+        let word = |i: usize| {
+            let b: [u8; 8] = both[8 * i..8 * i + 8].try_into().unwrap_or_default();
+            usize::try_from(u64::from_le_bytes(b))
+        };
+        if let (Ok(max), Ok(r0), Ok(r1), Ok(r2)) = (word(0), word(1), word(2), word(3)) {
             let l = (max, [r0, r1, r2]);
             with_kernel(kernel, |m| m.limits.insert(device as usize, l))?;
             return Ok(l);

@@ -108,12 +108,17 @@ fn sleep_on(bell: RawFd, live: RawFd) -> std::io::Result<Woke> {
             return Err(e);
         }
         if fds[0].revents != 0 {
-            let mut v: u64 = 0;
-            // SAFETY: reads 8 bytes into a local from a non-blocking eventfd.
-            unsafe { libc::read(bell, (&mut v as *mut u64).cast(), 8) };
+            take_rings(bell);
         }
         return Ok(live_state(1, fds[1].revents));
     }
+}
+
+/// Resets a non-blocking eventfd that was rung.
+fn take_rings(bell: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a local from a non-blocking eventfd.
+    unsafe { libc::read(bell, (&mut v as *mut u64).cast(), 8) };
 }
 
 /// How one end of a ring wakes its peer and sleeps.
@@ -397,9 +402,7 @@ impl End {
     fn settle(&self, flag: &AtomicU32) {
         flag.store(0, Ordering::Relaxed);
         if let Some(bell) = self.bell() {
-            let mut v: u64 = 0;
-            // SAFETY: reads 8 bytes into a local from a non-blocking eventfd.
-            unsafe { libc::read(bell, (&mut v as *mut u64).cast(), 8) };
+            take_rings(bell);
         }
     }
 
@@ -658,6 +661,32 @@ pub fn server_ends(region: Arc<Region>, fds: Vec<OwnedFd>, live: RawFd) -> std::
     ))
 }
 
+/// Fresh host-local rings for a host end (an API server, or a VM host's pump for a
+/// session placed elsewhere): its ends, `live` its socket to whoever ends the
+/// session, and the region and eventfds to hand the guest.
+pub fn new_server_rings(live: RawFd) -> std::io::Result<(Ends, OwnedFd, Vec<OwnedFd>)> {
+    let (region, region_fd) = Region::create(DEFAULT_CAPACITY)?;
+    let bells = eventfds()?;
+    let ours = bells
+        .iter()
+        .map(OwnedFd::try_clone)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let ends = server_ends(Arc::new(region), ours, live)?;
+    Ok((ends, region_fd, bells))
+}
+
+/// A host end's rings as the guest hands them back (its region first, then its
+/// eventfds), for a session that moved: both sides go on from the positions the
+/// region holds. The region is mapped only sealed against shrinking.
+pub fn adopt_server_rings(fds: Vec<OwnedFd>, live: RawFd) -> std::io::Result<Ends> {
+    let mut it = fds.into_iter();
+    let region_fd = it
+        .next()
+        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "adopted rings without a region"))?;
+    let region = Region::map(&region_fd, DEFAULT_CAPACITY)?;
+    server_ends(Arc::new(region), it.collect(), live)
+}
+
 /// A VM guest's ends: doorbell frames on its vsock `socket` (see [`Signal`]).
 pub fn guest_ends_vm(region: Arc<Region>, socket: RawFd) -> Ends {
     let signal = || Signal::Doorbells {
@@ -842,10 +871,8 @@ impl Write for Producer {
         if buf.is_empty() {
             return Ok(0);
         }
-        let n = buf.len().min(self.wait_for_space()?);
-        self.put(&buf[..n], self.head);
-        self.publish(n);
-        Ok(n)
+        self.wait_for_space()?;
+        self.try_write(buf)
     }
 
     /// Copies as much of `bufs` as fits and publishes it at once, so that a frame's

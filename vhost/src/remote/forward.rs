@@ -18,7 +18,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use hira_protocol::frame::HEADER_LEN;
 use hira_protocol::handshake::{ErrorPayload, Hello, Token, Welcome, error_code};
@@ -320,36 +320,25 @@ fn guest_rings(
         fds.next();
     }
     let adopted: Vec<OwnedFd> = fds.collect();
-    let capacity = hira_ring::DEFAULT_CAPACITY;
     if hello.resume.is_some() && !adopted.is_empty() {
-        let mut it = adopted.into_iter();
-        let region_fd = it.next().unwrap_or_else(|| unreachable!());
-        // Mapped only sealed against shrinking, so no access can fault.
-        let region = hira_ring::Region::map(&region_fd, capacity)?;
-        let bells: Vec<OwnedFd> = it.collect();
+        let bells = &adopted[1..];
         if bells.len() != hira_ring::EVENTFDS || !bells.iter().all(is_eventfd) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "the guest's ring descriptors are not its region and eventfds",
             ));
         }
-        for b in &bells {
+        for b in bells {
             // This side never blocks on them, whatever the guest set.
             nix::fcntl::fcntl(
                 b,
                 nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
             )?;
         }
-        let ends = hira_ring::server_ends(Arc::new(region), bells, guest.as_raw_fd())?;
+        let ends = hira_ring::adopt_server_rings(adopted, guest.as_raw_fd())?;
         return Ok(Some((ends, Vec::new())));
     }
-    let (region, region_fd) = hira_ring::Region::create(capacity)?;
-    let bells = hira_ring::eventfds()?;
-    let ours = bells
-        .iter()
-        .map(OwnedFd::try_clone)
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let ends = hira_ring::server_ends(Arc::new(region), ours, guest.as_raw_fd())?;
+    let (ends, region_fd, bells) = hira_ring::new_server_rings(guest.as_raw_fd())?;
     let mut give = vec![region_fd];
     give.extend(bells);
     Ok(Some((ends, give)))

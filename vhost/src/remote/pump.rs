@@ -355,7 +355,8 @@ impl Local<'_> {
     fn start(&self) -> std::io::Result<()> {
         match self {
             Local::Socket(s) => s.set_nonblocking(true),
-            Local::Rings { guest, .. } => guest.set_nonblocking(true),
+            // The guest's socket is only polled.
+            Local::Rings { .. } => Ok(()),
         }
     }
 
@@ -363,12 +364,11 @@ impl Local<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Local::Socket(s) => (&**s).read(buf),
-            Local::Rings { ends, guest } => {
-                if guest_gone(guest) {
-                    return Ok(0);
-                }
-                ends.consumer.try_read(buf)
-            }
+            // What the guest put in its ring before it went still goes on.
+            Local::Rings { ends, guest } => match ends.consumer.try_read(buf) {
+                Err(e) if e.kind() == ErrorKind::WouldBlock && guest_gone(guest) => Ok(0),
+                r => r,
+            },
         }
     }
 
@@ -381,24 +381,29 @@ impl Local<'_> {
     }
 
     /// Whether a read (`read`) or a write (`write`) would do something now, for the
-    /// spin before a sleep (a socket's readiness is the poll's).
+    /// spin before a sleep (a socket's readiness, and the guest's end, are the
+    /// poll's).
     fn ready(&self, read: bool, write: bool) -> bool {
         match self {
             Local::Socket(_) => false,
-            Local::Rings { ends, guest } => {
+            Local::Rings { ends, .. } => {
                 (read && ends.consumer.ready().unwrap_or(true))
                     || (write && ends.producer.has_room().unwrap_or(true))
-                    || guest_gone(guest)
             }
         }
     }
 
-    /// What to poll for: the socket, or the guest's socket and the rings' bells.
-    fn poll_fds(&self, read: bool, write: bool, fds: &mut Vec<libc::pollfd>) {
-        let fd = |fd: std::os::fd::RawFd, events: i16| libc::pollfd {
-            fd,
-            events,
-            revents: 0,
+    /// What to poll for, into `fds`: the socket, or the guest's socket and the
+    /// rings' bells; how many entries.
+    fn poll_fds(&self, read: bool, write: bool, fds: &mut [libc::pollfd]) -> usize {
+        let mut n = 0;
+        let mut push = |fd: std::os::fd::RawFd, events: i16| {
+            fds[n] = libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            };
+            n += 1;
         };
         match self {
             Local::Socket(s) => {
@@ -409,18 +414,19 @@ impl Local<'_> {
                 if write {
                     events |= libc::POLLOUT;
                 }
-                fds.push(fd(s.as_raw_fd(), events));
+                push(s.as_raw_fd(), events);
             }
             Local::Rings { ends, guest } => {
-                fds.push(fd(guest.as_raw_fd(), libc::POLLIN | libc::POLLRDHUP));
+                push(guest.as_raw_fd(), libc::POLLIN | libc::POLLRDHUP);
                 if read && let Some(b) = ends.consumer.bell() {
-                    fds.push(fd(b, libc::POLLIN));
+                    push(b, libc::POLLIN);
                 }
                 if write && let Some(b) = ends.producer.bell() {
-                    fds.push(fd(b, libc::POLLIN));
+                    push(b, libc::POLLIN);
                 }
             }
         }
+        n
     }
 
     /// Announces a sleep on the rings' bells; whether there is something to do
@@ -465,9 +471,7 @@ fn guest_gone(guest: &UnixStream) -> bool {
         events: libc::POLLIN | libc::POLLRDHUP,
         revents: 0,
     }];
-    // SAFETY: one valid pollfd; a zero timeout never blocks.
-    let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 0) };
-    n != 0
+    !matches!(poll_now(&mut p), Ok(0))
 }
 
 /// Polls `fds` without waiting.
@@ -490,13 +494,15 @@ fn wait(
     write: bool,
     spin: &mut Spin,
 ) -> std::io::Result<()> {
-    let mut fds = vec![tcp];
-    local.poll_fds(read, write, &mut fds);
+    // The TLS socket, then at most three of the local end's.
+    let mut all = [tcp; 4];
+    let n = 1 + local.poll_fds(read, write, &mut all[1..]);
+    let fds = &mut all[..n];
     let budget = spin.budget();
     if budget > 0 {
         let start = std::time::Instant::now();
         loop {
-            if local.ready(read, write) || poll_now(&mut fds)? > 0 {
+            if local.ready(read, write) || poll_now(fds)? > 0 {
                 spin.learn(budget, true);
                 return Ok(());
             }
