@@ -7,7 +7,7 @@ ensure_packages() {
     local missing=()
     local pkg
     for pkg in gcc cmake pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers clinfo kmod iproute2 iptables; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$pkg")
     done
     if [ "${#missing[@]}" -gt 0 ]; then
         local sudo=""
@@ -21,7 +21,7 @@ ensure_packages() {
 # Installs piglit (the Mesa project's test suite; its OpenCL tests run natively and
 # through Hira in the compatibility tests). Most of its 2 GB are OpenGL shader tests.
 ensure_piglit() {
-    if ! dpkg-query -W -f='${Status}' piglit 2>/dev/null | grep -q "install ok installed"; then
+    if ! dpkg-query -W -f='${Status}' piglit 2>/dev/null | grep "install ok installed" >/dev/null; then
         local sudo=""
         [ "$(id -u)" -ne 0 ] && sudo=sudo
         echo "installing: piglit"
