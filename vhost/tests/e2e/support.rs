@@ -224,7 +224,15 @@ impl Daemon {
     /// A VM given as `NAME,OPTIONS` gets its listener with those options
     /// (`q,mem-quota=8M`).
     pub fn start_with(vms: &[&str], env: &[(&str, &str)], flags: &[&str]) -> Daemon {
-        Self::start_in(tempfile::tempdir().unwrap(), vms, env, flags)
+        Self::start_in(tempfile::tempdir().unwrap(), vms, env, flags, None)
+    }
+
+    /// As [`Daemon::start_with`], the daemon in the mount namespace `ns` (a
+    /// `/proc/PID/ns/mnt`), as another host's daemon sees its own `/dev/shm` and
+    /// `/run`; its directory is this host's.
+    pub fn start_in_mount_ns(ns: &Path, vms: &[&str], flags: &[&str]) -> Daemon {
+        let ns = std::fs::File::open(ns).expect("the mount namespace opens");
+        Self::start_in(tempfile::tempdir().unwrap(), vms, &[], flags, Some(ns))
     }
 
     /// Stops the daemon (SIGTERM, as an operator would) and starts a new one with
@@ -240,7 +248,7 @@ impl Daemon {
         self.child.wait().unwrap();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
         let _ = std::fs::remove_file(dir.path().join("notify.sock"));
-        Self::start_in(dir, vms, &[], flags)
+        Self::start_in(dir, vms, &[], flags, None)
     }
 
     fn start_in(
@@ -248,6 +256,7 @@ impl Daemon {
         vms: &[&str],
         env: &[(&str, &str)],
         flags: &[&str],
+        mount_ns: Option<std::fs::File>,
     ) -> Daemon {
         ensure_built();
         let log = dir.path().join("daemon.log");
@@ -273,6 +282,20 @@ impl Daemon {
         }
         let ready = Readiness::new(dir.path());
         ready.apply(&mut cmd);
+        if let Some(ns) = mount_ns {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setns is async-signal-safe; the forked child is single-threaded
+            // and has its own filesystem context, as joining a mount namespace needs.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = cmd.spawn().expect("hira-vhost starts");
         let mut d = Daemon {
             child,

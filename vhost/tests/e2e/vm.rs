@@ -499,23 +499,50 @@ fn hostile_guest_traffic_does_not_stop_the_daemon_serving_vms() {
 }
 
 /// A QEMU guest's console as lines, read on a thread; and its input.
-struct Console {
-    stdin: std::process::ChildStdin,
+pub(crate) struct Console {
+    input: Box<dyn std::io::Write + Send>,
     lines: std::sync::mpsc::Receiver<String>,
-    child: std::process::Child,
+    child: Option<std::process::Child>,
 }
 
 impl Console {
     fn start(mut q: Command) -> Console {
-        use std::io::BufRead;
         let mut child = q
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("qemu starts");
-        let stdin = child.stdin.take().unwrap();
+        let input = Box::new(child.stdin.take().unwrap());
         let out = child.stdout.take().unwrap();
+        Console {
+            input,
+            lines: Self::read_lines(out),
+            child: Some(child),
+        }
+    }
+
+    /// The console of a QEMU serial port on the FIFOs `PATH.in` and `PATH.out` (a
+    /// `pipe` chardev, as libvirt's `<serial type='pipe'>` makes it). Both are opened
+    /// for reading and writing, so that neither open waits for QEMU and its output is
+    /// kept in the FIFO until read.
+    pub(crate) fn fifos(path: &std::path::Path) -> Console {
+        let open = |suffix: &str| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("{}.{suffix}", path.display()))
+                .expect("the console's FIFO opens")
+        };
+        Console {
+            input: Box::new(open("in")),
+            lines: Self::read_lines(open("out")),
+            child: None,
+        }
+    }
+
+    fn read_lines(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+        use std::io::BufRead;
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for l in std::io::BufReader::new(out)
@@ -530,15 +557,11 @@ impl Console {
                 }
             }
         });
-        Console {
-            stdin,
-            lines,
-            child,
-        }
+        lines
     }
 
     /// The next console line that starts with `prefix` (kernel messages skipped).
-    fn line_starting(&self, prefix: &str) -> String {
+    pub(crate) fn line_starting(&self, prefix: &str) -> String {
         loop {
             let l = self
                 .lines
@@ -550,9 +573,10 @@ impl Console {
         }
     }
 
-    fn ask(&mut self, cmd: &str) -> String {
+    pub(crate) fn ask(&mut self, cmd: &str) -> String {
         use std::io::Write;
-        writeln!(self.stdin, "{cmd}").unwrap();
+        writeln!(self.input, "{cmd}").unwrap();
+        self.input.flush().unwrap();
         let word = cmd.split(' ').next().unwrap();
         self.line_starting(word)
     }
@@ -560,14 +584,16 @@ impl Console {
 
 impl Drop for Console {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
 /// The guest script running `tests/c/migrate.c` on commands from the console
 /// (without echo).
-const MIGRATE_SCRIPT: &str = "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n";
+pub(crate) const MIGRATE_SCRIPT: &str = "stty -echo\n/hira/migrate\necho \"=== exit $?\"\n";
 
 /// A daemon serving VM qvm (with a shared window if `window`) and a QEMU guest of
 /// it running `tests/c/migrate.c` from its image `image`, ready for commands.
@@ -656,7 +682,7 @@ fn vm_session_suspends(window: bool) {
             let id = s["sessions"][0]["id"].as_u64().unwrap();
             daemon.ctl_ok(&["checkpoint", &id.to_string(), file.to_str().unwrap()]);
             use std::io::Write;
-            writeln!(console.stdin, "{cmd}").unwrap();
+            writeln!(console.input, "{cmd}").unwrap();
             daemon.ctl_ok(&["restore", file.to_str().unwrap()]);
             got.push(console.line_starting(cmd.split(' ').next().unwrap()));
             continue;
@@ -787,7 +813,7 @@ fn a_vm_reconnects_after_its_vsock_device_is_unplugged_and_plugged_back() {
     replug_vsock(&mut q, &daemon);
     {
         use std::io::Write;
-        writeln!(console.stdin, "again").unwrap();
+        writeln!(console.input, "again").unwrap();
     }
     let second = console.line_starting("vecadd");
     assert!(first.contains("mismatches=0"), "{first}");
@@ -864,7 +890,7 @@ fn a_relayed_vm_session_outlives_a_reset_of_the_vsock_device_with_calls_in_fligh
     );
     {
         use std::io::Write;
-        writeln!(console.stdin, "{}", script[1]).unwrap();
+        writeln!(console.input, "{}", script[1]).unwrap();
     }
     // Cut twice while the loop runs: once its first hundred calls have reached the
     // host, and once the next five hundred have.
