@@ -12,8 +12,9 @@
 //! - Texture and surface objects are the host's values (kernels take them as
 //!   arguments); a resource that names an array names the guest's id on the wire.
 //!
-//! A session holding any of these cannot move yet (`migrate.rs` says so): their
-//! contents and values are not in its snapshot.
+//! A session holding these moves (`migrate.rs`): its arrays are made again with
+//! their contents, and its objects again in the order they were made, each of which
+//! must come out with the value the guest holds.
 
 #![allow(non_snake_case)]
 
@@ -24,6 +25,7 @@ use hira_apis_cuda_private::copy2d::{ARRAY, DEVICE, HOST, Memcpy3D, Position};
 use hira_apis_cuda_private::texture::{
     Array3dDescriptor, ArrayDescriptor, RESOURCE_VIEW_DESC_SIZE, ResourceDesc, texel_bytes,
 };
+use hira_protocol::api::tag;
 use hira_protocol::{Reader, Writer};
 
 use super::{Bytes, Session};
@@ -85,7 +87,14 @@ fn create_array(
     match id.filter(|_| st == 0) {
         Some(id) => {
             s.bind(Kind::Array, id, h);
-            s.textures().arrays.insert(id, (ctx_id, bytes));
+            s.textures().arrays.insert(
+                id,
+                HeldArray {
+                    ctx: ctx_id,
+                    bytes,
+                    desc: *d,
+                },
+            );
         }
         None => s.quota.uncharge(bytes),
     }
@@ -147,8 +156,8 @@ pub(crate) fn cuArrayDestroy<'a>(
     w.i32(st);
     if st == 0 {
         s.unbind(Kind::Array, id);
-        if let Some((_, bytes)) = s.textures().arrays.remove(&id) {
-            s.quota.uncharge(bytes);
+        if let Some(a) = s.textures().arrays.remove(&id) {
+            s.quota.uncharge(a.bytes);
         }
     }
     Ok(())
@@ -306,12 +315,14 @@ fn resource_in(s: &Session, b: Option<&Bytes<'_>>) -> Result<Result<ResourceDesc
 }
 
 /// Makes a texture (`surface` false) or surface object with `make` and answers with
-/// its value, noting it in context `ctx_id`.
+/// its value, noting it in context `ctx_id` with `descs`, its descriptions as the
+/// guest sent them (a migration makes it again from them).
 fn create_object(
     s: &Session,
     ctx_id: u64,
     want: bool,
     surface: bool,
+    descs: &[Option<Vec<u8>>],
     make: impl FnOnce(*mut u64) -> i32,
     w: &mut Writer,
 ) -> Result<(), Fail> {
@@ -322,7 +333,25 @@ fn create_object(
     w.i32(st);
     if st == 0 && want {
         w.u64(v);
-        s.textures().objects.insert((surface, v), ctx_id);
+        let mut request = Writer::new();
+        request.u64(ctx_id).u8(1);
+        for d in descs {
+            match d {
+                Some(b) => request.u8(tag::INLINE).bytes(b),
+                None => request.u8(tag::NULL),
+            };
+        }
+        let mut t = s.textures();
+        t.made += 1;
+        let seq = t.made;
+        t.objects.insert(
+            (surface, v),
+            HeldObject {
+                ctx: ctx_id,
+                seq,
+                request: request.into_vec(),
+            },
+        );
     }
     Ok(())
 }
@@ -342,6 +371,11 @@ pub(crate) fn cuTexObjectCreate<'a>(
     let f = s.driver.cuTexObjectCreate.ok_or_else(unsupported)?;
     Session::check_len(tex.as_ref(), 104)?;
     Session::check_len(view.as_ref(), RESOURCE_VIEW_DESC_SIZE)?;
+    let descs = [
+        res.as_ref().map(Bytes::to_vec),
+        tex.as_ref().map(Bytes::to_vec),
+        view.as_ref().map(Bytes::to_vec),
+    ];
     let res = match resource_in(s, res.as_ref())? {
         Ok(res) => res,
         Err(st) => {
@@ -358,7 +392,7 @@ pub(crate) fn cuTexObjectCreate<'a>(
     // SAFETY: an out-pointer (or NULL) and descriptions of the sizes cuda.h gives
     // them, or NULL as the guest passed; the array is the session's.
     let make = |out: *mut u64| unsafe { f(out, (&raw const res).cast(), tex_p, view_p) };
-    create_object(s, ctx_id, want, false, make, w)
+    create_object(s, ctx_id, want, false, &descs, make, w)
 }
 
 pub(crate) fn cuSurfObjectCreate<'a>(
@@ -372,6 +406,7 @@ pub(crate) fn cuSurfObjectCreate<'a>(
     let res = Session::bytes_arg(r, frame)?;
     r.finish()?;
     let f = s.driver.cuSurfObjectCreate.ok_or_else(unsupported)?;
+    let descs = [res.as_ref().map(Bytes::to_vec)];
     let res = match resource_in(s, res.as_ref())? {
         Ok(res) => res,
         Err(st) => {
@@ -381,7 +416,7 @@ pub(crate) fn cuSurfObjectCreate<'a>(
     };
     // SAFETY: an out-pointer (or NULL) and the description; the array is the session's.
     let make = |out: *mut u64| unsafe { f(out, (&raw const res).cast()) };
-    create_object(s, ctx_id, want, true, make, w)
+    create_object(s, ctx_id, want, true, &descs, make, w)
 }
 
 /// Destroys a texture or surface object of this session's with `destroy`.
@@ -482,13 +517,36 @@ pub(crate) fn cuSurfObjectGetResourceDesc<'a>(
     resource_out(s, r, frame, w, s.driver.cuSurfObjectGetResourceDesc)
 }
 
+/// An array of the session's.
+pub(crate) struct HeldArray {
+    /// Its context's id.
+    pub(crate) ctx: u64,
+    /// The bytes charged.
+    pub(crate) bytes: u64,
+    /// Its description (depth 0 for a 2D array, height 0 for a 1D one).
+    pub(crate) desc: Array3dDescriptor,
+}
+
+/// A texture or surface object of the session's.
+pub(crate) struct HeldObject {
+    /// Its context's id.
+    pub(crate) ctx: u64,
+    /// The order in which the session's objects were made.
+    pub(crate) seq: u64,
+    /// The request that makes it again (its context, its descriptions as the guest
+    /// sent them, inline).
+    pub(crate) request: Vec<u8>,
+}
+
 /// A session's arrays and texture and surface objects.
 #[derive(Default)]
 pub(crate) struct Textures {
-    /// Arrays by guest id: their context's id and the bytes charged.
-    pub(crate) arrays: std::collections::HashMap<u64, (u64, u64)>,
-    /// Texture (`false`) and surface (`true`) objects by value: their context's id.
-    pub(crate) objects: std::collections::HashMap<(bool, u64), u64>,
+    /// Arrays by guest id.
+    pub(crate) arrays: std::collections::HashMap<u64, HeldArray>,
+    /// Texture (`false`) and surface (`true`) objects by value.
+    pub(crate) objects: std::collections::HashMap<(bool, u64), HeldObject>,
+    /// Objects made so far.
+    pub(crate) made: u64,
 }
 
 impl Textures {
@@ -498,15 +556,15 @@ impl Textures {
         let ids: Vec<u64> = self
             .arrays
             .iter()
-            .filter(|(_, (c, _))| *c == ctx)
+            .filter(|(_, a)| a.ctx == ctx)
             .map(|(&id, _)| id)
             .collect();
         let bytes = ids
             .iter()
             .filter_map(|id| self.arrays.remove(id))
-            .map(|(_, n)| n)
+            .map(|a| a.bytes)
             .sum();
-        self.objects.retain(|_, c| *c != ctx);
+        self.objects.retain(|_, o| o.ctx != ctx);
         (ids, bytes)
     }
 }

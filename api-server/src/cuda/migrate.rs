@@ -11,7 +11,11 @@
 //! them; a restore where they land elsewhere fails, and the session stays) and get
 //! their contents back. Primary contexts are retained as often as the guest retained
 //! them, with their flags. Events recorded before the move are recorded again (they
-//! read as complete; times measured across a move are not kept).
+//! read as complete; times measured across a move are not kept). Arrays are made
+//! again by their calls and get their contents back; texture and surface objects
+//! (whose values kernels take as arguments) are made again in the order they were
+//! made, after the memory and arrays they read, and each must come out with the
+//! value the guest holds (a restore where one does not fails, and the session stays).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
@@ -34,6 +38,15 @@ const VARIABLE: u8 = 4;
 const RECORDED: u8 = 5;
 /// A context whose `printf` FIFO size can no longer be set.
 const FIFO_FIXED: u8 = 6;
+/// An array's contents (`id`: its guest id, `owner`: its context).
+const ARRAY: u8 = 7;
+/// A texture object (`id`: its value, `owner`: its context; in the order made).
+const TEXTURE: u8 = 8;
+/// A surface object, as [`TEXTURE`].
+const SURFACE: u8 = 9;
+/// How many objects a restore makes and sets aside to reach the value an object had
+/// (drivers hand out values in order; a value freed before the move leaves a gap).
+const OBJECT_GAP_MAX: usize = 4096;
 /// `CU_LIMIT_PRINTF_FIFO_SIZE`.
 const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
 
@@ -247,6 +260,12 @@ impl Session {
                     let request = inline_bytes(payload, at + 8, frame)?;
                     log.created(opcode, request, id?, Some(parent));
                 }
+                op::cuArrayCreate_v2 | op::cuArray3DCreate_v2 => {
+                    let (id, at) = new_id(payload, 8)?;
+                    let request = inline_bytes(payload, at, frame)?;
+                    log.created(opcode, request, id?, ctx);
+                }
+                op::cuArrayDestroy => log.released(u64_at(payload, 0)?),
                 op::cuStreamCreate | op::cuStreamCreateWithPriority | op::cuEventCreate => {
                     let (id, _) = new_id(payload, 8)?;
                     log.created(opcode, payload.to_vec(), id?, ctx);
@@ -444,7 +463,7 @@ impl Session {
             };
             let Some(names) = hira_apis_cuda_private::variables::of_image(image) else {
                 return Err(MigrationError::Unmigratable(
-                    "a module has no PTX, from which its variables are known".into(),
+                    "a module whose image (PTX or cubin) does not say its variables".into(),
                 ));
             };
             // A module's variables are in its context; a library's in every context.
@@ -476,18 +495,120 @@ impl Session {
         Ok(out)
     }
 
-    /// Captures the quiesced session.
-    pub(crate) fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
-        {
-            let t = self.textures();
-            if !t.arrays.is_empty() || !t.objects.is_empty() {
-                return Err(MigrationError::Unmigratable(
-                    "it holds CUDA arrays or texture or surface objects, which a snapshot \
-                     does not carry yet"
-                        .into(),
-                ));
+    /// Copies array `id` (the guest's; its context current) whole to or from `data`
+    /// (`out`: from the array), its texels row after row.
+    fn copy_array(&self, id: u64, data: &mut [u8], out: bool) -> Result<(), MigrationError> {
+        use hira_apis_cuda_private::copy2d::{ARRAY, HOST, Memcpy3D};
+        let d = self
+            .textures()
+            .arrays
+            .get(&id)
+            .map(|a| a.desc)
+            .ok_or(MigrationError::Inconsistent("an array"))?;
+        let row = hira_apis_cuda_private::texture::texel_bytes(d.format, d.channels)
+            .ok_or(MigrationError::Inconsistent("an array's format"))?
+            * d.width;
+        let (h, depth) = (d.height.max(1), d.depth.max(1));
+        if row * h * depth != data.len() {
+            return Err(MigrationError::ContentsSize {
+                got: data.len(),
+                want: row * h * depth,
+            });
+        }
+        let array = self
+            .lookup(Kind::Array, id, false)
+            .map_err(|_| MigrationError::Inconsistent("an array"))?;
+        let f = self.extra.cuMemcpy3D_v2.ok_or(missing("cuMemcpy3D"))?;
+        // SAFETY: all zeroes is a valid description (integers and null pointers).
+        let mut c: Memcpy3D = unsafe { std::mem::zeroed() };
+        (c.width_in_bytes, c.height, c.depth) = (row, h, depth);
+        if out {
+            (c.src_memory_type, c.src_array) = (ARRAY, array);
+            (c.dst_memory_type, c.dst_host) = (HOST, data.as_mut_ptr().cast());
+            (c.dst_pitch, c.dst_height) = (row, h);
+        } else {
+            (c.dst_memory_type, c.dst_array) = (ARRAY, array);
+            (c.src_memory_type, c.src_host) = (HOST, data.as_ptr().cast());
+            (c.src_pitch, c.src_height) = (row, h);
+        }
+        // SAFETY: the whole array and a host buffer of exactly its texels.
+        check("copying an array", unsafe { f(&c) })
+    }
+
+    /// The context (the host's) of the session's context `id`, current.
+    fn enter_id(&self, id: u64, what: &'static str) -> Result<(), MigrationError> {
+        let (_, h) = self
+            .contexts()
+            .into_iter()
+            .find(|&(c, _)| c == id)
+            .ok_or(MigrationError::Inconsistent(what))?;
+        self.enter(h)
+    }
+
+    /// Makes a texture or surface object again, with the value `want` it had:
+    /// objects that come out with lower values are set aside until then and
+    /// destroyed after.
+    fn remake_object(
+        &self,
+        si: &StandIn,
+        set_aside: &mut Vec<(bool, u64)>,
+    ) -> Result<(), MigrationError> {
+        let surface = si.kind == SURFACE;
+        let (opcode, name) = if surface {
+            (op::cuSurfObjectCreate, "cuSurfObjectCreate")
+        } else {
+            (op::cuTexObjectCreate, "cuTexObjectCreate")
+        };
+        let frame = FrameData {
+            spans: &[],
+            window: None,
+            no_reply: false,
+        };
+        for _ in 0..=OBJECT_GAP_MAX {
+            let mut w = Writer::new();
+            super::generated::dispatch(self, opcode, &mut Reader::new(&si.state), &frame, &mut w)
+                .map_err(|source| MigrationError::Replay { name, source })?;
+            let reply = w.as_slice();
+            let status = i32_at(reply, 0).unwrap_or(-1);
+            if status != 0 {
+                return Err(MigrationError::ReplayStatus { name, status });
+            }
+            let got = u64_at(reply, 4).ok_or(MigrationError::Inconsistent("an object's value"))?;
+            if got == si.id {
+                return Ok(());
+            }
+            set_aside.push((surface, got));
+            if got > si.id {
+                break;
             }
         }
+        Err(MigrationError::ReplayDiffers(if surface {
+            "a surface object's value"
+        } else {
+            "a texture object's value"
+        }))
+    }
+
+    /// Destroys the objects a restore set aside.
+    fn destroy_set_aside(&self, set_aside: Vec<(bool, u64)>) {
+        for (surface, v) in set_aside {
+            let destroy = if surface {
+                self.driver.cuSurfObjectDestroy
+            } else {
+                self.driver.cuTexObjectDestroy
+            };
+            let Some(o) = self.textures().objects.remove(&(surface, v)) else {
+                continue;
+            };
+            if let (Some(f), Ok(())) = (destroy, self.enter_id(o.ctx, "an object's context")) {
+                // SAFETY: an object this restore made.
+                unsafe { f(v) };
+            }
+        }
+    }
+
+    /// Captures the quiesced session.
+    pub(crate) fn capture(&self, pending: Vec<u8>) -> Result<Vec<u8>, MigrationError> {
         if self.placement().driver_placed() {
             return Err(MigrationError::Unmigratable(
                 "its device memory was placed by the driver (HIRA_CUDA_PLACEMENT=driver, or \
@@ -584,6 +705,47 @@ impl Session {
                     owner: id,
                     refs: 0,
                     state: Vec::new(),
+                });
+            }
+        }
+        let arrays: Vec<(u64, u64, usize)> = self
+            .textures()
+            .arrays
+            .iter()
+            .map(|(&id, a)| {
+                let d = a.desc;
+                let texel =
+                    hira_apis_cuda_private::texture::texel_bytes(d.format, d.channels).unwrap_or(0);
+                (
+                    id,
+                    a.ctx,
+                    texel * d.width * d.height.max(1) * d.depth.max(1),
+                )
+            })
+            .collect();
+        for (id, ctx, n) in arrays {
+            self.enter_id(ctx, "an array's context")?;
+            let mut data = vec![0u8; n];
+            self.copy_array(id, &mut data, true)?;
+            standins.push(StandIn {
+                id,
+                kind: ARRAY,
+                owner: ctx,
+                refs: 0,
+                state: data,
+            });
+        }
+        {
+            let t = self.textures();
+            let mut objects: Vec<_> = t.objects.iter().collect();
+            objects.sort_by_key(|(_, o)| o.seq);
+            for (&(surface, v), o) in objects {
+                standins.push(StandIn {
+                    id: v,
+                    kind: if surface { SURFACE } else { TEXTURE },
+                    owner: o.ctx,
+                    refs: 0,
+                    state: o.request.clone(),
                 });
             }
         }
@@ -788,6 +950,24 @@ impl Session {
             }
             self.write_device(v.at, data)?;
         }
+        // Arrays' contents; then texture and surface objects, over the memory and
+        // arrays they read, in the order they were made.
+        for si in by_kind(ARRAY) {
+            self.enter_id(si.owner, "an array's context")?;
+            let mut data = si.state.clone();
+            self.copy_array(si.id, &mut data, false)?;
+        }
+        let mut set_aside = Vec::new();
+        let remade = snap
+            .standins
+            .iter()
+            .filter(|si| si.kind == TEXTURE || si.kind == SURFACE)
+            .try_for_each(|si| {
+                self.enter_id(si.owner, "an object's context")?;
+                self.remake_object(si, &mut set_aside)
+            });
+        self.destroy_set_aside(set_aside);
+        remade?;
         // Events recorded before read as complete, recorded again in the order of
         // their latest records there.
         let record = self.driver.cuEventRecord.ok_or(missing("cuEventRecord"))?;

@@ -1,25 +1,52 @@
 //! The names of a module's variables (`__device__` and `__constant__`: PTX's
-//! `.global` and `.const` declarations), read from its PTX: the driver has no call
+//! `.global` and `.const` declarations, a cubin's defined data symbols), read from
+//! its PTX or, for a cubin alone, from its symbol table: the driver has no call
 //! that lists them, and a migrated session must carry their contents, which kernels
 //! and `cudaMemcpyToSymbol` wrote.
 
+use object::read::elf::ElfFile64;
+use object::{Object, ObjectSymbol, SymbolKind};
+
 use crate::fatbin::{self, Image};
 
-/// The variables of module image `image` (PTX, or a fatbin holding PTX), `None`
-/// where it has no PTX (a cubin alone) or cannot be read.
+/// The variables of module image `image` (PTX, a cubin, or a fatbin holding either),
+/// `None` where it cannot be read.
 pub fn of_image(image: &[u8]) -> Option<Vec<String>> {
-    let image = image.strip_suffix(&[0]).unwrap_or(image);
     let head: [u8; 4] = image.get(..4)?.try_into().ok()?;
     match fatbin::classify(head) {
-        Image::Ptx => Some(of_ptx(std::str::from_utf8(image).ok()?)),
+        Image::Ptx => {
+            let image = image.strip_suffix(&[0]).unwrap_or(image);
+            Some(of_ptx(std::str::from_utf8(image).ok()?))
+        }
         Image::Fatbin => {
             let entries = fatbin::entries(image).ok()?;
-            let ptx = entries.iter().find(|e| e.kind == fatbin::Kind::Ptx)?;
-            let text = ptx.contents().ok()?;
-            Some(of_ptx(std::str::from_utf8(&text).ok()?))
+            if let Some(ptx) = entries.iter().find(|e| e.kind == fatbin::Kind::Ptx) {
+                let text = ptx.contents().ok()?;
+                let text = text.strip_suffix(&[0]).unwrap_or(&text);
+                return Some(of_ptx(std::str::from_utf8(text).ok()?));
+            }
+            // Cubins alone: every one of them defines the module's variables.
+            let cubin = entries.iter().find(|e| e.kind == fatbin::Kind::Elf)?;
+            of_cubin(&cubin.contents().ok()?)
         }
-        Image::Elf | Image::Wrapper => None,
+        Image::Elf => of_cubin(image),
+        Image::Wrapper => None,
     }
+}
+
+/// The data objects a cubin defines (its `__device__` and `__constant__` variables,
+/// which ptxas makes local symbols; the driver finds them by name all the same),
+/// from its ELF symbol table; `None` if it does not parse as a 64-bit ELF file.
+pub fn of_cubin(image: &[u8]) -> Option<Vec<String>> {
+    let elf = ElfFile64::<object::Endianness>::parse(image).ok()?;
+    let mut names: Vec<String> = elf
+        .symbols()
+        .filter(|s| s.kind() == SymbolKind::Data && s.is_definition())
+        .filter_map(|s| s.name().ok().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    Some(names)
 }
 
 /// The names PTX text declares in the global and constant state spaces (defined
@@ -85,5 +112,18 @@ mod tests {
         image.push(0);
         assert_eq!(of_image(&image).unwrap(), ["table", "counter", "coeffs"]);
         assert_eq!(of_image(b"\x7fELF\x02\x01"), None);
+    }
+
+    /// nvcc 13's output for `data/variables.cu`: ptxas makes the variables local
+    /// data symbols (the static one too), beside the kernel's function symbol.
+    #[test]
+    fn reads_the_variables_of_a_cubin_alone_and_of_a_fatbin_of_cubins() {
+        let cubin = include_bytes!("../data/variables-sm75.cubin");
+        let fatbin = include_bytes!("../data/variables-sm75.fatbin");
+        for image in [&cubin[..], &fatbin[..]] {
+            assert_eq!(of_image(image).unwrap(), ["coeffs", "counter", "hidden"]);
+        }
+        // Not an ELF file.
+        assert_eq!(of_cubin(&cubin[..0]), None);
     }
 }

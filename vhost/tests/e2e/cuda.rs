@@ -827,7 +827,7 @@ const MIGRATE_SCRIPT: &[&str] = &[
 ];
 
 /// The one live session's id and API-server pid.
-fn the_cuda_session(d: &Daemon) -> (u64, u64) {
+pub(crate) fn the_cuda_session(d: &Daemon) -> (u64, u64) {
     let s = d.status();
     let x = &s["sessions"][0];
     assert_eq!(x["api"], "CUDA", "{s}");

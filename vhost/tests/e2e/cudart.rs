@@ -58,24 +58,32 @@ fn built() -> &'static Path {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cudart-e2e");
         std::fs::create_dir_all(&dir).unwrap();
         for (p, _) in PROGRAMS {
-            let src = workspace().join(format!("tests/cudart/{p}.cu"));
-            for (suffix, extra) in [("", &[][..]), ("-shared", &["-cudart", "shared"][..])] {
-                let o = Command::new(&nvcc)
-                    .args(extra)
-                    .arg("-o")
-                    .arg(dir.join(format!("{p}{suffix}")))
-                    .arg(&src)
-                    .output()
-                    .expect("nvcc runs");
-                assert!(
-                    o.status.success(),
-                    "nvcc {p}.cu {extra:?}: {}",
-                    String::from_utf8_lossy(&o.stderr)
-                );
-            }
+            compile(&nvcc, p, &dir, &[]);
+            compile(&nvcc, p, &dir, &["-cudart", "shared"]);
         }
         dir
     })
+}
+
+/// Builds `tests/cudart/NAME.cu` into `dir` with nvcc 13 (`extra` given as
+/// `-cudart shared` names it `NAME-shared`).
+fn compile(nvcc: &Path, name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    let src = workspace().join(format!("tests/cudart/{name}.cu"));
+    let suffix = if extra.is_empty() { "" } else { "-shared" };
+    let exe = dir.join(format!("{name}{suffix}"));
+    let o = Command::new(nvcc)
+        .args(extra)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("nvcc runs");
+    assert!(
+        o.status.success(),
+        "nvcc {name}.cu {extra:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    exe
 }
 
 fn lib_path(first: Option<PathBuf>) -> String {
@@ -181,4 +189,49 @@ fn nvcc_built_programs_print_what_they_print_natively_while_they_move() {
         }
     }
     assert!(total > 0, "no program moved");
+}
+
+/// A runtime program's session moves to a new API server after every command while
+/// it holds CUDA arrays (2D, layered, and one for surfaces), texture objects over
+/// arrays and pitched memory (a first one destroyed before, so that the values held
+/// have a gap before them) and a surface object, while kernels write and read them
+/// and one texture and its array are dropped: each answer is the native one.
+#[test]
+fn a_runtime_session_moves_with_its_arrays_and_texture_and_surface_objects() {
+    let k = kit();
+    // Built on its own: it reads commands from its input, unlike PROGRAMS.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cudart-e2e-moves");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = compile(&nvcc(), "texture_moves", &dir, &[]);
+    let script = [
+        "arrays", "textures", "write 3", "sample", "surf", "scale 2", "surf", "sample", "drop",
+        "sample", "write -1", "surf", "end",
+    ];
+    let mut c = Command::new(&exe);
+    c.env("LD_LIBRARY_PATH", lib_path(k.driver_dir()));
+    let mut native = LineProgram::start(c);
+    let expected: Vec<String> = script.iter().map(|c| native.ask(c)).collect();
+    assert_eq!(
+        expected.last().map(String::as_str),
+        Some("bye"),
+        "{expected:?}"
+    );
+    let d = crate::cuda::daemon_for_tests(&[]);
+    let mut c = Command::new(&exe);
+    c.env("LD_LIBRARY_PATH", lib_path(Some(k.shim_dir())))
+        .env("HIRA_SOCKET", d.socket("vm1"));
+    let mut p = LineProgram::start(c);
+    let got: Vec<String> = script
+        .iter()
+        .map(|cmd| {
+            let answer = p.ask(cmd);
+            if *cmd != "end" {
+                let (id, _) = crate::cuda::the_cuda_session(&d);
+                let a = d.control(serde_json::json!({"cmd": "migrate", "session": id}));
+                assert!(a["moved"].is_object(), "after {cmd}: {a}\n{}", d.log_text());
+            }
+            answer
+        })
+        .collect();
+    assert_eq!(got, expected);
 }
