@@ -407,7 +407,17 @@ pub struct Call {
     /// Where each output the application gave a buffer for comes back, in order:
     /// a window region (its index), or inline in the reply.
     outs: Vec<Option<usize>>,
+    /// Large inline inputs that go from the application's memory straight onto the
+    /// connection rather than through a copy in `w` (whose fresh pages would each
+    /// fault in): where in `w` they belong, and their bytes. The application's
+    /// pointers are valid for the call, and the call is sent before its function
+    /// returns ([`Call::send`]).
+    borrowed: Vec<(usize, *const u8, usize)>,
 }
+
+/// The smallest inline input sent from where it is (below it, copying is cheaper
+/// than one more part to write).
+const BORROW_MIN: usize = 64 * 1024;
 
 /// Transfers smaller than this travel inline (`HIRA_INLINE_MAX`).
 static INLINE_MAX: std::sync::LazyLock<usize> = std::sync::LazyLock::new(endpoint::inline_max);
@@ -440,6 +450,7 @@ impl Call {
             spans: Vec::new(),
             regions: Vec::new(),
             outs: Vec::new(),
+            borrowed: Vec::new(),
         }
     }
 
@@ -523,9 +534,31 @@ impl Call {
             return Err(status::INVALID_VALUE);
         }
         self.w.u8(tag::INLINE);
+        if len >= BORROW_MIN {
+            // The length as `bytes` writes it; the bytes follow when sent.
+            self.w.u32(len as u32);
+            self.borrowed.push((self.w.len(), p, len));
+            return Ok(());
+        }
         // SAFETY: the caller's promise.
         self.w.bytes(unsafe { std::slice::from_raw_parts(p, len) });
         Ok(())
+    }
+
+    /// The request's payload: `w`, with the borrowed inputs in their places.
+    fn parts(&self) -> Vec<&[u8]> {
+        let w = self.w.as_slice();
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * self.borrowed.len());
+        let mut from = 0;
+        for &(at, ptr, len) in &self.borrowed {
+            parts.push(&w[from..at]);
+            // SAFETY: the application's input, valid for `len` reads until this
+            // call's function returns (`bytes_inline`'s contract).
+            parts.push(unsafe { std::slice::from_raw_parts(ptr, len) });
+            from = at;
+        }
+        parts.push(&w[from..]);
+        parts
     }
 
     /// A C string (NULL: none).
@@ -671,7 +704,7 @@ impl Call {
     pub fn send_cached(self) -> Result<Reply, CUresult> {
         type Cache = HashMap<(u16, Vec<u8>), Vec<u8>>;
         static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
-        if !self.spans.is_empty() {
+        if !self.spans.is_empty() || !self.borrowed.is_empty() {
             return self.send(false);
         }
         let key = (self.op, self.w.as_slice().to_vec());
@@ -711,7 +744,7 @@ impl Call {
     /// failure on the host comes back through [`with_async_failure`]).
     pub fn send(self, no_reply: bool) -> Result<Reply, CUresult> {
         let conn = conn()?;
-        match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
+        match conn.call_parts(self.op, &self.spans, &self.parts(), no_reply) {
             Ok(Some(frame)) if frame.header.kind == FrameKind::Reply => {
                 let mut r = ReplyReader::new(frame.payload, status::UNKNOWN);
                 let status = r.i32()?;
@@ -819,6 +852,26 @@ pub use hira_guest_driver::reply::ReplyReader;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_inputs_go_from_where_they_are_as_the_bytes_they_would_be_copied_as() {
+        // SAFETY: set before the runtime (which reads it) starts on this thread.
+        unsafe { std::env::set_var("HIRA_DISABLE", "1") };
+        let big: Vec<u8> = (0..2 * BORROW_MIN).map(|i| (i % 253) as u8).collect();
+        let mut c = Call::new(1);
+        c.w.u64(5);
+        // SAFETY: each buffer is readable for its length, and outlives `c`.
+        unsafe {
+            c.bytes_in(big.as_ptr(), big.len()).unwrap();
+            c.bytes_in(big.as_ptr(), 10).unwrap();
+        }
+        assert_eq!(c.borrowed.len(), 1);
+        let mut copied = Writer::new();
+        copied.u64(5);
+        copied.u8(tag::INLINE).bytes(&big);
+        copied.u8(tag::INLINE).bytes(&big[..10]);
+        assert_eq!(c.parts().concat(), copied.as_slice());
+    }
 
     #[test]
     fn allocations_are_known_per_context_until_they_end() {

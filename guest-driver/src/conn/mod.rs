@@ -408,12 +408,24 @@ impl Connection {
         payload: &[u8],
         no_reply: bool,
     ) -> Result<Option<Frame>, TransportError> {
+        self.call_parts(opcode, spans, &[payload], no_reply)
+    }
+
+    /// As [`Connection::call`], the payload in parts, written one after the other
+    /// (large inputs from where the application has them).
+    pub fn call_parts(
+        &self,
+        opcode: u16,
+        spans: &[Span],
+        payload: &[&[u8]],
+        no_reply: bool,
+    ) -> Result<Option<Frame>, TransportError> {
         if let Some(e) = self.dead() {
             return Err(e);
         }
         let channel = self.channel();
         let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
-        let len = spans.len() * frame::SPAN_LEN + payload.len();
+        let len = spans.len() * frame::SPAN_LEN + payload.iter().map(|p| p.len()).sum::<usize>();
         if len > frame::MAX_FRAME_BODY {
             return Err(TransportError::Malformed(format!(
                 "request of {len} bytes exceeds the frame limit"
@@ -439,7 +451,10 @@ impl Connection {
             while self.paused.load(Ordering::Acquire) && self.dead().is_none() {
                 w = self.unpaused.wait(w).unwrap_or_else(|e| e.into_inner());
             }
-            if let Err(e) = frame::write_parts(&mut *w, &[&head, payload]) {
+            let mut parts = Vec::with_capacity(1 + payload.len());
+            parts.push(&head[..]);
+            parts.extend_from_slice(payload);
+            if let Err(e) = frame::write_parts(&mut *w, &parts) {
                 drop(w);
                 let e = TransportError::Closed(e.to_string());
                 self.kill(e.clone());

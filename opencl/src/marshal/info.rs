@@ -55,7 +55,9 @@ pub unsafe fn info_call(
         c.w.as_slice()
             .get(..8)
             .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
-    let key = (cache && !UNCACHEABLE.contains(&param)).then(|| (c.op, c.w.as_slice().to_vec()));
+    // A key holds the whole request: inputs sent from where they are are not in `w`.
+    let key = (cache && !UNCACHEABLE.contains(&param) && !c.borrows())
+        .then(|| (c.op, c.w.as_slice().to_vec()));
     let cached = key.as_ref().and_then(|k| {
         INFO_CACHE
             .lock()

@@ -131,7 +131,17 @@ pub struct Call {
     defer: Option<u64>,
     /// Where a write's blocking flag is in the request.
     blocking_at: Option<usize>,
+    /// Large inline inputs that go from the application's memory straight onto the
+    /// connection rather than through a copy in `w` (whose fresh pages would each
+    /// fault in): where in `w` they belong, and their bytes. The application's
+    /// pointers are valid for the call, and the call is sent before its function
+    /// returns ([`Call::send`]).
+    borrowed: Vec<(usize, *const u8, usize)>,
 }
+
+/// The smallest inline input sent from where it is (below it, copying is cheaper
+/// than one more part to write).
+const BORROW_MIN: usize = 64 * 1024;
 
 impl Call {
     pub fn new(op: u16) -> Self {
@@ -146,6 +156,7 @@ impl Call {
             in_place: false,
             defer: None,
             blocking_at: None,
+            borrowed: Vec::new(),
         }
     }
 
@@ -326,10 +337,35 @@ impl Call {
         }
         // SAFETY: valid for len reads per the contract.
         let src = unsafe { std::slice::from_raw_parts(ptr, len) };
-        self.slice_in(src)
+        self.slice_in(src, true)
     }
 
-    fn slice_in(&mut self, src: &[u8]) -> Result<(), cl_int> {
+    /// The request's payload: `w`, with the borrowed inputs in their places.
+    fn parts(&self) -> Vec<&[u8]> {
+        let w = self.w.as_slice();
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * self.borrowed.len());
+        let mut from = 0;
+        for &(at, ptr, len) in &self.borrowed {
+            parts.push(&w[from..at]);
+            // SAFETY: the application's input, valid for `len` reads until the
+            // function making this call returns (`bytes_in`'s contract).
+            parts.push(unsafe { std::slice::from_raw_parts(ptr, len) });
+            from = at;
+        }
+        parts.push(&w[from..]);
+        parts
+    }
+
+    /// Whether some of the request's inputs are sent from where they are, not in
+    /// `w`.
+    pub fn borrows(&self) -> bool {
+        !self.borrowed.is_empty()
+    }
+
+    /// Input bytes `src`, through the window, staged or inline; `application`: they
+    /// are the application's, valid until the call is sent, and may be sent from
+    /// where they are.
+    fn slice_in(&mut self, src: &[u8], application: bool) -> Result<(), cl_int> {
         if let Some(i) = self.window_region(src.len()) {
             // SAFETY: the region is at least src.len() bytes of the mapped window and
             // belongs to this call alone.
@@ -341,6 +377,12 @@ impl Call {
         if src.len() > MAX_FRAME_BODY - 64 * 1024 {
             let token = stage(src)?;
             self.w.u8(tag::STAGED).u64(token).u64(src.len() as u64);
+            return Ok(());
+        }
+        if application && src.len() >= BORROW_MIN {
+            // The length as `bytes` writes it; the bytes follow when sent.
+            self.w.u8(tag::INLINE).u32(src.len() as u32);
+            self.borrowed.push((self.w.len(), src.as_ptr(), src.len()));
             return Ok(());
         }
         self.w.u8(tag::INLINE).bytes(src);
@@ -443,7 +485,7 @@ impl Call {
         // SAFETY: valid for `extent` reads per the contract.
         let src = unsafe { std::slice::from_raw_parts(ptr, extent) };
         let packed = layout.pack(src);
-        self.slice_in(&packed)
+        self.slice_in(&packed, false)
     }
 
     /// Requests a packed rectangle output.
@@ -741,8 +783,10 @@ impl Call {
         let detached = self.defer.is_some() && crate::stream::detaching();
         let no_reply =
             detached || (may_async && (self.spans.is_empty() || kept) && !rt::force_sync());
-        crate::stats::bytes(self.w.len() + self.window_in, 0);
-        match conn.call(self.op, &self.spans, self.w.as_slice(), no_reply) {
+        let parts = self.parts();
+        let inline: usize = parts.iter().map(|p| p.len()).sum();
+        crate::stats::bytes(inline + self.window_in, 0);
+        match conn.call_parts(self.op, &self.spans, &parts, no_reply) {
             Ok(None) => Ok(Reply {
                 status: 0,
                 r: ReplyReader::new(Vec::new(), CL_INVALID_VALUE),
@@ -813,5 +857,33 @@ mod tests {
         // SAFETY: `v` is 8 readable bytes.
         unsafe { c.kernel_arg((&v as *const usize).cast(), 8).unwrap() };
         assert_eq!(c.w.as_slice()[0], tag::INLINE);
+    }
+
+    #[test]
+    fn large_inputs_go_from_where_they_are_as_the_bytes_they_would_be_copied_as() {
+        let big: Vec<u8> = (0..3 * BORROW_MIN).map(|i| (i % 251) as u8).collect();
+        let small = [7u8; 16];
+        let mut c = Call::new(1);
+        c.w.u64(42);
+        // SAFETY: each buffer is readable for its length, and outlives `c`.
+        unsafe {
+            c.bytes_in(big.as_ptr(), big.len()).unwrap();
+            c.bytes_in(small.as_ptr(), small.len()).unwrap();
+            c.bytes_in(big[1..].as_ptr(), BORROW_MIN).unwrap();
+        }
+        assert!(c.borrows());
+        // Only the lengths are in the request under construction.
+        assert!(c.w.len() < 64, "{}", c.w.len());
+        let mut copied = Writer::new();
+        copied.u64(42);
+        copied.u8(tag::INLINE).bytes(&big);
+        copied.u8(tag::INLINE).bytes(&small);
+        copied.u8(tag::INLINE).bytes(&big[1..=BORROW_MIN]);
+        assert_eq!(c.parts().concat(), copied.as_slice());
+        // Below the threshold an input is copied.
+        let mut d = Call::new(1);
+        // SAFETY: as above.
+        unsafe { d.bytes_in(big.as_ptr(), BORROW_MIN - 1).unwrap() };
+        assert!(!d.borrows());
     }
 }
