@@ -947,6 +947,106 @@ pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const c_void, h_stream: CUstr
     unsafe { copy_3d_at(copy, Some(h_stream)) }
 }
 
+/// Copies of bytes in a row with an array side (the driver's `HtoA` family): made as
+/// the one-row 3D copies they are, which `array_copy` carries (a host side packed
+/// in the call, device and array sides as they are).
+mod linear {
+    use std::ffi::c_void;
+
+    use hira_apis_cuda_private::copy2d::{Linear, Memcpy3D};
+
+    use super::copy_3d;
+    use crate::rt::{CUarray, CUresult, CUstream};
+
+    /// # Safety
+    /// `src` is valid for `n` bytes, as the API requires.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn cuMemcpyHtoA_v2(
+        dst: CUarray,
+        at: usize,
+        src: *const c_void,
+        n: usize,
+    ) -> CUresult {
+        let c = Memcpy3D::linear(Linear::Array(dst, at), Linear::Host(src.cast_mut()), n);
+        // SAFETY: the caller's promise.
+        unsafe { copy_3d(c, None) }
+    }
+
+    /// # Safety
+    /// `dst` is valid for `n` bytes, as the API requires.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn cuMemcpyAtoH_v2(
+        dst: *mut c_void,
+        src: CUarray,
+        at: usize,
+        n: usize,
+    ) -> CUresult {
+        let c = Memcpy3D::linear(Linear::Host(dst), Linear::Array(src, at), n);
+        // SAFETY: the caller's promise.
+        unsafe { copy_3d(c, None) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyDtoA_v2(dst: CUarray, at: usize, src: u64, n: usize) -> CUresult {
+        let c = Memcpy3D::linear(Linear::Array(dst, at), Linear::Device(src), n);
+        // SAFETY: no host side.
+        unsafe { copy_3d(c, None) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyAtoD_v2(dst: u64, src: CUarray, at: usize, n: usize) -> CUresult {
+        let c = Memcpy3D::linear(Linear::Device(dst), Linear::Array(src, at), n);
+        // SAFETY: no host side.
+        unsafe { copy_3d(c, None) }
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyAtoA_v2(
+        dst: CUarray,
+        dst_at: usize,
+        src: CUarray,
+        src_at: usize,
+        n: usize,
+    ) -> CUresult {
+        let c = Memcpy3D::linear(Linear::Array(dst, dst_at), Linear::Array(src, src_at), n);
+        // SAFETY: no host side.
+        unsafe { copy_3d(c, None) }
+    }
+
+    /// Waits for the stream first, and is done on return (as `array_copy`).
+    ///
+    /// # Safety
+    /// `src` is valid for `n` bytes, as the API requires.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn cuMemcpyHtoAAsync_v2(
+        dst: CUarray,
+        at: usize,
+        src: *const c_void,
+        n: usize,
+        stream: CUstream,
+    ) -> CUresult {
+        let c = Memcpy3D::linear(Linear::Array(dst, at), Linear::Host(src.cast_mut()), n);
+        // SAFETY: the caller's promise.
+        unsafe { copy_3d(c, Some(stream)) }
+    }
+
+    /// # Safety
+    /// `dst` is valid for `n` bytes, as the API requires.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn cuMemcpyAtoHAsync_v2(
+        dst: *mut c_void,
+        src: CUarray,
+        at: usize,
+        n: usize,
+        stream: CUstream,
+    ) -> CUresult {
+        let c = Memcpy3D::linear(Linear::Host(dst), Linear::Array(src, at), n);
+        // SAFETY: the caller's promise.
+        unsafe { copy_3d(c, Some(stream)) }
+    }
+}
+pub use linear::*;
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy2D_v2(copy: *const c_void) -> CUresult {
     // SAFETY: the caller's promise.

@@ -1,8 +1,9 @@
 /* Pitched memory and 2D copies and memsets: host matrices with their own pitches
  * into and out of pitched device memory, a device-to-device copy of a
  * sub-rectangle, an asynchronous copy, a copy whose rows are contiguous, memory
- * types told apart by address (UNIFIED), a 3D copy of a box of a volume, and the
- * driver's errors. */
+ * types told apart by address (UNIFIED), a 3D copy of a box of a volume, copies
+ * of bytes with a 1D array side (host, device and array to and from arrays, on a
+ * stream too), and the driver's errors. */
 #include "common.h"
 
 #define W 100
@@ -165,6 +166,43 @@ int main(int argc, char **argv) {
     CUresult overlapping = cuMemcpy3D(&c3);
     printf("3D with slices shorter than the copy: %d\n", (int)overlapping);
     CHECK(cuMemFree(v));
+
+    /* 1D arrays: bytes to and from arrays, at offsets. */
+    {
+        CUDA_ARRAY_DESCRIPTOR ad;
+        memset(&ad, 0, sizeof ad);
+        ad.Width = 256;
+        ad.Format = CU_AD_FORMAT_FLOAT;
+        ad.NumChannels = 1;
+        CUarray a1, a2;
+        CHECK(cuArrayCreate(&a1, &ad));
+        CHECK(cuArrayCreate(&a2, &ad));
+        float line[256], zeros[256], back[256];
+        for (int i = 0; i < 256; i++) line[i] = i * 0.5f - 7;
+        memset(zeros, 0, sizeof zeros);
+        CHECK(cuMemcpyHtoA(a1, 0, line, sizeof line));
+        CHECK(cuMemcpyHtoA(a2, 0, zeros, sizeof zeros));
+        CHECK(cuMemcpyAtoA(a2, 64 * sizeof(float), a1, 0, 128 * sizeof(float)));
+        CUdeviceptr lin;
+        CHECK(cuMemAlloc(&lin, sizeof line));
+        CHECK(cuMemcpyAtoD(lin, a2, 0, sizeof line));
+        CHECK(cuMemcpyDtoA(a1, 16 * sizeof(float), lin + 64 * sizeof(float), 32 * sizeof(float)));
+        CHECK(cuMemcpyAtoH(back, a1, 0, sizeof back));
+        double s1 = 0;
+        for (int i = 0; i < 256; i++) s1 += back[i] * (1 + i % 5);
+        float a1_20 = back[20];
+        CHECK(cuMemcpyHtoAAsync(a2, 8 * sizeof(float), line + 100, 16 * sizeof(float), st));
+        CHECK(cuMemcpyAtoHAsync(back, a2, 0, sizeof back, st));
+        CHECK(cuStreamSynchronize(st));
+        double s2 = 0;
+        for (int i = 0; i < 256; i++) s2 += back[i] * (1 + i % 5);
+        CUresult past = cuMemcpyHtoA(a1, 250 * sizeof(float), line, 10 * sizeof(float));
+        printf("1D arrays: sum %.2f, [20] %.2f, on a stream %.2f, [10] %.2f, past the end %d\n", s1,
+               a1_20, s2, back[10], (int)past);
+        CHECK(cuMemFree(lin));
+        CHECK(cuArrayDestroy(a1));
+        CHECK(cuArrayDestroy(a2));
+    }
 
     /* The driver's errors. */
     CUDA_MEMCPY2D bad = up;

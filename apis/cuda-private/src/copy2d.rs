@@ -146,6 +146,48 @@ fn resolve(
     })
 }
 
+/// One side of a copy of bytes in a row to or from an array (`cuMemcpyHtoA`,
+/// `AtoH`, `DtoA`, `AtoD`, `AtoA` and their asynchronous forms).
+#[derive(Clone, Copy, Debug)]
+pub enum Linear {
+    /// Host memory.
+    Host(*mut c_void),
+    /// Device memory.
+    Device(u64),
+    /// An array, at a byte offset into its first row.
+    Array(*mut c_void, usize),
+}
+
+impl Memcpy3D {
+    /// The copy of `bytes` bytes from `src` to `dst` as one row: what the driver's
+    /// copies with an array side in bytes (rather than rows) make.
+    pub fn linear(dst: Linear, src: Linear, bytes: usize) -> Memcpy3D {
+        // SAFETY: all zeroes is a valid description (integers and null pointers).
+        let mut c: Memcpy3D = unsafe { std::mem::zeroed() };
+        (c.width_in_bytes, c.height, c.depth) = (bytes, 1, 1);
+        match src {
+            Linear::Host(p) => (c.src_memory_type, c.src_host, c.src_pitch) = (HOST, p, bytes),
+            Linear::Device(d) => {
+                (c.src_memory_type, c.src_device, c.src_pitch) = (DEVICE, d, bytes)
+            }
+            Linear::Array(a, at) => {
+                (c.src_memory_type, c.src_array, c.src_x_in_bytes) = (ARRAY, a, at)
+            }
+        }
+        match dst {
+            Linear::Host(p) => (c.dst_memory_type, c.dst_host, c.dst_pitch) = (HOST, p, bytes),
+            Linear::Device(d) => {
+                (c.dst_memory_type, c.dst_device, c.dst_pitch) = (DEVICE, d, bytes)
+            }
+            Linear::Array(a, at) => {
+                (c.dst_memory_type, c.dst_array, c.dst_x_in_bytes) = (ARRAY, a, at)
+            }
+        }
+        (c.src_height, c.dst_height) = (1, 1);
+        c
+    }
+}
+
 impl Memcpy3D {
     /// The source and destination, as [`Memcpy2D::sides`] resolves them; levels of
     /// detail other than 0 are invalid (they are for arrays).

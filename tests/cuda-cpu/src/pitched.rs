@@ -192,6 +192,110 @@ pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: Handl
     unsafe { copy_3d_at(copy, Some(stream)) }
 }
 
+/// The copies of bytes in a row with an array side, made as the 3D copy they are.
+mod linear {
+    use hira_apis_cuda_private::copy2d::{Linear, Memcpy3D};
+
+    use super::{CUdeviceptr, CUresult, Handle, copy_3d};
+    use std::ffi::c_void;
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyHtoA_v2(
+        dst: Handle,
+        at: usize,
+        src: *const c_void,
+        n: usize,
+    ) -> CUresult {
+        copy_3d(
+            Memcpy3D::linear(Linear::Array(dst, at), Linear::Host(src.cast_mut()), n),
+            None,
+        )
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyAtoH_v2(
+        dst: *mut c_void,
+        src: Handle,
+        at: usize,
+        n: usize,
+    ) -> CUresult {
+        copy_3d(
+            Memcpy3D::linear(Linear::Host(dst), Linear::Array(src, at), n),
+            None,
+        )
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyDtoA_v2(
+        dst: Handle,
+        at: usize,
+        src: CUdeviceptr,
+        n: usize,
+    ) -> CUresult {
+        copy_3d(
+            Memcpy3D::linear(Linear::Array(dst, at), Linear::Device(src), n),
+            None,
+        )
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyAtoD_v2(
+        dst: CUdeviceptr,
+        src: Handle,
+        at: usize,
+        n: usize,
+    ) -> CUresult {
+        copy_3d(
+            Memcpy3D::linear(Linear::Device(dst), Linear::Array(src, at), n),
+            None,
+        )
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyAtoA_v2(
+        dst: Handle,
+        dst_at: usize,
+        src: Handle,
+        src_at: usize,
+        n: usize,
+    ) -> CUresult {
+        copy_3d(
+            Memcpy3D::linear(Linear::Array(dst, dst_at), Linear::Array(src, src_at), n),
+            None,
+        )
+    }
+
+    /// Work runs when it is enqueued here, so an asynchronous copy is done on return.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyHtoAAsync_v2(
+        dst: Handle,
+        at: usize,
+        src: *const c_void,
+        n: usize,
+        stream: Handle,
+    ) -> CUresult {
+        copy_3d(
+            Memcpy3D::linear(Linear::Array(dst, at), Linear::Host(src.cast_mut()), n),
+            Some(stream),
+        )
+    }
+
+    #[unsafe(no_mangle)]
+    pub extern "C" fn cuMemcpyAtoHAsync_v2(
+        dst: *mut c_void,
+        src: Handle,
+        at: usize,
+        n: usize,
+        stream: Handle,
+    ) -> CUresult {
+        copy_3d(
+            Memcpy3D::linear(Linear::Host(dst), Linear::Array(src, at), n),
+            Some(stream),
+        )
+    }
+}
+pub use linear::*;
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy2D_v2(copy: *const Memcpy2D) -> CUresult {
     // SAFETY: the caller's promise.

@@ -209,6 +209,13 @@ fn cuda_programs_print_through_hira_what_they_print_natively() {
         ) && o.contains("w=[ 9.42]\nafter\nprintf returned 9 9 9\n"),
         "{o}"
     );
+    // Bytes to and from 1D arrays land where the offsets say (the executor agrees
+    // with NVIDIA's driver on a copy past the array's end: CUDA_ERROR_INVALID_VALUE).
+    let o = String::from_utf8_lossy(&native("pitch").stdout).into_owned();
+    assert!(
+        o.contains(", [20] -5.00, ") && o.contains("past the end 1\n"),
+        "{o}"
+    );
     let log = d.log_text();
     assert!(
         log.contains("vector_add") && log.contains("shared-memory rings"),
