@@ -268,8 +268,8 @@ pub const PROGRAMS: &[Program] = &[
 
 /// Rodinia 3.1's CUDA programs that nvcc 13 builds, in the suite's order, with the
 /// fewest edits (docs/rodinia.md lists each and why). kmeans' texture references,
-/// gone since CUDA 12, are ported to texture objects. Not here: hybridsort,
-/// leukocyte and mummergpu, whose texture references are not ported yet.
+/// gone since CUDA 12, are ported to texture objects, and so are leukocyte's. Not
+/// here: hybridsort and mummergpu, whose texture references are not ported yet.
 /// Removed runtime calls are mapped by the build's `NVCC_APPEND_FLAGS`
 /// (`cudaThreadSynchronize`, `cudaThreadExit`).
 pub const CUDA_PROGRAMS: &[Program] = &[
@@ -415,6 +415,83 @@ pub const CUDA_PROGRAMS: &[Program] = &[
             "$MAKE CUDA_FLAG= C_C=\"gcc -L$LIBRARY_PATH\"",
         )
     },
+    Program {
+        generated: &[(
+            "leuko.avi",
+            Generated::Video {
+                width: 640,
+                height: 480,
+                frames: 3,
+            },
+        )],
+        // Texture references went with CUDA 12: its three 1D textures over linear
+        // memory become texture objects in `__constant__` variables, made where the
+        // references were bound and destroyed where they were unbound (as kmeans').
+        edits: &[
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> t_grad_x;",
+                LEUKOCYTE_OBJECTS,
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> t_grad_y;",
+                "__constant__ cudaTextureObject_t t_grad_y;",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> t_img;",
+                "__constant__ cudaTextureObject_t t_img;",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "tex1Dfetch(t_grad_x,",
+                "tex1Dfetch<float>(t_grad_x,",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "tex1Dfetch(t_grad_y,",
+                "tex1Dfetch<float>(t_grad_y,",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "tex1Dfetch(t_img,",
+                "tex1Dfetch<float>(t_img,",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "cudaBindTexture(0, t_grad_x,",
+                "HIRA_BIND_LINEAR(t_grad_x,",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "cudaBindTexture(0, t_grad_y,",
+                "HIRA_BIND_LINEAR(t_grad_y,",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "cudaBindTexture(0, t_img,",
+                "HIRA_BIND_LINEAR(t_img,",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "cudaUnbindTexture(t_grad_x);",
+                "HIRA_UNBIND(t_grad_x);",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "cudaUnbindTexture(t_grad_y);",
+                "HIRA_UNBIND(t_grad_y);",
+            ),
+            (
+                "CUDA/find_ellipse_kernel.cu",
+                "cudaUnbindTexture(t_img);",
+                "HIRA_UNBIND(t_img);",
+            ),
+        ],
+        // One frame tracked (each takes minutes on the CPU test executor).
+        ..Program::cuda("leukocyte", "CUDA/leukocyte", "{gen}/leuko.avi 1", "$MAKE")
+    },
     Program::cuda(
         "lud",
         "cuda/lud_cuda",
@@ -511,6 +588,31 @@ const KMEANS_OBJECTS: &str = "\t/* set up texture objects (texture references we
 \t\tcudaMemcpyToSymbol(t_clusters, &objs[2], sizeof objs[2]);
 \t}
 ";
+
+/// leukocyte's first texture reference, become a texture object in a `__constant__`
+/// variable, with what binds and unbinds the three: a texture object over the same
+/// linear memory (point sampling, unnormalised coordinates, floats, as a reference
+/// bound with `cudaBindTexture` reads), stored in the variable, and destroyed.
+const LEUKOCYTE_OBJECTS: &str = "__constant__ cudaTextureObject_t t_grad_x;
+/* Texture references went with CUDA 12: texture objects in their place. */
+#define HIRA_BIND_LINEAR(sym, ptr, size) do { \\
+	cudaResourceDesc r_ = {}; \\
+	r_.resType = cudaResourceTypeLinear; \\
+	r_.res.linear.devPtr = (ptr); \\
+	r_.res.linear.desc = cudaCreateChannelDesc<float>(); \\
+	r_.res.linear.sizeInBytes = (size); \\
+	cudaTextureDesc t_ = {}; \\
+	t_.filterMode = cudaFilterModePoint; \\
+	t_.readMode = cudaReadModeElementType; \\
+	cudaTextureObject_t o_ = 0; \\
+	cudaCreateTextureObject(&o_, &r_, &t_, NULL); \\
+	cudaMemcpyToSymbol(sym, &o_, sizeof o_); \\
+} while (0)
+#define HIRA_UNBIND(sym) do { \\
+	cudaTextureObject_t o_ = 0; \\
+	cudaMemcpyFromSymbol(&o_, sym, sizeof o_); \\
+	cudaDestroyTextureObject(o_); \\
+} while (0)";
 
 /// Lines whose numbers are timings in every Rodinia program: the suite's common
 /// `Init: ... Total:` breakdown, and lines that speak of time.
@@ -934,7 +1036,7 @@ impl Workspace {
 
     fn video(&self, p: &Program, path: &Path, w: u32, h: u32, n: u32) -> Result<()> {
         let dir = self.program_dir(p);
-        let avilib = ["util/avi/avilib.c", "OpenCL/avilib.c", "AVI/avilib.c"]
+        let avilib = ["util/avi/avilib.c", "OpenCL/avilib.c", "CUDA/avilib.c", "AVI/avilib.c"]
             .iter()
             .map(|f| dir.join(f))
             .find(|f| f.is_file())
