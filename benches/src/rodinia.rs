@@ -1036,11 +1036,16 @@ impl Workspace {
 
     fn video(&self, p: &Program, path: &Path, w: u32, h: u32, n: u32) -> Result<()> {
         let dir = self.program_dir(p);
-        let avilib = ["util/avi/avilib.c", "OpenCL/avilib.c", "CUDA/avilib.c", "AVI/avilib.c"]
-            .iter()
-            .map(|f| dir.join(f))
-            .find(|f| f.is_file())
-            .with_context(|| format!("no avilib.c in {}", dir.display()))?;
+        let avilib = [
+            "util/avi/avilib.c",
+            "OpenCL/avilib.c",
+            "CUDA/avilib.c",
+            "AVI/avilib.c",
+        ]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|f| f.is_file())
+        .with_context(|| format!("no avilib.c in {}", dir.display()))?;
         let c = self.inputs.join("videogen.c");
         std::fs::write(&c, VIDEO_GENERATOR)?;
         let exe = self.inputs.join(format!("videogen-{}", p.dir));
