@@ -531,6 +531,12 @@ pub fn run_native(exe: &std::path::Path, args: &[&str]) -> Output {
 /// often as it can be: each time the program has made calls since the last move.
 /// Returns its output and the moves.
 pub fn run_moving(d: &Daemon, cmd: &mut Command) -> (Output, usize) {
+    let (out, moves, _) = run_moving_noting(d, cmd);
+    (out, moves)
+}
+
+/// As [`run_moving`], with the daemon's answers to the moves it refused.
+pub fn run_moving_noting(d: &Daemon, cmd: &mut Command) -> (Output, usize, Vec<String>) {
     let child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -539,6 +545,7 @@ pub fn run_moving(d: &Daemon, cmd: &mut Command) -> (Output, usize) {
     let pid = child.id();
     let out = std::thread::spawn(move || child.wait_with_output().unwrap());
     let (mut moves, mut last_commands) = (0, 0);
+    let mut refused = Vec::new();
     while !out.is_finished() {
         let s = d.status();
         let session = s["sessions"]
@@ -555,13 +562,15 @@ pub fn run_moving(d: &Daemon, cmd: &mut Command) -> (Output, usize) {
                     moves += 1;
                     // The new API server counts from zero.
                     last_commands = 0;
+                } else {
+                    refused.push(a.to_string());
                 }
             }
             // Wait for the program to make progress (or end) before the next move.
             _ => std::thread::yield_now(),
         }
     }
-    (out.join().unwrap(), moves)
+    (out.join().unwrap(), moves, refused)
 }
 
 pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> Output {
