@@ -287,10 +287,11 @@ fn a_share_changed_with_hira_ctl_while_guests_run_is_followed_within_two_seconds
     };
     let (short_n, long_n) = (calibrate("1"), calibrate("100"));
     let vendors = Vendors::hira();
-    // The short guest keeps two launches queued, so that it always has work for the
-    // device however slow its round trips on a loaded machine; the long one waits for
-    // each launch, so that a hold takes effect one kernel at a time.
-    let mut guests: Vec<Child> = [("short", &short_n, "2"), ("long", &long_n, "1")]
+    // The short guest keeps four launches queued, so that it always has work for the
+    // device however slow its round trips on a loaded machine (with two, a CI run
+    // under load once left it 0.51 at 3:1); the long one waits for each launch, so
+    // that a hold takes effect one kernel at a time.
+    let mut guests: Vec<Child> = [("short", &short_n, "4"), ("long", &long_n, "1")]
         .iter()
         .map(|(vm, n, depth)| {
             d.guest(&vendors, vm, &spin)
