@@ -139,6 +139,16 @@ impl Program {
     }
 }
 
+/// leukocyte's input, for its OpenCL and CUDA programs alike.
+const LEUKOCYTE_VIDEO: &[(&str, Generated)] = &[(
+    "leuko.avi",
+    Generated::Video {
+        width: 640,
+        height: 480,
+        frames: 3,
+    },
+)];
+
 /// The suite, in Rodinia's alphabetical order. Sizes are the small end of what each
 /// program accepts, so that a CPU device runs the whole suite in minutes.
 pub const PROGRAMS: &[Program] = &[
@@ -212,14 +222,7 @@ pub const PROGRAMS: &[Program] = &[
         ..Program::new("lavaMD", "lavaMD.out", "-boxes1d 4")
     },
     Program {
-        generated: &[(
-            "leuko.avi",
-            Generated::Video {
-                width: 640,
-                height: 480,
-                frames: 3,
-            },
-        )],
+        generated: LEUKOCYTE_VIDEO,
         // It insists on a GPU; any device will do for comparing outputs.
         edits: &[(
             "OpenCL/find_ellipse_opencl.c",
@@ -416,14 +419,7 @@ pub const CUDA_PROGRAMS: &[Program] = &[
         )
     },
     Program {
-        generated: &[(
-            "leuko.avi",
-            Generated::Video {
-                width: 640,
-                height: 480,
-                frames: 3,
-            },
-        )],
+        generated: LEUKOCYTE_VIDEO,
         // Texture references went with CUDA 12: its three 1D textures over linear
         // memory become texture objects in `__constant__` variables, made where the
         // references were bound and destroyed where they were unbound (as kmeans').

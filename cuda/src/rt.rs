@@ -10,8 +10,8 @@ use std::sync::{Mutex, OnceLock};
 
 use hira_apis_cuda::{Kind, status};
 use hira_guest_driver::conn::{Connection, TransportError};
-use hira_guest_driver::endpoint;
 use hira_guest_driver::window::WindowRegion;
+use hira_guest_driver::{BORROW_MIN, Borrowed, endpoint};
 use hira_protocol::Span;
 use hira_protocol::Writer;
 use hira_protocol::api::tag;
@@ -407,17 +407,10 @@ pub struct Call {
     /// Where each output the application gave a buffer for comes back, in order:
     /// a window region (its index), or inline in the reply.
     outs: Vec<Option<usize>>,
-    /// Large inline inputs that go from the application's memory straight onto the
-    /// connection rather than through a copy in `w` (whose fresh pages would each
-    /// fault in): where in `w` they belong, and their bytes. The application's
-    /// pointers are valid for the call, and the call is sent before its function
-    /// returns ([`Call::send`]).
-    borrowed: Vec<(usize, *const u8, usize)>,
+    /// Large inline inputs sent from the application's memory (`hira_guest_driver::
+    /// borrowed`); the call is sent before its function returns ([`Call::send`]).
+    borrowed: Borrowed,
 }
-
-/// The smallest inline input sent from where it is (below it, copying is cheaper
-/// than one more part to write).
-const BORROW_MIN: usize = 64 * 1024;
 
 /// Transfers smaller than this travel inline (`HIRA_INLINE_MAX`).
 static INLINE_MAX: std::sync::LazyLock<usize> = std::sync::LazyLock::new(endpoint::inline_max);
@@ -450,7 +443,7 @@ impl Call {
             spans: Vec::new(),
             regions: Vec::new(),
             outs: Vec::new(),
-            borrowed: Vec::new(),
+            borrowed: Borrowed::default(),
         }
     }
 
@@ -537,7 +530,8 @@ impl Call {
         if len >= BORROW_MIN {
             // The length as `bytes` writes it; the bytes follow when sent.
             self.w.u32(len as u32);
-            self.borrowed.push((self.w.len(), p, len));
+            // SAFETY: the caller's promise, until the call is sent.
+            unsafe { self.borrowed.note(self.w.len(), p, len) };
             return Ok(());
         }
         // SAFETY: the caller's promise.
@@ -547,18 +541,7 @@ impl Call {
 
     /// The request's payload: `w`, with the borrowed inputs in their places.
     fn parts(&self) -> Vec<&[u8]> {
-        let w = self.w.as_slice();
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * self.borrowed.len());
-        let mut from = 0;
-        for &(at, ptr, len) in &self.borrowed {
-            parts.push(&w[from..at]);
-            // SAFETY: the application's input, valid for `len` reads until this
-            // call's function returns (`bytes_inline`'s contract).
-            parts.push(unsafe { std::slice::from_raw_parts(ptr, len) });
-            from = at;
-        }
-        parts.push(&w[from..]);
-        parts
+        self.borrowed.parts(self.w.as_slice())
     }
 
     /// A C string (NULL: none).

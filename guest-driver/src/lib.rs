@@ -12,6 +12,7 @@
 //! - [`settings`]: every `HIRA_*` variable the guest libraries read, read once.
 //! - [`logger`], [`reply`]: the shims' own logger and reply reader.
 
+pub mod borrowed;
 pub mod conn;
 pub mod endpoint;
 pub mod logger;
@@ -19,5 +20,6 @@ pub mod reply;
 pub mod settings;
 pub mod window;
 
+pub use borrowed::{BORROW_MIN, Borrowed};
 pub use conn::{Connection, Delivery, Frame, TransportError, set_output_sink};
 pub use window::{Window, WindowRegion};

@@ -451,10 +451,19 @@ impl Connection {
             while self.paused.load(Ordering::Acquire) && self.dead().is_none() {
                 w = self.unpaused.wait(w).unwrap_or_else(|e| e.into_inner());
             }
-            let mut parts = Vec::with_capacity(1 + payload.len());
-            parts.push(&head[..]);
-            parts.extend_from_slice(payload);
-            if let Err(e) = frame::write_parts(&mut *w, &parts) {
+            // Most calls have one part: no list to build for them.
+            let (one, many);
+            let parts: &[&[u8]] = match payload {
+                [p] => {
+                    one = [&head[..], p];
+                    &one
+                }
+                _ => {
+                    many = [&[&head[..]][..], payload].concat();
+                    &many
+                }
+            };
+            if let Err(e) = frame::write_parts(&mut *w, parts) {
                 drop(w);
                 let e = TransportError::Closed(e.to_string());
                 self.kill(e.clone());

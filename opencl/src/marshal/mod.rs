@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 
 use hira_apis_opencl::sizes::RectLayout;
 use hira_apis_opencl::{CL_CONTEXT_PLATFORM, Kind, tag};
-use hira_guest_driver::{Connection, WindowRegion, endpoint};
+use hira_guest_driver::{BORROW_MIN, Borrowed, Connection, WindowRegion, endpoint};
 use hira_protocol::Span;
 use hira_protocol::codec::{MAX_ARRAY, Writer};
 use hira_protocol::frame::{FrameKind, MAX_FRAME_BODY};
@@ -131,17 +131,10 @@ pub struct Call {
     defer: Option<u64>,
     /// Where a write's blocking flag is in the request.
     blocking_at: Option<usize>,
-    /// Large inline inputs that go from the application's memory straight onto the
-    /// connection rather than through a copy in `w` (whose fresh pages would each
-    /// fault in): where in `w` they belong, and their bytes. The application's
-    /// pointers are valid for the call, and the call is sent before its function
-    /// returns ([`Call::send`]).
-    borrowed: Vec<(usize, *const u8, usize)>,
+    /// Large inline inputs sent from the application's memory (`hira_guest_driver::
+    /// borrowed`); the call is sent before its function returns ([`Call::send`]).
+    borrowed: Borrowed,
 }
-
-/// The smallest inline input sent from where it is (below it, copying is cheaper
-/// than one more part to write).
-const BORROW_MIN: usize = 64 * 1024;
 
 impl Call {
     pub fn new(op: u16) -> Self {
@@ -156,7 +149,7 @@ impl Call {
             in_place: false,
             defer: None,
             blocking_at: None,
-            borrowed: Vec::new(),
+            borrowed: Borrowed::default(),
         }
     }
 
@@ -342,18 +335,7 @@ impl Call {
 
     /// The request's payload: `w`, with the borrowed inputs in their places.
     fn parts(&self) -> Vec<&[u8]> {
-        let w = self.w.as_slice();
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + 2 * self.borrowed.len());
-        let mut from = 0;
-        for &(at, ptr, len) in &self.borrowed {
-            parts.push(&w[from..at]);
-            // SAFETY: the application's input, valid for `len` reads until the
-            // function making this call returns (`bytes_in`'s contract).
-            parts.push(unsafe { std::slice::from_raw_parts(ptr, len) });
-            from = at;
-        }
-        parts.push(&w[from..]);
-        parts
+        self.borrowed.parts(self.w.as_slice())
     }
 
     /// Whether some of the request's inputs are sent from where they are, not in
@@ -382,7 +364,9 @@ impl Call {
         if application && src.len() >= BORROW_MIN {
             // The length as `bytes` writes it; the bytes follow when sent.
             self.w.u8(tag::INLINE).u32(src.len() as u32);
-            self.borrowed.push((self.w.len(), src.as_ptr(), src.len()));
+            // SAFETY: the application's bytes, valid until the call is sent
+            // (`application`).
+            unsafe { self.borrowed.note(self.w.len(), src.as_ptr(), src.len()) };
             return Ok(());
         }
         self.w.u8(tag::INLINE).bytes(src);
