@@ -11,7 +11,8 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Slots per VM window unless configured (`window-slots`): this many sessions of a
 /// VM can use the window (and rings) at once; the rest have their frames relayed.
@@ -23,6 +24,8 @@ pub struct VmWindow {
     path: PathBuf,
     slot_len: u64,
     leased: Mutex<Vec<Slot>>,
+    /// Signalled when a slot is given back.
+    freed: Condvar,
 }
 
 /// What a slot holds.
@@ -30,6 +33,8 @@ pub struct VmWindow {
 enum Slot {
     Free,
     Leased,
+    /// Leased by a session whose guest has gone: free once its API server is reaped.
+    Ending,
     /// Kept for a suspended session that will resume here: its rings are in it.
     Reserved,
     /// Leased, and reserved once the lease ends.
@@ -67,15 +72,38 @@ impl VmWindow {
                 Slot::Free;
                 if slot_len == 0 { 0 } else { slots as usize }
             ]),
+            freed: Condvar::new(),
         })
     }
 
     /// A free slot, if any.
     pub fn lease(&self) -> Option<Lease<'_>> {
+        self.lease_within(Duration::ZERO)
+    }
+
+    /// A free slot; if there is none but sessions whose guests have gone hold some,
+    /// waits up to `wait` for one of them to end. A guest that runs programs one
+    /// after another would otherwise find the slots taken by its own last programs'
+    /// sessions, whose API servers are still releasing what they held, and have its
+    /// next sessions relayed.
+    pub fn lease_within(&self, wait: Duration) -> Option<Lease<'_>> {
+        let deadline = Instant::now() + wait;
         let mut l = self.leased.lock().unwrap_or_else(|e| e.into_inner());
-        let index = l.iter().position(|s| *s == Slot::Free)?;
-        l[index] = Slot::Leased;
-        Some(self.lease_of(index))
+        loop {
+            if let Some(index) = l.iter().position(|s| *s == Slot::Free) {
+                l[index] = Slot::Leased;
+                return Some(self.lease_of(index));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !l.contains(&Slot::Ending) {
+                return None;
+            }
+            l = self
+                .freed
+                .wait_timeout(l, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     fn lease_of(&self, index: usize) -> Lease<'_> {
@@ -105,7 +133,7 @@ impl VmWindow {
         let mut l = self.leased.lock().unwrap_or_else(|e| e.into_inner());
         l[i] = match l[i] {
             Slot::Free => Slot::Reserved,
-            Slot::Leased => Slot::LeasedReserved,
+            Slot::Leased | Slot::Ending => Slot::LeasedReserved,
             _ => return false,
         };
         true
@@ -143,6 +171,16 @@ impl VmWindow {
     }
 }
 
+impl Lease<'_> {
+    /// The session's guest has gone: a new session may wait for this slot.
+    pub fn ending(&self) {
+        let mut l = self.window.leased.lock().unwrap_or_else(|e| e.into_inner());
+        if l[self.index] == Slot::Leased {
+            l[self.index] = Slot::Ending;
+        }
+    }
+}
+
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         let mut l = self.window.leased.lock().unwrap_or_else(|e| e.into_inner());
@@ -150,6 +188,7 @@ impl Drop for Lease<'_> {
             Slot::LeasedReserved => Slot::Reserved,
             _ => Slot::Free,
         };
+        self.window.freed.notify_all();
     }
 }
 
@@ -170,6 +209,31 @@ mod tests {
         drop(b);
         assert_eq!(w.lease().unwrap().offset, freed);
         drop((a, c, d));
+    }
+
+    #[test]
+    fn a_new_session_waits_for_a_slot_whose_session_is_ending_and_for_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = VmWindow::create(&dir.path().join("w"), 4 << 20, 2).unwrap();
+        let (a, b) = (w.lease().unwrap(), w.lease().unwrap());
+        // Both sessions live: no wait, however long allowed.
+        let t = Instant::now();
+        assert!(w.lease_within(Duration::from_secs(60)).is_none());
+        assert!(t.elapsed() < Duration::from_secs(30));
+        // One's guest has gone: its slot is waited for until its session ends.
+        b.ending();
+        let offset = b.offset;
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| w.lease_within(Duration::from_secs(60)).map(|l| l.offset));
+            // (It waits on the slot, or finds it free if it looks only after.)
+            drop(b);
+            assert_eq!(waiter.join().unwrap(), Some(offset));
+        });
+        // Ending but never ended: the wait is bounded.
+        let c = w.lease().unwrap();
+        c.ending();
+        assert!(w.lease_within(Duration::from_millis(10)).is_none());
+        drop((a, c));
     }
 
     #[test]

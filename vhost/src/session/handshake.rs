@@ -241,10 +241,12 @@ pub(crate) fn place_data_plane<'q>(
             }
         }
         None if hello.vm_window => {
-            let slot = queue
-                .window
-                .get()
-                .and_then(|w| w.lease().zip(w.open().ok()));
+            let slot = queue.window.get().and_then(|w| {
+                // A slot held by an ending session frees within the teardown
+                // grace, after which its API server is killed.
+                let wait = ctx.config.limits.teardown_grace + std::time::Duration::from_secs(1);
+                w.lease_within(wait).zip(w.open().ok())
+            });
             match slot {
                 Some((l, fd)) => {
                     hello.window_len = l.len;

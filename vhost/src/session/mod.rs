@@ -352,6 +352,9 @@ pub(crate) fn serve(
         Ok((res, relay))
     })();
     door.close(crate::migrate::Closed::Ended(id));
+    if let Some(l) = &lease {
+        l.ending();
+    }
     let child_id = child.as_ref().map_or(0, std::process::Child::id);
     let (mut how, crashed) = match child.take() {
         Some(c) => spawn::reap(c, config.limits.teardown_grace),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::{Daemon, LineProgram, Vendors, c_program, http_get, metric};
+use crate::support::{self, Daemon, LineProgram, Vendors, c_program, http_get, metric};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -273,6 +273,7 @@ fn part(a: (f64, f64), b: (f64, f64)) -> f64 {
 
 #[test]
 fn a_share_changed_with_hira_ctl_while_guests_run_is_followed_within_two_seconds() {
+    let _alone = support::alone();
     let d = Daemon::start(&["short", "long"]);
     let spin = c_program("spin");
     let native_vendors = Vendors::native();

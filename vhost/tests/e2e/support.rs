@@ -197,6 +197,46 @@ pub struct Daemon {
     pub log: PathBuf,
     /// Where VMs' window files are: in /dev/shm (tmpfs, as operators place them).
     pub shm: Option<tempfile::TempDir>,
+    /// Released after the daemon is killed (fields drop after `drop`).
+    _turn: Turn,
+}
+
+/// Tests run two at a time. The few that measure how the device is shared over
+/// seconds take the machine [`alone`]: on two cores, another test's QEMU guest or
+/// compiler leaves their guests' round trips gaps that no policy can fill for them
+/// (seen in CI: a share of 3:1 measured as 0.51 of the device). Every daemon a test
+/// starts holds a shared turn for its life.
+static TURNS: parking_lot::RwLock<()> = parking_lot::const_rwlock(());
+
+thread_local! {
+    static ALONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The machine to this test alone, until the guard drops: waits until no other test
+/// has a daemon, and keeps others from starting one meanwhile.
+pub struct Alone(#[allow(dead_code)] parking_lot::RwLockWriteGuard<'static, ()>);
+
+pub fn alone() -> Alone {
+    let g = TURNS.write();
+    ALONE.set(true);
+    Alone(g)
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        ALONE.set(false);
+    }
+}
+
+/// A daemon's shared turn (none inside a test that has the machine alone). Taken
+/// recursively: a test that runs two daemons never waits on a test waiting to be
+/// alone.
+struct Turn(#[allow(dead_code)] Option<parking_lot::RwLockReadGuard<'static, ()>>);
+
+impl Turn {
+    fn take() -> Turn {
+        Turn((!ALONE.get()).then(|| TURNS.read_recursive()))
+    }
 }
 
 /// A directory for VM window files in /dev/shm, where operators put them (tmpfs),
@@ -259,6 +299,7 @@ impl Daemon {
         mount_ns: Option<std::fs::File>,
     ) -> Daemon {
         ensure_built();
+        let turn = Turn::take();
         let log = dir.path().join("daemon.log");
         let mut cmd = hira_vhost();
         for vm in vms {
@@ -302,6 +343,7 @@ impl Daemon {
             dir,
             log,
             shm: None,
+            _turn: turn,
         };
         ready.wait(&mut d);
         d
@@ -321,6 +363,7 @@ impl Daemon {
     /// As [`Daemon::start_vms_with`], with extra environment.
     pub fn start_vms_env(vms: &[(&str, u32)], windows: bool, env: &[(&str, &str)]) -> Daemon {
         ensure_built();
+        let turn = Turn::take();
         let dir = tempfile::tempdir().unwrap();
         let shm = shm_dir();
         let windows_in = shm.as_ref().map_or(dir.path(), |d| d.path()).to_path_buf();
@@ -354,6 +397,7 @@ impl Daemon {
             dir,
             log,
             shm,
+            _turn: turn,
         };
         ready.wait(&mut d);
         d
@@ -366,6 +410,7 @@ impl Daemon {
             dir,
             log,
             shm: None,
+            _turn: Turn::take(),
         }
     }
 
