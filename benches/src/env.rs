@@ -213,6 +213,7 @@ impl BenchEnv {
     pub fn start_cuda(bin: &Path, driver_dir: &str, shim_dir: &Path) -> Result<BenchEnv> {
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("bench.sock");
+        let control = dir.path().join("control.sock");
         // SAFETY: set before any thread of this process reads the environment; the
         // daemon inherits it.
         unsafe { std::env::set_var("LD_LIBRARY_PATH", driver_dir) };
@@ -222,13 +223,15 @@ impl BenchEnv {
             [
                 "--local-socket".to_string(),
                 format!("bench={}", socket.display()),
+                "--control-socket".to_string(),
+                control.display().to_string(),
             ],
         )?;
         Ok(BenchEnv {
             native: tempfile::tempdir()?,
             hira: tempfile::tempdir()?,
             socket,
-            control: None,
+            control: Some(control),
             hira_env: Vec::new(),
             cuda: Some((driver_dir.to_string(), shim_dir.to_path_buf())),
             daemon,

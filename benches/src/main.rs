@@ -145,6 +145,18 @@ enum Cmd {
         /// delay, as `hira-bench remote` does.
         #[arg(long)]
         placed: Option<u64>,
+        /// Moves each program's session this many times while it runs through Hira,
+        /// at random times within its native run time, to a new API server (as
+        /// `hira-bench migrate` moves the suite's workloads); the moves and their
+        /// pauses are reported beside the comparison.
+        #[arg(long, conflicts_with = "placed")]
+        moves: Option<usize>,
+        /// With `--moves`: between two daemons instead of between API servers.
+        #[arg(long, requires = "moves")]
+        between_daemons: bool,
+        /// Seed of the random move times.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
         /// Directory for the private build, the runs and results.{json,md}.
         #[arg(long, default_value = "target/hira-bench/rodinia")]
         out: PathBuf,
@@ -367,6 +379,9 @@ fn main() -> Result<()> {
             only,
             timeout,
             placed,
+            moves,
+            between_daemons,
+            seed,
             out,
         } => programs(
             &src,
@@ -377,6 +392,7 @@ fn main() -> Result<()> {
             &only,
             timeout,
             placed,
+            moves.map(|m| (m, between_daemons, seed)),
             &out,
         ),
         Cmd::CudaSamples {
@@ -394,6 +410,7 @@ fn main() -> Result<()> {
             Some(src.join("Common")),
             &only,
             timeout,
+            None,
             None,
             &out,
         ),
@@ -481,6 +498,7 @@ fn programs(
     only: &[String],
     timeout: u64,
     placed: Option<u64>,
+    moves: Option<(usize, bool, u64)>,
     out: &std::path::Path,
 ) -> Result<()> {
     let bin = env::build_components()?;
@@ -530,6 +548,26 @@ fn programs(
             &hosts.insert(p).env
         }
     };
+    // A second daemon for moves between daemons, alive as long as the runs.
+    let second = match (moves, &libraries) {
+        (Some((_, true, _)), None) => Some(env::BenchEnv::start(&bin)?),
+        (Some((_, true, _)), Some((driver, shim))) => {
+            Some(env::BenchEnv::start_cuda(&bin, driver, shim)?)
+        }
+        _ => None,
+    };
+    let moving = match moves {
+        Some((points, _, seed)) => Some(rodinia::Moving {
+            control: bench
+                .control
+                .clone()
+                .context("the bench daemon has no control socket")?,
+            other: second.as_ref().and_then(|b| b.control.clone()),
+            points,
+            rng: std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(seed)),
+        }),
+        None => None,
+    };
     let rows = rodinia::run(
         &src.canonicalize()?,
         &out.join("work"),
@@ -538,8 +576,23 @@ fn programs(
         cuda,
         only,
         std::time::Duration::from_secs(timeout),
+        moving.as_ref(),
     )?;
-    let md = rodinia::markdown(&rows);
+    let mut md = rodinia::markdown(&rows);
+    if let Some((points, between, seed)) = moves {
+        let _ = std::fmt::Write::write_fmt(
+            &mut md,
+            format_args!(
+                "\nEach program's session was moved {points} times while it ran through Hira, at random times within its native run time (seed {seed}), {}.\n\n{}",
+                if between {
+                    "between two daemons"
+                } else {
+                    "to a new API server each time"
+                },
+                rodinia::moves_markdown(&rows)
+            ),
+        );
+    }
     results::write(&out, &md)?;
     std::fs::write(
         out.join("results.json"),

@@ -71,7 +71,18 @@ fn session_of(control: &Path, pid: u32) -> Result<Option<u64>> {
         .and_then(|s| s["id"].as_u64()))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The highest session id the daemon at `control` has had, live or ended.
+fn last_session(control: &Path) -> Result<u64> {
+    let status = ask(control, &json!({"cmd": "status"}))?;
+    Ok(["sessions", "ended"]
+        .iter()
+        .flat_map(|k| status[*k].as_array().into_iter().flatten())
+        .filter_map(|s| s["id"].as_u64())
+        .max()
+        .unwrap_or(0))
+}
+
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -90,6 +101,9 @@ fn move_between(
             continue;
         };
         let to = controls[1 - i];
+        // Sessions the other daemon has had so far: one after them that ended is
+        // this program's, resumed there (the harness runs one program at a time).
+        let known = last_session(to)?;
         let start = Instant::now();
         let a = ask(
             from,
@@ -105,6 +119,12 @@ fn move_between(
         let deadline = start + Duration::from_secs(60);
         while session_of(to, pid)?.is_none() {
             if ended() {
+                if last_session(to)? > known {
+                    return Ok(Some(Err(
+                        "moved, pause not measured: the program ended before it was seen serving there"
+                            .into(),
+                    )));
+                }
                 // Told to move on its way out: it had no more calls to make.
                 return Ok(Some(Err("the program had ended".into())));
             }
@@ -123,6 +143,55 @@ fn move_between(
         })));
     }
     Ok(None)
+}
+
+/// Moves the session of guest `pid` at each of the times `at` after `started`
+/// (sorted): to a new API server of the daemon at `control`, or with `other` (a second
+/// daemon's control socket) to whichever daemon does not have it. Returns the moves
+/// made and the reasons of those refused; stops asking once `ended` says the program
+/// has ended.
+pub fn move_at(
+    control: &Path,
+    other: Option<&Path>,
+    pid: u32,
+    started: Instant,
+    at: &[Duration],
+    ended: &dyn Fn() -> bool,
+) -> Result<(Vec<Move>, Vec<String>)> {
+    let (mut moves, mut refused) = (Vec::new(), Vec::new());
+    for &t in at {
+        // Random points of the run: this is when to act, not a wait for an event.
+        if let Some(left) = t.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
+        if ended() {
+            refused.push("the program had ended".into());
+            continue;
+        }
+        if let Some(other) = other {
+            match move_between([control, other], pid, ended)? {
+                Some(Ok(m)) => moves.push(m),
+                Some(Err(e)) => refused.push(e),
+                None => refused.push("no session yet or any more".into()),
+            }
+            continue;
+        }
+        let Some(id) = session_of(control, pid)? else {
+            refused.push("no session yet or any more".into());
+            continue;
+        };
+        let a = ask(control, &json!({"cmd": "migrate", "session": id}))?;
+        match a.get("moved") {
+            Some(m) => moves.push(Move {
+                pause_ms: m["pause_ms"].as_f64().unwrap_or(0.0),
+                capture_ms: m["capture_ms"].as_f64().unwrap_or(0.0),
+                restore_ms: m["restore_ms"].as_f64().unwrap_or(0.0),
+                snapshot_bytes: m["snapshot_bytes"].as_u64().unwrap_or(0),
+            }),
+            None => refused.push(a["error"].as_str().unwrap_or("unknown").to_string()),
+        }
+    }
+    Ok((moves, refused))
 }
 
 /// Runs every workload `rounds` times through Hira with `points` moves at random
@@ -177,41 +246,11 @@ pub fn run(
             let pid = child.id();
             let started = Instant::now();
             let collector = std::thread::spawn(move || child.wait_with_output());
-            for t in at {
-                // Random points of the run: this is when to act, not a wait for an
-                // event.
-                if let Some(left) = t.checked_sub(started.elapsed()) {
-                    std::thread::sleep(left);
-                }
-                if collector.is_finished() {
-                    w.refused.push("the program had ended".into());
-                    continue;
-                }
-                if let Some(other) = other {
-                    match move_between([&control, other], pid, &|| collector.is_finished())? {
-                        Some(Ok(m)) => w.moves.push(m),
-                        Some(Err(e)) => w.refused.push(e),
-                        None => w.refused.push("no session yet or any more".into()),
-                    }
-                    continue;
-                }
-                let Some(id) = session_of(&control, pid)? else {
-                    w.refused.push("no session yet or any more".into());
-                    continue;
-                };
-                let a = ask(&control, &json!({"cmd": "migrate", "session": id}))?;
-                match a.get("moved") {
-                    Some(m) => w.moves.push(Move {
-                        pause_ms: m["pause_ms"].as_f64().unwrap_or(0.0),
-                        capture_ms: m["capture_ms"].as_f64().unwrap_or(0.0),
-                        restore_ms: m["restore_ms"].as_f64().unwrap_or(0.0),
-                        snapshot_bytes: m["snapshot_bytes"].as_u64().unwrap_or(0),
-                    }),
-                    None => w
-                        .refused
-                        .push(a["error"].as_str().unwrap_or("unknown").to_string()),
-                }
-            }
+            let (moves, refused) = move_at(&control, other, pid, started, &at, &|| {
+                collector.is_finished()
+            })?;
+            w.moves.extend(moves);
+            w.refused.extend(refused);
             let o = collector
                 .join()
                 .map_err(|_| anyhow::anyhow!("collector panicked"))??;

@@ -21,6 +21,7 @@ use anyhow::{Context, Result, bail, ensure};
 use regex::Regex;
 
 use crate::env::BenchEnv;
+use crate::migrate::Move;
 
 /// An input the harness writes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1086,6 +1087,33 @@ pub struct Outcome {
     pub stderr: String,
     /// Files the run created or changed in the program's directory.
     pub files: BTreeMap<String, Vec<u8>>,
+    /// Moves of its session while it ran (`--moves`), and those refused with why.
+    pub moves: Vec<Move>,
+    pub refused: Vec<String>,
+}
+
+/// Moves of each program's session while it runs through Hira (`--moves`): at
+/// `points` random times within its native run time, to a new API server of the
+/// daemon at `control`, or with `other` between the two daemons.
+pub struct Moving {
+    pub control: PathBuf,
+    pub other: Option<PathBuf>,
+    pub points: usize,
+    /// Seeded: a run can be repeated.
+    pub rng: std::sync::Mutex<rand::rngs::StdRng>,
+}
+
+impl Moving {
+    /// `points` sorted random times within 5-95% of `span`.
+    fn times(&self, span: Duration) -> Vec<Duration> {
+        use rand::RngExt;
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let mut at: Vec<Duration> = (0..self.points)
+            .map(|_| span.mul_f64(rng.random_range(0.05..0.95)))
+            .collect();
+        at.sort();
+        at
+    }
 }
 
 fn snapshot(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>> {
@@ -1125,6 +1153,7 @@ pub fn run_once(
     side: Side,
     scratch: &Path,
     timeout: Duration,
+    moving: Option<(&Moving, Duration)>,
 ) -> Result<Outcome> {
     let root = scratch.join(match side {
         Side::Native => "native",
@@ -1171,7 +1200,24 @@ pub fn run_once(
         }
         false
     });
-    let status = child.wait()?;
+    let ended = std::sync::atomic::AtomicBool::new(false);
+    let (status, moved) = std::thread::scope(|scope| {
+        let mover = moving.map(|(m, span)| {
+            let at = m.times(span);
+            let ended = &ended;
+            scope.spawn(move || {
+                crate::migrate::move_at(&m.control, m.other.as_deref(), pid, start, &at, &|| {
+                    ended.load(std::sync::atomic::Ordering::Acquire)
+                })
+            })
+        });
+        let status = child.wait();
+        ended.store(true, std::sync::atomic::Ordering::Release);
+        let moved = mover.map(|h| h.join().unwrap_or_else(|_| bail!("the mover panicked")));
+        (status, moved)
+    });
+    let status = status?;
+    let (moves, refused) = moved.transpose()?.unwrap_or_default();
     let _ = tx.send(());
     let timed_out = watchdog.join().unwrap_or(false);
     let seconds = start.elapsed().as_secs_f64();
@@ -1199,6 +1245,8 @@ pub fn run_once(
         stdout: text(&out_path)?,
         stderr: text(&err_path)?,
         files,
+        moves,
+        refused,
     })
 }
 
@@ -1364,6 +1412,7 @@ pub fn run(
     cuda: Option<CudaTools>,
     only: &[String],
     timeout: Duration,
+    moving: Option<&Moving>,
 ) -> Result<Vec<Row>> {
     let programs = api.programs();
     // A sample may be named by its directory alone.
@@ -1398,11 +1447,20 @@ pub fn run(
         ws.generate(p)?;
         let scratch = work.join("runs").join(p.dir.replace('/', "-"));
         eprint!("\r\x1b[2K[{}/{total}] {}: native", i + 1, p.dir);
-        let native = run_once(&ws, env, p, Side::Native, &scratch, timeout)?;
+        let native = run_once(&ws, env, p, Side::Native, &scratch, timeout, None)?;
         eprint!("\r\x1b[2K[{}/{total}] {}: native, perturbed", i + 1, p.dir);
-        let perturbed = run_once(&ws, env, p, Side::Perturbed, &scratch, timeout)?;
+        let perturbed = run_once(&ws, env, p, Side::Perturbed, &scratch, timeout, None)?;
         eprint!("\r\x1b[2K[{}/{total}] {}: through Hira", i + 1, p.dir);
-        let hira = run_once(&ws, env, p, Side::Hira, &scratch, timeout)?;
+        let span = Duration::from_secs_f64(native.seconds);
+        let hira = run_once(
+            &ws,
+            env,
+            p,
+            Side::Hira,
+            &scratch,
+            timeout,
+            moving.map(|m| (m, span)),
+        )?;
         row.comparison = compare(p, &native, &perturbed, &hira)?;
         row.native = Some(native);
         row.hira = Some(hira);
@@ -1463,6 +1521,49 @@ pub fn markdown(rows: &[Row]) -> String {
     s
 }
 
+/// The moves made while the programs ran through Hira (`--moves`), as Markdown.
+pub fn moves_markdown(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| program | moves | other asks (why) | pause ms, median (max) | capture ms, median | snapshot, largest |\n\
+         |---|---:|---|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let Some(h) = &r.hira else { continue };
+        let mut pauses: Vec<f64> = h.moves.iter().map(|m| m.pause_ms).collect();
+        let mut captures: Vec<f64> = h.moves.iter().map(|m| m.capture_ms).collect();
+        let most = pauses.iter().copied().fold(0.0, f64::max);
+        let largest = h.moves.iter().map(|m| m.snapshot_bytes).max().unwrap_or(0);
+        let mut why: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in &h.refused {
+            *why.entry(r.as_str()).or_default() += 1;
+        }
+        let refused = if why.is_empty() {
+            "-".to_string()
+        } else {
+            why.iter()
+                .map(|(w, n)| format!("{n}: {}", w.replace('|', "/")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let (pause, capture, snapshot) = if h.moves.is_empty() {
+            ("-".to_string(), "-".to_string(), "-".to_string())
+        } else {
+            (
+                format!("{:.1} ({most:.1})", crate::migrate::median(&mut pauses)),
+                format!("{:.1}", crate::migrate::median(&mut captures)),
+                format!("{:.1} MiB", largest as f64 / f64::from(1 << 20)),
+            )
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {refused} | {pause} | {capture} | {snapshot} |",
+            r.name,
+            h.moves.len()
+        );
+    }
+    s
+}
+
 /// The results as JSON (without outputs).
 pub fn json(rows: &[Row]) -> serde_json::Value {
     serde_json::Value::Array(
@@ -1474,6 +1575,9 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
                             "status": o.status,
                             "seconds": o.seconds,
                             "files": o.files.keys().collect::<Vec<_>>(),
+                            "moves": o.moves.len(),
+                            "pauses_ms": o.moves.iter().map(|m| m.pause_ms).collect::<Vec<_>>(),
+                            "refused": o.refused,
                         })
                     })
                 };
@@ -1549,6 +1653,8 @@ mod tests {
             stdout: stdout.into(),
             stderr: String::new(),
             files: BTreeMap::from([("output.txt".to_string(), file.to_vec())]),
+            moves: Vec::new(),
+            refused: Vec::new(),
         }
     }
 

@@ -22,7 +22,7 @@ fn rodinia_programs_give_identical_output_through_hira() {
         return;
     };
     // Four rows, every one built and identical.
-    common::assert_all_identical(
+    let _ = common::assert_all_identical(
         &["rodinia", "--only", "srad,nn,hotspot,b+tree"],
         &src,
         4,
@@ -35,7 +35,7 @@ fn rodinia_cuda_programs_built_by_nvcc_give_identical_output_through_hira() {
     let Some(src) = rodinia() else {
         return;
     };
-    common::assert_all_identical(
+    let _ = common::assert_all_identical(
         &[
             "rodinia",
             "--api",
@@ -47,4 +47,42 @@ fn rodinia_cuda_programs_built_by_nvcc_give_identical_output_through_hira() {
         4,
         "| yes |",
     );
+}
+
+/// nvcc-built programs print what they print natively while their sessions move
+/// between two daemons at random points; every program that ran long enough to be
+/// caught was moved, and no move was refused for what the session held.
+#[test]
+fn rodinia_cuda_programs_print_what_they_print_natively_while_they_move_between_daemons() {
+    let Some(src) = rodinia() else {
+        return;
+    };
+    let results = common::assert_all_identical(
+        &[
+            "rodinia",
+            "--api",
+            "cuda",
+            "--only",
+            "gaussian,myocyte,dwt2d",
+            "--moves",
+            "3",
+            "--between-daemons",
+        ],
+        &src,
+        3,
+        "| yes |",
+    );
+    let moves: Vec<&str> = results
+        .lines()
+        .skip_while(|l| !l.starts_with("| program | moves |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert_eq!(moves.len(), 3, "{results}");
+    let moved: u32 = moves
+        .iter()
+        .map(|l| l.split('|').nth(2).unwrap().trim().parse::<u32>().unwrap())
+        .sum();
+    assert!(moved > 0, "no session moved: {results}");
+    assert!(!results.contains("cannot migrate"), "{results}");
 }

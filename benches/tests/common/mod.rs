@@ -5,8 +5,8 @@ use std::process::Command;
 
 /// Runs `hira-bench ARGS --src SRC` into a fresh directory and checks its table:
 /// `rows` rows, each containing `built` (the columns of a build and its runs) and
-/// "identical".
-pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str) {
+/// "identical". Returns the whole report.
+pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str) -> String {
     let out = tempfile::tempdir().unwrap();
     let st = Command::new(env!("CARGO_BIN_EXE_hira-bench"))
         .args(args)
@@ -23,6 +23,7 @@ pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str
         .lines()
         .skip_while(|l| !l.starts_with('|'))
         .skip(2)
+        .take_while(|l| l.starts_with('|'))
         .collect();
     assert_eq!(got.len(), rows, "{results}");
     assert!(
@@ -30,4 +31,5 @@ pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str
             .all(|r| r.contains(built) && r.contains("identical")),
         "{results}"
     );
+    results
 }
