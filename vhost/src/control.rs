@@ -124,9 +124,7 @@ pub enum Refused {
     HostMem(#[source] std::io::Error),
     #[error("cannot set the quota: {0}")]
     Quota(#[source] std::io::Error),
-    #[error(
-        "session {0} is not live or cannot migrate (host-local sessions on shared-memory rings can)"
-    )]
+    #[error("session {0} is not live here (not served yet, ended, or unknown)")]
     NotMovable(u64),
     #[error("migrating to another daemon needs a connection that can carry descriptors")]
     NeedsDescriptors,
