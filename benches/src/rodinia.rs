@@ -1404,6 +1404,7 @@ pub fn compare(p: &Program, a: &Outcome, b: &Outcome, hira: &Outcome) -> Result<
 }
 
 /// Builds, runs and compares the programs named in `only` (all when empty).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     src: &Path,
     work: &Path,

@@ -574,13 +574,7 @@ pub fn run_native(exe: &std::path::Path, args: &[&str]) -> Output {
 
 /// Runs `cmd` (a guest of `d`) while its session is moved to a new API server as
 /// often as it can be: each time the program has made calls since the last move.
-/// Returns its output and the moves.
-pub fn run_moving(d: &Daemon, cmd: &mut Command) -> (Output, usize) {
-    let (out, moves, _) = run_moving_noting(d, cmd);
-    (out, moves)
-}
-
-/// As [`run_moving`], with the daemon's answers to the moves it refused.
+/// Returns its output, the moves, and the daemon's answers to the moves it refused.
 pub fn run_moving_noting(d: &Daemon, cmd: &mut Command) -> (Output, usize, Vec<String>) {
     let child = cmd
         .stdout(std::process::Stdio::piped())
