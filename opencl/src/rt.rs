@@ -82,6 +82,9 @@ struct Runtime {
     generation_cv: Condvar,
     objects: Mutex<Objects>,
     next_id: AtomicU64,
+    /// Objects with ids below this were made in a session whose API server was lost
+    /// (0: none was lost).
+    lost_below: AtomicU64,
     callbacks: Mutex<HashMap<u64, (Callback, usize)>>,
     /// One-shot callbacks registered and not yet delivered.
     outstanding: AtomicUsize,
@@ -117,6 +120,7 @@ fn runtime() -> &'static Runtime {
             generation_cv: Condvar::new(),
             objects: Mutex::new(Objects::default()),
             next_id: AtomicU64::new(1),
+            lost_below: AtomicU64::new(0),
             callbacks: Mutex::new(HashMap::new()),
             outstanding: AtomicUsize::new(0),
             callback_thread: OnceLock::new(),
@@ -178,9 +182,11 @@ pub(crate) fn revive(op: u16) {
     ) {
         Ok(new) => {
             warn!(
-                "the Hira API server was lost; objects made before stay invalid, new ones use session {}",
+                "the Hira API server was lost; calls on objects made before fail with CL_OUT_OF_RESOURCES, new ones use session {}",
                 new.welcome.session
             );
+            rt.lost_below
+                .store(rt.next_id.load(Ordering::Relaxed), Ordering::Release);
             rt.conn
                 .store(Box::into_raw(Box::new(new)), Ordering::Release);
             *rt.generation.lock().unwrap_or_else(|e| e.into_inner()) += 1;
@@ -220,6 +226,14 @@ fn objects() -> MutexGuard<'static, Objects> {
 /// A fresh guest-assigned id.
 pub(crate) fn new_id() -> u64 {
     runtime().next_id.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Whether object `id` of `kind` was made in a session whose API server was lost:
+/// the device it lived on is gone, whichever call names it first after the loss
+/// (platforms and devices are the host's, and stay).
+pub(crate) fn lost(id: u64, kind: Kind) -> bool {
+    !matches!(kind, Kind::Platform | Kind::Device)
+        && id < runtime().lost_below.load(Ordering::Acquire)
 }
 
 /// Whether the application holds event `id`.

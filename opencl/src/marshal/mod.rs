@@ -237,6 +237,7 @@ impl Call {
             return Err(kind.invalid_code());
         }
         match rt::lookup(ptr) {
+            Some((id, k)) if k == kind && rt::lost(id, k) => Err(CL_OUT_OF_RESOURCES),
             Some((id, k)) if k == kind => {
                 self.w.u64(id);
                 Ok(())
@@ -268,6 +269,7 @@ impl Call {
             // SAFETY: valid for n reads per the contract.
             let h = unsafe { *ptr.add(i) };
             match rt::lookup(h) {
+                Some((id, k)) if k == kind && rt::lost(id, k) => return Err(CL_OUT_OF_RESOURCES),
                 Some((id, k)) if k == kind => {
                     self.w.u64(id);
                 }

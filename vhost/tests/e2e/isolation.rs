@@ -348,7 +348,7 @@ fn an_application_that_recreates_its_context_recovers_from_a_lost_api_server() {
                     devices found again: 0 (some)\n\
                     new context on the old device handle: 0\n\
                     new context computes: mismatches=0\n\
-                    old queue after recovery: -36\n";
+                    old queue after recovery: -5\n";
     assert_eq!(rest, expected, "stderr:\n{err}\n{}", daemon.log_text());
     assert!(status.success(), "{status:?}\n{err}");
     assert!(err.contains("API server was lost"), "{err}");

@@ -505,7 +505,7 @@ fn recovers(mut guest: std::process::Child, mut out: impl Read, logs: &str) {
                     devices found again: 0 (some)\n\
                     new context on the old device handle: 0\n\
                     new context computes: mismatches=0\n\
-                    old queue after recovery: -36\n";
+                    old queue after recovery: -5\n";
     assert_eq!(rest, expected, "stderr:\n{err}\n{logs}");
     assert!(status.success(), "{status:?}\n{err}");
 }
