@@ -72,12 +72,7 @@ fn rodinia_cuda_programs_print_what_they_print_natively_while_they_move_between_
         3,
         "| yes |",
     );
-    let moves: Vec<&str> = results
-        .lines()
-        .skip_while(|l| !l.starts_with("| program | moves |"))
-        .skip(2)
-        .take_while(|l| l.starts_with('|'))
-        .collect();
+    let moves = common::table_rows(&results, "| program | moves |");
     assert_eq!(moves.len(), 3, "{results}");
     let moved: u32 = moves
         .iter()

@@ -19,12 +19,7 @@ pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str
     let results = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(st.success(), "{results}");
     // The table, after the stamp saying what produced it.
-    let got: Vec<&str> = results
-        .lines()
-        .skip_while(|l| !l.starts_with('|'))
-        .skip(2)
-        .take_while(|l| l.starts_with('|'))
-        .collect();
+    let got = table_rows(&results, "|");
     assert_eq!(got.len(), rows, "{results}");
     assert!(
         got.iter()
@@ -32,4 +27,13 @@ pub fn assert_all_identical(args: &[&str], src: &OsStr, rows: usize, built: &str
         "{results}"
     );
     results
+}
+
+/// The rows of the first Markdown table in `text` whose header starts with `header`.
+pub fn table_rows<'a>(text: &'a str, header: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| !l.starts_with(header))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .collect()
 }
