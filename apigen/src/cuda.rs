@@ -106,6 +106,15 @@ fn guest_fn(s: &mut String, f: &Func) -> Result<(), String> {
         f.name,
         signature(f)
     );
+    if f.captured {
+        let names: Vec<&str> = f.args.iter().map(|a| a.name.as_str()).collect();
+        let _ = writeln!(
+            s,
+            "            if let Some(s) = crate::graphs::{}({}) {{ return Ok(s); }}",
+            f.name,
+            names.join(", ")
+        );
+    }
     if f.streams {
         let names: Vec<&str> = f.args.iter().map(|a| a.name.as_str()).collect();
         let _ = writeln!(

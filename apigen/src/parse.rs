@@ -168,6 +168,9 @@ pub struct Func {
     pub known: bool,
     /// A call of Hira's own, made by the guest shim and not an OpenCL entry point.
     pub internal: bool,
+    /// CUDA: stream work that a capturing stream records into its graph instead
+    /// (`cuda/src/graphs.rs`, one function named after the call).
+    pub captured: bool,
     /// The call may wait for the device without a blocking-flag argument saying so.
     pub waits: bool,
     /// The command uses the device: the API server measures its device time and
@@ -449,6 +452,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
         streams: false,
         known: false,
         internal: false,
+        captured: false,
         waits: false,
         device: false,
         configures: false,
@@ -468,6 +472,7 @@ fn parse_entry(text: &str) -> Result<Func, String> {
             "streams" => f.streams = true,
             "known" => f.known = true,
             "internal" => f.internal = true,
+            "captured" => f.captured = true,
             "waits" => f.waits = true,
             "device" => f.device = true,
             "configures" => f.configures = true,

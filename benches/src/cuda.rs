@@ -26,8 +26,13 @@ pub const PROGRAMS: &[&str] = &[
 ];
 
 /// The runtime-API programs measured, with their arguments: `launches` is the
-/// runtime's launch overhead (40,000 `<<<>>>` launches of a tiny kernel).
-pub const RUNTIME_PROGRAMS: &[(&str, &[&str])] = &[("vector_add", &[]), ("launches", &["40000"])];
+/// runtime's launch overhead (40,000 `<<<>>>` launches of a tiny kernel), and
+/// `graph_launches` the same 40,000 launches as 2,000 launches of a captured graph.
+pub const RUNTIME_PROGRAMS: &[(&str, &[&str])] = &[
+    ("vector_add", &[]),
+    ("launches", &["40000"]),
+    ("graph_launches", &["40000"]),
+];
 
 /// nvcc: `HIRA_NVCC`, else the one `scripts/test` installs from PyPI.
 pub fn nvcc() -> std::path::PathBuf {

@@ -17,7 +17,7 @@ use crate::rodinia::Program;
 /// Lines whose numbers are measurements: rates, clocks and times, and how much the
 /// CPU did while it waited (asyncAPI).
 const TIMINGS: &[&str] = &[
-    r"(?i)GB/s|gflop|throughput|performance|gsamples|options/s|bandwidth|clocks/block|msec",
+    r"(?i)GB/s|gflop|throughput|performance|gsamples|options/s|bandwidth|clocks/block|msec|processing time",
     r"CPU executed \d+ iterations",
 ];
 
@@ -391,6 +391,23 @@ pub const SAMPLES: &[Program] = &[
         "",
         "binaryPartitionCG.cu",
         Some("Num of Odds = \\d+ Sum of Odds")
+    ),
+    Program {
+        edits: &[("jacobi.h", "#define N_ROWS 512", "#define N_ROWS 128")],
+        ..sample!(
+            "3_CUDA_Features/jacobiCudaGraphs",
+            "jacobiCudaGraphs",
+            "",
+            "main.cpp jacobi.cu",
+            Some("jacobiCudaGraphs PASSED")
+        )
+    },
+    sample!(
+        "3_CUDA_Features/simpleCudaGraphs",
+        "simpleCudaGraphs",
+        "",
+        "simpleCudaGraphs.cu",
+        Some("Num of nodes in the graph created using stream capture API = 7")
     ),
     Program {
         edits: &[

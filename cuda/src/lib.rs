@@ -15,6 +15,7 @@
 //! takes the place of NVIDIA's driver library for unmodified programs.
 
 mod checks;
+mod graphs;
 pub mod local;
 mod notes;
 pub mod private;

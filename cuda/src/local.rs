@@ -11,7 +11,10 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Mutex;
 
 use hira_apis_cuda::status;
-use hira_apis_cuda_private::{capture, copy2d};
+use hira_apis_cuda_private::copy2d;
+use hira_apis_cuda_private::graph;
+
+pub use crate::graphs::entries::*;
 
 use crate::rt::{self, CUcontext, CUfunction, CUmodule, CUresult, CUstream};
 
@@ -116,7 +119,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 
 /// `CUDA_SUCCESS` if `stream` is one the application may name: a special handle or
 /// one of its streams.
-fn stream_known(stream: CUstream) -> CUresult {
+pub(crate) fn stream_known(stream: CUstream) -> CUresult {
     let id = stream as usize as u64;
     if !rt::initialized() {
         status::NOT_INITIALIZED
@@ -129,71 +132,22 @@ fn stream_known(stream: CUstream) -> CUresult {
     }
 }
 
+/// `cuEventRecordWithFlags`: `CU_EVENT_RECORD_EXTERNAL` makes an event-record node
+/// while capturing, and is otherwise an ordinary record.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, st: *mut c_int) -> CUresult {
-    match stream_known(stream) {
-        // SAFETY: the application's out-pointer, as the API requires.
-        status::SUCCESS => unsafe {
-            capture::not_capturing(
-                st,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        },
-        e => e,
-    }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    event: crate::rt::CUevent,
     stream: CUstream,
-    st: *mut c_int,
-    id: *mut u64,
+    flags: c_uint,
 ) -> CUresult {
-    // SAFETY: the application's out-pointers, as the API requires.
-    unsafe { cuStreamGetCaptureInfo_v3(stream, st, id, null(), null(), null(), null()) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
-    stream: CUstream,
-    st: *mut c_int,
-    id: *mut u64,
-    graph: *mut *mut c_void,
-    deps: *mut *const c_void,
-    num_deps: *mut usize,
-) -> CUresult {
-    // SAFETY: the application's out-pointers, as the API requires.
-    unsafe { cuStreamGetCaptureInfo_v3(stream, st, id, graph, deps, null(), num_deps) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
-    stream: CUstream,
-    st: *mut c_int,
-    id: *mut u64,
-    graph: *mut *mut c_void,
-    deps: *mut *const c_void,
-    edges: *mut *const c_void,
-    num_deps: *mut usize,
-) -> CUresult {
-    match stream_known(stream) {
-        // SAFETY: the application's out-pointers, as the API requires.
-        status::SUCCESS => unsafe { capture::not_capturing(st, id, graph, deps, edges, num_deps) },
-        e => e,
+    if flags & !graph::EVENT_EXTERNAL != 0 {
+        return status::INVALID_VALUE;
     }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
-    if !rt::initialized() {
-        return status::NOT_INITIALIZED;
+    if let Some(st) = graph::capture_record(event, stream, flags & graph::EVENT_EXTERNAL != 0) {
+        return st;
     }
-    // SAFETY: the application's pointer, as the API requires.
-    unsafe { capture::exchange_mode(mode) }
+    // SAFETY: handles, checked as every call's.
+    unsafe { crate::generated::cuEventRecord(event, stream) }
 }
 
 /// `cuPointerGetAttributes`: the host's driver answers (the guest's own memory is
@@ -296,6 +250,9 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
     let Some(func) = func else {
         return status::INVALID_VALUE;
     };
+    if let Some(st) = graph::capture(stream, || graph::host_op(func, user_data)) {
+        return st;
+    }
     let known = stream_known(stream);
     if known != status::SUCCESS {
         return known;
@@ -324,6 +281,9 @@ pub unsafe extern "C" fn cuStreamAddCallback(
     if flags != 0 {
         return status::INVALID_VALUE;
     }
+    if let Some(st) = graph::capture_forbidden(stream) {
+        return st;
+    }
     let known = stream_known(stream);
     if known != status::SUCCESS {
         return known;
@@ -333,11 +293,6 @@ pub unsafe extern "C" fn cuStreamAddCallback(
     // SAFETY: the application's callback and data, as the API requires.
     unsafe { callback(stream, st, user_data) };
     status::SUCCESS
-}
-
-/// A null out-pointer of any type.
-fn null<T>() -> *mut T {
-    std::ptr::null_mut()
 }
 
 /// `cuLaunchKernelEx`: the configuration is read here (the host cannot read the
@@ -358,6 +313,24 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     let Some((c, attrs)) = (unsafe { launch::read(config.cast()) }) else {
         return status::INVALID_VALUE;
     };
+    let node = || {
+        // SAFETY: the application's parameters, as the API requires.
+        unsafe {
+            graph::kernel_op(
+                &crate::graphs::ISSUE,
+                f,
+                c.grid,
+                c.block,
+                c.shared_mem_bytes,
+                kernel_params,
+                extra,
+                attrs.clone(),
+            )
+        }
+    };
+    if let Some(st) = graph::capture(c.stream, node) {
+        return st;
+    }
     let bytes: Vec<u8> = attrs.iter().flat_map(|a| a.to_bytes()).collect();
     let at = if bytes.is_empty() {
         std::ptr::null()
@@ -629,6 +602,10 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     byte_count: usize,
     h_stream: CUstream,
 ) -> CUresult {
+    let copy = || graph::linear_copy_op(dst, copy2d::UNIFIED, src, copy2d::UNIFIED, byte_count);
+    if let Some(st) = graph::capture(h_stream, copy) {
+        return st;
+    }
     unified_copy(dst, src, byte_count, Some(h_stream))
 }
 
@@ -943,6 +920,13 @@ pub unsafe extern "C" fn cuMemcpy3D_v2(copy: *const c_void) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const c_void, h_stream: CUstream) -> CUresult {
+    if !copy.is_null() {
+        // SAFETY: the application's description, as the API requires.
+        let c = unsafe { copy.cast::<copy2d::Memcpy3D>().read_unaligned() };
+        if let Some(st) = graph::capture(h_stream, || graph::copy_op(c)) {
+            return st;
+        }
+    }
     // SAFETY: the caller's promise.
     unsafe { copy_3d_at(copy, Some(h_stream)) }
 }
@@ -1026,6 +1010,10 @@ mod linear {
         stream: CUstream,
     ) -> CUresult {
         let c = Memcpy3D::linear(Linear::Array(dst, at), Linear::Host(src.cast_mut()), n);
+        let op = || hira_apis_cuda_private::graph::copy_op(c);
+        if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+            return st;
+        }
         // SAFETY: the caller's promise.
         unsafe { copy_3d(c, Some(stream)) }
     }
@@ -1041,6 +1029,10 @@ mod linear {
         stream: CUstream,
     ) -> CUresult {
         let c = Memcpy3D::linear(Linear::Host(dst), Linear::Array(src, at), n);
+        let op = || hira_apis_cuda_private::graph::copy_op(c);
+        if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+            return st;
+        }
         // SAFETY: the caller's promise.
         unsafe { copy_3d(c, Some(stream)) }
     }
@@ -1061,6 +1053,14 @@ pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(copy: *const c_void) -> CUresult
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy2DAsync_v2(copy: *const c_void, h_stream: CUstream) -> CUresult {
+    if !copy.is_null() {
+        // SAFETY: the application's description, as the API requires.
+        let c2 = unsafe { copy.cast::<copy2d::Memcpy2D>().read_unaligned() };
+        let c = copy2d::Memcpy3D::from(&c2);
+        if let Some(st) = graph::capture(h_stream, || graph::copy_op(c)) {
+            return st;
+        }
+    }
     // SAFETY: the caller's promise.
     unsafe { copy_2d(copy, Some(h_stream)) }
 }
@@ -1145,6 +1145,9 @@ pub unsafe extern "C" fn cuMemsetD2D8Async(
     h: usize,
     stream: CUstream,
 ) -> CUresult {
+    if let Some(st) = graph::capture(stream, || graph::memset_op(dst, pitch, v.into(), 1, w, h)) {
+        return st;
+    }
     // SAFETY: each row checked to lie in an allocation of the guest's.
     memset_2d(dst, pitch, w, h, 1, |p, n| unsafe {
         crate::generated::cuMemsetD8Async(p, v, n, stream)
@@ -1162,6 +1165,9 @@ pub unsafe extern "C" fn cuMemsetD2D16Async(
     h: usize,
     stream: CUstream,
 ) -> CUresult {
+    if let Some(st) = graph::capture(stream, || graph::memset_op(dst, pitch, v.into(), 2, w, h)) {
+        return st;
+    }
     // SAFETY: each row checked to lie in an allocation of the guest's.
     memset_2d(dst, pitch, w, h, 2, |p, n| unsafe {
         crate::generated::cuMemsetD16Async(p, v, n, stream)
@@ -1179,6 +1185,9 @@ pub unsafe extern "C" fn cuMemsetD2D32Async(
     h: usize,
     stream: CUstream,
 ) -> CUresult {
+    if let Some(st) = graph::capture(stream, || graph::memset_op(dst, pitch, v, 4, w, h)) {
+        return st;
+    }
     // SAFETY: each row checked to lie in an allocation of the guest's.
     memset_2d(dst, pitch, w, h, 4, |p, n| unsafe {
         crate::generated::cuMemsetD32Async(p, v, n, stream)

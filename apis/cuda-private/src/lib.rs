@@ -6,17 +6,17 @@
 //! - [`procs`]: the entry point `cuGetProcAddress` gives for a name and version;
 //! - [`export`]: the private tables of `cuGetExportTable`, integrity check included;
 //! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes;
-//! - [`capture`]: stream capture as a driver without graphs answers it;
+//! - [`graph`]: CUDA graphs and stream capture, kept where the program runs;
 //! - [`copy2d`]: `cuMemcpy2D`'s description of a copy;
 //! - [`texture`]: CUDA arrays', texture objects' and surface objects' descriptions;
 //! - [`pointer`]: the values of `cuPointerGetAttribute(s)`;
 //! - [`vmm`]: the virtual-memory-management calls' structures and signatures;
 //! - [`variables`]: the names of a module's variables, from its PTX.
 
-pub mod capture;
 pub mod copy2d;
 pub mod export;
 pub mod fatbin;
+pub mod graph;
 pub mod launch;
 pub mod pointer;
 pub mod procs;

@@ -24,6 +24,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+mod graphs;
 mod library;
 pub mod nvrtc;
 mod pitched;
@@ -31,6 +32,7 @@ pub mod ptx;
 mod texture;
 mod vmm;
 
+use hira_apis_cuda_private::copy2d::{DEVICE, HOST, UNIFIED};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -940,6 +942,10 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     stream: Handle,
 ) -> CUresult {
+    let copy = || hira_apis_cuda_private::graph::linear_copy_op(dst, DEVICE, src as u64, HOST, n);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, copy) {
+        return st;
+    }
     with_ctx(|s, _| {
         if !stream_ok(s, stream) {
             return CUDA_ERROR_INVALID_HANDLE;
@@ -955,6 +961,10 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     stream: Handle,
 ) -> CUresult {
+    let copy = || hira_apis_cuda_private::graph::linear_copy_op(dst as u64, HOST, src, DEVICE, n);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, copy) {
+        return st;
+    }
     with_ctx(|s, _| {
         if !stream_ok(s, stream) {
             return CUDA_ERROR_INVALID_HANDLE;
@@ -970,6 +980,10 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     n: usize,
     stream: Handle,
 ) -> CUresult {
+    let copy = || hira_apis_cuda_private::graph::linear_copy_op(dst, DEVICE, src, DEVICE, n);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, copy) {
+        return st;
+    }
     let ok = with(|s| {
         if stream_ok(s, stream) {
             CUDA_SUCCESS
@@ -1033,6 +1047,10 @@ pub extern "C" fn cuMemcpyAsync(
     n: usize,
     stream: Handle,
 ) -> CUresult {
+    let copy = || hira_apis_cuda_private::graph::linear_copy_op(dst, UNIFIED, src, UNIFIED, n);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, copy) {
+        return st;
+    }
     let ok = with(|s| {
         if stream_ok(s, stream) {
             CUDA_SUCCESS
@@ -1080,8 +1098,21 @@ pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUres
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, _stream: Handle) -> CUresult {
+pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, stream: Handle) -> CUresult {
+    let op = || hira_apis_cuda_private::graph::memset_op(dst, 0, v.into(), 1, n, 1);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+        return st;
+    }
     memset(dst, &[v], n)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, stream: Handle) -> CUresult {
+    let op = || hira_apis_cuda_private::graph::memset_op(dst, 0, v.into(), 2, n, 1);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+        return st;
+    }
+    memset(dst, &v.to_le_bytes(), n)
 }
 
 #[unsafe(no_mangle)]
@@ -1089,8 +1120,12 @@ pub extern "C" fn cuMemsetD32Async(
     dst: CUdeviceptr,
     v: c_uint,
     n: usize,
-    _stream: Handle,
+    stream: Handle,
 ) -> CUresult {
+    let op = || hira_apis_cuda_private::graph::memset_op(dst, 0, v, 4, n, 1);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+        return st;
+    }
     memset(dst, &v.to_le_bytes(), n)
 }
 
@@ -1516,6 +1551,24 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
+    let node = || {
+        // SAFETY: the caller's parameters, as the API requires.
+        unsafe {
+            hira_apis_cuda_private::graph::kernel_op(
+                &graphs::ISSUE,
+                f,
+                [gx, gy, gz],
+                [bx, by, bz],
+                shared,
+                params,
+                extra,
+                Vec::new(),
+            )
+        }
+    };
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, node) {
+        return st;
+    }
     // Tests play a launch the device refuses for a reason the guest cannot see
     // (registers, say): launch number N fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.
     static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -1797,16 +1850,28 @@ fn stream_idle(s: &State, h: Handle) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(h: Handle) -> CUresult {
+    if let Some(st) = hira_apis_cuda_private::graph::capture_forbidden(h) {
+        return st;
+    }
     with_ctx_flushing(|s, _| stream_idle(s, h))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamQuery(h: Handle) -> CUresult {
+    if let Some(st) = hira_apis_cuda_private::graph::capture_forbidden(h) {
+        return st;
+    }
     with_ctx(|s, _| stream_idle(s, h))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamWaitEvent(h: Handle, ev: Handle, _flags: c_uint) -> CUresult {
+pub extern "C" fn cuStreamWaitEvent(h: Handle, ev: Handle, flags: c_uint) -> CUresult {
+    if flags & !hira_apis_cuda_private::graph::EVENT_EXTERNAL != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if let Some(st) = hira_apis_cuda_private::graph::capture_wait(h, ev, flags) {
+        return st;
+    }
     with_ctx(|s, _| {
         if stream_ok(s, h) && s.events.contains_key(&(ev as usize)) {
             CUDA_SUCCESS
@@ -1840,6 +1905,9 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut Handle, flags: c_uint) -> CUresu
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventRecord(ev: Handle, stream: Handle) -> CUresult {
+    if let Some(st) = hira_apis_cuda_private::graph::capture_record(ev, stream, false) {
+        return st;
+    }
     with_ctx(|s, _| {
         if !stream_ok(s, stream) {
             return CUDA_ERROR_INVALID_HANDLE;
@@ -1954,7 +2022,11 @@ fn entry_points() -> &'static [(&'static str, usize)] {
     static TABLE: std::sync::OnceLock<Vec<(&'static str, usize)>> = std::sync::OnceLock::new();
     macro_rules! table {
         ($($name:literal => $f:path),* $(,)?) => {
-            TABLE.get_or_init(|| vec![$(($name, $f as *const () as usize)),*])
+            TABLE.get_or_init(|| {
+                let mut t = vec![$(($name, $f as *const () as usize)),*];
+                t.extend(graphs::entries());
+                t
+            })
         };
     }
     table! {
@@ -2013,11 +2085,6 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuStreamAddCallback" => library::cuStreamAddCallback,
         "cuPointerGetAttribute" => library::cuPointerGetAttribute,
         "cuPointerGetAttributes" => library::cuPointerGetAttributes,
-        "cuStreamIsCapturing" => library::cuStreamIsCapturing,
-        "cuStreamGetCaptureInfo" => library::cuStreamGetCaptureInfo,
-        "cuStreamGetCaptureInfo_v2" => library::cuStreamGetCaptureInfo_v2,
-        "cuStreamGetCaptureInfo_v3" => library::cuStreamGetCaptureInfo_v3,
-        "cuThreadExchangeStreamCaptureMode" => library::cuThreadExchangeStreamCaptureMode,
         "cuDeviceGet" => cuDeviceGet,
         "cuDeviceGetAttribute" => cuDeviceGetAttribute,
         "cuDeviceGetCount" => cuDeviceGetCount,
@@ -2040,6 +2107,7 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuEventElapsedTime_v2" => cuEventElapsedTime_v2,
         "cuEventQuery" => cuEventQuery,
         "cuEventRecord" => cuEventRecord,
+        "cuEventRecordWithFlags" => graphs::cuEventRecordWithFlags,
         "cuEventSynchronize" => cuEventSynchronize,
         "cuFuncGetAttribute" => cuFuncGetAttribute,
         "cuFuncGetParamInfo" => cuFuncGetParamInfo,
@@ -2085,6 +2153,7 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuMemcpyHtoDAsync_v2" => cuMemcpyHtoDAsync_v2,
         "cuMemcpyHtoD_v2" => cuMemcpyHtoD_v2,
         "cuMemsetD16_v2" => cuMemsetD16_v2,
+        "cuMemsetD16Async" => cuMemsetD16Async,
         "cuMemsetD32Async" => cuMemsetD32Async,
         "cuMemsetD32_v2" => cuMemsetD32_v2,
         "cuMemsetD8Async" => cuMemsetD8Async,

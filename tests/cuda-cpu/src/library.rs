@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use hira_apis_cuda_private::{capture, launch};
+use hira_apis_cuda_private::launch;
 
 use super::{
     CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE,
@@ -462,6 +462,25 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     let Some((c, attrs)) = (unsafe { launch::read(config) }) else {
         return CUDA_ERROR_INVALID_VALUE;
     };
+    let node = || {
+        let [gx, gy, gz] = c.grid;
+        // SAFETY: the caller's parameters, as the API requires.
+        unsafe {
+            hira_apis_cuda_private::graph::kernel_op(
+                &crate::graphs::ISSUE,
+                f,
+                [gx, gy, gz],
+                c.block,
+                c.shared_mem_bytes,
+                params,
+                extra,
+                attrs.clone(),
+            )
+        }
+    };
+    if let Some(st) = hira_apis_cuda_private::graph::capture(c.stream, node) {
+        return st;
+    }
     let mut events = Vec::new();
     for a in &attrs {
         match launch::value_of(a.id) {
@@ -523,70 +542,6 @@ fn capture_query(stream: Handle, write: impl FnOnce() -> CUresult) -> CUresult {
         return known;
     }
     write()
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, st: *mut c_int) -> CUresult {
-    // SAFETY: the caller's out-pointer, as the API requires.
-    capture_query(stream, || unsafe {
-        cuStreamGetCaptureInfo(stream, st, std::ptr::null_mut())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo(
-    stream: Handle,
-    st: *mut c_int,
-    id: *mut u64,
-) -> CUresult {
-    // SAFETY: the caller's out-pointers, as the API requires.
-    capture_query(stream, || unsafe {
-        capture::not_capturing(
-            st,
-            id,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
-    stream: Handle,
-    st: *mut c_int,
-    id: *mut u64,
-    graph: *mut *mut c_void,
-    deps: *mut *const c_void,
-    num: *mut usize,
-) -> CUresult {
-    // SAFETY: the caller's out-pointers, as the API requires.
-    capture_query(stream, || unsafe {
-        capture::not_capturing(st, id, graph, deps, std::ptr::null_mut(), num)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
-    stream: Handle,
-    st: *mut c_int,
-    id: *mut u64,
-    graph: *mut *mut c_void,
-    deps: *mut *const c_void,
-    edges: *mut *const c_void,
-    num: *mut usize,
-) -> CUresult {
-    // SAFETY: the caller's out-pointers, as the API requires.
-    capture_query(stream, || unsafe {
-        capture::not_capturing(st, id, graph, deps, edges, num)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
-    // SAFETY: the caller's pointer, as the API requires.
-    unsafe { capture::exchange_mode(mode) }
 }
 
 /// The value of pointer attribute `attr` for `ptr` (device memory of an allocation
@@ -686,6 +641,11 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
     let Some(func) = func else {
         return CUDA_ERROR_INVALID_VALUE;
     };
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, || {
+        hira_apis_cuda_private::graph::host_op(func, user_data)
+    }) {
+        return st;
+    }
     let st = capture_query(stream, || CUDA_SUCCESS);
     if st == CUDA_SUCCESS {
         // SAFETY: the caller's function and data, as the API requires.
@@ -708,6 +668,9 @@ pub unsafe extern "C" fn cuStreamAddCallback(
     };
     if flags != 0 {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if let Some(st) = hira_apis_cuda_private::graph::capture_forbidden(stream) {
+        return st;
     }
     let st = capture_query(stream, || CUDA_SUCCESS);
     if st != CUDA_SUCCESS {

@@ -188,6 +188,15 @@ pub unsafe extern "C" fn cuMemcpy3D_v2(copy: *const Memcpy3D) -> CUresult {
 /// Work runs when it is enqueued here, so an asynchronous copy is done on return.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const Memcpy3D, stream: Handle) -> CUresult {
+    if !copy.is_null() {
+        // SAFETY: the caller's description, as the API requires.
+        let c = unsafe { copy.read_unaligned() };
+        if let Some(st) = hira_apis_cuda_private::graph::capture(stream, || {
+            hira_apis_cuda_private::graph::copy_op(c)
+        }) {
+            return st;
+        }
+    }
     // SAFETY: the caller's promise.
     unsafe { copy_3d_at(copy, Some(stream)) }
 }
@@ -274,10 +283,12 @@ mod linear {
         n: usize,
         stream: Handle,
     ) -> CUresult {
-        copy_3d(
-            Memcpy3D::linear(Linear::Array(dst, at), Linear::Host(src.cast_mut()), n),
-            Some(stream),
-        )
+        let c = Memcpy3D::linear(Linear::Array(dst, at), Linear::Host(src.cast_mut()), n);
+        let op = || hira_apis_cuda_private::graph::copy_op(c);
+        if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+            return st;
+        }
+        copy_3d(c, Some(stream))
     }
 
     #[unsafe(no_mangle)]
@@ -288,10 +299,12 @@ mod linear {
         n: usize,
         stream: Handle,
     ) -> CUresult {
-        copy_3d(
-            Memcpy3D::linear(Linear::Host(dst), Linear::Array(src, at), n),
-            Some(stream),
-        )
+        let c = Memcpy3D::linear(Linear::Host(dst), Linear::Array(src, at), n);
+        let op = || hira_apis_cuda_private::graph::copy_op(c);
+        if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+            return st;
+        }
+        copy_3d(c, Some(stream))
     }
 }
 pub use linear::*;
@@ -311,6 +324,16 @@ pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(copy: *const Memcpy2D) -> CUresu
 /// Work runs when it is enqueued here, so an asynchronous copy is done on return.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy2DAsync_v2(copy: *const Memcpy2D, stream: Handle) -> CUresult {
+    if !copy.is_null() {
+        // SAFETY: the caller's description, as the API requires.
+        let c2 = unsafe { copy.read_unaligned() };
+        let c = Memcpy3D::from(&c2);
+        if let Some(st) = hira_apis_cuda_private::graph::capture(stream, || {
+            hira_apis_cuda_private::graph::copy_op(c)
+        }) {
+            return st;
+        }
+    }
     // SAFETY: the caller's promise.
     unsafe { copy_2d(copy, Some(stream)) }
 }
@@ -388,8 +411,12 @@ pub extern "C" fn cuMemsetD2D8Async(
     v: u8,
     w: usize,
     h: usize,
-    _stream: Handle,
+    stream: Handle,
 ) -> CUresult {
+    let op = || hira_apis_cuda_private::graph::memset_op(dst, pitch, v.into(), 1, w, h);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+        return st;
+    }
     memset_2d(dst, pitch, &[v], w, h)
 }
 
@@ -400,8 +427,12 @@ pub extern "C" fn cuMemsetD2D16Async(
     v: u16,
     w: usize,
     h: usize,
-    _stream: Handle,
+    stream: Handle,
 ) -> CUresult {
+    let op = || hira_apis_cuda_private::graph::memset_op(dst, pitch, v.into(), 2, w, h);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+        return st;
+    }
     memset_2d(dst, pitch, &v.to_le_bytes(), w, h)
 }
 
@@ -412,7 +443,11 @@ pub extern "C" fn cuMemsetD2D32Async(
     v: c_uint,
     w: usize,
     h: usize,
-    _stream: Handle,
+    stream: Handle,
 ) -> CUresult {
+    let op = || hira_apis_cuda_private::graph::memset_op(dst, pitch, v, 4, w, h);
+    if let Some(st) = hira_apis_cuda_private::graph::capture(stream, op) {
+        return st;
+    }
     memset_2d(dst, pitch, &v.to_le_bytes(), w, h)
 }

@@ -26,6 +26,8 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("thrust", &[]),
     ("half", &[]),
     ("textures", &[]),
+    ("graphs", &[]),
+    ("graph_launches", &["2000"]),
 ];
 
 fn nvcc() -> PathBuf {
@@ -158,6 +160,21 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
             && o.contains("host work on the stream: 11\n")
             && o.contains("pitched 2D copies: pitch 512, 128 of 128 values back\n")
             && o.contains("3D copies: 192 of 192 values back\n"),
+        "{o}"
+    );
+    // Graphs run their work after its dependencies, with the values their nodes
+    // were given, and capture holds what the streams did.
+    let o = String::from_utf8_lossy(&native("graphs", &[]).stdout).into_owned();
+    assert!(
+        o.contains("after 3 launches: sum 5994.0 (expect 5994.0), host node ran 3 times\n")
+            && o.contains("with a = 3 in the instantiation: sum 8991.0\n")
+            && o.contains("clone's kernel node: a = 2.0, grid 8, block 128\n")
+            && o.contains(
+                "after 4 launches: v sums to 2000, w to 1000, host function ran 4 times\n"
+            )
+            && o.contains("after the update: v sums to 1000\n")
+            && o.contains("end with the fork not joined: cudaErrorStreamCaptureUnjoined\n")
+            && o.ends_with("done\n"),
         "{o}"
     );
     let ended = d.wait_idle(Duration::from_secs(30));

@@ -1,0 +1,246 @@
+//! CUDA graphs and stream capture in the guest (`hira_apis_cuda_private::graph`,
+//! shared with the CPU test executor): a graph is the stream work it records, kept
+//! in the application's process, and a launch of it issues that work through this
+//! library's own entry points, as the program could have. The host sees the
+//! launches, copies and memsets, checked as the program's own; a session holding
+//! graphs moves with nothing more to carry.
+//!
+//! The functions named after a call are the `captured` hooks of the generated
+//! code: while the call's stream captures, its work becomes a node of the capture's
+//! graph (`Some`), else the call goes on (`None`).
+
+#![allow(non_snake_case, clippy::too_many_arguments)]
+
+use std::ffi::{c_uint, c_void};
+
+use hira_apis_cuda_private::copy2d::{DEVICE, HOST};
+use hira_apis_cuda_private::graph::{self, HostFn, Issue, Kernel, Memset, Raw};
+use hira_apis_cuda_private::{copy2d::Memcpy3D, launch};
+
+use hira_apis_cuda::status;
+
+use crate::rt::{self, CUevent, CUfunction, CUresult, CUstream};
+
+/// Issues a graph's work through the guest's entry points.
+pub(crate) struct Guest;
+
+pub(crate) static ISSUE: Guest = Guest;
+
+impl Issue for Guest {
+    fn launch(&self, k: &Kernel, stream: Raw) -> i32 {
+        let (_values, mut ptrs) = k.params();
+        let p = if ptrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            ptrs.as_mut_ptr()
+        };
+        if k.attrs.is_empty() {
+            let ([gx, gy, gz], [bx, by, bz]) = (k.grid, k.block);
+            // SAFETY: the node's own copies of the parameters.
+            return unsafe {
+                crate::generated::cuLaunchKernel(
+                    k.func,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    k.shared,
+                    stream,
+                    p,
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+        let config = launch::Config {
+            grid: k.grid,
+            block: k.block,
+            shared_mem_bytes: k.shared,
+            stream,
+            attrs: k.attrs.as_ptr(),
+            num_attrs: k.attrs.len() as c_uint,
+        };
+        // SAFETY: as above; the configuration is the node's.
+        unsafe {
+            crate::local::cuLaunchKernelEx(
+                (&raw const config).cast(),
+                k.func,
+                p,
+                std::ptr::null_mut(),
+            )
+        }
+    }
+
+    fn copy(&self, p: &Memcpy3D, stream: Raw) -> i32 {
+        // SAFETY: the node's description, whose host sides the program keeps valid
+        // while the graph may run, as the API requires.
+        unsafe { crate::local::cuMemcpy3DAsync_v2((p as *const Memcpy3D).cast(), stream) }
+    }
+
+    fn memset(&self, m: &Memset, stream: Raw) -> i32 {
+        use crate::local::{cuMemsetD2D8Async, cuMemsetD2D16Async, cuMemsetD2D32Async};
+        let (d, p, w, h) = (m.dst, m.pitch, m.width, m.height);
+        // SAFETY: device addresses only, checked against the guest's allocations.
+        unsafe {
+            match m.element_size {
+                1 => cuMemsetD2D8Async(d, p, m.value as u8, w, h, stream),
+                2 => cuMemsetD2D16Async(d, p, m.value as u16, w, h, stream),
+                _ => cuMemsetD2D32Async(d, p, m.value, w, h, stream),
+            }
+        }
+    }
+
+    fn host(&self, f: HostFn, data: Raw, stream: Raw) -> i32 {
+        // SAFETY: the program's function and data.
+        unsafe { crate::local::cuLaunchHostFunc(stream, Some(f), data) }
+    }
+
+    fn record(&self, event: Raw, stream: Raw) -> i32 {
+        // SAFETY: handles, checked as the program's.
+        unsafe { crate::generated::cuEventRecord(event, stream) }
+    }
+
+    fn wait(&self, stream: Raw, event: Raw) -> i32 {
+        // SAFETY: handles, checked as the program's.
+        unsafe { crate::generated::cuStreamWaitEvent(stream, event, 0) }
+    }
+
+    fn param_sizes(&self, f: Raw) -> Option<Vec<usize>> {
+        let info = rt::function(f as usize as u64)?;
+        if let Some(layout) = info.layout {
+            return Some(layout.iter().map(|&(_, size)| size as usize).collect());
+        }
+        // The host gave no layout with the function: ask it, one parameter at a time.
+        let mut sizes = Vec::new();
+        loop {
+            let (mut off, mut size) = (0usize, 0usize);
+            // SAFETY: valid out-pointers.
+            let st = unsafe {
+                crate::generated::cuFuncGetParamInfo(f, sizes.len(), &mut off, &mut size)
+            };
+            match st {
+                status::SUCCESS => sizes.push(size),
+                status::INVALID_VALUE => return Some(sizes),
+                _ => return None,
+            }
+        }
+    }
+
+    fn kernel_function(&self, kern: Raw) -> Option<Raw> {
+        // A library's kernel is its function in every context here.
+        rt::function(kern as usize as u64).map(|_| kern)
+    }
+
+    fn stream_ok(&self, stream: Raw) -> bool {
+        crate::local::stream_known(stream) == status::SUCCESS
+    }
+}
+
+/// The driver's graph and stream-capture entry points.
+pub(crate) mod entries {
+    hira_apis_cuda_private::graph_entry_points!(&crate::graphs::ISSUE);
+}
+
+pub(crate) fn cuLaunchKernel(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Option<CUresult> {
+    graph::capture(stream, || {
+        // SAFETY: the application's parameters, as the API requires.
+        unsafe {
+            graph::kernel_op(
+                &ISSUE,
+                f,
+                [gx, gy, gz],
+                [bx, by, bz],
+                shared,
+                params,
+                extra,
+                Vec::new(),
+            )
+        }
+    })
+}
+
+pub(crate) fn cuMemcpyHtoDAsync_v2(
+    dst: u64,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> Option<CUresult> {
+    graph::capture(stream, || {
+        graph::linear_copy_op(dst, DEVICE, src as u64, HOST, n)
+    })
+}
+
+pub(crate) fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: u64,
+    n: usize,
+    stream: CUstream,
+) -> Option<CUresult> {
+    graph::capture(stream, || {
+        graph::linear_copy_op(dst as u64, HOST, src, DEVICE, n)
+    })
+}
+
+pub(crate) fn cuMemcpyDtoDAsync_v2(
+    dst: u64,
+    src: u64,
+    n: usize,
+    stream: CUstream,
+) -> Option<CUresult> {
+    graph::capture(stream, || {
+        graph::linear_copy_op(dst, DEVICE, src, DEVICE, n)
+    })
+}
+
+pub(crate) fn cuMemsetD8Async(dst: u64, v: u8, n: usize, stream: CUstream) -> Option<CUresult> {
+    graph::capture(stream, || graph::memset_op(dst, 0, v.into(), 1, n, 1))
+}
+
+pub(crate) fn cuMemsetD16Async(dst: u64, v: u16, n: usize, stream: CUstream) -> Option<CUresult> {
+    graph::capture(stream, || graph::memset_op(dst, 0, v.into(), 2, n, 1))
+}
+
+pub(crate) fn cuMemsetD32Async(
+    dst: u64,
+    v: c_uint,
+    n: usize,
+    stream: CUstream,
+) -> Option<CUresult> {
+    graph::capture(stream, || graph::memset_op(dst, 0, v, 4, n, 1))
+}
+
+pub(crate) fn cuStreamSynchronize(stream: CUstream) -> Option<CUresult> {
+    graph::capture_forbidden(stream)
+}
+
+pub(crate) fn cuStreamQuery(stream: CUstream) -> Option<CUresult> {
+    graph::capture_forbidden(stream)
+}
+
+pub(crate) fn cuStreamWaitEvent(
+    stream: CUstream,
+    event: CUevent,
+    flags: c_uint,
+) -> Option<CUresult> {
+    if flags & !graph::EVENT_EXTERNAL != 0 {
+        return Some(status::INVALID_VALUE);
+    }
+    graph::capture_wait(stream, event, flags)
+}
+
+pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> Option<CUresult> {
+    graph::capture_record(event, stream, false)
+}

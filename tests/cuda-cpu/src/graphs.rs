@@ -1,0 +1,124 @@
+//! CUDA graphs and stream capture on the executor (test infrastructure, standing in
+//! for NVIDIA's driver): the shared implementation (`hira_apis_cuda_private::graph`)
+//! with this library's own entry points issuing a graph's work.
+
+use std::ffi::c_uint;
+
+use hira_apis_cuda_private::graph::{self, HostFn, Issue, Kernel, Memset, Raw};
+use hira_apis_cuda_private::{copy2d::Memcpy3D, launch};
+
+use crate::{CUDA_SUCCESS, Handle};
+
+/// Issues a graph's work through the executor's entry points.
+pub(crate) struct Executor;
+
+pub(crate) static ISSUE: Executor = Executor;
+
+impl Issue for Executor {
+    fn launch(&self, k: &Kernel, stream: Raw) -> i32 {
+        let (_values, mut ptrs) = k.params();
+        let p = if ptrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            ptrs.as_mut_ptr()
+        };
+        if k.attrs.is_empty() {
+            let ([gx, gy, gz], [bx, by, bz]) = (k.grid, k.block);
+            // SAFETY: the node's own copies of the parameters.
+            return unsafe {
+                crate::cuLaunchKernel(
+                    k.func,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    k.shared,
+                    stream,
+                    p,
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+        let config = launch::Config {
+            grid: k.grid,
+            block: k.block,
+            shared_mem_bytes: k.shared,
+            stream,
+            attrs: k.attrs.as_ptr(),
+            num_attrs: k.attrs.len() as c_uint,
+        };
+        // SAFETY: as above; the configuration is the node's.
+        unsafe { crate::library::cuLaunchKernelEx(&config, k.func, p, std::ptr::null_mut()) }
+    }
+
+    fn copy(&self, p: &Memcpy3D, stream: Raw) -> i32 {
+        // SAFETY: the node's description, whose host sides the program keeps
+        // valid while the graph may run, as the API requires.
+        unsafe { crate::pitched::cuMemcpy3DAsync_v2(p, stream) }
+    }
+
+    fn memset(&self, m: &Memset, stream: Raw) -> i32 {
+        use crate::pitched::{cuMemsetD2D8Async, cuMemsetD2D16Async, cuMemsetD2D32Async};
+        let (d, p, w, h) = (m.dst, m.pitch, m.width, m.height);
+        match m.element_size {
+            1 => cuMemsetD2D8Async(d, p, m.value as u8, w, h, stream),
+            2 => cuMemsetD2D16Async(d, p, m.value as u16, w, h, stream),
+            _ => cuMemsetD2D32Async(d, p, m.value, w, h, stream),
+        }
+    }
+
+    fn host(&self, f: HostFn, data: Raw, stream: Raw) -> i32 {
+        // SAFETY: the program's function and data.
+        unsafe { crate::library::cuLaunchHostFunc(stream, Some(f), data) }
+    }
+
+    fn record(&self, event: Raw, stream: Raw) -> i32 {
+        crate::cuEventRecord(event, stream)
+    }
+
+    fn wait(&self, stream: Raw, event: Raw) -> i32 {
+        crate::cuStreamWaitEvent(stream, event, 0)
+    }
+
+    fn param_sizes(&self, f: Raw) -> Option<Vec<usize>> {
+        let mut sizes = None;
+        crate::with(|s| {
+            sizes = crate::kernel_of(s, f)
+                .map(|(m, i, _)| m.kernels[i].params.iter().map(|p| p.size).collect());
+            CUDA_SUCCESS
+        });
+        sizes
+    }
+
+    fn kernel_function(&self, kern: Raw) -> Option<Raw> {
+        let mut f: Handle = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        (unsafe { crate::library::cuKernelGetFunction(&mut f, kern) } == CUDA_SUCCESS).then_some(f)
+    }
+
+    fn stream_ok(&self, stream: Raw) -> bool {
+        let mut ok = false;
+        crate::with(|s| {
+            ok = crate::stream_ok(s, stream);
+            CUDA_SUCCESS
+        });
+        ok
+    }
+}
+
+hira_apis_cuda_private::graph_entry_points!(&crate::graphs::ISSUE);
+
+/// `cuEventRecordWithFlags`: `CU_EVENT_RECORD_EXTERNAL` makes an event-record node
+/// while capturing, and is otherwise an ordinary record.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags(ev: Handle, stream: Handle, flags: c_uint) -> i32 {
+    if flags & !graph::EVENT_EXTERNAL != 0 {
+        return crate::CUDA_ERROR_INVALID_VALUE;
+    }
+    if let Some(st) = graph::capture_record(ev, stream, flags & graph::EVENT_EXTERNAL != 0) {
+        return st;
+    }
+    crate::cuEventRecord(ev, stream)
+}
