@@ -33,6 +33,9 @@ pub type CUarray = *mut c_void;
 /// rest of the call).
 pub const MAX_BYTES: usize = MAX_FRAME_BODY - 64 * 1024;
 
+/// The first id the guest gives an object.
+const FIRST_ID: u64 = 3;
+
 struct Runtime {
     conn: Option<Connection>,
     next_id: AtomicU64,
@@ -73,7 +76,10 @@ fn runtime() -> &'static Runtime {
             .ok();
         Runtime {
             conn,
-            next_id: AtomicU64::new(1),
+            // Above the special stream handles (NULL, `CU_STREAM_LEGACY`,
+            // `CU_STREAM_PER_THREAD`): a stream the application makes must never
+            // be taken for one of them.
+            next_id: AtomicU64::new(FIRST_ID),
             layouts: Mutex::new(FxHashMap::default()),
             live: Mutex::new(FxHashMap::default()),
             allocations: Mutex::new(std::collections::BTreeMap::new()),

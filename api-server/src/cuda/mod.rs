@@ -207,9 +207,13 @@ impl Session {
         self.lookup(Kind::Stream, id, false)
     }
 
-    /// Checks that a guest-assigned id is new.
+    /// Checks that a guest-assigned id is new, and not one of the special stream
+    /// handles (0, 1, 2), which would make a stream the legacy or per-thread one.
     pub(crate) fn check_new(&self, kind: Kind, id: u64) -> Result<(), Fail> {
-        if id == 0 || id & HOST_ID_BIT != 0 || self.handles().table.contains(id) {
+        if hira_apis_cuda::SPECIAL_STREAMS.contains(&id)
+            || id & HOST_ID_BIT != 0
+            || self.handles().table.contains(id)
+        {
             return Err(Fail::Protocol(format!("{kind:?} id {id:#x} is not new")));
         }
         Ok(())

@@ -326,6 +326,19 @@ fn forged_cuda_handles_get_the_drivers_errors_and_the_session_goes_on() {
     w.u8(1).u64(7).u32(0).i32(0);
     let (h, _) = g.call(op::cuCtxCreate_v2, w.as_slice());
     assert_eq!(h.kind, FrameKind::Error);
+    // A stream named by a special handle's number (1: CU_STREAM_LEGACY, 2:
+    // CU_STREAM_PER_THREAD) would be taken for that stream: refused the same way.
+    for special in [1u64, 2] {
+        let mut w = Writer::new();
+        w.u64(7).u8(1).u64(special).u32(0);
+        let (h, _) = g.call(op::cuStreamCreate, w.as_slice());
+        assert_eq!(h.kind, FrameKind::Error, "stream id {special}");
+    }
+    let mut w = Writer::new();
+    w.u64(7).u8(1).u64(0x77).u32(0);
+    let (h, p) = g.call(op::cuStreamCreate, w.as_slice());
+    assert_eq!(h.kind, FrameKind::Reply, "{}", String::from_utf8_lossy(&p));
+    assert_eq!(status(&p), 0, "an ordinary id");
     // A copy claiming more bytes than it carries.
     let mut w = Writer::new();
     w.u64(7)
