@@ -161,7 +161,7 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/rodinia")]
         out: PathBuf,
     },
-    /// NVIDIA's cuda-samples from your checkout (a selection of 50 that need no
+    /// NVIDIA's cuda-samples from your checkout (a selection of 51 that need no
     /// graphics, CUDA library or second GPU): each built by nvcc 13 with its static
     /// runtime, run natively and through Hira on the same driver, and compared as
     /// Rodinia's programs are; a sample counts only where it passed its own check.

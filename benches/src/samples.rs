@@ -17,7 +17,7 @@ use crate::rodinia::Program;
 /// Lines whose numbers are measurements: rates, clocks and times, and how much the
 /// CPU did while it waited (asyncAPI).
 const TIMINGS: &[&str] = &[
-    r"(?i)GB/s|gflop|throughput|performance|gsamples|options/s|bandwidth|clocks/block|msec|processing time",
+    r"(?i)GB/s|gflop|throughput|performance|gsamples|options/s|bandwidth|clocks/block|msec|processing time|elapsed time",
     r"CPU executed \d+ iterations",
 ];
 
@@ -383,6 +383,13 @@ pub const SAMPLES: &[Program] = &[
         "threadFenceReduction.cu",
         // No verdict printed: its exit status is the comparison of the two results.
         Some("CPU result = ")
+    ),
+    sample!(
+        "2_Concepts_and_Techniques/streamOrderedAllocation",
+        "streamOrderedAllocation",
+        "",
+        "streamOrderedAllocation.cu",
+        Some("streamOrderedAllocationPostSync PASSED")
     ),
     // 3_CUDA_Features
     sample!(

@@ -1,5 +1,6 @@
 //! CUDA graphs and stream capture in the guest (`hira_apis_cuda_private::graph`,
-//! shared with the CPU test executor): a graph is the stream work it records, kept
+//! shared with the CPU test executor), and beside them stream-ordered allocation and
+//! memory pools (`hira_apis_cuda_private::pool`, [`GuestMemory`]): a graph is the stream work it records, kept
 //! in the application's process, and a launch of it issues that work through this
 //! library's own entry points, as the program could have. The host sees the
 //! launches, copies and memsets, checked as the program's own; a session holding
@@ -243,4 +244,57 @@ pub(crate) fn cuStreamWaitEvent(
 
 pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> Option<CUresult> {
     graph::capture_record(event, stream, false)
+}
+
+/// Allocates and synchronises for the memory pools (`hira_apis_cuda_private::pool`)
+/// through the guest's entry points: pool memory is ordinary device memory to the
+/// host, counted against the VM's quota and placed where a moved session finds it.
+pub(crate) struct GuestMemory;
+
+pub(crate) static MEMORY: GuestMemory = GuestMemory;
+
+impl hira_apis_cuda_private::pool::Memory for GuestMemory {
+    fn alloc(&self, size: usize) -> Result<u64, i32> {
+        let mut p = 0;
+        // SAFETY: a valid out-pointer.
+        match unsafe { crate::generated::cuMemAlloc_v2(&mut p, size) } {
+            status::SUCCESS => Ok(p),
+            e => Err(e),
+        }
+    }
+
+    fn free(&self, ptr: u64) -> i32 {
+        // SAFETY: a value; the host checks it.
+        unsafe { crate::generated::cuMemFree_v2(ptr) }
+    }
+
+    fn sync(&self, stream: Raw) -> i32 {
+        // SAFETY: a handle, checked as the program's.
+        unsafe { crate::generated::cuStreamSynchronize(stream) }
+    }
+
+    fn stream_ok(&self, stream: Raw) -> bool {
+        crate::local::stream_known(stream) == status::SUCCESS
+    }
+
+    fn current_device(&self) -> Result<i32, i32> {
+        let mut d = 0;
+        // SAFETY: a valid out-pointer.
+        match unsafe { crate::generated::cuCtxGetDevice(&mut d) } {
+            status::SUCCESS => Ok(d),
+            e => Err(e),
+        }
+    }
+
+    fn device_count(&self) -> i32 {
+        let mut n = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { crate::generated::cuDeviceGetCount(&mut n) };
+        n
+    }
+}
+
+/// The driver's stream-ordered allocation and memory-pool entry points.
+pub(crate) mod pools {
+    hira_apis_cuda_private::pool_entry_points!(&crate::graphs::MEMORY);
 }

@@ -15,6 +15,7 @@ use hira_apis_cuda_private::copy2d;
 use hira_apis_cuda_private::graph;
 
 pub use crate::graphs::entries::*;
+pub use crate::graphs::pools::*;
 
 use crate::rt::{self, CUcontext, CUfunction, CUmodule, CUresult, CUstream};
 

@@ -64,11 +64,11 @@ pub(crate) fn cuCtxCreate_v2<'a>(
 }
 
 /// Device attributes that announce features Hira does not remote (managed and
-/// mapped host memory, memory pools, virtual memory management, IPC and shareable
+/// mapped host memory, virtual memory management, IPC and shareable
 /// handles, external semaphores, arrays, cooperative and cluster launches, graphics
 /// interop): through Hira the device has none of them, so programs and libraries
-/// that ask first take the paths Hira implements (cudarc, for one, allocates with
-/// `cuMemAllocAsync` where memory pools are announced, else with `cuMemAlloc`).
+/// that ask first take the paths Hira implements. Memory pools are announced as the
+/// driver announces them: the guest serves them (`hira_apis_cuda_private::pool`).
 const NOT_REMOTED: &[c_int] = &[
     19,  // CAN_MAP_HOST_MEMORY: cuMemHostGetDevicePointer
     83,  // MANAGED_MEMORY
@@ -87,7 +87,6 @@ const NOT_REMOTED: &[c_int] = &[
     112, // SPARSE_CUDA_ARRAY_SUPPORTED
     113, // READ_ONLY_HOST_REGISTER_SUPPORTED
     114, // TIMELINE_SEMAPHORE_INTEROP_SUPPORTED
-    115, // MEMORY_POOLS_SUPPORTED: cuMemAllocAsync, cuMemPool*
     116, // GPU_DIRECT_RDMA_SUPPORTED
     119, // MEMPOOL_SUPPORTED_HANDLE_TYPES
     120, // CLUSTER_LAUNCH: cuLaunchKernelEx

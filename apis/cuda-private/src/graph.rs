@@ -1870,7 +1870,7 @@ pub struct InstantiateParams {
     pub result: c_int,
 }
 
-/// Each function of [`graph_entry_points`] exported, and listed by `entries`.
+/// Each function of [`graph_entry_points`] exported, and listed by `graph_entries`.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __graph_defs {
@@ -1880,7 +1880,7 @@ macro_rules! __graph_defs {
             pub unsafe extern "C" fn $name($($a: $t),*) -> R $body
         )*
         /// The entry points by their exported names.
-        pub fn entries() -> Vec<(&'static str, usize)> {
+        pub fn graph_entries() -> Vec<(&'static str, usize)> {
             vec![$((stringify!($name), $name as *const () as usize)),*]
         }
     };

@@ -10,6 +10,7 @@
 //! - [`copy2d`]: `cuMemcpy2D`'s description of a copy;
 //! - [`texture`]: CUDA arrays', texture objects' and surface objects' descriptions;
 //! - [`pointer`]: the values of `cuPointerGetAttribute(s)`;
+//! - [`pool`]: stream-ordered allocation and memory pools, kept where the program runs;
 //! - [`vmm`]: the virtual-memory-management calls' structures and signatures;
 //! - [`variables`]: the names of a module's variables, from its PTX.
 
@@ -19,6 +20,7 @@ pub mod fatbin;
 pub mod graph;
 pub mod launch;
 pub mod pointer;
+pub mod pool;
 pub mod procs;
 pub mod texture;
 pub mod variables;

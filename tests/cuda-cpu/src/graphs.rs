@@ -1,6 +1,7 @@
-//! CUDA graphs and stream capture on the executor (test infrastructure, standing in
-//! for NVIDIA's driver): the shared implementation (`hira_apis_cuda_private::graph`)
-//! with this library's own entry points issuing a graph's work.
+//! CUDA graphs and stream capture, and stream-ordered allocation and memory pools,
+//! on the executor (test infrastructure, standing in for NVIDIA's driver): the
+//! shared implementations (`hira_apis_cuda_private::graph`, `::pool`) with this
+//! library's own entry points issuing a graph's work and allocating.
 
 use std::ffi::c_uint;
 
@@ -121,4 +122,54 @@ pub extern "C" fn cuEventRecordWithFlags(ev: Handle, stream: Handle, flags: c_ui
         return st;
     }
     crate::cuEventRecord(ev, stream)
+}
+
+/// Allocates and synchronises for the memory pools through the executor's entry
+/// points.
+pub(crate) struct ExecutorMemory;
+
+pub(crate) static MEMORY: ExecutorMemory = ExecutorMemory;
+
+impl hira_apis_cuda_private::pool::Memory for ExecutorMemory {
+    fn alloc(&self, size: usize) -> Result<u64, i32> {
+        let mut p = 0;
+        // SAFETY: a valid out-pointer.
+        match unsafe { crate::cuMemAlloc_v2(&mut p, size) } {
+            CUDA_SUCCESS => Ok(p),
+            e => Err(e),
+        }
+    }
+
+    fn free(&self, ptr: u64) -> i32 {
+        crate::cuMemFree_v2(ptr)
+    }
+
+    fn sync(&self, stream: Raw) -> i32 {
+        crate::cuStreamSynchronize(stream)
+    }
+
+    fn stream_ok(&self, stream: Raw) -> bool {
+        Issue::stream_ok(&ISSUE, stream)
+    }
+
+    fn current_device(&self) -> Result<i32, i32> {
+        let mut d = 0;
+        // SAFETY: a valid out-pointer.
+        match unsafe { crate::cuCtxGetDevice(&mut d) } {
+            CUDA_SUCCESS => Ok(d),
+            e => Err(e),
+        }
+    }
+
+    fn device_count(&self) -> i32 {
+        let mut n = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { crate::cuDeviceGetCount(&mut n) };
+        n
+    }
+}
+
+/// The driver's stream-ordered allocation and memory-pool entry points.
+pub(crate) mod pools {
+    hira_apis_cuda_private::pool_entry_points!(&crate::graphs::MEMORY);
 }

@@ -559,7 +559,7 @@ fn attribute(a: c_int) -> Option<c_int> {
         // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (`vmm.rs`).
         102 => 1,
         // MEMORY_POOLS_SUPPORTED, as GPUs since Pascal report: libraries then use
-        // cuMemAllocAsync, which this executor has (allocating at once).
+        // cuMemAllocAsync and the cuMemPool calls (`graphs::pools`).
         115 => 1,
         0 | 1000.. => return None,
         _ => 0,
@@ -789,38 +789,6 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
         unsafe { dptr.write(0) };
     }
     st
-}
-
-/// Stream-ordered allocation: the executor runs each stream's work at once, so the
-/// memory is there when the call returns. Zero bytes give a null pointer, as the
-/// driver does.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    stream: Handle,
-) -> CUresult {
-    let st = with_ctx(|s, _| {
-        if dptr.is_null() || !stream_ok(s, stream) {
-            CUDA_ERROR_INVALID_VALUE
-        } else {
-            CUDA_SUCCESS
-        }
-    });
-    if st != CUDA_SUCCESS {
-        return st;
-    }
-    if size == 0 {
-        // SAFETY: checked not null.
-        return unsafe { put(dptr, 0) };
-    }
-    // SAFETY: as the caller passed them, checked above.
-    unsafe { cuMemAlloc_v2(dptr, size) }
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
-    cuMemFree_v2(dptr)
 }
 
 #[unsafe(no_mangle)]
@@ -2024,7 +1992,8 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         ($($name:literal => $f:path),* $(,)?) => {
             TABLE.get_or_init(|| {
                 let mut t = vec![$(($name, $f as *const () as usize)),*];
-                t.extend(graphs::entries());
+                t.extend(graphs::graph_entries());
+                t.extend(graphs::pools::pool_entries());
                 t
             })
         };
@@ -2135,10 +2104,8 @@ fn entry_points() -> &'static [(&'static str, usize)] {
         "cuLibraryGetModule" => library::cuLibraryGetModule,
         "cuLibraryLoadData" => library::cuLibraryLoadData,
         "cuLibraryUnload" => library::cuLibraryUnload,
-        "cuMemAllocAsync" => cuMemAllocAsync,
         "cuMemAllocHost_v2" => cuMemAllocHost_v2,
         "cuMemAlloc_v2" => cuMemAlloc_v2,
-        "cuMemFreeAsync" => cuMemFreeAsync,
         "cuMemFreeHost" => cuMemFreeHost,
         "cuMemFree_v2" => cuMemFree_v2,
         "cuMemGetAddressRange_v2" => cuMemGetAddressRange_v2,

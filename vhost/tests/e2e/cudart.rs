@@ -28,6 +28,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("textures", &[]),
     ("graphs", &[]),
     ("graph_launches", &["2000"]),
+    ("pools", &[]),
 ];
 
 fn nvcc() -> PathBuf {
@@ -160,6 +161,14 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
             && o.contains("host work on the stream: 11\n")
             && o.contains("pitched 2D copies: pitch 512, 128 of 128 values back\n")
             && o.contains("3D copies: 192 of 192 values back\n"),
+        "{o}"
+    );
+    let o = String::from_utf8_lossy(&native("pools", &[]).stdout).into_owned();
+    assert!(
+        o.contains("memory pools supported: 1\n")
+            && o.contains("three rounds: total 62619648 (expect 62619648)\n")
+            && o.contains("new pool in use: 16000 bytes\n")
+            && o.ends_with("done\n"),
         "{o}"
     );
     // Graphs run their work after its dependencies, with the values their nodes
