@@ -15,7 +15,7 @@
 use std::ffi::{c_uint, c_void};
 
 use hira_apis_cuda_private::copy2d::{DEVICE, HOST};
-use hira_apis_cuda_private::graph::{self, HostFn, Issue, Kernel, Memset, Raw};
+use hira_apis_cuda_private::graph::{self, HostFn, Issue, Memset, Raw};
 use hira_apis_cuda_private::{copy2d::Memcpy3D, launch};
 
 use hira_apis_cuda::status;
@@ -28,46 +28,40 @@ pub(crate) struct Guest;
 pub(crate) static ISSUE: Guest = Guest;
 
 impl Issue for Guest {
-    fn launch(&self, k: &Kernel, stream: Raw) -> i32 {
-        let (_values, mut ptrs) = k.params();
-        let p = if ptrs.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            ptrs.as_mut_ptr()
-        };
-        if k.attrs.is_empty() {
-            let ([gx, gy, gz], [bx, by, bz]) = (k.grid, k.block);
-            // SAFETY: the node's own copies of the parameters.
-            return unsafe {
-                crate::generated::cuLaunchKernel(
-                    k.func,
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    k.shared,
-                    stream,
-                    p,
-                    std::ptr::null_mut(),
-                )
-            };
+    fn launch_kernel(
+        &self,
+        f: Raw,
+        [gx, gy, gz]: [c_uint; 3],
+        [bx, by, bz]: [c_uint; 3],
+        shared: c_uint,
+        stream: Raw,
+        params: *mut *mut c_void,
+    ) -> i32 {
+        // SAFETY: a node's parameters, one pointer per parameter.
+        unsafe {
+            crate::generated::cuLaunchKernel(
+                f,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                shared,
+                stream,
+                params,
+                std::ptr::null_mut(),
+            )
         }
-        let config = launch::Config {
-            grid: k.grid,
-            block: k.block,
-            shared_mem_bytes: k.shared,
-            stream,
-            attrs: k.attrs.as_ptr(),
-            num_attrs: k.attrs.len() as c_uint,
-        };
+    }
+
+    fn launch_ex(&self, config: &launch::Config, f: Raw, params: *mut *mut c_void) -> i32 {
         // SAFETY: as above; the configuration is the node's.
         unsafe {
             crate::local::cuLaunchKernelEx(
-                (&raw const config).cast(),
-                k.func,
-                p,
+                (config as *const launch::Config).cast(),
+                f,
+                params,
                 std::ptr::null_mut(),
             )
         }

@@ -174,6 +174,49 @@ static int manual() {
     return 0;
 }
 
+// The streams, events and buffers of a capture forked from s1 into s2 and s3.
+struct Fork {
+    cudaStream_t s1, s2, s3;
+    cudaEvent_t fork, j2, j3;
+    int *v, *w, *hv, *hw, *hosts;
+};
+
+// Captures into *g: on s1, v zeroed; forked, w zeroed and incremented on s2, and on
+// s3 v incremented then doubled (twice_first: doubled then incremented); joined,
+// both copied back and a host function run. `report` prints the streams' capture
+// status along the way.
+static int capture_fork(const Fork &f, cudaStreamCaptureMode mode, bool twice_first, bool report,
+                        cudaGraph_t *g) {
+    cudaStreamCaptureStatus st;
+    CHECK(cudaStreamBeginCapture(f.s1, mode));
+    if (report) {
+        CHECK(cudaStreamIsCapturing(f.s1, &st));
+        printf("s1 capturing: %d\n", (int)st);
+    }
+    CHECK(cudaMemsetAsync(f.v, 0, N * sizeof(int), f.s1));
+    CHECK(cudaEventRecord(f.fork, f.s1));
+    CHECK(cudaStreamWaitEvent(f.s2, f.fork, 0));
+    CHECK(cudaStreamWaitEvent(f.s3, f.fork, 0));
+    if (report) {
+        CHECK(cudaStreamIsCapturing(f.s2, &st));
+        printf("s2 joined the capture: %d\n", (int)st);
+    }
+    CHECK(cudaMemsetAsync(f.w, 0, N * sizeof(int), f.s2));
+    add_one<<<(N + 255) / 256, 256, 0, f.s2>>>(f.w, N);
+    if (twice_first) twice<<<(N + 255) / 256, 256, 0, f.s3>>>(f.v, N);
+    add_one<<<(N + 255) / 256, 256, 0, f.s3>>>(f.v, N);
+    if (!twice_first) twice<<<(N + 255) / 256, 256, 0, f.s3>>>(f.v, N);
+    CHECK(cudaEventRecord(f.j2, f.s2));
+    CHECK(cudaEventRecord(f.j3, f.s3));
+    CHECK(cudaStreamWaitEvent(f.s1, f.j2, 0));
+    CHECK(cudaStreamWaitEvent(f.s1, f.j3, 0));
+    CHECK(cudaMemcpyAsync(f.hv, f.v, N * sizeof(int), cudaMemcpyDeviceToHost, f.s1));
+    CHECK(cudaMemcpyAsync(f.hw, f.w, N * sizeof(int), cudaMemcpyDeviceToHost, f.s1));
+    CHECK(cudaLaunchHostFunc(f.s1, count, f.hosts));
+    CHECK(cudaStreamEndCapture(f.s1, g));
+    return 0;
+}
+
 static int captured() {
     int *v, *w;
     CHECK(cudaMalloc(&v, N * sizeof(int)));
@@ -189,29 +232,10 @@ static int captured() {
     CHECK(cudaEventCreate(&j2));
     CHECK(cudaEventCreate(&j3));
 
+    Fork f = {s1, s2, s3, fork, j2, j3, v, w, hv.data(), hw.data(), &hosts};
     cudaStreamCaptureStatus st;
-    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
-    CHECK(cudaStreamIsCapturing(s1, &st));
-    printf("s1 capturing: %d\n", (int)st);
-    CHECK(cudaMemsetAsync(v, 0, N * sizeof(int), s1));
-    CHECK(cudaEventRecord(fork, s1));
-    CHECK(cudaStreamWaitEvent(s2, fork, 0));
-    CHECK(cudaStreamWaitEvent(s3, fork, 0));
-    CHECK(cudaStreamIsCapturing(s2, &st));
-    printf("s2 joined the capture: %d\n", (int)st);
-    CHECK(cudaMemsetAsync(w, 0, N * sizeof(int), s2));
-    add_one<<<(N + 255) / 256, 256, 0, s2>>>(w, N);
-    add_one<<<(N + 255) / 256, 256, 0, s3>>>(v, N);
-    twice<<<(N + 255) / 256, 256, 0, s3>>>(v, N);
-    CHECK(cudaEventRecord(j2, s2));
-    CHECK(cudaEventRecord(j3, s3));
-    CHECK(cudaStreamWaitEvent(s1, j2, 0));
-    CHECK(cudaStreamWaitEvent(s1, j3, 0));
-    CHECK(cudaMemcpyAsync(hv.data(), v, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
-    CHECK(cudaMemcpyAsync(hw.data(), w, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
-    CHECK(cudaLaunchHostFunc(s1, count, &hosts));
     cudaGraph_t g;
-    CHECK(cudaStreamEndCapture(s1, &g));
+    if (capture_fork(f, cudaStreamCaptureModeGlobal, false, true, &g)) return 1;
     CHECK(cudaStreamIsCapturing(s2, &st));
     printf("after the capture s2 capturing: %d; host function ran %d times\n", (int)st, hosts);
     size_t nodes = 0, roots = 0;
@@ -230,24 +254,8 @@ static int captured() {
 
     // The same work captured again updates the instantiation; a different shape
     // does not.
-    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
-    CHECK(cudaMemsetAsync(v, 0, N * sizeof(int), s1));
-    CHECK(cudaEventRecord(fork, s1));
-    CHECK(cudaStreamWaitEvent(s2, fork, 0));
-    CHECK(cudaStreamWaitEvent(s3, fork, 0));
-    CHECK(cudaMemsetAsync(w, 0, N * sizeof(int), s2));
-    add_one<<<(N + 255) / 256, 256, 0, s2>>>(w, N);
-    twice<<<(N + 255) / 256, 256, 0, s3>>>(v, N);
-    add_one<<<(N + 255) / 256, 256, 0, s3>>>(v, N);
-    CHECK(cudaEventRecord(j2, s2));
-    CHECK(cudaEventRecord(j3, s3));
-    CHECK(cudaStreamWaitEvent(s1, j2, 0));
-    CHECK(cudaStreamWaitEvent(s1, j3, 0));
-    CHECK(cudaMemcpyAsync(hv.data(), v, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
-    CHECK(cudaMemcpyAsync(hw.data(), w, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
-    CHECK(cudaLaunchHostFunc(s1, count, &hosts));
     cudaGraph_t g2;
-    CHECK(cudaStreamEndCapture(s1, &g2));
+    if (capture_fork(f, cudaStreamCaptureModeThreadLocal, true, false, &g2)) return 1;
     cudaGraphExecUpdateResultInfo info;
     CHECK(cudaGraphExecUpdate(exec, g2, &info));
     printf("update with the same shape: result %d\n", (int)info.result);

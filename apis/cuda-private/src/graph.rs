@@ -83,8 +83,18 @@ const INSTANTIATE_KNOWN: u64 = 1 | 2 | 4 | 8;
 /// What the library serving the graphs issues their work with: its own entry
 /// points, which check the work as they check the program's.
 pub trait Issue: Sync {
-    /// Launches `k` on `stream`.
-    fn launch(&self, k: &Kernel, stream: Raw) -> CUresult;
+    /// `cuLaunchKernel` without `extra`.
+    fn launch_kernel(
+        &self,
+        f: Raw,
+        grid: [c_uint; 3],
+        block: [c_uint; 3],
+        shared: c_uint,
+        stream: Raw,
+        params: *mut *mut c_void,
+    ) -> CUresult;
+    /// `cuLaunchKernelEx` without `extra`.
+    fn launch_ex(&self, config: &launch::Config, f: Raw, params: *mut *mut c_void) -> CUresult;
     /// `cuMemcpy3DAsync`.
     fn copy(&self, p: &Memcpy3D, stream: Raw) -> CUresult;
     /// `cuMemsetD2D{8,16,32}Async`.
@@ -180,12 +190,34 @@ impl Kernel {
             .collect();
     }
 
-    /// The parameters as `kernelParams`: fresh copies of the values, so that a
-    /// launch cannot change the node's.
-    pub fn params(&self) -> (Vec<Box<[u8]>>, Vec<*mut c_void>) {
-        let mut values = self.values.clone();
-        let ptrs = values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
-        (values, ptrs)
+    /// Launches the node on `stream`: with its attributes through `cuLaunchKernelEx`,
+    /// else through `cuLaunchKernel`. The driver only reads `kernelParams`, so the
+    /// node's own values go, with nothing copied per launch.
+    pub fn launch(&self, issue: &dyn Issue, stream: Raw) -> CUresult {
+        let params = if self.ptrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            self.ptrs.as_ptr().cast_mut()
+        };
+        if self.attrs.is_empty() {
+            return issue.launch_kernel(
+                self.func,
+                self.grid,
+                self.block,
+                self.shared,
+                stream,
+                params,
+            );
+        }
+        let config = launch::Config {
+            grid: self.grid,
+            block: self.block,
+            shared_mem_bytes: self.shared,
+            stream,
+            attrs: self.attrs.as_ptr(),
+            num_attrs: self.attrs.len() as c_uint,
+        };
+        issue.launch_ex(&config, self.func, params)
     }
 }
 
@@ -262,6 +294,10 @@ enum Op {
 
 // SAFETY: as for `Kernel`: handles and copies, ordered by the registry's lock.
 unsafe impl Send for Op {}
+
+// SAFETY: an instantiation's steps are shared only to be read (launches); a change
+// copies them first (`Arc::make_mut`).
+unsafe impl Sync for Op {}
 
 impl Op {
     fn kind(&self) -> c_int {
@@ -347,7 +383,8 @@ impl Graph {
 
 /// An instantiated graph: its work in order, each step with the node it came from.
 struct Exec {
-    steps: Vec<(u64, Op)>,
+    /// Shared with the launches under way, which take it without copying.
+    steps: std::sync::Arc<Vec<(u64, Op)>>,
     /// Node ids of the graph it was made from, in creation order, and the shape
     /// an update must match.
     order: Vec<u64>,
@@ -1108,25 +1145,33 @@ pub mod entry {
         .unwrap_or(INVALID_VALUE)
     }
 
+    /// Writes what `pick` takes from `node`'s work (`None`: a node of another kind)
+    /// through `p`.
+    ///
+    /// # Safety
+    /// `p` is null or valid for a write of a `T`.
+    unsafe fn get<T>(node: Raw, p: *mut T, pick: impl FnOnce(&Op) -> Option<T>) -> CUresult {
+        match (p.is_null(), with_node(node, |op| pick(op))) {
+            (false, Some(Some(v))) => {
+                // SAFETY: checked not null; the caller's promise.
+                unsafe { p.write_unaligned(v) };
+                SUCCESS
+            }
+            _ => INVALID_VALUE,
+        }
+    }
+
     /// `cuGraphMemcpyNodeGetParams`.
     ///
     /// # Safety
     /// `p` is null or valid for a write of a `CUDA_MEMCPY3D`.
     pub unsafe fn memcpy_get(node: Raw, p: *mut c_void) -> CUresult {
-        let got = with_node(node, |op| {
-            if let Op::Memcpy(c) = op {
-                Some(*c)
-            } else {
-                None
-            }
-        });
-        match (p.is_null(), got) {
-            (false, Some(Some(c))) => {
-                // SAFETY: checked not null; the caller's promise.
-                unsafe { p.cast::<Memcpy3D>().write_unaligned(c) };
-                SUCCESS
-            }
-            _ => INVALID_VALUE,
+        // SAFETY: the caller's promise.
+        unsafe {
+            get(node, p.cast::<Memcpy3D>(), |op| match op {
+                Op::Memcpy(c) => Some(*c),
+                _ => None,
+            })
         }
     }
 
@@ -1147,20 +1192,12 @@ pub mod entry {
     /// # Safety
     /// `p` is null or valid for a write.
     pub unsafe fn memset_get(node: Raw, p: *mut Memset) -> CUresult {
-        let got = with_node(node, |op| {
-            if let Op::Memset(m) = op {
-                Some(*m)
-            } else {
-                None
-            }
-        });
-        match (p.is_null(), got) {
-            (false, Some(Some(m))) => {
-                // SAFETY: checked not null; the caller's promise.
-                unsafe { p.write_unaligned(m) };
-                SUCCESS
-            }
-            _ => INVALID_VALUE,
+        // SAFETY: the caller's promise.
+        unsafe {
+            get(node, p, |op| match op {
+                Op::Memset(m) => Some(*m),
+                _ => None,
+            })
         }
     }
 
@@ -1181,25 +1218,15 @@ pub mod entry {
     /// # Safety
     /// `p` is null or valid for a write of a `CUDA_HOST_NODE_PARAMS`.
     pub unsafe fn host_get(node: Raw, p: *mut c_void) -> CUresult {
-        let got = with_node(node, |op| {
-            if let Op::Host(f, d) = op {
-                Some((*f, *d))
-            } else {
-                None
-            }
-        });
-        match (p.is_null(), got) {
-            (false, Some(Some((f, d)))) => {
-                // SAFETY: checked not null; the caller's promise.
-                unsafe {
-                    p.cast::<HostParams>().write_unaligned(HostParams {
-                        func: Some(f),
-                        data: d as Raw,
-                    })
-                };
-                SUCCESS
-            }
-            _ => INVALID_VALUE,
+        // SAFETY: the caller's promise.
+        unsafe {
+            get(node, p.cast::<HostParams>(), |op| match op {
+                Op::Host(f, d) => Some(HostParams {
+                    func: Some(*f),
+                    data: *d as Raw,
+                }),
+                _ => None,
+            })
         }
     }
 
@@ -1269,7 +1296,7 @@ pub mod entry {
             return e;
         }
         let exec = Exec {
-            steps,
+            steps: std::sync::Arc::new(steps),
             order: g.order.clone(),
             shape: g.shape(),
         };
@@ -1349,7 +1376,7 @@ pub mod entry {
         for s in &mut steps {
             s.0 = rename.get(&s.0).copied().unwrap_or(s.0);
         }
-        r.execs.get_mut(&(exec as u64)).expect("checked").steps = steps;
+        r.execs.get_mut(&(exec as u64)).expect("checked").steps = std::sync::Arc::new(steps);
         SUCCESS
     }
 
@@ -1365,7 +1392,7 @@ pub mod entry {
             return INVALID_VALUE;
         };
         let mut found = false;
-        for (n, op) in &mut e.steps {
+        for (n, op) in std::sync::Arc::make_mut(&mut e.steps).iter_mut() {
             if *n == node as u64 {
                 if op.kind() != kind {
                     return INVALID_VALUE;
@@ -1438,7 +1465,7 @@ pub mod entry {
             let Some(e) = r.execs.get(&(exec as u64)) else {
                 return INVALID_VALUE;
             };
-            e.steps.clone()
+            std::sync::Arc::clone(&e.steps)
         };
         if !issue.stream_ok(stream) {
             return super::INVALID_HANDLE;
@@ -1446,7 +1473,7 @@ pub mod entry {
         let child = || {
             let mut g = Graph::default();
             let mut last: Option<u64> = None;
-            for (_, op) in &steps {
+            for (_, op) in steps.iter() {
                 let id = handle();
                 g.order.push(id);
                 g.nodes.insert(
@@ -1463,9 +1490,9 @@ pub mod entry {
         if let Some(st) = capture(stream, child) {
             return st;
         }
-        for (_, op) in &steps {
+        for (_, op) in steps.iter() {
             let st = match op {
-                Op::Kernel(k) => issue.launch(k, stream),
+                Op::Kernel(k) => k.launch(issue, stream),
                 Op::Memcpy(c) => issue.copy(c, stream),
                 Op::Memset(m) => issue.memset(m, stream),
                 Op::Host(f, d) => issue.host(*f, *d as Raw, stream),
@@ -1823,7 +1850,6 @@ pub fn capture_wait(stream: Raw, event: Raw, flags: c_uint) -> Option<CUresult> 
     let theirs = r.events.get(&(event as usize)).cloned();
     match (mine, theirs) {
         (None, None) => None,
-        (Some(_), _) if flags & EVENT_EXTERNAL != 0 => None,
         (None, Some((cid, tails))) => {
             let c = r.captures.get_mut(&cid)?;
             c.tails.insert(s, tails);
@@ -2128,13 +2154,25 @@ mod tests {
     struct Log(StdMutex<Vec<String>>);
 
     impl Issue for Log {
-        fn launch(&self, k: &Kernel, _: Raw) -> CUresult {
-            let (v, _) = k.params();
+        fn launch_kernel(
+            &self,
+            f: Raw,
+            _: [c_uint; 3],
+            _: [c_uint; 3],
+            _: c_uint,
+            _: Raw,
+            params: *mut *mut c_void,
+        ) -> CUresult {
+            // SAFETY: the node's one parameter, a byte.
+            let v = unsafe { *(*params).cast::<u8>() };
             self.0
                 .lock()
                 .unwrap()
-                .push(format!("k{} {:?}", k.func as usize, v[0][0]));
+                .push(format!("k{} {v:?}", f as usize));
             SUCCESS
+        }
+        fn launch_ex(&self, _: &launch::Config, _: Raw, _: *mut *mut c_void) -> CUresult {
+            unreachable!("no node here has attributes")
         }
         fn copy(&self, p: &Memcpy3D, _: Raw) -> CUresult {
             self.0

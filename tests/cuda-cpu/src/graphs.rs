@@ -3,9 +3,9 @@
 //! shared implementations (`hira_apis_cuda_private::graph`, `::pool`) with this
 //! library's own entry points issuing a graph's work and allocating.
 
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
 
-use hira_apis_cuda_private::graph::{self, HostFn, Issue, Kernel, Memset, Raw};
+use hira_apis_cuda_private::graph::{self, HostFn, Issue, Memset, Raw};
 use hira_apis_cuda_private::{copy2d::Memcpy3D, launch};
 
 use crate::{CUDA_SUCCESS, Handle};
@@ -16,42 +16,36 @@ pub(crate) struct Executor;
 pub(crate) static ISSUE: Executor = Executor;
 
 impl Issue for Executor {
-    fn launch(&self, k: &Kernel, stream: Raw) -> i32 {
-        let (_values, mut ptrs) = k.params();
-        let p = if ptrs.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            ptrs.as_mut_ptr()
-        };
-        if k.attrs.is_empty() {
-            let ([gx, gy, gz], [bx, by, bz]) = (k.grid, k.block);
-            // SAFETY: the node's own copies of the parameters.
-            return unsafe {
-                crate::cuLaunchKernel(
-                    k.func,
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    k.shared,
-                    stream,
-                    p,
-                    std::ptr::null_mut(),
-                )
-            };
+    fn launch_kernel(
+        &self,
+        f: Raw,
+        [gx, gy, gz]: [c_uint; 3],
+        [bx, by, bz]: [c_uint; 3],
+        shared: c_uint,
+        stream: Raw,
+        params: *mut *mut c_void,
+    ) -> i32 {
+        // SAFETY: a node's parameters, one pointer per parameter.
+        unsafe {
+            crate::cuLaunchKernel(
+                f,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                shared,
+                stream,
+                params,
+                std::ptr::null_mut(),
+            )
         }
-        let config = launch::Config {
-            grid: k.grid,
-            block: k.block,
-            shared_mem_bytes: k.shared,
-            stream,
-            attrs: k.attrs.as_ptr(),
-            num_attrs: k.attrs.len() as c_uint,
-        };
+    }
+
+    fn launch_ex(&self, config: &launch::Config, f: Raw, params: *mut *mut c_void) -> i32 {
         // SAFETY: as above; the configuration is the node's.
-        unsafe { crate::library::cuLaunchKernelEx(&config, k.func, p, std::ptr::null_mut()) }
+        unsafe { crate::library::cuLaunchKernelEx(config, f, params, std::ptr::null_mut()) }
     }
 
     fn copy(&self, p: &Memcpy3D, stream: Raw) -> i32 {
