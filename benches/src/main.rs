@@ -50,6 +50,11 @@ enum Cmd {
         /// Directory for results.json, results.md and results.svg.
         #[arg(long, default_value = "target/hira-bench/run")]
         out: PathBuf,
+        /// Runs through Hira with the sessions placed on a GPU host across a network
+        /// (network namespaces, mutual TLS; root) at this many µs of added one-way
+        /// delay, as `hira-bench remote` does.
+        #[arg(long)]
+        placed: Option<u64>,
         /// The program and its arguments.
         #[arg(required = true, last = true)]
         program: Vec<String>,
@@ -161,7 +166,7 @@ enum Cmd {
         #[arg(long, default_value = "target/hira-bench/rodinia")]
         out: PathBuf,
     },
-    /// NVIDIA's cuda-samples from your checkout (a selection of 51 that need no
+    /// NVIDIA's cuda-samples from your checkout (a selection of 55 that need no
     /// graphics, CUDA library or second GPU): each built by nvcc 13 with its static
     /// runtime, run natively and through Hira on the same driver, and compared as
     /// Rodinia's programs are; a sample counts only where it passed its own check.
@@ -296,18 +301,29 @@ fn main() -> Result<()> {
             warmup,
             repeats,
             out,
+            placed,
             program,
         } => {
             ensure!(repeats > 0, "--repeats must be at least 1");
             let bin = env::build_components()?;
-            let bench = env::BenchEnv::start(&bin)?;
+            let (local, hosts);
+            let bench = match placed {
+                None => {
+                    local = env::BenchEnv::start(&bin)?;
+                    &local
+                }
+                Some(delay) => {
+                    hosts = hira_benches::remote::Placed::new(&bin, delay)?;
+                    &hosts.env
+                }
+            };
             let exe = PathBuf::from(&program[0]);
             let name = exe
                 .file_name()
                 .map_or_else(|| program[0].clone(), |n| n.to_string_lossy().into_owned());
             let mut progress = |s: &str| eprint!("\r\x1b[2K{s}");
             let m = measure::measure(
-                &bench,
+                bench,
                 &name,
                 &exe,
                 &program[1..],

@@ -271,9 +271,9 @@ pub const PROGRAMS: &[Program] = &[
 ];
 
 /// Rodinia 3.1's CUDA programs that nvcc 13 builds, in the suite's order, with the
-/// fewest edits (docs/rodinia.md lists each and why). kmeans' texture references,
-/// gone since CUDA 12, are ported to texture objects, and so are leukocyte's. Not
-/// here: hybridsort and mummergpu, whose texture references are not ported yet.
+/// fewest edits (docs/rodinia.md lists each and why). hybridsort's, kmeans' and
+/// leukocyte's texture references, gone since CUDA 12, are ported to texture
+/// objects. Not here: mummergpu, whose texture references are not ported yet.
 /// Removed runtime calls are mapped by the build's `NVCC_APPEND_FLAGS`
 /// (`cudaThreadSynchronize`, `cudaThreadExit`).
 pub const CUDA_PROGRAMS: &[Program] = &[
@@ -367,6 +367,116 @@ pub const CUDA_PROGRAMS: &[Program] = &[
             "pavle",
             "{data}/huffman/test1024_H2.206587175259.in",
             "$MAKE NVCC_OPTS=-O3",
+        )
+    },
+    Program {
+        // Texture references went with CUDA 12: its two 1D textures over linear
+        // memory (a third is declared and never used) become texture objects in
+        // `__constant__` variables, made where the references were bound. Its GL
+        // headers are included and never used; its own helper_cuda.h reads fields
+        // CUDA 13's cudaDeviceProp lacks, so the samples' is taken. 65536 floats
+        // rather than 4M (minutes on the CPU test executor); checked against the CPU's
+        // sort (`VERIFY`) and written out (`OUTPUT`).
+        edits: &[
+            (
+                "bucketsort.cu",
+                "#include <GL/glew.h>",
+                "/* GLEW: not used */",
+            ),
+            (
+                "bucketsort.cu",
+                "#include <GL/glut.h>",
+                "/* GLUT: not used */",
+            ),
+            (
+                "bucketsort.cu",
+                "#include <cuda_gl_interop.h>",
+                "/* OpenGL interoperation: not used */",
+            ),
+            (
+                "bucketsort.cu",
+                "#include \"helper_cuda.h\"",
+                "#include <helper_cuda.h>",
+            ),
+            (
+                "main.cu",
+                "#include \"helper_cuda.h\"",
+                "#include <helper_cuda.h>",
+            ),
+            (
+                "main.cu",
+                "#include \"helper_timer.h\"",
+                "#include <helper_timer.h>",
+            ),
+            (
+                "main.cu",
+                "#define SIZE\t(1 << 22)",
+                "#define SIZE\t(1 << 16)",
+            ),
+            (
+                "bucketsort_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> texPivot;",
+                HYBRIDSORT_PIVOTS,
+            ),
+            (
+                "bucketsort_kernel.cu",
+                "tex1Dfetch(texPivot,",
+                "tex1Dfetch<float>(texPivot,",
+            ),
+            (
+                "bucketsort.cu",
+                "cudaBindTexture(0, texPivot, l_pivotpoints, DIVISIONS * sizeof(int))",
+                "hira_bind_linear(texPivot, l_pivotpoints, cudaCreateChannelDesc<float>(), \
+                 DIVISIONS * sizeof(int))",
+            ),
+            (
+                "mergesort_kernel.cu",
+                "texture<float4, 1, cudaReadModeElementType> tex;",
+                HYBRIDSORT_LIST,
+            ),
+            (
+                "mergesort_kernel.cu",
+                "texture<float, 1, cudaReadModeElementType> txt;",
+                "/* txt: never read */",
+            ),
+            (
+                "mergesort_kernel.cu",
+                "tex1Dfetch(tex,",
+                "tex1Dfetch<float4>(tex,",
+            ),
+            (
+                "mergesort.cu",
+                "tex.addressMode[0] = cudaAddressModeWrap;",
+                "/* addressing, filtering: set when the object is made */",
+            ),
+            (
+                "mergesort.cu",
+                "tex.addressMode[1] = cudaAddressModeWrap;",
+                "/* (as the one before) */",
+            ),
+            (
+                "mergesort.cu",
+                "tex.filterMode = cudaFilterModePoint;",
+                "/* (point sampling: the object's) */",
+            ),
+            (
+                "mergesort.cu",
+                "tex.normalized = false;",
+                "/* (unnormalised) */",
+            ),
+            (
+                "mergesort.cu",
+                "cudaBindTexture(0,tex, d_origList, channelDesc, listsize*sizeof(float));",
+                "hira_bind_linear(tex, d_origList, channelDesc, listsize*sizeof(float));",
+            ),
+        ],
+        expect: Some("Checking result...PASSED."),
+        ..Program::cuda(
+            "hybridsort",
+            "hybridsort",
+            "r",
+            "$NVCC -O3 -I$SAMPLES_INC -DVERIFY -DOUTPUT bucketsort.cu mergesort.cu main.cu \
+             -o hybridsort",
         )
     },
     Program {
@@ -610,6 +720,44 @@ const LEUKOCYTE_OBJECTS: &str = "__constant__ cudaTextureObject_t t_grad_x;
 	cudaMemcpyFromSymbol(&o_, sym, sizeof o_); \\
 	cudaDestroyTextureObject(o_); \\
 } while (0)";
+
+/// What binds hybridsort's textures, in each of its two compilation units: a texture
+/// object over the same linear memory (point sampling, unnormalised coordinates,
+/// element reads, as a reference bound with `cudaBindTexture` reads) stored in the
+/// variable that replaces the reference, the one it held before destroyed.
+macro_rules! hybridsort_binder {
+    ($decl:literal) => {
+        concat!(
+            $decl,
+            "
+/* Texture references went with CUDA 12: texture objects in their place. */
+static cudaError_t hira_bind_linear(const cudaTextureObject_t &sym, const void *ptr,
+                                    cudaChannelFormatDesc desc, size_t size) {
+    cudaTextureObject_t old = 0;
+    cudaMemcpyFromSymbol(&old, sym, sizeof old);
+    if (old) cudaDestroyTextureObject(old);
+    cudaResourceDesc r = {};
+    r.resType = cudaResourceTypeLinear;
+    r.res.linear.devPtr = (void *)ptr;
+    r.res.linear.desc = desc;
+    r.res.linear.sizeInBytes = size;
+    cudaTextureDesc t = {};
+    t.filterMode = cudaFilterModePoint;
+    t.readMode = cudaReadModeElementType;
+    cudaTextureObject_t o = 0;
+    cudaError_t e = cudaCreateTextureObject(&o, &r, &t, NULL);
+    if (e != cudaSuccess) return e;
+    return cudaMemcpyToSymbol(sym, &o, sizeof o);
+}"
+        )
+    };
+}
+
+/// hybridsort's pivot texture, as a texture object, with its binder.
+const HYBRIDSORT_PIVOTS: &str = hybridsort_binder!("__constant__ cudaTextureObject_t texPivot;");
+
+/// hybridsort's list texture, as a texture object, with its binder.
+const HYBRIDSORT_LIST: &str = hybridsort_binder!("__constant__ cudaTextureObject_t tex;");
 
 /// Lines whose numbers are timings in every Rodinia program: the suite's common
 /// `Init: ... Total:` breakdown, and lines that speak of time.

@@ -17,7 +17,7 @@ use crate::rodinia::Program;
 /// Lines whose numbers are measurements: rates, clocks and times, and how much the
 /// CPU did while it waited (asyncAPI).
 const TIMINGS: &[&str] = &[
-    r"(?i)GB/s|gflop|throughput|performance|gsamples|options/s|bandwidth|clocks/block|msec|processing time|elapsed time",
+    r"(?i)GB/s|gflop|throughput|performance|gsamples|options/s|bandwidth|clocks/block|msec|processing time|elapsed time|mpix/s",
     r"CPU executed \d+ iterations",
 ];
 
@@ -192,6 +192,21 @@ pub const SAMPLES: &[Program] = &[
         "simpleTexture.cu",
         Some("simpleTexture completed, returned OK")
     ),
+    Program {
+        timing_lines: TIMINGS,
+        // The driver API: its kernels are a fatbin it loads with `cuModuleLoad`,
+        // built beside it as its CMake rule builds it; its verdict is its exit
+        // status, after it compares its output image with the reference.
+        expect: Some("Comparing files"),
+        ..Program::cuda(
+            "0_Introduction/simpleTextureDrv",
+            "simpleTextureDrv",
+            "",
+            "$NVCC -O2 -I$SAMPLES_INC -fatbin -o simpleTexture_kernel64.fatbin \
+             simpleTexture_kernel.cu && $NVCC -O2 -I$SAMPLES_INC -o simpleTextureDrv \
+             simpleTextureDrv.cpp -lcuda",
+        )
+    },
     sample!(
         "0_Introduction/simpleSurfaceWrite",
         "simpleSurfaceWrite",
@@ -285,6 +300,13 @@ pub const SAMPLES: &[Program] = &[
             Some("Test passed")
         )
     },
+    sample!(
+        "2_Concepts_and_Techniques/dct8x8",
+        "dct8x8",
+        "",
+        "dct8x8.cu BmpUtil.cpp DCT8x8_Gold.cpp",
+        Some("Test passed")
+    ),
     sample!(
         "2_Concepts_and_Techniques/eigenvalues",
         "eigenvalues",
@@ -399,6 +421,20 @@ pub const SAMPLES: &[Program] = &[
         "binaryPartitionCG.cu",
         Some("Num of Odds = \\d+ Sum of Odds")
     ),
+    Program {
+        edits: &[(
+            "graphMemoryFootprint.cu",
+            "size_t bytes  = 64 * 1024 * 1024;",
+            "size_t bytes = 64 * 1024;",
+        )],
+        ..sample!(
+            "3_CUDA_Features/graphMemoryFootprint",
+            "graphMemoryFootprint",
+            "",
+            "graphMemoryFootprint.cu",
+            Some("Check confirms all graphs use a different virtual address.")
+        )
+    },
     Program {
         edits: &[("jacobi.h", "#define N_ROWS 512", "#define N_ROWS 128")],
         ..sample!(
@@ -516,6 +552,21 @@ pub const SAMPLES: &[Program] = &[
         Some("CompareData"),
         "-Iinc"
     ),
+    Program {
+        edits: &[(
+            "main.cpp",
+            "const int nSolverIters = 500;",
+            "const int nSolverIters = 20;",
+        )],
+        // Its verdict is its exit status: the flow's L1 error against the CPU's.
+        ..sample!(
+            "5_Domain_Specific/HSOpticalFlow",
+            "HSOpticalFlow",
+            "",
+            "flowCUDA.cu flowGold.cpp main.cpp",
+            Some("L1 error : ")
+        )
+    },
     Program {
         edits: &[
             (

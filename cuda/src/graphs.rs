@@ -130,6 +130,10 @@ impl Issue for Guest {
     fn stream_ok(&self, stream: Raw) -> bool {
         crate::local::stream_known(stream) == status::SUCCESS
     }
+
+    fn memory(&self) -> &'static dyn hira_apis_cuda_private::pool::Memory {
+        &MEMORY
+    }
 }
 
 /// The driver's graph and stream-capture entry points.
@@ -238,6 +242,12 @@ pub(crate) fn cuStreamWaitEvent(
 
 pub(crate) fn cuEventRecord(event: CUevent, stream: CUstream) -> Option<CUresult> {
     graph::capture_record(event, stream, false)
+}
+
+/// An allocation a graph made is freed in the guest: its memory stays while a
+/// graph holds its node (`hira_apis_cuda_private::graph::memory`).
+pub(crate) fn cuMemFree_v2(dptr: u64) -> Option<CUresult> {
+    graph::free_block(dptr)
 }
 
 /// Allocates and synchronises for the memory pools (`hira_apis_cuda_private::pool`)

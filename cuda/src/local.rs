@@ -133,6 +133,23 @@ pub(crate) fn stream_known(stream: CUstream) -> CUresult {
     }
 }
 
+/// `cuCtxCreate_v4` (`cuCtxCreate` of CUDA 13's `cuda.h`): an ordinary context is
+/// `cuCtxCreate_v2`'s; execution affinity and CUDA-in-graphics are not built.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut crate::rt::CUcontext,
+    params: *const hira_apis_cuda_private::context::CreateParams,
+    flags: c_uint,
+    dev: c_int,
+) -> CUresult {
+    // SAFETY: the program's pointer, null or valid as the API requires.
+    if let Err(e) = unsafe { hira_apis_cuda_private::context::plain(params) } {
+        return e;
+    }
+    // SAFETY: the program's out-pointer; the rest are values.
+    unsafe { crate::generated::cuCtxCreate_v2(pctx, flags, dev) }
+}
+
 /// `cuEventRecordWithFlags`: `CU_EVENT_RECORD_EXTERNAL` makes an event-record node
 /// while capturing, and is otherwise an ordinary record.
 #[unsafe(no_mangle)]

@@ -14,6 +14,23 @@ int main(int argc, char **argv) {
     CHECK(cuCtxCreate(&b, 0, dev));
     CHECK(cuCtxGetCurrent(&cur));
     printf("new context is current: %s\n", cur == b ? "yes" : "no");
+    /* CUDA 12.5's cuCtxCreate_v4 (what CUDA 13's cuda.h calls cuCtxCreate): with
+     * no parameters, or empty ones, an ordinary context, pushed as _v2's is. */
+    CUcontext c4, c5, c6 = NULL;
+    CHECK(cuCtxCreate_v4(&c4, NULL, 0, dev));
+    CUctxCreateParams empty = {NULL, 0, NULL};
+    CHECK(cuCtxCreate_v4(&c5, &empty, 0, dev));
+    CHECK(cuCtxGetCurrent(&cur));
+    CUctxCreateParams uncounted = {NULL, 1, NULL};
+    EXPECT(cuCtxCreate_v4(&c6, &uncounted, 0, dev), CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuCtxPopCurrent(&popped));
+    CHECK(cuCtxPopCurrent(&popped));
+    CHECK(cuCtxDestroy(c4));
+    CHECK(cuCtxDestroy(c5));
+    CUcontext back;
+    CHECK(cuCtxGetCurrent(&back));
+    printf("cuCtxCreate_v4: current %s, two contexts %s, then b again %s\n",
+           cur == c5 ? "yes" : "no", c4 != c5 ? "yes" : "no", back == b ? "yes" : "no");
     char *ptx = read_ptx(argv[1]);
     CUmodule mb;
     CHECK(cuModuleLoadData(&mb, ptx));

@@ -9,14 +9,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CHECK(x)                                                                     \
-    do {                                                                             \
-        cudaError_t e_ = (x);                                                        \
-        if (e_ != cudaSuccess) {                                                     \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); \
-            return 1;                                                                \
-        }                                                                            \
-    } while (0)
+#include "common.cuh"
 
 __global__ void axpy(float a, const float *x, float *y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -3,26 +3,7 @@
 // program (its attributes, access, made the device's current pool), allocation from
 // a given pool, and the errors: the default pool destroyed, a device that is not
 // there.
-#include <cstdio>
-
-#define CHECK(x)                                                                     \
-    do {                                                                             \
-        cudaError_t e_ = (x);                                                        \
-        if (e_ != cudaSuccess) {                                                     \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); \
-            return 1;                                                                \
-        }                                                                            \
-    } while (0)
-
-__global__ void fill(int *v, int n, int x) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) v[i] = x + i;
-}
-
-__global__ void add(const int *a, int *b, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) b[i] += a[i];
-}
+#include "common.cuh"
 
 static const int N = 4096;
 

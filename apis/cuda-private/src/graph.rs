@@ -13,9 +13,10 @@
 //! in an instantiation, and launched; stream capture in the three modes, across
 //! streams joined by events recorded while capturing, with the driver's errors for a
 //! capture that a synchronisation invalidated, that was ended on another stream, or
-//! whose forked streams were not joined. Not built (answered `CUDA_ERROR_NOT_SUPPORTED`
-//! as a driver without them would): memory-allocation, memory-free, conditional,
-//! batch memory-operation and external-semaphore nodes, device-launched graphs.
+//! whose forked streams were not joined; memory-allocation and memory-free nodes
+//! ([`memory`]). Not built (answered `CUDA_ERROR_NOT_SUPPORTED` as a driver without
+//! them would): conditional, batch memory-operation and external-semaphore nodes,
+//! device-launched graphs.
 //!
 //! Handles (`CUgraph`, `CUgraphNode`, `CUgraphExec`) are numbers this module hands
 //! out and checks; a forged or stale one gets `CUDA_ERROR_INVALID_VALUE`, never a
@@ -29,6 +30,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::copy2d::{self, Memcpy3D};
 use crate::launch;
+
+pub mod memory;
+pub use memory::{capture_alloc, capture_free, free_block};
 
 type CUresult = c_int;
 /// An opaque handle of the API (`CUgraph`, `CUstream`, `CUfunction`, ...).
@@ -68,14 +72,20 @@ pub const TYPE_GRAPH: c_int = 4;
 pub const TYPE_EMPTY: c_int = 5;
 pub const TYPE_WAIT_EVENT: c_int = 6;
 pub const TYPE_EVENT_RECORD: c_int = 7;
+pub const TYPE_MEM_ALLOC: c_int = 10;
+pub const TYPE_MEM_FREE: c_int = 11;
 
 /// `CU_GRAPH_EXEC_UPDATE_*`.
 const UPDATE_SUCCESS: c_int = 0;
 const UPDATE_TOPOLOGY_CHANGED: c_int = 2;
 const UPDATE_NODE_TYPE_CHANGED: c_int = 3;
+const UPDATE_PARAMETERS_CHANGED: c_int = 5;
 
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`: graphs launched from the device.
 const INSTANTIATE_DEVICE_LAUNCH: u64 = 4;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`: a launch frees what the
+/// instantiation's earlier launch allocated and nobody freed.
+const INSTANTIATE_AUTO_FREE: u64 = 1;
 /// The other instantiation flags (free on launch, upload, node priority): the work
 /// is the same.
 const INSTANTIATE_KNOWN: u64 = 1 | 2 | 4 | 8;
@@ -111,6 +121,9 @@ pub trait Issue: Sync {
     fn kernel_function(&self, kern: Raw) -> Option<Raw>;
     /// Whether `stream` is a stream the program may use (special handles included).
     fn stream_ok(&self, stream: Raw) -> bool;
+    /// What allocation nodes allocate and free with: the library's `cuMemAlloc`
+    /// and `cuMemFree`.
+    fn memory(&self) -> &'static dyn crate::pool::Memory;
 }
 
 /// A kernel node: the function, its launch shape and the values of its
@@ -290,6 +303,9 @@ enum Op {
     Child(Box<Graph>),
     Record(usize),
     Wait(usize),
+    /// Memory nodes, by the address of their block (`memory`).
+    Alloc(u64),
+    Free(u64),
 }
 
 // SAFETY: as for `Kernel`: handles and copies, ordered by the registry's lock.
@@ -300,6 +316,14 @@ unsafe impl Send for Op {}
 unsafe impl Sync for Op {}
 
 impl Op {
+    /// A memory node's address (0 for other nodes).
+    fn addr(&self) -> u64 {
+        match self {
+            Op::Alloc(a) | Op::Free(a) => *a,
+            _ => 0,
+        }
+    }
+
     fn kind(&self) -> c_int {
         match self {
             Op::Kernel(_) => TYPE_KERNEL,
@@ -310,6 +334,8 @@ impl Op {
             Op::Child(_) => TYPE_GRAPH,
             Op::Record(_) => TYPE_EVENT_RECORD,
             Op::Wait(_) => TYPE_WAIT_EVENT,
+            Op::Alloc(_) => TYPE_MEM_ALLOC,
+            Op::Free(_) => TYPE_MEM_FREE,
         }
     }
 }
@@ -389,6 +415,10 @@ struct Exec {
     /// an update must match.
     order: Vec<u64>,
     shape: Vec<(c_int, Vec<usize>)>,
+    /// The graph it was made from, and whether a launch frees what the last one
+    /// left allocated (`CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`).
+    graph: u64,
+    auto_free: bool,
 }
 
 /// A capture sequence.
@@ -413,6 +443,9 @@ struct Registry {
     streams: HashMap<usize, u64>,
     /// Events recorded while capturing: their capture and the nodes they stand for.
     events: HashMap<usize, (u64, Vec<u64>)>,
+    /// Allocation nodes' memory, by address, and each device's high mark of it.
+    blocks: HashMap<u64, memory::Block>,
+    graph_mem_high: HashMap<c_int, u64>,
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -505,7 +538,7 @@ unsafe fn add(
     graph: Raw,
     deps: *const Raw,
     n: usize,
-    op: impl FnOnce(&Registry) -> Result<Op, CUresult>,
+    op: impl FnOnce(&mut Registry) -> Result<Op, CUresult>,
 ) -> CUresult {
     if out.is_null() {
         return INVALID_VALUE;
@@ -520,18 +553,27 @@ unsafe fn add(
         Ok(d) => d,
         Err(e) => return e,
     };
-    let op = match op(&r) {
+    let op = match op(&mut r) {
         Ok(op) => op,
         Err(e) => return e,
     };
-    let id = handle();
-    let graph = r.graphs.get_mut(&g).expect("checked");
-    graph.order.push(id);
-    graph.nodes.insert(id, Node { op, deps });
-    r.owner.insert(id, g);
+    let id = r.insert_node(g, op, deps);
     // SAFETY: checked not null; the caller's promise.
     unsafe { out.write(id as Raw) };
     SUCCESS
+}
+
+impl Registry {
+    /// Adds a node of `op` after `deps` to graph `g` (which exists), and gives its
+    /// handle.
+    fn insert_node(&mut self, g: u64, op: Op, deps: Vec<u64>) -> u64 {
+        let id = handle();
+        let graph = self.graphs.get_mut(&g).expect("a graph of the registry");
+        graph.order.push(id);
+        graph.nodes.insert(id, Node { op, deps });
+        self.owner.insert(id, g);
+        id
+    }
 }
 
 /// A kernel node's launch from the program's description of it.
@@ -638,13 +680,17 @@ pub mod entry {
 
     /// `cuGraphDestroy`.
     pub fn destroy(graph: Raw) -> CUresult {
-        let mut r = registry();
-        let Some(g) = r.graphs.remove(&(graph as u64)) else {
-            return INVALID_VALUE;
+        let gone = {
+            let mut r = registry();
+            let Some(g) = r.graphs.remove(&(graph as u64)) else {
+                return INVALID_VALUE;
+            };
+            for n in g.order {
+                r.owner.remove(&n);
+            }
+            memory::unheld(&mut r)
         };
-        for n in g.order {
-            r.owner.remove(&n);
-        }
+        memory::free_all(gone);
         SUCCESS
     }
 
@@ -740,8 +786,11 @@ pub mod entry {
         // SAFETY: the caller's promise.
         unsafe {
             add(out, graph, deps, n, |r| {
+                // A graph with memory nodes is a child only if it is moved into
+                // the parent (`cuGraphAddNode`), which is not built.
                 r.graphs
                     .get(&(child as u64))
+                    .filter(|g| !memory::has_memory(g))
                     .map(|g| Op::Child(Box::new(g.clone())))
                     .ok_or(INVALID_VALUE)
             })
@@ -834,6 +883,9 @@ pub mod entry {
         if !r.graphs.contains_key(&g) || !from.iter().all(ok) || !to.iter().all(ok) {
             return INVALID_VALUE;
         }
+        if !adding && memory::has_memory(&r.graphs[&g]) {
+            return NOT_SUPPORTED;
+        }
         let mut copy = r.graphs[&g].clone();
         for (&f, &t) in from.iter().zip(to) {
             let (f, t) = (f as u64, t as u64);
@@ -857,9 +909,13 @@ pub mod entry {
     pub fn destroy_node(node: Raw) -> CUresult {
         let mut r = registry();
         let n = node as u64;
-        let Some(g) = r.owner.remove(&n) else {
+        let Some(&g) = r.owner.get(&n) else {
             return INVALID_VALUE;
         };
+        if memory::has_memory(&r.graphs[&g]) {
+            return NOT_SUPPORTED;
+        }
+        r.owner.remove(&n);
         let graph = r.graphs.get_mut(&g).expect("a node's graph");
         graph.order.retain(|&m| m != n);
         graph.nodes.remove(&n);
@@ -881,6 +937,9 @@ pub mod entry {
         let Some(g) = r.graphs.get(&(graph as u64)) else {
             return INVALID_VALUE;
         };
+        if memory::has_memory(g) {
+            return NOT_SUPPORTED;
+        }
         let map: HashMap<u64, u64> = g.order.iter().map(|&n| (n, handle())).collect();
         let copy = Graph {
             order: g.order.iter().map(|n| map[n]).collect(),
@@ -1288,9 +1347,14 @@ pub mod entry {
             return NOT_SUPPORTED;
         }
         let mut r = registry();
-        let Some(g) = r.graphs.get(&(graph as u64)) else {
+        let gid = graph as u64;
+        let Some(g) = r.graphs.get(&gid) else {
             return INVALID_VALUE;
         };
+        // A graph with memory nodes has one instantiation at a time.
+        if memory::has_memory(g) && r.execs.values().any(|e| e.graph == gid) {
+            return INVALID_VALUE;
+        }
         let mut steps = Vec::new();
         if let Err(e) = g.flatten(&mut steps) {
             return e;
@@ -1299,6 +1363,8 @@ pub mod entry {
             steps: std::sync::Arc::new(steps),
             order: g.order.clone(),
             shape: g.shape(),
+            graph: gid,
+            auto_free: flags & INSTANTIATE_AUTO_FREE != 0,
         };
         let id = handle();
         r.execs.insert(id, exec);
@@ -1309,10 +1375,15 @@ pub mod entry {
 
     /// `cuGraphExecDestroy`.
     pub fn exec_destroy(exec: Raw) -> CUresult {
-        match registry().execs.remove(&(exec as u64)) {
-            Some(_) => SUCCESS,
-            None => INVALID_VALUE,
-        }
+        let gone = {
+            let mut r = registry();
+            if r.execs.remove(&(exec as u64)).is_none() {
+                return INVALID_VALUE;
+            }
+            memory::unheld(&mut r)
+        };
+        memory::free_all(gone);
+        SUCCESS
     }
 
     /// `cuGraphUpload`: nothing to do before a launch here.
@@ -1346,6 +1417,8 @@ pub mod entry {
             UPDATE_NODE_TYPE_CHANGED
         } else if shape != e.shape {
             UPDATE_TOPOLOGY_CHANGED
+        } else if mem_changed(g, e) {
+            UPDATE_PARAMETERS_CHANGED
         } else {
             UPDATE_SUCCESS
         };
@@ -1378,6 +1451,18 @@ pub mod entry {
         }
         r.execs.get_mut(&(exec as u64)).expect("checked").steps = std::sync::Arc::new(steps);
         SUCCESS
+    }
+
+    /// Whether `g`'s memory nodes differ from the instantiation's, position for
+    /// position: they cannot change.
+    fn mem_changed(g: &Graph, e: &Exec) -> bool {
+        let mem = |op: &Op| matches!(op, Op::Alloc(_) | Op::Free(_)).then(|| op.addr());
+        let new: Vec<_> = g.order.iter().map(|n| mem(&g.nodes[n].op)).collect();
+        let old: HashMap<u64, Option<u64>> = e.steps.iter().map(|(n, op)| (*n, mem(op))).collect();
+        e.order
+            .iter()
+            .zip(&new)
+            .any(|(n, a)| old.get(n).copied().flatten() != *a)
     }
 
     /// `cuGraphExec{Kernel,Memcpy,Memset,Host}NodeSetParams`: the steps made from
@@ -1460,16 +1545,19 @@ pub mod entry {
     /// `cuGraphLaunch`: the instantiation's work, in order, on `stream`; into a
     /// capture, as a child graph of that work.
     pub fn launch(issue: &dyn Issue, exec: Raw, stream: Raw) -> CUresult {
-        let steps = {
+        let (steps, auto_free) = {
             let r = registry();
             let Some(e) = r.execs.get(&(exec as u64)) else {
                 return INVALID_VALUE;
             };
-            std::sync::Arc::clone(&e.steps)
+            (std::sync::Arc::clone(&e.steps), e.auto_free)
         };
         if !issue.stream_ok(stream) {
             return super::INVALID_HANDLE;
         }
+        let holds_memory = steps
+            .iter()
+            .any(|(_, op)| matches!(op, Op::Alloc(_) | Op::Free(_)));
         let child = || {
             let mut g = Graph::default();
             let mut last: Option<u64> = None;
@@ -1487,8 +1575,18 @@ pub mod entry {
             }
             Ok(Work(Op::Child(Box::new(g))))
         };
-        if let Some(st) = capture(stream, child) {
+        if let Some(st) = capture(stream, || {
+            // Memory nodes go into a child graph only by a move, not built.
+            if holds_memory {
+                Err(NOT_SUPPORTED)
+            } else {
+                child()
+            }
+        }) {
             return st;
+        }
+        if holds_memory && let Err(e) = memory::launch(&mut registry(), &steps, auto_free) {
+            return e;
         }
         for (_, op) in steps.iter() {
             let st = match op {
@@ -1498,7 +1596,7 @@ pub mod entry {
                 Op::Host(f, d) => issue.host(*f, *d as Raw, stream),
                 Op::Record(e) => issue.record(*e as Raw, stream),
                 Op::Wait(e) => issue.wait(stream, *e as Raw),
-                Op::Empty | Op::Child(_) => SUCCESS,
+                Op::Empty | Op::Child(_) | Op::Alloc(_) | Op::Free(_) => SUCCESS,
             };
             if st != SUCCESS {
                 return st;
@@ -1587,12 +1685,16 @@ pub mod entry {
         } else {
             SUCCESS
         };
+        let mut gone = Vec::new();
         if st != SUCCESS {
             let g = r.graphs.remove(&c.graph).expect("a capture's graph");
             for n in g.order {
                 r.owner.remove(&n);
             }
+            gone = memory::unheld(&mut r);
         }
+        drop(r);
+        memory::free_all(gone);
         // SAFETY: checked not null.
         unsafe {
             out.write(if st == SUCCESS {
@@ -1715,12 +1817,13 @@ pub fn capture(stream: Raw, op: impl FnOnce() -> Result<Work, CUresult>) -> Opti
         }
     };
     let deps = std::mem::take(c.tails.get_mut(&s).expect("a capturing stream"));
-    let id = handle();
-    c.tails.insert(s, vec![id]);
-    let g = r.graphs.get_mut(&c.graph).expect("a capture's graph");
-    g.order.push(id);
-    g.nodes.insert(id, Node { op, deps });
-    r.owner.insert(id, c.graph);
+    let g = c.graph;
+    let id = r.insert_node(g, op, deps);
+    r.captures
+        .get_mut(&cid)
+        .expect("checked")
+        .tails
+        .insert(s, vec![id]);
     Some(SUCCESS)
 }
 
@@ -1921,7 +2024,8 @@ macro_rules! graph_entry_points {
         #[allow(non_snake_case, clippy::missing_safety_doc)]
         mod graph_entry_points {
             use std::ffi::{c_char, c_int, c_uint, c_void};
-            use $crate::graph::{entry, InstantiateParams, KernelParams, Memset, Raw};
+            use $crate::graph::memory::{self, AllocParams};
+            use $crate::graph::{entry, InstantiateParams, Issue, KernelParams, Memset, Raw};
 
             type R = c_int;
             const NULL: *mut c_void = std::ptr::null_mut();
@@ -1959,6 +2063,27 @@ macro_rules! graph_entry_points {
                 }
                 fn cuGraphAddEventWaitNode(out: *mut Raw, g: Raw, d: *const Raw, n: usize, ev: Raw) {
                     unsafe { entry::add_event(out, g, d, n, ev, true) }
+                }
+                fn cuGraphAddMemAllocNode(out: *mut Raw, g: Raw, d: *const Raw, n: usize, p: *mut AllocParams) {
+                    unsafe { memory::add_alloc(Issue::memory($issue), out, g, d, n, p) }
+                }
+                fn cuGraphAddMemFreeNode(out: *mut Raw, g: Raw, d: *const Raw, n: usize, dptr: u64) {
+                    unsafe { memory::add_free(out, g, d, n, dptr) }
+                }
+                fn cuGraphMemAllocNodeGetParams(node: Raw, p: *mut AllocParams) {
+                    unsafe { memory::alloc_get(node, p) }
+                }
+                fn cuGraphMemFreeNodeGetParams(node: Raw, out: *mut u64) {
+                    unsafe { memory::free_get(node, out) }
+                }
+                fn cuDeviceGetGraphMemAttribute(dev: c_int, attr: c_int, value: *mut c_void) {
+                    unsafe { memory::attribute(Issue::memory($issue), dev, attr, value) }
+                }
+                fn cuDeviceSetGraphMemAttribute(dev: c_int, attr: c_int, value: *mut c_void) {
+                    unsafe { memory::set_attribute(Issue::memory($issue), dev, attr, value) }
+                }
+                fn cuDeviceGraphMemTrim(dev: c_int) {
+                    memory::trim(Issue::memory($issue), dev)
                 }
                 fn cuGraphAddDependencies(g: Raw, from: *const Raw, to: *const Raw, n: usize) {
                     unsafe { entry::add_dependencies(g, from, to, std::ptr::null(), n) }
@@ -2206,6 +2331,51 @@ mod tests {
         fn stream_ok(&self, _: Raw) -> bool {
             true
         }
+        fn memory(&self) -> &'static dyn crate::pool::Memory {
+            &MEM
+        }
+    }
+
+    /// Device memory for allocation nodes: addresses handed out in order, and what
+    /// is held.
+    struct Mem(StdMutex<(u64, Vec<u64>)>);
+
+    static MEM: Mem = Mem(StdMutex::new((0x10_0000, Vec::new())));
+
+    impl crate::pool::Memory for Mem {
+        fn alloc(&self, size: usize) -> Result<u64, CUresult> {
+            let mut m = self.0.lock().unwrap();
+            let p = m.0;
+            m.0 += size as u64;
+            m.1.push(p);
+            Ok(p)
+        }
+        fn free(&self, ptr: u64) -> CUresult {
+            // The library's own free asks the graphs first, as both libraries' do.
+            if let Some(st) = free_block(ptr) {
+                return st;
+            }
+            let mut m = self.0.lock().unwrap();
+            match m.1.iter().position(|&p| p == ptr) {
+                Some(i) => {
+                    m.1.remove(i);
+                    SUCCESS
+                }
+                None => INVALID_VALUE,
+            }
+        }
+        fn sync(&self, _: Raw) -> CUresult {
+            SUCCESS
+        }
+        fn stream_ok(&self, _: Raw) -> bool {
+            true
+        }
+        fn current_device(&self) -> Result<c_int, CUresult> {
+            Ok(0)
+        }
+        fn device_count(&self) -> c_int {
+            1
+        }
     }
 
     impl Log {
@@ -2301,6 +2471,129 @@ mod tests {
             assert_eq!(destroy(g), SUCCESS);
             assert_eq!(node_type(h, &mut t), INVALID_VALUE, "gone with its graph");
         }
+    }
+
+    fn alloc_params(bytes: usize) -> memory::AllocParams {
+        memory::AllocParams {
+            props: memory::PoolProps {
+                alloc_type: 1,
+                handle_types: 0,
+                location: crate::pool::Location { kind: 1, id: 0 },
+                win32: std::ptr::null_mut(),
+                max_size: 0,
+                usage: 0,
+                reserved: [0; 54],
+            },
+            access: std::ptr::null(),
+            access_count: 0,
+            bytesize: bytes,
+            dptr: 0,
+        }
+    }
+
+    fn held_now() -> u64 {
+        let mut v = u64::MAX;
+        // SAFETY: a valid out-pointer.
+        let st = unsafe { memory::attribute(&MEM, 0, 0, (&raw mut v).cast()) };
+        assert_eq!(st, SUCCESS);
+        v
+    }
+
+    #[test]
+    fn memory_nodes_hold_their_memory_while_a_graph_or_an_allocation_needs_it() {
+        let _s = SERIAL.lock().unwrap();
+        let log = Log::default();
+        assert_eq!(std::mem::size_of::<memory::PoolProps>(), 88, "cuda.h's");
+        assert_eq!(std::mem::size_of::<memory::AllocParams>(), 120, "cuda.h's");
+        let before = MEM.0.lock().unwrap().1.len();
+        let (mut g, mut a, mut f, mut c, mut f2, mut exec, mut other) = Default::default();
+        let (mut pa, mut pc) = (alloc_params(256), alloc_params(128));
+        // SAFETY: valid pointers throughout.
+        unsafe {
+            assert_eq!(create(&mut g, 0), SUCCESS);
+            assert_eq!(
+                memory::add_alloc(&MEM, &mut a, g, std::ptr::null(), 0, &mut pa),
+                SUCCESS
+            );
+            assert_eq!(
+                memory::add_free(&mut f, g, [a].as_ptr(), 1, pa.dptr),
+                SUCCESS
+            );
+            assert_eq!(
+                memory::add_alloc(&MEM, &mut c, g, [f].as_ptr(), 1, &mut pc),
+                SUCCESS
+            );
+            assert_eq!(pc.dptr, pa.dptr, "after the free, its memory and address");
+            assert_eq!(
+                memory::add_free(&mut f2, g, [a].as_ptr(), 1, pa.dptr),
+                SUCCESS,
+                "one free per allocation node of it"
+            );
+            assert_eq!(
+                memory::add_free(&mut f2, g, [c].as_ptr(), 1, pa.dptr),
+                INVALID_VALUE,
+                "a third free"
+            );
+            assert_eq!(held_now(), 256, "one block, held from the node's making");
+            let mut bad = alloc_params(0);
+            assert_eq!(
+                memory::add_alloc(&MEM, &mut other, g, std::ptr::null(), 0, &mut bad),
+                INVALID_VALUE
+            );
+            bad = alloc_params(8);
+            bad.props.handle_types = 1;
+            assert_eq!(
+                memory::add_alloc(&MEM, &mut other, g, std::ptr::null(), 0, &mut bad),
+                NOT_SUPPORTED,
+                "exportable"
+            );
+            assert_eq!(clone(&mut other, g), NOT_SUPPORTED);
+            assert_eq!(destroy_node(f), NOT_SUPPORTED);
+            assert_eq!(instantiate(&mut exec, g, 0), SUCCESS);
+            assert_eq!(
+                instantiate(&mut other, g, 0),
+                INVALID_VALUE,
+                "one at a time"
+            );
+            assert_eq!(launch(&log, exec, 9 as Raw), SUCCESS);
+            assert_eq!(launch(&log, exec, 9 as Raw), SUCCESS, "freed each time");
+            assert_eq!(exec_destroy(exec), SUCCESS);
+            assert_eq!(destroy(g), SUCCESS);
+            assert_eq!(held_now(), 0);
+            assert_eq!(
+                MEM.0.lock().unwrap().1.len(),
+                before,
+                "freed with the lock let go"
+            );
+
+            // An allocation left live: a relaunch is refused until it is freed.
+            assert_eq!(create(&mut g, 0), SUCCESS);
+            assert_eq!(
+                memory::add_alloc(&MEM, &mut a, g, std::ptr::null(), 0, &mut pa),
+                SUCCESS
+            );
+            assert_eq!(instantiate(&mut exec, g, 0), SUCCESS);
+            assert_eq!(destroy(g), SUCCESS);
+            assert_eq!(held_now(), 256, "the instantiation holds it");
+            assert_eq!(
+                free_block(pa.dptr),
+                Some(INVALID_VALUE),
+                "not allocated yet"
+            );
+            assert_eq!(launch(&log, exec, 9 as Raw), SUCCESS);
+            assert_eq!(
+                launch(&log, exec, 9 as Raw),
+                INVALID_VALUE,
+                "still allocated"
+            );
+            assert_eq!(exec_destroy(exec), SUCCESS);
+            assert_eq!(held_now(), 256, "the allocation is live");
+            assert_eq!(free_block(pa.dptr), Some(SUCCESS));
+            assert_eq!(held_now(), 0);
+            assert_eq!(free_block(pa.dptr), None, "gone: not graph memory any more");
+            assert_eq!(MEM.0.lock().unwrap().1.len(), before);
+        }
+        assert!(log.take().is_empty(), "memory nodes issue no work");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! guest `libcuda.so.1` and the CPU test executor:
 //!
 //! - [`fatbin`]: the containers of device code the runtime registers;
+//! - [`context`]: `cuCtxCreate_v4`'s parameters;
 //! - [`procs`]: the entry point `cuGetProcAddress` gives for a name and version;
 //! - [`export`]: the private tables of `cuGetExportTable`, integrity check included;
 //! - [`launch`]: `cuLaunchKernelEx`'s configuration and attributes;
@@ -14,6 +15,7 @@
 //! - [`vmm`]: the virtual-memory-management calls' structures and signatures;
 //! - [`variables`]: the names of a module's variables, from its PTX.
 
+pub mod context;
 pub mod copy2d;
 pub mod export;
 pub mod fatbin;

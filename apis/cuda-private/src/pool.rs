@@ -11,8 +11,9 @@
 //!
 //! Not built (`CUDA_ERROR_NOT_SUPPORTED`, as a driver without them answers): pools
 //! whose memory can be exported (`handleTypes` other than none), pools on host
-//! memory, importing and exporting pools and pointers, and stream-ordered
-//! allocation while a stream captures (memory-allocation graph nodes). A pool keeps
+//! memory, importing and exporting pools and pointers, and allocation from a given
+//! pool while a stream captures (from the current pool, it makes an allocation
+//! node: `graph::memory`). A pool keeps
 //! nothing cached: what is freed goes back at once, so its reserved memory is its
 //! used memory.
 
@@ -174,7 +175,7 @@ unsafe fn put<T>(p: *mut T, v: T) -> CUresult {
 /// # Safety
 /// `dptr` is null or valid for a write.
 pub unsafe fn alloc_async(
-    m: &dyn Memory,
+    m: &'static dyn Memory,
     dptr: *mut u64,
     size: usize,
     pool: Raw,
@@ -186,7 +187,15 @@ pub unsafe fn alloc_async(
     if !m.stream_ok(stream) {
         return INVALID_HANDLE;
     }
-    if let Some(st) = graph::capture(stream, || Err(NOT_SUPPORTED)) {
+    // While the stream captures: an allocation node, from the device's graph
+    // memory (a given pool is not taken there; the capture is invalidated).
+    if !pool.is_null()
+        && let Some(st) = graph::capture(stream, || Err(NOT_SUPPORTED))
+    {
+        return st;
+    }
+    // SAFETY: checked not null.
+    if let Some(st) = unsafe { graph::capture_alloc(m, stream, dptr, size) } {
         return st;
     }
     let pool = if pool.is_null() {
@@ -224,7 +233,7 @@ pub fn free_async(m: &dyn Memory, ptr: u64, stream: Raw) -> CUresult {
     if !m.stream_ok(stream) {
         return INVALID_HANDLE;
     }
-    if let Some(st) = graph::capture(stream, || Err(NOT_SUPPORTED)) {
+    if let Some(st) = graph::capture_free(stream, ptr) {
         return st;
     }
     if ptr == 0 {
@@ -575,18 +584,18 @@ mod tests {
 
     #[test]
     fn allocations_count_in_their_pool_and_a_free_waits_for_its_stream() {
-        let m = Fake::default();
+        let m: &'static Fake = Box::leak(Box::default());
         let (mut def, mut cur, mut mine): (Raw, Raw, Raw) = Default::default();
         let mut p = 0u64;
         let mut v = 0u64;
         // SAFETY: valid pointers throughout.
         unsafe {
-            assert_eq!(device_pool(&m, &mut def, 0, false), SUCCESS);
-            assert_eq!(device_pool(&m, &mut cur, 0, true), SUCCESS);
+            assert_eq!(device_pool(m, &mut def, 0, false), SUCCESS);
+            assert_eq!(device_pool(m, &mut cur, 0, true), SUCCESS);
             assert_eq!(def, cur, "the default pool is current at first");
-            assert_eq!(device_pool(&m, &mut cur, 1, true), INVALID_DEVICE);
+            assert_eq!(device_pool(m, &mut cur, 1, true), INVALID_DEVICE);
             assert_eq!(
-                alloc_async(&m, &mut p, 100, std::ptr::null_mut(), 7 as Raw),
+                alloc_async(m, &mut p, 100, std::ptr::null_mut(), 7 as Raw),
                 SUCCESS
             );
             assert_eq!(
@@ -602,16 +611,16 @@ mod tests {
                     id: 0,
                 },
             };
-            assert_eq!(create(&m, &mut mine, &props), SUCCESS);
-            assert_eq!(set_device_pool(&m, 0, mine), SUCCESS);
+            assert_eq!(create(m, &mut mine, &props), SUCCESS);
+            assert_eq!(set_device_pool(m, 0, mine), SUCCESS);
             let mut q = 0u64;
             assert_eq!(
-                alloc_async(&m, &mut q, 50, std::ptr::null_mut(), 7 as Raw),
+                alloc_async(m, &mut q, 50, std::ptr::null_mut(), 7 as Raw),
                 SUCCESS
             );
             get_attribute(mine, ATTR_USED_HIGH, (&raw mut v).cast());
             assert_eq!(v, 50, "from the pool made current");
-            assert_eq!(free_async(&m, q, 7 as Raw), SUCCESS);
+            assert_eq!(free_async(m, q, 7 as Raw), SUCCESS);
             get_attribute(mine, ATTR_USED_CURRENT, (&raw mut v).cast());
             assert_eq!(v, 0);
             let t = 1u64 << 30;
@@ -628,14 +637,14 @@ mod tests {
             );
             assert_eq!(destroy(def), INVALID_VALUE, "the default pool stays");
             assert_eq!(destroy(mine), SUCCESS);
-            assert_eq!(device_pool(&m, &mut cur, 0, true), SUCCESS);
+            assert_eq!(device_pool(m, &mut cur, 0, true), SUCCESS);
             assert_eq!(cur, def, "back to the default pool");
             let shareable = PoolProps {
                 handle_types: 1,
                 ..props
             };
-            assert_eq!(create(&m, &mut mine, &shareable), NOT_SUPPORTED);
-            assert_eq!(free_async(&m, p, 7 as Raw), SUCCESS);
+            assert_eq!(create(m, &mut mine, &shareable), NOT_SUPPORTED);
+            assert_eq!(free_async(m, p, 7 as Raw), SUCCESS);
         }
         let log = m.0.lock().unwrap().1.clone();
         assert_eq!(

@@ -101,6 +101,10 @@ impl Issue for Executor {
         });
         ok
     }
+
+    fn memory(&self) -> &'static dyn hira_apis_cuda_private::pool::Memory {
+        &MEMORY
+    }
 }
 
 hira_apis_cuda_private::graph_entry_points!(&crate::graphs::ISSUE);

@@ -587,6 +587,23 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 // ---------------------------------------------------------------------------------
 // Contexts
 
+/// `cuCtxCreate_v4` (`cuCtxCreate` of CUDA 13's `cuda.h`): an ordinary context is
+/// `cuCtxCreate_v2`'s; execution affinity and CUDA-in-graphics are not built.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut Handle,
+    params: *const hira_apis_cuda_private::context::CreateParams,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    // SAFETY: the program's pointer, null or valid as the API requires.
+    if let Err(e) = unsafe { hira_apis_cuda_private::context::plain(params) } {
+        return e;
+    }
+    // SAFETY: the program's out-pointer.
+    unsafe { cuCtxCreate_v2(pctx, flags, dev) }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v2(
     pctx: *mut Handle,
@@ -793,6 +810,10 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    // An allocation a graph made: its memory stays while a graph holds its node.
+    if let Some(st) = hira_apis_cuda_private::graph::free_block(dptr) {
+        return st;
+    }
     with_ctx(|s, _| {
         if dptr == 0 || s.mem.free(dptr) {
             CUDA_SUCCESS
@@ -2000,6 +2021,7 @@ fn entry_points() -> &'static [(&'static str, usize)] {
     }
     table! {
         "cuCtxCreate_v2" => cuCtxCreate_v2,
+        "cuCtxCreate_v4" => cuCtxCreate_v4,
         "cuCtxDestroy_v2" => cuCtxDestroy_v2,
         "cuCtxGetApiVersion" => library::cuCtxGetApiVersion,
         "cuCtxGetCacheConfig" => cuCtxGetCacheConfig,

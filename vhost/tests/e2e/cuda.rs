@@ -196,7 +196,8 @@ fn cuda_programs_print_through_hira_what_they_print_natively() {
     let o = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.contains("a failed lookup leaves a null handle: yes")
-            && o.contains("failed allocations leave 0: yes"),
+            && o.contains("failed allocations leave 0: yes")
+            && o.contains("cuCtxCreate_v4: current yes, two contexts yes, then b again yes\n"),
         "{o}"
     );
     // A kernel's printf reaches the guest program's standard output, between what the

@@ -29,6 +29,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("graphs", &[]),
     ("graph_launches", &["2000"]),
     ("pools", &[]),
+    ("graph_memory", &[]),
 ];
 
 fn nvcc() -> PathBuf {
@@ -168,6 +169,19 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
         o.contains("memory pools supported: 1\n")
             && o.contains("three rounds: total 62619648 (expect 62619648)\n")
             && o.contains("new pool in use: 16000 bytes\n")
+            && o.ends_with("done\n"),
+        "{o}"
+    );
+    // Graph memory: addresses fixed when the nodes are made, reused after a free in
+    // the same graph, live across launches until freed, and the driver's refusals.
+    let o = String::from_utf8_lossy(&native("graph_memory", &[]).stdout).into_owned();
+    assert!(
+        o.contains("an allocation after the free of a larger one takes its address: yes\n")
+            && o.contains("three launches: b sums to 2078720 (expect 2078720)\n")
+            && o.contains("the allocation sums to 526848 (expect 526848)\n")
+            && o.contains("relaunch with the allocation live: cudaErrorInvalidValue\n")
+            && o.contains("launched twice: sum 528896 (expect 528896)\n")
+            && o.contains("trimmed: used 0, reserved 0, high 0\n")
             && o.ends_with("done\n"),
         "{o}"
     );
