@@ -83,6 +83,8 @@ int main() {
     CHECK(cudaGraphNodeGetType(fb, &type));
     printf("alloc node: %zu bytes at a: %s; free node frees b: %s; type %d\n", back.bytesize,
            (int *)back.dptr == a ? "yes" : "no", freed == b ? "yes" : "no", (int)type);
+    CHECK(cudaGraphMemAllocNodeGetParams(nc, &back));
+    printf("the node at a's address: %zu bytes\n", back.bytesize);
     // NVIDIA's driver maps graph memory at the first launch, Hira's graphs when the
     // node is made: what is held before a launch is not compared.
 

@@ -303,8 +303,9 @@ enum Op {
     Child(Box<Graph>),
     Record(usize),
     Wait(usize),
-    /// Memory nodes, by the address of their block (`memory`).
-    Alloc(u64),
+    /// Memory nodes, by the address of their block (`memory`); an allocation with
+    /// the size it asked for (its block may be larger).
+    Alloc(u64, u64),
     Free(u64),
 }
 
@@ -319,7 +320,7 @@ impl Op {
     /// A memory node's address (0 for other nodes).
     fn addr(&self) -> u64 {
         match self {
-            Op::Alloc(a) | Op::Free(a) => *a,
+            Op::Alloc(a, _) | Op::Free(a) => *a,
             _ => 0,
         }
     }
@@ -334,7 +335,7 @@ impl Op {
             Op::Child(_) => TYPE_GRAPH,
             Op::Record(_) => TYPE_EVENT_RECORD,
             Op::Wait(_) => TYPE_WAIT_EVENT,
-            Op::Alloc(_) => TYPE_MEM_ALLOC,
+            Op::Alloc(..) => TYPE_MEM_ALLOC,
             Op::Free(_) => TYPE_MEM_FREE,
         }
     }
@@ -1456,7 +1457,7 @@ pub mod entry {
     /// Whether `g`'s memory nodes differ from the instantiation's, position for
     /// position: they cannot change.
     fn mem_changed(g: &Graph, e: &Exec) -> bool {
-        let mem = |op: &Op| matches!(op, Op::Alloc(_) | Op::Free(_)).then(|| op.addr());
+        let mem = |op: &Op| matches!(op, Op::Alloc(..) | Op::Free(_)).then(|| op.addr());
         let new: Vec<_> = g.order.iter().map(|n| mem(&g.nodes[n].op)).collect();
         let old: HashMap<u64, Option<u64>> = e.steps.iter().map(|(n, op)| (*n, mem(op))).collect();
         e.order
@@ -1557,7 +1558,7 @@ pub mod entry {
         }
         let holds_memory = steps
             .iter()
-            .any(|(_, op)| matches!(op, Op::Alloc(_) | Op::Free(_)));
+            .any(|(_, op)| matches!(op, Op::Alloc(..) | Op::Free(_)));
         let child = || {
             let mut g = Graph::default();
             let mut last: Option<u64> = None;
@@ -1596,7 +1597,7 @@ pub mod entry {
                 Op::Host(f, d) => issue.host(*f, *d as Raw, stream),
                 Op::Record(e) => issue.record(*e as Raw, stream),
                 Op::Wait(e) => issue.wait(stream, *e as Raw),
-                Op::Empty | Op::Child(_) | Op::Alloc(_) | Op::Free(_) => SUCCESS,
+                Op::Empty | Op::Child(_) | Op::Alloc(..) | Op::Free(_) => SUCCESS,
             };
             if st != SUCCESS {
                 return st;
@@ -2524,6 +2525,9 @@ mod tests {
                 SUCCESS
             );
             assert_eq!(pc.dptr, pa.dptr, "after the free, its memory and address");
+            let mut back = alloc_params(0);
+            assert_eq!(memory::alloc_get(c, &mut back), SUCCESS);
+            assert_eq!((back.bytesize, back.dptr), (128, pa.dptr), "its own size");
             assert_eq!(
                 memory::add_free(&mut f2, g, [a].as_ptr(), 1, pa.dptr),
                 SUCCESS,

@@ -177,6 +177,7 @@ fn nvcc_built_runtime_programs_print_through_hira_what_they_print_natively() {
     let o = String::from_utf8_lossy(&native("graph_memory", &[]).stdout).into_owned();
     assert!(
         o.contains("an allocation after the free of a larger one takes its address: yes\n")
+            && o.contains("the node at a's address: 2048 bytes\n")
             && o.contains("three launches: b sums to 2078720 (expect 2078720)\n")
             && o.contains("the allocation sums to 526848 (expect 526848)\n")
             && o.contains("relaunch with the allocation live: cudaErrorInvalidValue\n")

@@ -102,7 +102,7 @@ static MEMORY: OnceLock<&'static dyn Memory> = OnceLock::new();
 pub(super) fn has_memory(g: &Graph) -> bool {
     g.nodes
         .values()
-        .any(|n| matches!(n.op, Op::Alloc(_) | Op::Free(_)))
+        .any(|n| matches!(n.op, Op::Alloc(..) | Op::Free(_)))
 }
 
 /// The nodes `deps` depend on, themselves included.
@@ -133,7 +133,7 @@ fn reusable(r: &Registry, g: u64, deps: &[u64], bytes: u64, device: c_int) -> Op
     candidates.sort_unstable_by_key(|&(a, bytes)| (bytes, a));
     candidates.into_iter().map(|(a, _)| a).find(|&a| {
         graph.nodes.iter().all(|(id, node)| match node.op {
-            Op::Alloc(x) if x == a => {
+            Op::Alloc(x, _) if x == a => {
                 before.contains(id)
                     && graph.nodes.iter().any(|(f, fnode)| {
                         matches!(fnode.op, Op::Free(y) if y == a)
@@ -163,7 +163,7 @@ pub(super) fn unheld(r: &mut Registry) -> Vec<u64> {
     }
     let mut used: HashSet<u64> = HashSet::new();
     let mut mark = |op: &Op| {
-        if let Op::Alloc(a) | Op::Free(a) = op {
+        if let Op::Alloc(a, _) | Op::Free(a) = op {
             used.insert(*a);
         }
     };
@@ -287,7 +287,7 @@ fn note_free(r: &mut Registry, g: u64, addr: u64) -> Result<(), CUresult> {
                     .nodes
                     .values()
                     .filter(|n| match n.op {
-                        Op::Alloc(a) => !free && a == addr,
+                        Op::Alloc(a, _) => !free && a == addr,
                         Op::Free(a) => free && a == addr,
                         _ => false,
                     })
@@ -356,7 +356,7 @@ pub unsafe fn add_alloc(
     if let Some(b) = block {
         insert(&mut r, addr, b);
     }
-    let id = r.insert_node(g, Op::Alloc(addr), deps);
+    let id = r.insert_node(g, Op::Alloc(addr, a.bytesize as u64), deps);
     // SAFETY: checked not null; the caller's promise for `p`.
     unsafe {
         out.write(id as Raw);
@@ -385,19 +385,22 @@ pub unsafe fn add_free(
     }
 }
 
-/// The address an allocation or free node names.
-fn node_addr(node: Raw, alloc: bool) -> Option<u64> {
+/// The address an allocation or free node names, and for an allocation the size it
+/// asked for.
+fn node_addr(node: Raw, alloc: bool) -> Option<(u64, u64)> {
     let r = registry();
     let n = node as u64;
     let g = r.owner.get(&n)?;
     match (alloc, &r.graphs.get(g)?.nodes.get(&n)?.op) {
-        (true, Op::Alloc(a)) | (false, Op::Free(a)) => Some(*a),
+        (true, Op::Alloc(a, bytes)) => Some((*a, *bytes)),
+        (false, Op::Free(a)) => Some((*a, 0)),
         _ => None,
     }
 }
 
 /// `cuGraphMemAllocNodeGetParams`: the pool properties and access descriptors
-/// point into the node's own copies.
+/// point into the block's own copies (of the node that made it), the size is the
+/// node's own.
 ///
 /// # Safety
 /// `p` is null or valid for a write.
@@ -405,7 +408,7 @@ pub unsafe fn alloc_get(node: Raw, p: *mut AllocParams) -> CUresult {
     if p.is_null() {
         return INVALID_VALUE;
     }
-    let Some(addr) = node_addr(node, true) else {
+    let Some((addr, bytes)) = node_addr(node, true) else {
         return INVALID_VALUE;
     };
     let r = registry();
@@ -420,7 +423,7 @@ pub unsafe fn alloc_get(node: Raw, p: *mut AllocParams) -> CUresult {
             b.access.as_ptr()
         },
         access_count: b.access.len(),
-        bytesize: b.bytes as usize,
+        bytesize: bytes as usize,
         dptr: addr,
     };
     // SAFETY: checked not null; the caller's promise.
@@ -434,7 +437,7 @@ pub unsafe fn alloc_get(node: Raw, p: *mut AllocParams) -> CUresult {
 /// `out` is null or valid for a write.
 pub unsafe fn free_get(node: Raw, out: *mut u64) -> CUresult {
     match (out.is_null(), node_addr(node, false)) {
-        (false, Some(a)) => {
+        (false, Some((a, _))) => {
             // SAFETY: checked not null.
             unsafe { put(out, a) };
             SUCCESS
@@ -453,7 +456,7 @@ pub(super) fn launch(
     let mut live: HashMap<u64, bool> = HashMap::new();
     for (_, op) in steps {
         match op {
-            Op::Alloc(a) => {
+            Op::Alloc(a, _) => {
                 let now = live
                     .get(a)
                     .copied()
@@ -544,7 +547,7 @@ pub unsafe fn capture_alloc(
         let (addr, b) = new_block(m, PENDING, &a, Vec::new())?;
         insert(&mut registry(), addr, b);
         made = Some(addr);
-        Ok(Work(Op::Alloc(addr)))
+        Ok(Work(Op::Alloc(addr, size as u64)))
     })?;
     if let Some(a) = made {
         let mut r = registry();
@@ -596,7 +599,7 @@ impl Registry {
             .find(|(_, g)| {
                 g.nodes
                     .values()
-                    .any(|n| matches!(n.op, Op::Alloc(a) if a == addr))
+                    .any(|n| matches!(n.op, Op::Alloc(a, _) if a == addr))
             })
             .map(|(&id, _)| id)
     }
