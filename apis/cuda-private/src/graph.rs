@@ -420,6 +420,8 @@ struct Exec {
     /// left allocated (`CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`).
     graph: u64,
     auto_free: bool,
+    /// Whether it has memory nodes (an update cannot add or remove them).
+    memory: bool,
 }
 
 /// A capture sequence.
@@ -1353,7 +1355,8 @@ pub mod entry {
             return INVALID_VALUE;
         };
         // A graph with memory nodes has one instantiation at a time.
-        if memory::has_memory(g) && r.execs.values().any(|e| e.graph == gid) {
+        let holds = memory::has_memory(g);
+        if holds && r.execs.values().any(|e| e.graph == gid) {
             return INVALID_VALUE;
         }
         let mut steps = Vec::new();
@@ -1366,6 +1369,7 @@ pub mod entry {
             shape: g.shape(),
             graph: gid,
             auto_free: flags & INSTANTIATE_AUTO_FREE != 0,
+            memory: holds,
         };
         let id = handle();
         r.execs.insert(id, exec);
@@ -1546,19 +1550,16 @@ pub mod entry {
     /// `cuGraphLaunch`: the instantiation's work, in order, on `stream`; into a
     /// capture, as a child graph of that work.
     pub fn launch(issue: &dyn Issue, exec: Raw, stream: Raw) -> CUresult {
-        let (steps, auto_free) = {
+        let (steps, auto_free, holds_memory) = {
             let r = registry();
             let Some(e) = r.execs.get(&(exec as u64)) else {
                 return INVALID_VALUE;
             };
-            (std::sync::Arc::clone(&e.steps), e.auto_free)
+            (std::sync::Arc::clone(&e.steps), e.auto_free, e.memory)
         };
         if !issue.stream_ok(stream) {
             return super::INVALID_HANDLE;
         }
-        let holds_memory = steps
-            .iter()
-            .any(|(_, op)| matches!(op, Op::Alloc(..) | Op::Free(_)));
         let child = || {
             let mut g = Graph::default();
             let mut last: Option<u64> = None;

@@ -61,6 +61,24 @@ pub struct PoolProps {
     pub reserved: [u8; 54],
 }
 
+impl PoolProps {
+    /// Pinned memory of device `id`, what a stream-ordered allocation is.
+    fn on_device(id: c_int) -> PoolProps {
+        PoolProps {
+            alloc_type: PINNED,
+            handle_types: 0,
+            location: Location {
+                kind: LOCATION_DEVICE,
+                id,
+            },
+            win32: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        }
+    }
+}
+
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (120 bytes).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -240,24 +258,25 @@ unsafe fn checked(
     Ok((a, access))
 }
 
-/// A new block of `a.bytesize` for graph `graph`, allocated now.
+/// A new block of `bytes` for graph `graph`, allocated now.
 fn new_block(
     m: &'static dyn Memory,
     graph: u64,
-    a: &AllocParams,
+    bytes: usize,
+    props: PoolProps,
     access: Vec<AccessDesc>,
 ) -> Result<(u64, Block), CUresult> {
     let _ = MEMORY.set(m);
-    let addr = m.alloc(a.bytesize)?;
+    let addr = m.alloc(bytes)?;
     Ok((
         addr,
         Block {
-            bytes: a.bytesize as u64,
-            device: a.props.location.id,
+            bytes: bytes as u64,
+            device: props.location.id,
             graph,
             freed_in: None,
             live: false,
-            props: a.props,
+            props,
             access,
         },
     ))
@@ -340,7 +359,7 @@ pub unsafe fn add_alloc(
     // Allocated with the lock let go: `cuMemAlloc` may ask the host.
     let (addr, block) = match reuse {
         Some(addr) => (addr, None),
-        None => match new_block(m, g, &a, access) {
+        None => match new_block(m, g, a.bytesize, a.props, access) {
             Ok((addr, b)) => (addr, Some(b)),
             Err(e) => return e,
         },
@@ -517,58 +536,42 @@ pub unsafe fn capture_alloc(
     dptr: *mut u64,
     size: usize,
 ) -> Option<CUresult> {
-    let mut made: Option<u64> = None;
+    let mut made: Option<(u64, u64)> = None;
     let st = capture(stream, || {
-        let device = m.current_device()?;
-        let props = PoolProps {
-            alloc_type: PINNED,
-            handle_types: 0,
-            location: Location {
-                kind: LOCATION_DEVICE,
-                id: device,
-            },
-            win32: std::ptr::null_mut(),
-            max_size: 0,
-            usage: 0,
-            reserved: [0; 54],
-        };
-        let a = AllocParams {
-            props,
-            access: std::ptr::null(),
-            access_count: 0,
-            bytesize: size,
-            dptr: 0,
-        };
         if size == 0 {
             return Err(INVALID_VALUE);
         }
-        // The capture's graph is known only under the lock: the block is pending
-        // (held) until its node is in it.
-        let (addr, b) = new_block(m, PENDING, &a, Vec::new())?;
+        let g = capture_graph(&registry(), stream).ok_or(INVALID_VALUE)?;
+        let props = PoolProps::on_device(m.current_device()?);
+        // Pending (held, though no node names it yet) until its node is in `g`.
+        let (addr, b) = new_block(m, PENDING, size, props, Vec::new())?;
         insert(&mut registry(), addr, b);
-        made = Some(addr);
+        made = Some((addr, g));
         Ok(Work(Op::Alloc(addr, size as u64)))
     })?;
-    if let Some(a) = made {
+    if let Some((a, g)) = made {
         let mut r = registry();
-        match r.owner_of_alloc(a) {
-            Some(g) if st == SUCCESS => {
-                if let Some(b) = r.blocks.get_mut(&a) {
-                    b.graph = g;
-                }
+        if st == SUCCESS {
+            if let Some(b) = r.blocks.get_mut(&a) {
+                b.graph = g;
             }
-            _ => {
-                r.blocks.remove(&a);
-                drop(r);
-                free_all(vec![a]);
-            }
+        } else {
+            r.blocks.remove(&a);
+            drop(r);
+            free_all(vec![a]);
         }
     }
     if st == SUCCESS {
         // SAFETY: the caller's promise.
-        unsafe { dptr.write(made.unwrap_or(0)) };
+        unsafe { dptr.write(made.map_or(0, |(a, _)| a)) };
     }
     Some(st)
+}
+
+/// The graph of the capture `stream` takes part in.
+fn capture_graph(r: &Registry, stream: Raw) -> Option<u64> {
+    let c = r.streams.get(&(stream as usize))?;
+    r.captures.get(c).map(|c| c.graph)
 }
 
 /// `cuMemFreeAsync` while `stream` captures: a free node in the capture, for an
@@ -580,29 +583,10 @@ pub fn capture_free(stream: Raw, ptr: u64) -> Option<CUresult> {
             // Memory of no allocation node: the driver's graphs free only theirs.
             return Err(NOT_SUPPORTED);
         }
-        let g = r
-            .streams
-            .get(&(stream as usize))
-            .and_then(|c| r.captures.get(c))
-            .map(|c| c.graph)
-            .ok_or(INVALID_VALUE)?;
+        let g = capture_graph(&r, stream).ok_or(INVALID_VALUE)?;
         note_free(&mut r, g, ptr)?;
         Ok(Work(Op::Free(ptr)))
     })
-}
-
-impl Registry {
-    /// The graph holding an allocation node of `addr`.
-    fn owner_of_alloc(&self, addr: u64) -> Option<u64> {
-        self.graphs
-            .iter()
-            .find(|(_, g)| {
-                g.nodes
-                    .values()
-                    .any(|n| matches!(n.op, Op::Alloc(a, _) if a == addr))
-            })
-            .map(|(&id, _)| id)
-    }
 }
 
 /// Whether `dev` is a device.
